@@ -1,0 +1,35 @@
+# One virtual environment at .venv serves the tests, the CLI and `pulumi up`
+# (Pulumi.yaml points its runtime at it).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ftfleet-installed
+
+.PHONY: setup test demo plan drill bench chaos lint docs clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 \
+	  | grep -v "is ignored: it is neither a file nor a directory" || true
+	$(PY) -c "import torch, pulumi_aws, moto; assert '+cpu' in torch.__version__ or not torch.cuda.is_available()"
+	touch $@
+
+setup: $(STAMP)
+
+## The whole test suite (under ~10 minutes on 2 cores).
+test: setup
+	$(PY) -m pytest -q
+
+## The main job, offline: the plan of every stack.
+demo: setup
+	$(VENV)/bin/ftfleet plan --all
+
+plan: demo
+
+## Regenerate the generated docs (config reference, contract).
+docs: setup
+	$(PY) -m ftfleet.contract > docs/CONTRACT.md
+	$(VENV)/bin/ftfleet config-reference --write README.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,262 @@
+"""The contracts shared by the fleet (infra/), the trainer image (trainer/) and the
+remediation functions (lambdas/).
+
+Everything two of those parts must agree on is defined here, once, and nowhere else:
+
+* the environment the fleet's user data passes to the trainer container;
+* the per-node commit marker that tells the fleet an emergency checkpoint is safe;
+* the trainer's exit codes, which the node's supervisor and the remediation
+  functions interpret;
+* the names inside a checkpoint directory.
+
+This module must stay importable without torch, boto3 or pulumi: the Pulumi program,
+the Lambda handlers and the trainer all import it. docs/CONTRACT.md is generated from
+it (``python -m ftfleet.contract``) and a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Mapping
+
+# ---------------------------------------------------------------------------
+# Environment of the trainer container
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str
+    required: bool
+    doc: str
+    example: str
+
+
+TRAINER_ENV: tuple[EnvVar, ...] = (
+    EnvVar("FTFLEET_RUN_ID", True,
+           "Identifies the training run; checkpoints of another run are refused.",
+           "aws-prod-llm"),
+    EnvVar("FTFLEET_CLOUD", True, "`aws` or `gcp`: which metadata service to watch.", "aws"),
+    EnvVar("FTFLEET_CONFIG", True,
+           "Trainer config file inside the image (YAML, see trainer/configs/).",
+           "/opt/ftfleet/trainer/configs/tiny.yaml"),
+    EnvVar("FTFLEET_CKPT_DIR", True,
+           "Fast checkpoint tier: a directory on the FSx / Parallelstore / Lustre mount "
+           "(or local NVMe). Checkpoints are committed here first.",
+           "/fsx/checkpoints/aws-prod-llm"),
+    EnvVar("FTFLEET_CKPT_URI", False,
+           "Durable tier in the primary region (`s3://` or `gs://`). Empty: no durable tier.",
+           "s3://ftfleet-prod-ckpt-use1/checkpoints/aws-prod-llm"),
+    EnvVar("FTFLEET_CKPT_REPLICA_URI", False,
+           "Replica of the durable tier in the other region; read-only for the trainer, "
+           "used to restore when the primary is gone.",
+           "s3://ftfleet-prod-ckpt-usw2/checkpoints/aws-prod-llm"),
+    EnvVar("FTFLEET_CKPT_UPLOAD", False,
+           "`trainer`: the trainer uploads each committed checkpoint to FTFLEET_CKPT_URI. "
+           "`fsx-export`: the fast tier is an FSx file system whose data repository "
+           "association exports to the same bucket, so the trainer does not upload twice. "
+           "`none`: no durable copy.",
+           "fsx-export"),
+    EnvVar("FTFLEET_NNODES", True, "torchrun `--nnodes`, `MIN:MAX` for elastic runs.", "2:16"),
+    EnvVar("FTFLEET_NPROC_PER_NODE", True, "torchrun `--nproc-per-node` (GPUs per node).", "8"),
+    EnvVar("FTFLEET_RDZV_ENDPOINT", True,
+           "host:port of the c10d rendezvous on the coordinator node.",
+           "coordinator.ftfleet.internal:29400"),
+    EnvVar("FTFLEET_NODE_ID", True,
+           "This node's identity (EC2 instance id or GCE instance name); names its "
+           "commit marker.", "i-0123456789abcdef0"),
+    EnvVar("FTFLEET_REGION", True, "Primary region.", "us-east-1"),
+    EnvVar("FTFLEET_REPLICA_REGION", False, "Replica region.", "us-west-2"),
+    EnvVar("FTFLEET_METADATA_ENDPOINT", False,
+           "Base URL of the instance metadata service; tests point it at a fake.",
+           "http://169.254.169.254"),
+    EnvVar("FTFLEET_METRICS_PORT", False, "Port of the Prometheus exporter (0: off).", "9400"),
+)
+
+ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)
+
+DEFAULT_METADATA_ENDPOINT = {
+    "aws": "http://169.254.169.254",
+    "gcp": "http://metadata.google.internal",
+}
+
+#: Values of FTFLEET_CKPT_UPLOAD.
+UPLOAD_MODES = ("trainer", "fsx-export", "none")
+
+
+class ContractError(ValueError):
+    """The container environment does not satisfy the contract."""
+
+
+def missing_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Names of required variables that are unset or empty."""
+    environ = os.environ if environ is None else environ
+    return [v.name for v in TRAINER_ENV if v.required and not environ.get(v.name)]
+
+
+def check_env(environ: Mapping[str, str] | None = None) -> None:
+    """Raise ContractError naming every missing variable or bad value, in one line."""
+    environ = os.environ if environ is None else environ
+    missing = missing_env(environ)
+    if missing:
+        raise ContractError(f"trainer environment is missing {', '.join(missing)} "
+                            "(set by the fleet's user data; see docs/CONTRACT.md)")
+    mode = environ.get("FTFLEET_CKPT_UPLOAD", "trainer")
+    if mode not in UPLOAD_MODES:
+        raise ContractError(f"FTFLEET_CKPT_UPLOAD={mode!r}: use one of {', '.join(UPLOAD_MODES)}")
+    if environ.get("FTFLEET_CLOUD") not in DEFAULT_METADATA_ENDPOINT:
+        raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use aws or gcp")
+
+
+# ---------------------------------------------------------------------------
+# Exit codes of the trainer (per worker process; torchrun reports the first failure)
+# ---------------------------------------------------------------------------
+
+EXIT_OK = 0
+#: A termination notice arrived and the emergency checkpoint was committed to the fast
+#: tier. The node is going away: do not restart here.
+EXIT_PREEMPTED = 75
+#: The hang watchdog fired (stacks were dumped to the log). Restart the group.
+EXIT_HUNG = 76
+#: Repeated rollbacks at the same step, or no usable checkpoint where one was required.
+#: Restarting will not help; a human must look.
+EXIT_UNRECOVERABLE = 77
+#: Bad configuration or environment. Restarting will not help.
+EXIT_CONFIG = 2
+
+EXIT_CODES = {
+    EXIT_OK: "training finished",
+    EXIT_CONFIG: "bad trainer config or container environment",
+    EXIT_PREEMPTED: "termination notice handled; emergency checkpoint committed",
+    EXIT_HUNG: "hang watchdog fired; restart the group",
+    EXIT_UNRECOVERABLE: "repeated failure at the same step; needs a human",
+}
+
+# ---------------------------------------------------------------------------
+# Checkpoint layout and the commit marker
+# ---------------------------------------------------------------------------
+
+#: Checkpoint N lives in <tier root>/step-N/ (no zero padding; sort numerically).
+STEP_DIR_PREFIX = "step-"
+#: Written last, atomically, inside the step directory: a step directory without it
+#: does not exist as far as any loader is concerned.
+MANIFEST_NAME = "manifest.json"
+#: Per-node commit markers live in <tier root>/markers/<node id>.json.
+MARKER_DIR = "markers"
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_DIR_PREFIX}{step}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a `step-N` directory name, or None for anything else."""
+    if not name.startswith(STEP_DIR_PREFIX):
+        return None
+    digits = name[len(STEP_DIR_PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+def marker_key(node_id: str) -> str:
+    """Path of a node's commit marker relative to a tier root (directory or bucket prefix)."""
+    return f"{MARKER_DIR}/{node_id}.json"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommitMarker:
+    """Says: node `node_id` may be terminated; checkpoint `step` of `run_id` is committed.
+
+    The trainer writes it (on each node, after every rank's shard of the emergency
+    checkpoint is committed to the fast tier) to the fast tier and, when a durable tier
+    is configured, to the durable tier's ``markers/`` prefix, where the lifecycle
+    handoff function polls for it before completing the termination lifecycle action.
+    ``durable`` tells whether the checkpoint had also reached the durable tier when the
+    marker was written. A marker whose ``written_at`` is older than the termination
+    notice is stale and must be ignored.
+    """
+
+    run_id: str
+    node_id: str
+    step: int
+    reason: str  # "termination" | "rebalance" | "maintenance" | "signal"
+    durable: bool
+    written_at: float
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "CommitMarker":
+        try:
+            data = json.loads(text)
+            return cls(run_id=str(data["run_id"]), node_id=str(data["node_id"]),
+                       step=int(data["step"]), reason=str(data["reason"]),
+                       durable=bool(data["durable"]), written_at=float(data["written_at"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ContractError(f"malformed commit marker: {exc}") from None
+
+    @classmethod
+    def now(cls, run_id: str, node_id: str, step: int, reason: str,
+            durable: bool) -> "CommitMarker":
+        return cls(run_id, node_id, step, reason, durable, time.time())
+
+
+# ---------------------------------------------------------------------------
+# docs/CONTRACT.md
+# ---------------------------------------------------------------------------
+
+
+def render_markdown() -> str:
+    lines = [
+        "# The ftfleet contract",
+        "",
+        "Generated from `ftfleet/contract.py` by `python -m ftfleet.contract`; "
+        "a test fails when the two differ. Change the module, then regenerate.",
+        "",
+        "## Trainer container environment",
+        "",
+        "The fleet's user data (AWS launch template, GCP instance template) sets these "
+        "for the trainer image; the image's entrypoint checks them before torchrun starts.",
+        "",
+        "| variable | required | meaning | example |",
+        "| --- | --- | --- | --- |",
+    ]
+    for v in TRAINER_ENV:
+        lines.append(f"| `{v.name}` | {'yes' if v.required else 'no'} | {v.doc} | `{v.example}` |")
+    lines += [
+        "",
+        "## Exit codes",
+        "",
+        "| code | meaning |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {code} | {text} |" for code, text in sorted(EXIT_CODES.items())]
+    lines += [
+        "",
+        "## Checkpoint layout",
+        "",
+        f"- Checkpoint of step N: `<tier root>/{STEP_DIR_PREFIX}N/` (no zero padding).",
+        f"- It exists only once `<tier root>/{STEP_DIR_PREFIX}N/{MANIFEST_NAME}` exists; "
+        "the manifest is written last and atomically (and uploaded last to a bucket).",
+        f"- Commit markers: `<tier root>/{marker_key('<node id>')}`.",
+        "",
+        "## Commit marker",
+        "",
+        (CommitMarker.__doc__ or "").strip().replace("\n    ", "\n"),
+        "",
+        "Example:",
+        "",
+        "```json",
+        CommitMarker("aws-prod-llm", "i-0123456789abcdef0", 1200, "termination", False,
+                     1767225600.0).to_json(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised by the docs test
+    print(render_markdown(), end="")
