@@ -22,6 +22,8 @@ import os
 import time
 from typing import Mapping
 
+from ftfleet.errors import UserError
+
 # ---------------------------------------------------------------------------
 # Environment of the trainer container
 # ---------------------------------------------------------------------------
@@ -87,7 +89,7 @@ DEFAULT_METADATA_ENDPOINT = {
 UPLOAD_MODES = ("trainer", "fsx-export", "none")
 
 
-class ContractError(ValueError):
+class ContractError(UserError):
     """The container environment does not satisfy the contract."""
 
 

@@ -1,0 +1,51 @@
+"""Instance facts and list prices shipped with the package (infra/catalog.json).
+
+Validation uses the GPU counts and EFA support; `ftfleet plan` uses the prices for an
+estimate that it labels as one, with the date the prices were recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+CATALOG_JSON = Path(__file__).with_name("catalog.json")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    name: str
+    gpus: int
+    gpu: str
+    efa: bool
+    on_demand_hourly: float
+    spot_hourly: float
+
+
+@functools.cache
+def _data() -> dict[str, Any]:
+    return json.loads(CATALOG_JSON.read_text(encoding="utf-8"))
+
+
+def instance(cloud: str, name: str) -> InstanceSpec | None:
+    spec = _data()["instances"].get(cloud, {}).get(name)
+    return None if spec is None else InstanceSpec(name=name, **spec)
+
+
+def instance_names(cloud: str) -> list[str]:
+    return sorted(_data()["instances"].get(cloud, {}))
+
+
+def storage_prices(cloud: str) -> dict[str, Any]:
+    return _data()["storage"].get(cloud, {})
+
+
+def prices_as_of() -> str:
+    return _data()["prices_as_of"]
+
+
+def price_region(cloud: str) -> str:
+    return _data()["price_region"][cloud]

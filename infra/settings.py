@@ -1,0 +1,414 @@
+"""Typed, validated stack settings.
+
+`Pulumi.yaml` declares every project key (type, default, description). This module
+turns the raw values of one stack into frozen dataclasses, or raises ConfigError with
+one line that names the key and the fix. It imports nothing from Pulumi: the Pulumi
+program (through infra/config.py) and `ftfleet plan` both call :func:`parse`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ftfleet.errors import ConfigError
+from infra import catalog
+
+PROJECT = "ftfleet"
+PULUMI_YAML = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
+
+SPOT_STRATEGIES = ("price-capacity-optimized", "capacity-optimized",
+                   "capacity-optimized-prioritized", "lowest-price")
+FSX_THROUGHPUTS = (125, 250, 500, 1000)
+FSX_COMPRESSIONS = ("LZ4", "NONE")
+CLOUDS = ("aws", "gcp")
+
+
+def load_schema(path: Path = PULUMI_YAML) -> dict[str, dict[str, Any]]:
+    """The `config:` section of Pulumi.yaml: key -> {type, default?, description}."""
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)["config"]
+
+
+# ---------------------------------------------------------------------------
+# The settings
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkSettings:
+    availability_zones: tuple[str, ...]
+    vpc_cidr: str
+    existing_vpc_id: str
+    """Empty unless the stack adopts an existing VPC."""
+    existing_subnet_ids: tuple[str, ...]
+
+    @property
+    def adopt(self) -> bool:
+        return bool(self.existing_subnet_ids)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FleetSettings:
+    coordinator_instance_type: str
+    worker_instance_types: tuple[str, ...]
+    worker_min_size: int
+    worker_max_size: int
+    worker_desired_size: int
+    on_demand_base_capacity: int
+    on_demand_percent_above_base: int
+    spot_allocation_strategy: str
+    efa_enabled: bool
+    placement_group: bool
+    image_id: str
+    image_ssm_parameter: str
+    root_volume_gib: int
+    termination_hook_seconds: int
+    gpus_per_node: int
+    """Derived from the instance catalog; every type in the fleet has this many GPUs."""
+
+    @property
+    def image(self) -> str:
+        """What the launch template's image_id gets: an AMI id or an SSM reference that
+        EC2 resolves at launch (so a new AMI release needs no `pulumi up`)."""
+        return self.image_id or f"resolve:ssm:{self.image_ssm_parameter}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class StorageSettings:
+    fsx_storage_capacity_gib: int
+    fsx_throughput_per_tib: int
+    fsx_compression: str
+    fsx_mount_point: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BucketSettings:
+    checkpoint_prefix: str
+    pinned_prefix: str
+    transition_to_ia_days: int
+    transition_to_glacier_days: int
+    expire_checkpoints_days: int
+    noncurrent_version_expiry_days: int
+    replication_time_control: bool
+    object_lock: bool
+    object_lock_retention_days: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RemediationSettings:
+    spot_interruption: bool
+    unhealthy_nodes: bool
+    storage_drift: bool
+    replication_lag: bool
+    replication_lag_alarm_seconds: int
+    unhealthy_node_grace_seconds: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerSettings:
+    image_tag: str
+    config: str
+    run_id: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    stack: str
+    cloud: str
+    region: str
+    replica_region: str
+    network: NetworkSettings
+    fleet: FleetSettings
+    storage: StorageSettings
+    buckets: BucketSettings
+    remediation: RemediationSettings
+    trainer: TrainerSettings
+    tags: dict[str, str]
+    """Applied to every taggable resource, after ftfleet's own tags."""
+
+    @property
+    def name(self) -> str:
+        """Prefix of physical names: `ftfleet-<stack>`."""
+        return f"{PROJECT}-{self.stack}"
+
+    def all_tags(self) -> dict[str, str]:
+        return {"ftfleet:stack": self.stack, "ftfleet:run": self.trainer.run_id,
+                "managed-by": "pulumi", **self.tags}
+
+
+# ---------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to raw config values with schema defaults and one-line errors."""
+
+    def __init__(self, raw: Mapping[str, Any], schema: Mapping[str, Mapping[str, Any]]):
+        self.raw = raw
+        self.schema = schema
+
+    def _value(self, key: str) -> Any:
+        if key in self.raw:
+            return self.raw[key]
+        spec = self.schema[key]
+        if "default" not in spec:
+            raise ConfigError(f"{PROJECT}:{key} is required: {spec['description']} "
+                              f"Set it with `pulumi config set {PROJECT}:{key} ...`")
+        return spec["default"]
+
+    def str(self, key: str) -> str:
+        value = self._value(key)
+        if not isinstance(value, str):
+            raise ConfigError(f"{PROJECT}:{key} must be a string, got {value!r}")
+        return value.strip()
+
+    def bool(self, key: str) -> bool:
+        value = self._value(key)
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f"{PROJECT}:{key} must be true or false, got {value!r}")
+        return value
+
+    def int(self, key: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+        value = self._value(key)
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            value = int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{PROJECT}:{key} must be a whole number, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{PROJECT}:{key} is {value}; it must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{PROJECT}:{key} is {value}; it must be at most {maximum}")
+        return value
+
+    def list(self, key: str) -> tuple[str, ...]:
+        value = self._value(key)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else []
+            except json.JSONDecodeError:
+                raise ConfigError(f"{PROJECT}:{key} must be a list of strings, got {value!r}") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{PROJECT}:{key} must be a list of non-empty strings, got {value!r}")
+        return tuple(v.strip() for v in value)
+
+
+def _check_unknown_keys(raw: Mapping[str, Any], schema: Mapping[str, Any]) -> None:
+    for key in raw:
+        if key not in schema:
+            hint = difflib.get_close_matches(key, list(schema), n=1)
+            fix = f"did you mean {PROJECT}:{hint[0]}?" if hint else "see the config reference in README.md"
+            raise ConfigError(f"unknown config key {PROJECT}:{key}: {fix}")
+
+
+def _err(key: str, message: str) -> ConfigError:
+    return ConfigError(f"{PROJECT}:{key} {message}")
+
+
+def parse(raw: Mapping[str, Any], *, stack: str, region: str | None,
+          schema: Mapping[str, Mapping[str, Any]] | None = None) -> Settings:
+    """Validate one stack's project config.
+
+    ``raw`` maps project keys without the ``ftfleet:`` namespace to values, either typed
+    (YAML from a stack file) or strings (what Pulumi hands a program; lists as JSON).
+    ``region`` is the provider's region (`aws:region` or `gcp:region`).
+    """
+    schema = load_schema() if schema is None else schema
+    _check_unknown_keys(raw, schema)
+    r = _Reader(raw, schema)
+
+    cloud = r.str("cloud")
+    if cloud not in CLOUDS:
+        raise _err("cloud", f"is {cloud!r}; use one of: {', '.join(CLOUDS)}")
+    if not region:
+        raise ConfigError(f"{cloud}:region is required: set it with `pulumi config set {cloud}:region <region>`")
+    replica_region = r.str("replicaRegion")
+    if not replica_region:
+        raise _err("replicaRegion", "is required: the region that holds the checkpoint replica")
+    if replica_region == region:
+        raise _err("replicaRegion", f"equals the primary region {region}; pick another region "
+                   "so a regional outage cannot take both copies")
+
+    network = _network(r, region)
+    fleet = _fleet(r, cloud)
+    storage = _storage(r)
+    buckets = _buckets(r)
+    remediation = RemediationSettings(
+        spot_interruption=r.bool("remediationSpotInterruption"),
+        unhealthy_nodes=r.bool("remediationUnhealthyNodes"),
+        storage_drift=r.bool("remediationStorageDrift"),
+        replication_lag=r.bool("remediationReplicationLag"),
+        replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60),
+        unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60),
+    )
+    run_id = r.str("runId") or stack
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", run_id):
+        raise _err("runId", f"is {run_id!r}; use lowercase letters, digits and dashes (max 63)")
+    image_tag = r.str("trainerImageTag")
+    if not image_tag or image_tag == "latest":
+        raise _err("trainerImageTag", "must name an immutable release tag (not empty, not 'latest')")
+    trainer = TrainerSettings(image_tag=image_tag, config=r.str("trainerConfig"), run_id=run_id)
+    if not trainer.config.startswith("/"):
+        raise _err("trainerConfig", f"is {trainer.config!r}; give an absolute path inside the image")
+    return Settings(stack=stack, cloud=cloud, region=region, replica_region=replica_region,
+                    network=network, fleet=fleet, storage=storage, buckets=buckets,
+                    remediation=remediation, trainer=trainer, tags=_tags(r))
+
+
+def _network(r: _Reader, region: str) -> NetworkSettings:
+    zones = r.list("availabilityZones")
+    if not zones:
+        raise _err("availabilityZones", "is empty; list at least one zone of the primary region")
+    for zone in zones:
+        if not zone.startswith(region):
+            raise _err("availabilityZones", f"contains {zone!r}, which is not a zone of {region}")
+    cidr = r.str("vpcCidr")
+    try:
+        net = ipaddress.ip_network(cidr)
+    except ValueError:
+        raise _err("vpcCidr", f"is {cidr!r}; give an IPv4 CIDR such as 10.40.0.0/16") from None
+    subnets = r.list("existingSubnetIds")
+    vpc_id = r.str("existingVpcId")
+    if subnets:
+        if not vpc_id:
+            raise _err("existingVpcId", "is required when existingSubnetIds adopts subnets")
+        if len(subnets) != len(zones):
+            raise _err("existingSubnetIds", f"has {len(subnets)} ids for {len(zones)} zones; "
+                       "give one subnet per availability zone, in the same order")
+    elif vpc_id:
+        raise _err("existingSubnetIds", "is required when existingVpcId is set")
+    elif net.prefixlen > 20 - max(0, (len(zones) - 1).bit_length()):
+        raise _err("vpcCidr", f"{cidr} is too small for one /20 subnet per zone; use a /16")
+    return NetworkSettings(availability_zones=zones, vpc_cidr=cidr, existing_vpc_id=vpc_id,
+                           existing_subnet_ids=subnets)
+
+
+def _fleet(r: _Reader, cloud: str) -> FleetSettings:
+    types = r.list("workerInstanceTypes")
+    if not types:
+        raise _err("workerInstanceTypes", "is empty; list at least one GPU instance type")
+    if len(set(types)) != len(types):
+        raise _err("workerInstanceTypes", "lists a type twice; list each type once")
+    coordinator = r.str("coordinatorInstanceType") or types[0]
+    gpus = set()
+    for key, names in (("workerInstanceTypes", types), ("coordinatorInstanceType", (coordinator,))):
+        for name in names:
+            spec = catalog.instance(cloud, name)
+            if spec is None:
+                raise _err(key, f"contains unknown instance type {name!r}; known {cloud} types: "
+                           f"{', '.join(catalog.instance_names(cloud))} (add new ones to infra/catalog.json)")
+            gpus.add(spec.gpus)
+    if len(gpus) != 1:
+        raise _err("workerInstanceTypes", "mixes types with different GPU counts; torchrun needs "
+                   "the same --nproc-per-node on every node")
+    max_size = r.int("workerMaxSize", minimum=1)
+    min_size = r.int("workerMinSize", minimum=0)
+    desired = r.int("workerDesiredSize", minimum=0)
+    if min_size > max_size:
+        raise _err("workerMinSize", f"({min_size}) exceeds workerMaxSize ({max_size})")
+    if not min_size <= desired <= max_size:
+        raise _err("workerDesiredSize", f"({desired}) must lie between workerMinSize ({min_size}) "
+                   f"and workerMaxSize ({max_size})")
+    base = r.int("onDemandBaseCapacity", minimum=0)
+    if base > max_size:
+        raise _err("onDemandBaseCapacity", f"({base}) exceeds workerMaxSize ({max_size}); "
+                   "lower it or raise workerMaxSize")
+    strategy = r.str("spotAllocationStrategy")
+    if strategy not in SPOT_STRATEGIES:
+        raise _err("spotAllocationStrategy", f"is {strategy!r}; use one of: {', '.join(SPOT_STRATEGIES)}")
+    efa = r.bool("efaEnabled")
+    if efa:
+        for name in (coordinator, *types):
+            if not catalog.instance(cloud, name).efa:
+                raise _err("efaEnabled", f"is true but {name} does not support EFA; "
+                           "disable EFA or use EFA-capable types")
+    image_id = r.str("imageId")
+    if image_id and not re.fullmatch(r"ami-[0-9a-f]{8,17}", image_id):
+        raise _err("imageId", f"is {image_id!r}; give an AMI id (ami-...) or leave it empty")
+    ssm = r.str("imageSsmParameter")
+    if not image_id and not ssm.startswith("/"):
+        raise _err("imageSsmParameter", "must be an SSM parameter path starting with / when imageId is empty")
+    return FleetSettings(
+        coordinator_instance_type=coordinator, worker_instance_types=types,
+        worker_min_size=min_size, worker_max_size=max_size, worker_desired_size=desired,
+        on_demand_base_capacity=base,
+        on_demand_percent_above_base=r.int("onDemandPercentAboveBase", minimum=0, maximum=100),
+        spot_allocation_strategy=strategy, efa_enabled=efa, placement_group=r.bool("placementGroup"),
+        image_id=image_id, image_ssm_parameter=ssm,
+        root_volume_gib=r.int("rootVolumeGiB", minimum=50, maximum=16384),
+        termination_hook_seconds=r.int("terminationHookSeconds", minimum=120, maximum=7200),
+        gpus_per_node=gpus.pop())
+
+
+def _storage(r: _Reader) -> StorageSettings:
+    capacity = r.int("fsxStorageCapacityGiB", minimum=1)
+    if capacity != 1200 and capacity % 2400:
+        below = max(1200, capacity // 2400 * 2400)
+        raise _err("fsxStorageCapacityGiB", f"is {capacity}; PERSISTENT_2 SSD takes 1200 or a multiple "
+                   f"of 2400 GiB (nearest: {below} or {(capacity // 2400 + 1) * 2400})")
+    throughput = r.int("fsxThroughputPerTiB")
+    if throughput not in FSX_THROUGHPUTS:
+        raise _err("fsxThroughputPerTiB", f"is {throughput}; use one of {', '.join(map(str, FSX_THROUGHPUTS))}")
+    compression = r.str("fsxCompression").upper()
+    if compression not in FSX_COMPRESSIONS:
+        raise _err("fsxCompression", f"is {compression!r}; use LZ4 or NONE")
+    mount = r.str("fsxMountPoint")
+    if not re.fullmatch(r"/[A-Za-z0-9/_-]+", mount):
+        raise _err("fsxMountPoint", f"is {mount!r}; give an absolute path such as /fsx")
+    return StorageSettings(fsx_storage_capacity_gib=capacity, fsx_throughput_per_tib=throughput,
+                           fsx_compression=compression, fsx_mount_point=mount.rstrip("/"))
+
+
+def _prefix(r: _Reader, key: str) -> str:
+    value = r.str(key)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*/", value):
+        raise _err(key, f"is {value!r}; give a bucket prefix like 'checkpoints/' (no leading slash, trailing slash)")
+    return value
+
+
+def _buckets(r: _Reader) -> BucketSettings:
+    ckpt, pinned = _prefix(r, "checkpointPrefix"), _prefix(r, "pinnedPrefix")
+    if ckpt.startswith(pinned) or pinned.startswith(ckpt):
+        raise _err("pinnedPrefix", f"({pinned}) overlaps checkpointPrefix ({ckpt}); pinned objects "
+                   "must sit outside the prefix that lifecycle rules expire")
+    ia = r.int("transitionToIaDays", minimum=0)
+    glacier = r.int("transitionToGlacierDays", minimum=0)
+    expire = r.int("expireCheckpointsDays", minimum=0)
+    if ia and ia < 30:
+        raise _err("transitionToIaDays", f"is {ia}; S3 requires at least 30 days before STANDARD_IA (or 0)")
+    if ia and glacier and glacier < ia + 30:
+        raise _err("transitionToGlacierDays", f"is {glacier}; it must be at least transitionToIaDays + 30 "
+                   f"({ia + 30}) or 0")
+    if expire and expire <= max(ia, glacier):
+        raise _err("expireCheckpointsDays", f"is {expire}; it must exceed the transition days or be 0")
+    return BucketSettings(
+        checkpoint_prefix=ckpt, pinned_prefix=pinned, transition_to_ia_days=ia,
+        transition_to_glacier_days=glacier, expire_checkpoints_days=expire,
+        noncurrent_version_expiry_days=r.int("noncurrentVersionExpiryDays", minimum=1),
+        replication_time_control=r.bool("replicationTimeControl"),
+        object_lock=r.bool("objectLock"),
+        object_lock_retention_days=r.int("objectLockRetentionDays", minimum=1, maximum=36500))
+
+
+def _tags(r: _Reader) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for item in r.list("tags"):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise _err("tags", f"contains {item!r}; write tags as key=value")
+        if key.strip().lower().startswith(("aws:", "ftfleet:")):
+            raise _err("tags", f"contains reserved key {key!r}; aws: and ftfleet: prefixes are reserved")
+        tags[key.strip()] = value.strip()
+    return tags
