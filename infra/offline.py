@@ -158,12 +158,14 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def run(stack: StackFile) -> Recording:
+def run(stack: StackFile, validate_first: bool = True) -> Recording:
     """Validate the stack's config, then run the program under mocks and record it.
 
-    Raises ConfigError (one line) for invalid config before anything runs.
+    Raises ConfigError (one line) for invalid config before anything runs; with
+    ``validate_first=False`` the program's own validation reports it (as pulumi.RunError).
     """
-    stack.settings()  # fail fast, with the same validation the program applies
+    if validate_first:
+        stack.settings()  # fail fast, with the same validation the program applies
     config = stack.as_pulumi_strings()
     region = stack.region() or ""
     provider_regions: dict[str, str] = {}

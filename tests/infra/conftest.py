@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import functools
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from infra import offline, policies, stackfile
+
+
+@functools.cache
+def recording(name: str) -> offline.Recording:
+    """Each stack in stacks/ runs once per session; the recordings are read-only."""
+    return offline.run(stackfile.load(name))
+
+
+def res_view(rec: offline.Recording) -> list[policies.Res]:
+    return [policies.Res(r.type, r.name, r.urn, r.inputs, rec.region_of(r), r.property_dependencies)
+            for r in rec.resources]
+
+
+@pytest.fixture
+def variant(tmp_path: Path):
+    """Run aws-dev with some keys changed (value None removes the key)."""
+
+    def run(**changes) -> offline.Recording:
+        base = stackfile.load("aws-dev")
+        config = dict(base.config)
+        for key, value in changes.items():
+            full = key if ":" in key else f"ftfleet:{key}"
+            if value is None:
+                config.pop(full, None)
+            else:
+                config[full] = value
+        stack = stackfile.StackFile(name="variant", path=tmp_path / "Pulumi.variant.yaml", config=config)
+        return offline.run(stack)
+
+    return run
+
+
+def write_stack(tmp_path: Path, body: str, name: str = "bad") -> Path:
+    path = tmp_path / f"Pulumi.{name}.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path

@@ -1,0 +1,192 @@
+"""Component behaviour, read off what the program declares under mocks."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from ftfleet import contract
+from infra import stackfile
+from infra.aws import userdata
+from tests.infra.conftest import recording
+
+
+def one(rec, type_token, suffix=""):
+    found = [r for r in rec.of_type(type_token) if r.name.endswith(suffix)]
+    assert len(found) == 1, [r.name for r in found]
+    return found[0]
+
+
+def test_network_creates_private_subnets_per_zone_and_an_s3_gateway_endpoint():
+    rec = recording("aws-dev")
+    private = [r for r in rec.of_type("aws:ec2/subnet:Subnet") if "-private-" in r.name]
+    assert sorted(r.inputs["availabilityZone"] for r in private) == ["us-east-1a", "us-east-1b"]
+    assert all(r.inputs["mapPublicIpOnLaunch"] is False for r in private)
+    endpoint = one(rec, "aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    assert endpoint.inputs["serviceName"] == "com.amazonaws.us-east-1.s3"
+
+
+def test_network_adopts_existing_subnets_without_creating_a_vpc(variant):
+    rec = variant(existingVpcId="vpc-0abc", existingSubnetIds=["subnet-a", "subnet-b"])
+    assert not rec.of_type("aws:ec2/vpc:Vpc") and not rec.of_type("aws:ec2/subnet:Subnet")
+    group = one(rec, "aws:autoscaling/group:Group", "-workers")
+    assert group.inputs["vpcZoneIdentifiers"] == ["subnet-a", "subnet-b"]
+    assert one(rec, "aws:fsx/lustreFileSystem:LustreFileSystem").inputs["subnetIds"] == "subnet-a"
+
+
+def test_lustre_ports_are_open_only_from_the_cluster_and_the_file_servers():
+    rec = recording("aws-dev")
+    sgs = {r.id: r.name for r in rec.of_type("aws:ec2/securityGroup:SecurityGroup")}
+    rules = [r for r in rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+             if "-fsx-" in r.name]
+    ports = {(r.inputs["fromPort"], r.inputs["toPort"]) for r in rules}
+    assert ports == {(988, 988), (1018, 1023)}
+    for r in rules:
+        assert "cidrIpv4" not in r.inputs
+        assert sgs[r.inputs["referencedSecurityGroupId"]].endswith(("-cluster", "-fsx"))
+    efa = one(rec, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "cluster-self-in")
+    assert efa.inputs["ipProtocol"] == "-1"
+    assert efa.inputs["referencedSecurityGroupId"] == efa.inputs["securityGroupId"]
+
+
+def test_fsx_exports_new_and_changed_files_but_never_deletions():
+    rec = recording("aws-prod")
+    fs = one(rec, "aws:fsx/lustreFileSystem:LustreFileSystem")
+    assert fs.inputs["deploymentType"] == "PERSISTENT_2"
+    assert fs.inputs["kmsKeyId"].startswith("arn:aws:kms:us-east-1")
+    dra = one(rec, "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    assert sorted(dra.inputs["s3"]["autoExportPolicy"]["events"]) == ["CHANGED", "NEW"]
+    assert dra.inputs["deleteDataInFilesystem"] is False
+    primary = rec.outputs["primary_bucket"]
+    assert dra.inputs["dataRepositoryPath"] == f"s3://{primary}/checkpoints/"
+
+
+def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
+    rec = recording("aws-prod")
+    for lc in rec.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"):
+        rules = {r["id"]: r for r in lc.inputs["rules"]}
+        assert rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"]["daysAfterInitiation"] == 2
+        age = rules["checkpoints-age"]
+        assert age["filter"]["prefix"] == "checkpoints/"
+        assert [t["storageClass"] for t in age["transitions"]] == ["STANDARD_IA", "GLACIER_IR"]
+        assert age["noncurrentVersionExpiration"]["noncurrentDays"] == 30
+        for rule in rules.values():
+            prefix = rule["filter"]["prefix"]
+            if rule.get("expiration") or rule.get("transitions") or rule.get("noncurrentVersionExpiration"):
+                assert prefix and not "pinned/".startswith(prefix)
+
+
+def test_replication_uses_rtc_metrics_delete_markers_and_the_replica_key():
+    rec = recording("aws-prod")
+    rule = one(rec, "aws:s3/bucketReplicationConfig:BucketReplicationConfig").inputs["rules"][0]
+    dest = rule["destination"]
+    assert dest["replicationTime"] == {"status": "Enabled", "time": {"minutes": 15}}
+    assert dest["metrics"]["status"] == "Enabled"
+    assert rule["deleteMarkerReplication"]["status"] == "Enabled"
+    assert dest["encryptionConfiguration"]["replicaKmsKeyId"].startswith("arn:aws:kms:us-west-2")
+
+
+def test_replication_time_control_and_object_lock_follow_config(variant):
+    rec = variant(replicationTimeControl=False, objectLock=False)
+    dest = rec.of_type("aws:s3/bucketReplicationConfig:BucketReplicationConfig")[0].inputs["rules"][0]["destination"]
+    assert "replicationTime" not in dest and dest["metrics"]["status"] == "Enabled"
+    assert not rec.of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+    locked = recording("aws-prod").of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+    assert len(locked) == 2 and all(r.inputs["rule"]["defaultRetention"]["mode"] == "GOVERNANCE" for r in locked)
+
+
+def test_replication_role_is_least_privilege():
+    rec = recording("aws-dev")
+    policy = json.loads(one(rec, "aws:iam/rolePolicy:RolePolicy", "-ckpt-replication").inputs["policy"])
+    actions = {a for s in policy["Statement"] for a in s["Action"]}
+    assert all(not a.endswith("*") for a in actions)
+    assert "s3:ReplicateObject" in actions and "kms:Decrypt" in actions
+
+
+def test_node_role_reaches_only_the_run_checkpoint_prefix():
+    rec = recording("aws-prod")
+    policy = json.loads(one(rec, "aws:iam/rolePolicy:RolePolicy", "-worker-checkpoints").inputs["policy"])
+    statements = {s["Sid"]: s for s in policy["Statement"]}
+    for resource in statements["ReadWriteCheckpoints"]["Resource"]:
+        assert resource.endswith("/checkpoints/llm-prod/*")
+    assert statements["PutTrainerMetrics"]["Condition"]["StringEquals"]["cloudwatch:namespace"] == "ftfleet"
+    assert not rec.of_type("aws:iam/rolePolicy:RolePolicy") or all(
+        "route53" not in r.inputs["policy"] for r in rec.of_type("aws:iam/rolePolicy:RolePolicy")
+        if "-worker-" in r.name)
+
+
+def test_coordinator_is_one_on_demand_node_and_workers_mix_spot_above_the_base():
+    rec = recording("aws-prod")
+    coord = one(rec, "aws:autoscaling/group:Group", "-coordinator")
+    assert (coord.inputs["minSize"], coord.inputs["maxSize"]) == (1, 1)
+    assert "mixedInstancesPolicy" not in coord.inputs
+    workers = one(rec, "aws:autoscaling/group:Group", "-workers")
+    dist = workers.inputs["mixedInstancesPolicy"]["instancesDistribution"]
+    assert dist == {"onDemandBaseCapacity": 2, "onDemandPercentageAboveBaseCapacity": 10,
+                    "onDemandAllocationStrategy": "prioritized",
+                    "spotAllocationStrategy": "price-capacity-optimized"}
+    assert workers.inputs["capacityRebalance"] is True
+    assert workers.inputs["instanceRefresh"]["strategy"] == "Rolling"
+    # A pinned version (not $Latest) so that an instance refresh starts on change.
+    spec = workers.inputs["mixedInstancesPolicy"]["launchTemplate"]["launchTemplateSpecification"]
+    assert spec["version"] == "1"
+
+
+def test_every_group_holds_terminating_nodes_for_the_emergency_checkpoint():
+    rec = recording("aws-prod")
+    groups = {r.inputs.get("name") or r.outputs["name"] for r in rec.of_type("aws:autoscaling/group:Group")}
+    hooks = rec.of_type("aws:autoscaling/lifecycleHook:LifecycleHook")
+    assert {h.inputs["autoscalingGroupName"] for h in hooks} == groups
+    for h in hooks:
+        assert h.inputs["lifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+        assert h.inputs["heartbeatTimeout"] >= 120  # AWS's spot notice is 2 minutes
+
+
+def test_launch_templates_require_imdsv2_encrypt_root_and_allow_container_hops():
+    for lt in recording("aws-dev").of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        meta = lt.inputs["metadataOptions"]
+        assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 2
+        ebs = lt.inputs["blockDeviceMappings"][0]["ebs"]
+        assert ebs["volumeType"] == "gp3" and ebs["encrypted"] == "true"
+        assert lt.inputs["imageId"].startswith("resolve:ssm:/aws/service/deeplearning/")
+
+
+def test_placement_group_pins_the_fleet_to_the_fsx_zone():
+    rec = recording("aws-prod")
+    pg = one(rec, "aws:ec2/placementGroup:PlacementGroup")
+    fs_subnet = one(rec, "aws:fsx/lustreFileSystem:LustreFileSystem").inputs["subnetIds"]
+    for group in rec.of_type("aws:autoscaling/group:Group"):
+        assert group.inputs["placementGroup"] == pg.id
+        assert group.inputs["vpcZoneIdentifiers"] == [fs_subnet]
+
+
+def test_user_data_gives_the_trainer_the_whole_contract():
+    rec = recording("aws-prod")
+    for lt in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        script = base64.b64decode(lt.inputs["userData"]).decode()
+        env_block = script.split("<<ENV\n", 1)[1].split("\nENV\n", 1)[0]
+        env = dict(line.split("=", 1) for line in env_block.splitlines())
+        contract.check_env(env)  # raises if anything required is missing or invalid
+        assert set(env) <= contract.ENV_NAMES
+        assert env["FTFLEET_CKPT_URI"] == rec.outputs["checkpoint_uri"]
+        assert env["FTFLEET_CKPT_DIR"] == "/fsx/checkpoints/llm-prod"
+        assert env["FTFLEET_NPROC_PER_NODE"] == "8" and env["FTFLEET_NNODES"] == "3:33"
+        assert "--device=/dev/infiniband" in script
+        assert "RestartPreventExitStatus=" + " ".join(
+            str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG)) in script
+        publishes = "change-resource-record-sets" in script
+        assert publishes == lt.name.endswith("-coordinator")
+
+
+def test_user_data_torchrun_arguments_name_only_contract_variables():
+    s = stackfile.load("aws-dev").settings()
+    import re
+    names = set(re.findall(r"\$\{(\w+)\}", " ".join(userdata.torchrun_args(s))))
+    assert names and names <= contract.ENV_NAMES
+
+
+def test_registry_is_immutable_and_scans_on_push():
+    repo = one(recording("aws-dev"), "aws:ecr/repository:Repository")
+    assert repo.inputs["imageTagMutability"] == "IMMUTABLE"
+    assert repo.inputs["imageScanningConfiguration"]["scanOnPush"] is True

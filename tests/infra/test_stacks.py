@@ -1,0 +1,93 @@
+"""Every stack file in stacks/ runs under mocks and satisfies every invariant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftfleet.cli import main
+from infra import policies, stackfile
+from tests.infra.conftest import recording, res_view
+
+STACKS = stackfile.stack_names()
+
+CORE_TYPES = {
+    "aws:s3/bucket:Bucket", "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
+    "aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey", "aws:fsx/lustreFileSystem:LustreFileSystem",
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation", "aws:ec2/launchTemplate:LaunchTemplate",
+    "aws:autoscaling/group:Group", "aws:autoscaling/lifecycleHook:LifecycleHook",
+    "aws:ecr/repository:Repository", "aws:iam/instanceProfile:InstanceProfile",
+}
+OUTPUTS = {"primary_bucket", "replica_bucket", "fsx_dns_name", "fsx_mount_name", "coordinator_group",
+           "worker_group", "registry_url", "coordinator_address", "checkpoint_uri"}
+
+
+def test_there_are_aws_dev_and_aws_prod_stacks():
+    assert {"aws-dev", "aws-prod"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_declares_the_whole_environment(stack):
+    rec = recording(stack)
+    assert CORE_TYPES <= {r.type for r in rec.resources}
+    assert OUTPUTS <= set(rec.outputs)
+    assert all(v for k, v in rec.outputs.items() if k in OUTPUTS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_satisfies_every_mandatory_invariant(stack):
+    assert policies.evaluate(res_view(recording(stack)), include_advisory=False) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_component_child_has_a_parent_and_every_regional_resource_a_region(stack):
+    rec = recording(stack)
+    components = {r.urn for r in rec.resources if not r.custom}
+    for r in rec.resources:
+        if r.custom and not r.type.startswith("pulumi:providers:"):
+            assert r.parent in components, f"{r.name} is not inside a component"
+            if not r.type.startswith("aws:iam/"):
+                assert rec.region_of(r), f"{r.name} has no region"
+
+
+def test_prod_spreads_spot_over_at_least_three_types():
+    rec = recording("aws-prod")
+    assert [v for v in policies.evaluate(res_view(rec)) if v[0] == "spot-diversified"] == []
+    workers = [r for r in rec.of_type("aws:autoscaling/group:Group") if r.name.endswith("-workers")][0]
+    overrides = workers.inputs["mixedInstancesPolicy"]["launchTemplate"]["overrides"]
+    assert len({o["instanceType"] for o in overrides}) >= 3
+
+
+def test_prod_replica_is_on_another_coast_and_prod_uses_efa():
+    rec = recording("aws-prod")
+    buckets = {r.name: rec.region_of(r) for r in rec.of_type("aws:s3/bucket:Bucket")}
+    assert len(set(buckets.values())) == 2
+    for lt in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        assert lt.inputs["networkInterfaces"][0]["interfaceType"] == "efa"
+
+
+def test_plan_json_has_the_documented_shape(capsys):
+    assert main(["plan", "aws-prod", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"stack", "resources", "outputs", "estimate"}
+    assert doc["stack"] == "aws-prod"
+    for r in doc["resources"]:
+        assert {"type", "name", "parent", "provider", "inputs"} <= set(r)
+    types = {r["type"] for r in doc["resources"]}
+    assert "aws:fsx/lustreFileSystem:LustreFileSystem" in types
+    fsx = next(r for r in doc["resources"] if r["type"] == "aws:fsx/lustreFileSystem:LustreFileSystem")
+    assert fsx["inputs"]["storageCapacity"] == 19200 and fsx["parent"].endswith("-fsx")
+    est = doc["estimate"]
+    assert "ESTIMATE" in est["label"] and est["prices_as_of"]
+    assert 0 < est["fleet_usd_per_hour"]["with_spot"] < est["fleet_usd_per_hour"]["all_on_demand"]
+
+
+def test_plan_table_lists_every_resource_and_the_estimate(capsys):
+    assert main(["plan", "aws-dev"]) == 0
+    out = capsys.readouterr().out
+    rec = recording("aws-dev")
+    for r in rec.resources:
+        if r.custom and not r.type.startswith("pulumi:providers:"):
+            assert r.name in out
+    assert "ESTIMATE" in out and "/hour with spot" in out and "FSx for Lustre" in out

@@ -1,0 +1,34 @@
+"""Generated documentation stays in step with its sources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftfleet import contract
+from infra import reference, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_config_reference_matches_pulumi_yaml():
+    text = (ROOT / "README.md").read_text()
+    assert reference.splice(text) == text, "run `make docs`"
+
+
+def test_contract_doc_matches_the_contract_module():
+    assert (ROOT / "docs" / "CONTRACT.md").read_text() == contract.render_markdown(), "run `make docs`"
+
+
+def test_every_project_key_has_a_description_and_a_type():
+    for key, spec in settings.load_schema().items():
+        assert spec.get("description"), key
+        assert spec.get("type") in ("string", "integer", "boolean", "array"), key
+        if spec["type"] == "array":
+            assert spec.get("items", {}).get("type") == "string", key
+
+
+def test_readme_quickstart_names_exactly_the_two_commands_and_ci_runs_the_test_one():
+    text = (ROOT / "README.md").read_text()
+    quick = text.split("## Quickstart", 1)[1].split("##", 1)[0]
+    assert "make demo" in quick and "make test" in quick
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
