@@ -85,6 +85,10 @@ DEFAULT_METADATA_ENDPOINT = {
     "gcp": "http://metadata.google.internal",
 }
 
+#: The trainer image runs as this uid/gid (never root); the fleet makes the checkpoint
+#: directory on the fast tier writable for it.
+TRAINER_UID = 10001
+
 #: Values of FTFLEET_CKPT_UPLOAD.
 UPLOAD_MODES = ("trainer", "fsx-export", "none")
 
@@ -244,6 +248,7 @@ def render_markdown() -> str:
         f"- It exists only once `<tier root>/{STEP_DIR_PREFIX}N/{MANIFEST_NAME}` exists; "
         "the manifest is written last and atomically (and uploaded last to a bucket).",
         f"- Commit markers: `<tier root>/{marker_key('<node id>')}`.",
+        f"- The image runs as uid/gid {TRAINER_UID}; the fleet makes `FTFLEET_CKPT_DIR` writable for it.",
         "",
         "## Commit marker",
         "",

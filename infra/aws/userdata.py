@@ -133,7 +133,7 @@ mkdir -p {mount}
 grep -q " {mount} " /etc/fstab || echo "{ctx.fsx_dns_name}@tcp:/{ctx.fsx_mount_name} {mount} lustre defaults,noatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0" >> /etc/fstab
 mount {mount} || mount -a
 mkdir -p {mount}/{checkpoint_root(s)}
-chown 1000:1000 {mount}/{checkpoint_root(s)}
+chown {contract.TRAINER_UID}:{contract.TRAINER_UID} {mount}/{checkpoint_root(s)}
 {publish}
 # Trainer image.
 aws ecr get-login-password | docker login --username AWS --password-stdin {shlex.quote(ctx.registry_host)}

@@ -175,6 +175,7 @@ def test_user_data_gives_the_trainer_the_whole_contract():
         assert "--device=/dev/infiniband" in script
         assert "RestartPreventExitStatus=" + " ".join(
             str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG)) in script
+        assert f"chown {contract.TRAINER_UID}:{contract.TRAINER_UID} /fsx/checkpoints/llm-prod" in script
         publishes = "change-resource-record-sets" in script
         assert publishes == lt.name.endswith("-coordinator")
 
