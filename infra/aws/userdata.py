@@ -21,6 +21,8 @@ from ftfleet import contract
 from infra.settings import Settings
 
 RDZV_PORT = 29400
+# The image's entrypoint (trainer/docker-entrypoint) turns the contract environment into
+# the torchrun command line, so the unit passes the environment and no arguments.
 METRICS_PORT = 9400
 ENV_FILE = "/etc/ftfleet/trainer.env"
 SERVICE = "ftfleet-trainer"
@@ -74,21 +76,6 @@ def trainer_env(s: Settings, ctx: NodeContext, node_id: str = "${INSTANCE_ID}") 
         "FTFLEET_METADATA_ENDPOINT": contract.DEFAULT_METADATA_ENDPOINT[s.cloud],
         "FTFLEET_METRICS_PORT": str(METRICS_PORT),
     }
-
-
-def torchrun_args(s: Settings) -> list[str]:
-    """Arguments after the image's `torchrun` entrypoint."""
-    return [
-        "--nnodes=${FTFLEET_NNODES}",
-        "--nproc-per-node=${FTFLEET_NPROC_PER_NODE}",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=${FTFLEET_RDZV_ENDPOINT}",
-        "--rdzv-id=${FTFLEET_RUN_ID}",
-        # Failures inside the group restart it in place; a lost node is handled by the
-        # elastic rendezvous. Bounded so a crash loop surfaces instead of spinning.
-        "--max-restarts=50",
-        "-m", "trainer", "--config", "${FTFLEET_CONFIG}",
-    ]
 
 
 def render(s: Settings, ctx: NodeContext) -> str:
@@ -156,7 +143,7 @@ EnvironmentFile={ENV_FILE}
 ExecStartPre=-/usr/bin/docker rm -f {SERVICE}
 ExecStart=/usr/bin/docker run --rm --name {SERVICE} --gpus all --network host --ipc host \\
   --ulimit memlock=-1 --ulimit stack=67108864 {efa} --env-file {ENV_FILE} \\
-  -v {mount}:{mount} {ctx.image_uri} {' '.join(torchrun_args(s))}
+  -v {mount}:{mount} {ctx.image_uri}
 ExecStop=/usr/bin/docker stop --time {stop_timeout} {SERVICE}
 TimeoutStopSec={stop_timeout + 5}
 Restart=on-failure

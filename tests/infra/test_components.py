@@ -6,8 +6,6 @@ import base64
 import json
 
 from ftfleet import contract
-from infra import stackfile
-from infra.aws import userdata
 from tests.infra.conftest import recording
 
 
@@ -180,11 +178,12 @@ def test_user_data_gives_the_trainer_the_whole_contract():
         assert publishes == lt.name.endswith("-coordinator")
 
 
-def test_user_data_torchrun_arguments_name_only_contract_variables():
-    s = stackfile.load("aws-dev").settings()
+def test_the_image_entrypoint_reads_only_contract_variables():
     import re
-    names = set(re.findall(r"\$\{(\w+)\}", " ".join(userdata.torchrun_args(s))))
-    assert names and names <= contract.ENV_NAMES
+    from pathlib import Path
+    script = (Path(__file__).resolve().parents[2] / "trainer" / "docker-entrypoint").read_text()
+    names = set(re.findall(r"\$\{?(FTFLEET_\w+)", script))
+    assert {"FTFLEET_NNODES", "FTFLEET_RDZV_ENDPOINT"} <= names <= contract.ENV_NAMES
 
 
 def test_registry_is_immutable_and_scans_on_push():

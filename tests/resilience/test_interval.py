@@ -1,0 +1,145 @@
+import math
+
+import pytest
+
+from ftfleet.errors import ConfigError
+from trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
+                                         young_interval)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_young_is_the_square_root_of_twice_cost_times_mtbf():
+    assert young_interval(60.0, 3600.0) == pytest.approx(657.267, abs=1e-3)
+
+
+def test_daly_matches_his_higher_order_formula():
+    # sqrt(2*60*3600) * (1 + sqrt(60/7200)/3 + (60/7200)/9) - 60, worked by hand
+    assert daly_interval(60.0, 3600.0) == pytest.approx(617.8756, abs=1e-3)
+    assert daly_interval(10.0, 3600.0) < young_interval(10.0, 3600.0)
+
+
+def test_daly_is_the_mtbf_when_a_checkpoint_costs_twice_the_mtbf():
+    assert daly_interval(800.0, 400.0) == 400.0
+
+
+def test_formulas_reject_meaningless_inputs():
+    with pytest.raises(ValueError, match="MTBF"):
+        daly_interval(1.0, 0.0)
+    with pytest.raises(ValueError, match="checkpoint cost"):
+        young_interval(-1.0, 10.0)
+
+
+def test_fixed_mode_uses_the_fixed_steps_and_says_so():
+    chooser = AdaptiveInterval(IntervalConfig(mode="fixed", fixed_steps=250))
+    chooser.record_save(1.0, 5.0)
+    steps, reason = chooser.interval_steps(0.5)
+    assert steps == 250 and "fixed" in reason
+
+
+def test_adaptive_mode_waits_for_a_measured_save():
+    steps, reason = AdaptiveInterval(IntervalConfig(fixed_steps=300)).interval_steps(0.5)
+    assert steps == 300 and "no save measured yet" in reason
+
+
+def test_adaptive_mode_uses_daly_with_the_measured_cost_and_configured_mtbf():
+    config = IntervalConfig(mtbf_s=3600.0, mtbf_source="config")
+    chooser = AdaptiveInterval(config)
+    chooser.record_save(blocked_s=2.0, persist_s=10.0)
+    steps, reason = chooser.interval_steps(step_time_s=0.5)
+    assert steps == round(daly_interval(2.0, 3600.0) / 0.5)
+    assert "Daly" in reason and "C=2.00s" in reason and "M=3600s" in reason
+
+
+def test_background_persist_time_counts_as_configured():
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=3600.0,
+                                              persist_overhead=0.5))
+    chooser.record_save(blocked_s=2.0, persist_s=10.0)
+    seconds, _ = chooser.interval_s()
+    assert seconds == pytest.approx(daly_interval(7.0, 3600.0))
+
+
+def test_costs_are_an_ewma_of_recent_saves():
+    chooser = AdaptiveInterval(IntervalConfig(ewma_alpha=0.5))
+    chooser.record_save(4.0, 8.0)
+    chooser.record_save(2.0, 4.0)
+    assert (chooser.blocked_s, chooser.persist_s) == (3.0, 6.0)
+
+
+def test_the_interval_is_never_shorter_than_one_save():
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=60.0))
+    chooser.record_save(blocked_s=0.01, persist_s=30.0)  # Daly says ~1 s
+    steps, reason = chooser.interval_steps(0.1)
+    assert steps == 301  # 30.01 s of save at 0.1 s/step, rounded up
+    assert "raised to one save's duration" in reason
+
+
+def test_observed_interruptions_shorten_the_interval():
+    clock = Clock()
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_s=4 * 3600.0), clock=clock)
+    chooser.record_save(1.0, 5.0)
+    clock.now = 3600.0
+    calm, _ = chooser.interval_s()
+    for _ in range(6):
+        chooser.record_interruption()
+    stormy, reason = chooser.interval_s()
+    assert stormy < calm
+    m, _ = chooser.mtbf()
+    assert m == pytest.approx((3600.0 + 4 * 3600.0) / 7)
+    assert "6 interruptions" in reason
+
+
+def test_a_long_quiet_run_lengthens_the_interval():
+    clock = Clock()
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_s=3600.0), clock=clock)
+    chooser.record_save(1.0, 5.0)
+    early, _ = chooser.interval_s()
+    clock.now = 48 * 3600.0
+    assert chooser.interval_s()[0] > early
+
+
+def test_max_steps_caps_the_interval_but_not_below_one_save():
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=36000.0,
+                                              max_steps=100))
+    chooser.record_save(2.0, 8.0)
+    assert chooser.interval_steps(1.0)[0] == 100
+    assert chooser.interval_steps(0.01)[0] == math.ceil(10.0 / 0.01)
+
+
+def test_the_run_history_survives_a_restart():
+    clock = Clock()
+    first = AdaptiveInterval(IntervalConfig(), clock=clock)
+    first.record_save(1.0, 4.0)
+    first.record_interruption()
+    clock.now = 1000.0
+    second = AdaptiveInterval(IntervalConfig(), clock=clock)
+    second.load_state_dict(first.state_dict())
+    clock.now = 1500.0
+    assert second.run_time_s() == 1500.0
+    assert second.mtbf() == first.mtbf()
+    assert second.interval_s() == first.interval_s()
+
+
+def test_step_time_must_be_measured():
+    with pytest.raises(ValueError, match="step_time_s"):
+        AdaptiveInterval().interval_steps(0.0)
+
+
+@pytest.mark.parametrize("field, value, fix", [
+    ("mode", "auto", "adaptive or fixed"),
+    ("mtbf_source", "fleet", "observed or config"),
+    ("mtbf_s", 0.0, "positive number of seconds"),
+    ("ewma_alpha", 0.0, "0 < alpha <= 1"),
+    ("persist_overhead", 2.0, "fraction from 0 to 1"),
+    ("fixed_steps", 0, "1 or more"),
+])
+def test_bad_interval_settings_name_the_field_and_the_fix(field, value, fix):
+    with pytest.raises(ConfigError, match=fix) as exc:
+        IntervalConfig(**{field: value})
+    assert f"resilience.interval.{field}" in str(exc.value)

@@ -1,0 +1,38 @@
+"""Resilience building blocks of the trainer: interruption notices, their agreement
+across ranks, anomaly handling, the hang watchdog, the checkpoint interval, commit
+markers and metrics. docs/RESILIENCE.md shows how they fit together.
+
+``agree`` imports torch; it is loaded on first use so that the rest stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector, Decision,
+                                        RepeatedAnomalyError)
+from trainer.resilience.config import ResilienceConfig
+from trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
+                                         young_interval)
+from trainer.resilience.markers import (MarkerWrite, publish_marker, read_local_marker,
+                                        write_local_marker)
+from trainer.resilience.metrics import JsonFormatter, Metrics, configure_json_logging
+from trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
+from trainer.resilience.watchdog import Watchdog, WatchdogConfig
+from trainer.resilience.watcher import NoticeWatcher, WatcherConfig
+
+__all__ = [
+    "Action", "AdaptiveInterval", "AnomalyConfig", "AnomalyDetector", "Decision",
+    "IntervalConfig", "JsonFormatter", "MarkerWrite", "Metrics", "Notice", "NoticeKind",
+    "NoticeSource", "NoticeWatcher", "RepeatedAnomalyError", "ResilienceConfig",
+    "Watchdog", "WatchdogConfig", "WatcherConfig", "agree", "configure_json_logging",
+    "daly_interval", "most_urgent", "publish_marker", "read_local_marker",
+    "write_local_marker", "young_interval",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "agree":
+        from trainer.resilience.agreement import agree
+        return agree
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

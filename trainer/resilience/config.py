@@ -1,0 +1,26 @@
+"""The resilience block of the trainer config: one field per building block, so that
+the trainer config nests it as ``resilience:`` and each part stays next to its code.
+Loading and type checking are trainer/config.py's; each block validates itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from trainer.resilience.anomaly import AnomalyConfig
+from trainer.resilience.interval import IntervalConfig
+from trainer.resilience.watchdog import WatchdogConfig
+from trainer.resilience.watcher import WatcherConfig
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ResilienceConfig:
+    """Notices, anomalies, the hang watchdog and the checkpoint interval."""
+
+    watcher: WatcherConfig = dataclasses.field(default_factory=WatcherConfig)
+    """How interruption notices are watched (poll intervals, deadlines, signals)."""
+    anomaly: AnomalyConfig = dataclasses.field(default_factory=AnomalyConfig)
+    """What counts as an anomalous step, and skip or rollback."""
+    watchdog: WatchdogConfig = dataclasses.field(default_factory=WatchdogConfig)
+    """When a rank counts as hung."""
+    interval: IntervalConfig = dataclasses.field(default_factory=IntervalConfig)
+    """How often to checkpoint (Daly's optimum or a fixed interval)."""

@@ -1,0 +1,225 @@
+"""How often to checkpoint: Young's and Daly's optimum, fed with measured costs.
+
+With a checkpoint that costs ``C`` seconds of training time and interruptions every
+``M`` seconds on average (the whole job's MTBF: any node's interruption stops every
+rank), the expected loss per unit of time is minimised at
+
+* Young (1974): ``T = sqrt(2 C M)``
+* Daly (2006), higher order: ``T = sqrt(2 C M) * (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C``
+  for ``C < 2M``, else ``T = M``
+
+``T`` is compute time between the ends of two checkpoints. :class:`AdaptiveInterval`
+estimates the inputs while the run goes:
+
+* ``C`` = EWMA of the time each save blocked training + ``persist_overhead`` x EWMA of
+  its background (persist) time, since a background save also slows training down.
+* ``M`` = ``(observed run time + mtbf_s) / (interruptions + 1)``: the configured MTBF
+  counts as one prior interruption, and each notice or restart recorded in the run
+  moves the estimate towards what the run has actually seen. With
+  ``mtbf_source="config"``, ``M = mtbf_s`` (e.g. fed from the fleet's metrics).
+
+The result is never below the time one save needs end to end (blocked + persist),
+since only one save may be in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+from ftfleet.errors import ConfigError
+
+MODES = ("adaptive", "fixed")
+MTBF_SOURCES = ("observed", "config")
+
+
+def young_interval(cost_s: float, mtbf_s: float) -> float:
+    """Young's first-order optimum ``sqrt(2 C M)``."""
+    _check_inputs(cost_s, mtbf_s)
+    return math.sqrt(2.0 * cost_s * mtbf_s)
+
+
+def daly_interval(cost_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum; ``M`` when the checkpoint costs ``2M`` or more."""
+    _check_inputs(cost_s, mtbf_s)
+    if cost_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    ratio = cost_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - cost_s
+
+
+def _check_inputs(cost_s: float, mtbf_s: float) -> None:
+    if not (cost_s >= 0 and math.isfinite(cost_s)):
+        raise ValueError(f"checkpoint cost {cost_s!r}: use a finite number of seconds >= 0")
+    if not (mtbf_s > 0 and math.isfinite(mtbf_s)):
+        raise ValueError(f"MTBF {mtbf_s!r}: use a finite number of seconds > 0")
+
+
+#: Where the trainer config nests this block (ResilienceConfig), for error messages.
+_KEY = "resilience.interval"
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class IntervalConfig:
+    """How the checkpoint interval is chosen."""
+
+    mode: str = "adaptive"
+    """``adaptive``: Daly's optimum from measured costs; ``fixed``: every fixed_steps."""
+    fixed_steps: int = 500
+    """The interval in fixed mode, and in adaptive mode until a save has been measured."""
+    mtbf_s: float = 4 * 3600.0
+    """The whole job's mean time between interruptions, seconds (prior, or the value itself
+    with mtbf_source=config). A node MTBF divided by the number of nodes."""
+    mtbf_source: str = "observed"
+    """``observed``: blend mtbf_s with the interruptions recorded in the run; ``config``: use
+    mtbf_s as is."""
+    ewma_alpha: float = 0.3
+    """Weight of the newest save in the cost averages (0 < alpha <= 1)."""
+    persist_overhead: float = 0.0
+    """Fraction of the background persist time that training loses to it (0: none)."""
+    min_steps: int = 1
+    """Bounds on the interval in steps; max_steps 0: no upper bound. The floor of one save's
+    duration wins over max_steps."""
+    max_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"{_KEY}.mode={self.mode!r}: use adaptive or fixed")
+        if self.mtbf_source not in MTBF_SOURCES:
+            raise ConfigError(f"{_KEY}.mtbf_source={self.mtbf_source!r}: use observed "
+                              "or config")
+        if self.fixed_steps < 1:
+            raise ConfigError(f"{_KEY}.fixed_steps={self.fixed_steps}: use 1 or more")
+        if not (self.mtbf_s > 0 and math.isfinite(self.mtbf_s)):
+            raise ConfigError(f"{_KEY}.mtbf_s={self.mtbf_s!r}: use a positive number "
+                              "of seconds (the job's mean time between interruptions)")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ConfigError(f"{_KEY}.ewma_alpha={self.ewma_alpha}: use 0 < alpha <= 1")
+        if not 0 <= self.persist_overhead <= 1:
+            raise ConfigError(f"{_KEY}.persist_overhead={self.persist_overhead}: use a "
+                              "fraction from 0 to 1")
+        if self.min_steps < 1:
+            raise ConfigError(f"{_KEY}.min_steps={self.min_steps}: use 1 or more")
+        if self.max_steps and self.max_steps < self.min_steps:
+            raise ConfigError(f"{_KEY}.max_steps={self.max_steps}: use 0 (no bound) or "
+                              f"at least min_steps ({self.min_steps})")
+
+
+class AdaptiveInterval:
+    """Chooses the checkpoint interval; see the module doc for the model.
+
+    ``elapsed_s`` and ``interruptions`` carry the run's history over a restart (see
+    :meth:`state_dict`); ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, config: IntervalConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or IntervalConfig()
+        self._clock = clock
+        self._started = clock()
+        self._elapsed_before = 0.0
+        self._interruptions = 0
+        self.last_interruption_at: float | None = None
+        self.blocked_s: float | None = None
+        self.persist_s: float | None = None
+        self.saves = 0
+
+    # -- inputs ------------------------------------------------------------------
+
+    def record_save(self, blocked_s: float, persist_s: float) -> None:
+        """One save: seconds training was blocked, then seconds until it was committed
+        in the background."""
+        if not (blocked_s >= 0 and persist_s >= 0):
+            raise ValueError(f"save durations must be >= 0 (blocked={blocked_s!r}, "
+                             f"persist={persist_s!r})")
+        self.blocked_s = self._ewma(self.blocked_s, blocked_s)
+        self.persist_s = self._ewma(self.persist_s, persist_s)
+        self.saves += 1
+
+    def _ewma(self, average: float | None, sample: float) -> float:
+        a = self.config.ewma_alpha
+        return sample if average is None else a * sample + (1 - a) * average
+
+    def record_interruption(self, t: float | None = None) -> None:
+        """A notice or a restart happened, at epoch ``t`` (default: now)."""
+        self._interruptions += 1
+        self.last_interruption_at = time.time() if t is None else t
+
+    # -- estimates ---------------------------------------------------------------
+
+    def run_time_s(self) -> float:
+        return self._elapsed_before + (self._clock() - self._started)
+
+    def mtbf(self) -> tuple[float, str]:
+        cfg = self.config
+        if cfg.mtbf_source == "config":
+            return cfg.mtbf_s, f"M={cfg.mtbf_s:.0f}s (configured)"
+        n, observed = self._interruptions, self.run_time_s()
+        m = (observed + cfg.mtbf_s) / (n + 1)
+        return m, (f"M={m:.0f}s ({n} interruptions in {observed / 3600:.2f}h observed, "
+                   f"prior {cfg.mtbf_s:.0f}s)")
+
+    def cost(self) -> tuple[float, str] | None:
+        if self.blocked_s is None or self.persist_s is None:
+            return None
+        k = self.config.persist_overhead
+        c = self.blocked_s + k * self.persist_s
+        return c, (f"C={c:.2f}s (blocked {self.blocked_s:.2f}s + {k:g} x persist "
+                   f"{self.persist_s:.2f}s, EWMA of {self.saves} saves)")
+
+    # -- outputs -----------------------------------------------------------------
+
+    def interval_s(self) -> tuple[float | None, str]:
+        """The optimal interval in seconds and why; None in fixed mode or before the
+        first save is measured."""
+        if self.config.mode == "fixed":
+            return None, f"fixed: every {self.config.fixed_steps} steps (interval.mode=fixed)"
+        cost = self.cost()
+        if cost is None:
+            return None, (f"adaptive: no save measured yet, every "
+                          f"{self.config.fixed_steps} steps until one is")
+        (c, c_why), (m, m_why) = cost, self.mtbf()
+        t = daly_interval(c, m)
+        why = f"Daly: {c_why}, {m_why} -> T={t:.1f}s"
+        floor = self.blocked_s + self.persist_s  # type: ignore[operator]
+        if t < floor:
+            t, why = floor, why + f", raised to one save's duration {floor:.1f}s"
+        return t, why
+
+    def interval_steps(self, step_time_s: float) -> tuple[int, str]:
+        """The interval in steps of ``step_time_s`` seconds, and a line for the log."""
+        if not step_time_s > 0:
+            raise ValueError(f"step_time_s={step_time_s!r}: use the measured seconds per "
+                             "step (> 0)")
+        cfg = self.config
+        seconds, why = self.interval_s()
+        if seconds is None:
+            return cfg.fixed_steps, why
+        # Rounding to whole steps must not undercut one save's duration.
+        one_save = self.blocked_s + self.persist_s  # type: ignore[operator]
+        floor_steps = math.ceil(one_save / step_time_s - 1e-9)
+        steps = max(cfg.min_steps, floor_steps, round(seconds / step_time_s))
+        why += f" = {steps} steps at {step_time_s:.3f}s/step"
+        if cfg.max_steps and steps > cfg.max_steps:
+            capped = max(cfg.max_steps, floor_steps)
+            if capped != steps:
+                why += f", capped at {capped} (max_steps {cfg.max_steps}"
+                why += ", but not below one save's duration)" if capped > cfg.max_steps else ")"
+                steps = capped
+        return steps, why
+
+    # -- persistence -------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"elapsed_s": self.run_time_s(), "interruptions": self._interruptions,
+                "blocked_s": self.blocked_s, "persist_s": self.persist_s, "saves": self.saves}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue a run's history; the time since this object was built is added."""
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
+        self._interruptions = int(state.get("interruptions", 0))
+        self.blocked_s = state.get("blocked_s")
+        self.persist_s = state.get("persist_s")
+        self.saves = int(state.get("saves", 0))
