@@ -1,0 +1,134 @@
+"""The trainer image cannot be built here, so its Dockerfile and entrypoint are linted,
+and the entrypoint is run with a stand-in torchrun."""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from ftfleet.contract import ENV_NAMES, EXIT_CONFIG, TRAINER_ENV
+
+from .helpers import REPO, subprocess_env
+
+DOCKERFILE = REPO / "trainer" / "Dockerfile"
+ENTRYPOINT = REPO / "trainer" / "docker-entrypoint"
+#: Variables of the tools in the image, set by the Dockerfile itself.
+TOOL_ENV = {"PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_NO_CACHE_DIR",
+            "PIP_DISABLE_PIP_VERSION_CHECK"}
+
+
+def instructions():
+    """(INSTRUCTION, arguments) pairs, with continuations joined and comments dropped."""
+    out, current = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            word, _, rest = current.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+            current = ""
+    return out
+
+
+def values(name):
+    return [rest for word, rest in instructions() if word == name]
+
+
+def env_names_set():
+    names = set()
+    for rest in values("ENV") + values("ARG"):
+        names |= set(re.findall(r"(?:^|\s)([A-Z_][A-Z0-9_]*)=", " " + rest))
+    return names
+
+
+def test_the_base_is_an_official_pytorch_runtime_image_pinned_by_tag():
+    (base,) = values("FROM")
+    image, _, tag = base.partition(":")
+    assert image == "pytorch/pytorch"
+    assert tag and tag != "latest" and "$" not in base
+    assert re.fullmatch(r"\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime", tag)
+
+
+def test_the_image_runs_as_a_non_root_user():
+    users = values("USER")
+    assert users, "no USER instruction"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0")
+    names = [w for w, _ in instructions()]
+    assert names.index("USER") < names.index("ENTRYPOINT")
+
+
+def test_the_entrypoint_checks_the_contract_then_execs_torchrun():
+    (entry,) = values("ENTRYPOINT")
+    assert json.loads(entry) == ["/opt/ftfleet/trainer/docker-entrypoint"]
+    assert ENTRYPOINT.stat().st_mode & stat.S_IXUSR
+    script = ENTRYPOINT.read_text()
+    assert "check_env()" in script
+    last = script.rstrip().split("\nexec ")[-1]
+    assert last.startswith("torchrun ") and '"$@"' in last
+    assert json.loads(values("CMD")[0]) == ["--module", "trainer"]
+    assert (REPO / "trainer" / "__main__.py").exists()
+
+
+def test_every_variable_the_image_relies_on_is_a_contract_name():
+    referenced = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)",
+                                DOCKERFILE.read_text() + ENTRYPOINT.read_text()))
+    assert referenced <= ENV_NAMES, referenced - ENV_NAMES
+    set_here = env_names_set()
+    assert set_here <= ENV_NAMES | TOOL_ENV, set_here - ENV_NAMES - TOOL_ENV
+    contract_like = {n for n in re.findall(r"FTFLEET_[A-Z0-9_]+",
+                                           DOCKERFILE.read_text() + ENTRYPOINT.read_text())}
+    assert contract_like <= ENV_NAMES, contract_like - ENV_NAMES
+
+
+def test_every_copied_path_exists():
+    for rest in values("COPY"):
+        *sources, _dest = rest.split()
+        for source in sources:
+            assert (REPO / source).exists(), source
+
+
+def test_the_entrypoint_shell_script_parses():
+    subprocess.run(["sh", "-n", str(ENTRYPOINT)], check=True)
+
+
+@pytest.fixture
+def fake_bin(tmp_path):
+    """A PATH with this interpreter as `python` and a torchrun that prints its argv."""
+    (tmp_path / "python").symlink_to(sys.executable)
+    torchrun = tmp_path / "torchrun"
+    torchrun.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    torchrun.chmod(0o755)
+    return tmp_path
+
+
+def contract_env(fake_bin, **overrides):
+    env = subprocess_env(PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    env.update({v.name: v.example for v in TRAINER_ENV})
+    env.update(overrides)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
+    result = subprocess.run([str(ENTRYPOINT), "--module", "trainer"], cwd=REPO,
+                            env=contract_env(fake_bin), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    args = result.stdout.split()
+    assert "--nnodes=2:16" in args and "--nproc-per-node=8" in args
+    assert "--rdzv-endpoint=coordinator.ftfleet.internal:29400" in args
+    assert "--rdzv-id=aws-prod-llm" in args
+    assert args[-2:] == ["--module", "trainer"]
+
+
+def test_the_entrypoint_refuses_an_incomplete_environment(fake_bin):
+    result = subprocess.run([str(ENTRYPOINT)], cwd=REPO,
+                            env=contract_env(fake_bin, FTFLEET_RDZV_ENDPOINT=None),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CONFIG
+    assert "FTFLEET_RDZV_ENDPOINT" in result.stderr and result.stdout == ""

@@ -1,0 +1,199 @@
+"""Shared fixtures of the trainer tests: running the trainer as a subprocess (torchrun
+for several ranks), reference runs computed once per session, and an S3 server (moto)
+on 127.0.0.1 behind a proxy that can inject faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+#: A model and run small enough for a few seconds per torchrun, with dropout so that a
+#: resume that loses the RNG state shows in the hash. Global batch 6: 1, 2 and 3 ranks.
+BASE = [
+    "run_id=t", "seed=7", "model.vocab_size=64", "model.seq_len=16", "model.d_model=32",
+    "model.n_layers=2", "model.n_heads=2", "model.dropout=0.1", "optim.warmup_steps=4",
+    "train.steps=24", "train.global_batch_size=6", "train.log_every=1000",
+    "checkpoint.interval=4", "checkpoint.keep=3", "data.trace_samples=true",
+]
+CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
+
+
+def trainer_cmd(nproc: int, run_dir: Path, *overrides: str) -> list[str]:
+    args = ["--config", str(CONFIG), *BASE, f"run_dir={run_dir}", *overrides]
+    if nproc == 1:
+        return [sys.executable, "-m", "trainer", *args]
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "trainer", *args]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_ENDPOINT"))}
+    env.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                "AWS_DEFAULT_REGION": "us-east-1", "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": str(REPO)})
+    env.update(extra or {})
+    return env
+
+
+def run_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str] | None = None,
+                expect_rc: int | None = 0, timeout: float = 120) -> dict:
+    """Run to completion; return summary.json."""
+    proc = subprocess.run(trainer_cmd(nproc, run_dir, *overrides), cwd=REPO, env=child_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+    if expect_rc is not None and proc.returncode != expect_rc:
+        raise AssertionError(f"trainer exited {proc.returncode}, expected {expect_rc}\n"
+                             f"--- stderr ---\n{proc.stderr[-6000:]}")
+    summary = run_dir / "summary.json"
+    out = json.loads(summary.read_text()) if summary.exists() else {}
+    out["_stderr"] = proc.stderr
+    out["_rc"] = proc.returncode
+    return out
+
+
+def start_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str] | None = None):
+    """Start in its own process group (so a kill reaches torchrun and every worker)."""
+    log = open(run_dir.parent / f"{run_dir.name}.log", "w")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(trainer_cmd(nproc, run_dir, *overrides), cwd=REPO, env=child_env(env),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.002, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sample_trace(*run_dirs: Path, max_step: dict[Path, int] | None = None) -> dict[int, list[tuple[int, int]]]:
+    """step -> [(first, last) sample of each rank], over the runs' trace files; steps
+    above ``max_step[run_dir]`` (rolled back by a resume) are ignored."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for d in run_dirs:
+        limit = (max_step or {}).get(d)
+        for f in sorted((d / "samples").glob("*.txt")):
+            for line in f.read_text().split("\n"):
+                if line.strip():
+                    step, first, last = map(int, line.split())
+                    if limit is None or step <= limit:
+                        out.setdefault(step, []).append((first, last))
+    return out
+
+
+def assert_each_sample_once(trace: dict[int, list[tuple[int, int]]], steps: int, batch: int) -> None:
+    seen: list[int] = []
+    for step in range(1, steps + 1):
+        assert step in trace, f"no rank trained step {step}"
+        ids = sorted(i for first, last in trace[step] for i in range(first, last + 1))
+        assert ids == list(range((step - 1) * batch, step * batch)), \
+            f"step {step} consumed samples {ids}"
+        seen += ids
+    assert sorted(seen) == list(range(steps * batch))
+    assert set(trace) == set(range(1, steps + 1)), f"extra steps traced: {sorted(set(trace) - set(range(1, steps + 1)))}"
+
+
+def ckpt_hash(step_dir: Path) -> str:
+    """state_sha256 of the model and optimizer held by a checkpoint, loaded offline."""
+    from trainer.checkpoint.safe_load import load_offline
+    from trainer.checkpoint.state import state_sha256
+
+    app = load_offline(step_dir)["app"]
+    return state_sha256({"model": app["model"], "optim": app["optim"]})
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("trainer")
+
+
+@pytest.fixture(scope="session")
+def ref1(session_dir) -> dict:
+    """Uninterrupted 1-process run, checkpoint every 2 steps, all kept."""
+    d = session_dir / "ref1"
+    s = run_trainer(1, d, "checkpoint.interval=2", "checkpoint.keep=100")
+    s["run_dir"] = d
+    return s
+
+
+@pytest.fixture(scope="session")
+def ref2(session_dir) -> dict:
+    """Uninterrupted 2-process run, every checkpoint kept."""
+    d = session_dir / "ref2"
+    s = run_trainer(2, d, "checkpoint.keep=100")
+    s["run_dir"] = d
+    return s
+
+
+def copy_steps(src: Path, dst: Path, steps: list[int]) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    for s in steps:
+        shutil.copytree(src / f"step-{s}", dst / f"step-{s}")
+    return dst
+
+
+# ---------------------------------------------------------------------------
+# S3: moto on 127.0.0.1, behind a fault-injecting proxy
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_url():
+    from moto.server import ThreadedMotoServer
+
+    for k, v in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3proxy(moto_url):
+    from tests.trainer.s3proxy import FaultProxy
+
+    proxy = FaultProxy(moto_url)
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def s3(moto_url):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+
+
+_bucket_count = [0]
+
+
+@pytest.fixture
+def bucket(s3, request) -> str:
+    _bucket_count[0] += 1
+    name = f"ckpt-{_bucket_count[0]}-{request.node.name[:20].lower().replace('_', '-')}".rstrip("-")
+    s3.create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,62 @@
+"""``torchrun [...] -m trainer --config FILE [key.sub=value ...]``
+
+Exit codes are those of ftfleet.contract: 0 done, 2 bad config or environment (a
+restart will not help), others as the stop request says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from ftfleet.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"),
+                        help="YAML config (default: $FTFLEET_CONFIG)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s", stream=sys.stderr)
+    cfg = None
+    try:
+        from trainer.config import load_config
+
+        cfg = load_config(args.config, args.overrides)
+        from trainer.train import train  # torch is imported here, after the config is valid
+
+        return int(train(cfg)["exit_code"])
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        _failed_summary(cfg, rank, str(exc))
+        return exc.exit_code
+    except Exception as exc:
+        traceback.print_exc()
+        _failed_summary(cfg, rank, f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def _failed_summary(cfg, rank: int, error: str) -> None:
+    """Best effort: a failed run still leaves a summary saying why (no state hash)."""
+    if cfg is None or rank != 0:
+        return
+    try:
+        run_dir = Path(cfg.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps(
+            {"status": "failed", "error": error, "run_id": cfg.run_id, "state_sha256": None},
+            indent=1) + "\n")
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""``ftfleet ckpt list|verify|inspect TARGET``
+
+TARGET is a tier root (a directory holding ``step-N/``), one step directory, or a
+bucket URI (``s3://bucket/prefix``, ``gs://bucket/prefix``). ``list`` checks that every
+file of each checkpoint is present with its size; ``verify`` also checks every CRC32C;
+``inspect`` shows one checkpoint's manifest and, with ``--tensors``, its contents and
+``state_sha256`` (the same hash the trainer writes to summary.json). A checkpoint that
+fails exits 1 and names the bad file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ftfleet.contract import parse_step_dir, step_dir_name
+from ftfleet.errors import UserError
+from trainer.checkpoint.manifest import Manifest, ManifestError, checksum_stream, verify_dir
+from trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("ckpt", help="list, verify or inspect checkpoints",
+                                   description=__doc__.split("\n\n")[1])
+    sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
+    for name, fn, text in (("list", cmd_list, "steps, sizes, world size, quick check"),
+                           ("verify", cmd_verify, "check every file's size and CRC32C"),
+                           ("inspect", cmd_inspect, "one checkpoint's manifest and contents")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("target", metavar="TARGET", help="directory, step directory or bucket URI")
+        p.add_argument("--step", type=int, help="only this step")
+        p.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
+                       help="S3 endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "inspect":
+            p.add_argument("--tensors", action="store_true",
+                           help="load the checkpoint (safely) and list its entries and state_sha256")
+        p.set_defaults(func=fn)
+
+
+# ---------------------------------------------------------------------------
+# Targets: a local tier or an object store, seen the same way
+# ---------------------------------------------------------------------------
+
+
+class _Target:
+    def __init__(self, spec: str, endpoint_url: str | None, step: int | None):
+        self.step_filter = step
+        if spec.startswith(("s3://", "gs://")):
+            self.tier: Any = open_store(spec, endpoint_url=endpoint_url)
+            self.local = False
+            return
+        path = Path(spec)
+        if not path.is_dir():
+            raise UserError(f"{spec}: no such directory; pass a checkpoint directory or a bucket URI")
+        single = parse_step_dir(path.name)
+        if single is not None:  # a step directory itself
+            path, self.step_filter = path.parent, single if step is None else step
+        self.tier = LocalTier(path)
+        self.local = True
+
+    def steps(self) -> list[int]:
+        try:
+            steps = self.tier.all_steps()
+        except TierUnavailable as exc:
+            raise UserError(f"{exc}; check the URI and credentials") from None
+        if self.step_filter is not None:
+            steps = [s for s in steps if s == self.step_filter]
+        return steps
+
+    def manifest(self, step: int) -> Manifest | None:
+        return self.tier.read_manifest(step)
+
+    def problems(self, manifest: Manifest, full: bool) -> list[str]:
+        if self.local:
+            return verify_dir(self.tier.step_dir(manifest.step), manifest, full=full)
+        present = self.tier.step_objects(manifest.step)
+        out = []
+        for name, entry in sorted(manifest.files.items()):
+            if name not in present:
+                out.append(f"{name}: missing")
+            elif present[name] != entry.size:
+                out.append(f"{name}: size {present[name]} bytes, manifest says {entry.size}")
+            elif full:
+                got = checksum_stream(self.tier.iter_object(f"{step_dir_name(manifest.step)}/{name}"))
+                if got.crc32c != entry.crc32c:
+                    out.append(f"{name}: crc32c {got.crc32c}, manifest says {entry.crc32c} (corrupt)")
+        return out
+
+    def describe(self, step: int) -> str:
+        return f"{self.tier.describe()}/{step_dir_name(step)}"
+
+
+def _check_all(args: argparse.Namespace, full: bool) -> int:
+    target = _Target(args.target, args.endpoint_url, args.step)
+    steps = target.steps()
+    rows, bad = [], 0
+    for step in steps:
+        row: dict[str, Any] = {"step": step, "location": target.describe(step)}
+        try:
+            manifest = target.manifest(step)
+        except ManifestError as exc:
+            row.update(status="CORRUPT", problems=[f"manifest.json: malformed ({exc})"])
+            bad += 1
+            rows.append(row)
+            continue
+        if manifest is None:
+            row.update(status="uncommitted", problems=["no manifest.json: ignored by every loader"])
+            rows.append(row)
+            continue
+        problems = target.problems(manifest, full)
+        if manifest.step != step:
+            problems.insert(0, f"manifest.json: describes step {manifest.step}")
+        bad += bool(problems)
+        row.update(status="CORRUPT" if problems else ("ok" if full else "ok (sizes)"),
+                   problems=problems, files=len(manifest.files), bytes=manifest.total_bytes,
+                   world_size=manifest.world_size, run_id=manifest.run_id,
+                   created=_when(manifest.created_at))
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{'step':>8}  {'status':<11} {'files':>5} {'size':>10}  {'ranks':>5}  "
+              f"{'created':<19}  run")
+        for r in rows:
+            print(f"{r['step']:>8}  {r['status']:<11} {r.get('files', '-'):>5} "
+                  f"{_size(r.get('bytes')):>10}  {r.get('world_size', '-'):>5}  "
+                  f"{r.get('created', '-'):<19}  {r.get('run_id', '-')}")
+            for p in r["problems"]:
+                print(f"{'':>10}{'!' if r['status'] == 'CORRUPT' else '-'} {p}")
+    if not steps:
+        print(f"no checkpoint in {target.tier.describe()}", file=sys.stderr)
+        return 1
+    if bad:
+        print(f"{bad} corrupt checkpoint(s) in {target.tier.describe()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    return _check_all(args, full=False)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    return _check_all(args, full=True)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    target = _Target(args.target, args.endpoint_url, args.step)
+    try:
+        committed = [s for s in target.steps() if target.manifest(s) is not None]
+    except ManifestError:
+        committed = []
+    if not committed:
+        raise UserError(f"no committed checkpoint in {target.tier.describe()}"
+                        + (f" for step {args.step}" if args.step is not None else ""))
+    step = committed[-1]
+    try:
+        manifest = target.manifest(step)
+    except ManifestError as exc:
+        print(f"step-{step}: manifest.json: malformed ({exc})", file=sys.stderr)
+        return 1
+    problems = target.problems(manifest, full=True)
+    out: dict[str, Any] = {
+        "location": target.describe(step), "step": step, "run_id": manifest.run_id,
+        "config_hash": manifest.config_hash, "world_size": manifest.world_size,
+        "torch_version": manifest.torch_version, "ftfleet_version": manifest.ftfleet_version,
+        "created": _when(manifest.created_at), "bytes": manifest.total_bytes,
+        "files": {n: {"size": e.size, "crc32c": e.crc32c} for n, e in sorted(manifest.files.items())},
+        "verified": not problems, "problems": problems,
+    }
+    if args.tensors and not problems:
+        out.update(_tensors(target, manifest))
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for key, value in out.items():
+            if key == "files":
+                print("files:")
+                for n, e in value.items():
+                    print(f"  {n:<20} {_size(e['size']):>10}  crc32c {e['crc32c']}")
+            elif key == "entries":
+                print("entries:")
+                for n, desc in value.items():
+                    print(f"  {n}: {desc}")
+            else:
+                print(f"{key}: {value}")
+    if problems:
+        for p in problems:
+            print(f"step-{step}: CORRUPT {p}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:
+    """Load the checkpoint offline (tensors weights_only, metadata through an allowlist)
+    and describe it. A bucket checkpoint is downloaded to a temporary directory."""
+    from trainer.checkpoint.safe_load import load_offline
+    from trainer.checkpoint.state import state_sha256
+
+    with tempfile.TemporaryDirectory(prefix="ftfleet-inspect-") as tmp:
+        if target.local:
+            step_dir = target.tier.step_dir(manifest.step)
+        else:
+            step_dir = Path(tmp)
+            for name in manifest.files:
+                target.tier.download_file(f"{step_dir_name(manifest.step)}/{name}", step_dir / name)
+        state = load_offline(step_dir)
+    app = state.get("app", state)
+    entries = {}
+    _describe(app, "", entries)
+    return {"entries": entries,
+            "progress": {k: int(v) for k, v in app.get("progress", {}).items()},
+            "state_sha256": state_sha256({"model": app.get("model"), "optim": app.get("optim")})}
+
+
+def _describe(node: Any, prefix: str, out: dict[str, str]) -> None:
+    import torch
+
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _describe(v, f"{prefix}{k}.", out)
+    elif isinstance(node, torch.Tensor):
+        out[prefix[:-1]] = f"{str(node.dtype).replace('torch.', '')}{list(node.shape)}"
+    else:
+        out[prefix[:-1]] = repr(node)[:60]
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def _when(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")

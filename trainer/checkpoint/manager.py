@@ -1,0 +1,252 @@
+"""CheckpointManager: what a training loop calls.
+
+    ckpt = CheckpointManager(cfg.checkpoint, app_state, run_id=..., config_hash=...,
+                             ckpt_group=env.ckpt_group, upload_group=env.upload_group)
+    restored = ckpt.restore()              # loads the newest valid checkpoint, or None
+    for step in ...:
+        loss = forward_backward(...)
+        ckpt.wait_for_staging()            # before the weights change
+        optimizer.step()
+        if ckpt.should_save(step):
+            ckpt.save(step)                # returns once the state is being copied
+    ckpt.save(step, blocking=True)         # the final (or emergency) save: committed
+    ckpt.close()                           # waits for the last upload
+
+A save is: DCP ``async_save`` into ``<dir>/step-N/`` on a dedicated gloo group, with a
+stager that copies the state into buffers kept between saves (pinned memory and
+non-blocking copies on GPU); training is blocked only until that copy is done, and not
+even that long when :meth:`wait_for_staging` is called just before the optimizer step.
+A background thread then runs the commit protocol (:mod:`trainer.checkpoint.commit`),
+retention, and hands the checkpoint to the uploader (:mod:`trainer.checkpoint.upload`).
+At most one save is in flight: the next one waits for the previous commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from trainer.checkpoint import retention
+from trainer.checkpoint.comm import DistComm, LocalComm
+from trainer.checkpoint.commit import CommitError, commit_step
+from trainer.checkpoint.manifest import Manifest
+from trainer.checkpoint.restore import Identity, Restored, find_and_prepare
+from trainer.checkpoint.safe_load import load_into
+from trainer.checkpoint.state import AppState
+from trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
+from trainer.checkpoint.upload import Uploader
+from trainer.config import CheckpointConfig
+
+log = logging.getLogger("ftfleet.ckpt")
+
+
+@dataclasses.dataclass
+class SaveStats:
+    saves: int = 0
+    blocked_s: float = 0.0
+    """Time the training thread spent in save() and wait_for_staging()."""
+    last_blocked_s: float = 0.0
+    last_commit_s: float = 0.0
+    """From save() to the manifest being written, for the last commit."""
+
+
+def staging_options(cuda: bool) -> StagingOptions:
+    """GPU: pinned buffers and non-blocking device-to-host copies on a side stream. CPU:
+    those options fail ("Non-blocking copy requires ... accelerator") and pinning means
+    nothing, so plain buffers and blocking copies, still in a background thread. Shared
+    memory only serves DCP's process mode; saves here run in a thread."""
+    return StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                          use_async_staging=True, use_non_blocking_copy=cuda)
+
+
+class CheckpointManager:
+    def __init__(self, cfg: CheckpointConfig, app_state: AppState, *, run_id: str,
+                 config_hash: str, ckpt_group: Any = None, upload_group: Any = None,
+                 stores: dict[str, ObjectStore] | None = None):
+        self.cfg = cfg
+        self.app_state = app_state
+        self.identity = Identity(run_id, config_hash)
+        self.ckpt_group = ckpt_group
+        self.comm = DistComm(ckpt_group) if ckpt_group is not None else LocalComm()
+        self.local = LocalTier(cfg.dir)
+        if stores is None:
+            stores = {}
+            for name, uri in (("primary", cfg.uri), ("replica", cfg.replica_uri)):
+                if uri:
+                    stores[name] = open_store(uri, endpoint_url=cfg.s3_endpoint_url or None,
+                                              retries=cfg.retries, chunk_mb=cfg.multipart_chunk_mb,
+                                              workers=cfg.transfer_workers)
+        self.stores = stores
+        self.stats = SaveStats()
+        self.committed: list[int] = []
+        self.on_commit: list[Callable[[Manifest], None]] = []
+        self._stager = DefaultStager(staging_options(torch.cuda.is_available())) if cfg.async_save else None
+        self._commit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftfleet-ckpt-commit")
+        self._inflight: Future[Manifest] | None = None
+        self._staging: Future[None] | None = None
+        self.uploader: Uploader | None = None
+        if cfg.enabled and cfg.upload == "trainer" and "primary" in stores:
+            up_comm = DistComm(upload_group) if upload_group is not None else LocalComm()
+            self.uploader = Uploader(stores["primary"], self.local, up_comm,
+                                     workers=cfg.transfer_workers, keep=cfg.keep,
+                                     pinned=cfg.pinned_steps)
+
+    # --- restore -------------------------------------------------------------
+    def restore(self) -> Restored | None:
+        """Collective. Find the newest valid checkpoint (local, primary, replica), verify
+        it, and load it into the app state. None when there is nothing to resume."""
+        if not self.cfg.load:
+            return None
+        stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
+        found = find_and_prepare(self.comm, self.local, stores, self.identity,
+                                 force=self.cfg.force_load, load_step=self.cfg.load_step,
+                                 workers=self.cfg.transfer_workers)
+        if found is None:
+            if self.comm.rank == 0:
+                log.info("restore: no checkpoint in any tier; starting from step 0")
+            return None
+        t0 = time.monotonic()
+        # A rank beyond the writer's world size has no RNG entry to load.
+        self.app_state.include_rng = self.comm.rank < found.manifest.world_size
+        try:
+            load_into({"app": self.app_state}, self.local.step_dir(found.step), self.ckpt_group)
+        finally:
+            self.app_state.include_rng = True
+        if self.app_state.progress.step != found.step:
+            raise CommitError(f"step-{found.step} holds the state of step "
+                              f"{self.app_state.progress.step}")
+        if self.comm.rank == 0:
+            log.info("restore: loaded step-%d (written by %d ranks, %d now) in %.2f s",
+                     found.step, found.manifest.world_size, self.comm.world_size,
+                     time.monotonic() - t0)
+        self._resubmit_if_not_durable(found)
+        return found
+
+    def _resubmit_if_not_durable(self, found: Restored) -> None:
+        """A checkpoint committed locally but killed before its upload finished becomes
+        durable on the next start."""
+        if self.uploader is None or found.tier != "local":
+            return
+        missing = None
+        if self.comm.rank == 0:
+            try:
+                missing = found.step not in self.stores["primary"].committed_steps()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("cannot list %s: %s", self.stores["primary"].uri, exc)
+                missing = False
+        if self.comm.broadcast(missing):
+            log.info("step-%d is not in the durable tier yet: uploading it", found.step)
+            self.uploader.submit(found.manifest)
+
+    # --- save ----------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        return self.cfg.enabled and step % self.cfg.interval == 0
+
+    def save(self, step: int, *, blocking: bool = False) -> Manifest | None:
+        """Start saving the current state as ``step-N``. Collective. Non-blocking: returns
+        once staging started (call :meth:`wait_for_staging` before changing the weights).
+        Blocking: returns the committed manifest, or raises CommitError."""
+        t0 = time.monotonic()
+        self.wait()
+        step_dir = self.local.step_dir(step)
+        if self.comm.rank == 0:
+            # A directory of this step is debris of a crash, or of a run that rolled back
+            # past it: it goes, manifest first.
+            self.local.remove_step(step)
+            step_dir.mkdir(parents=True, exist_ok=True)
+        self.comm.barrier()
+        writer = dcp.FileSystemWriter(step_dir, single_file_per_rank=True, sync_files=True,
+                                      thread_count=self.cfg.thread_count, overwrite=True)
+        state = {"app": self.app_state}
+        if self._stager is not None:
+            response = dcp.async_save(state, storage_writer=writer, process_group=self.ckpt_group,
+                                      async_stager=self._stager)
+            self._staging, written = response.staging_completion, response.upload_completion
+        else:
+            written = Future()
+            try:
+                written.set_result(dcp.save(state, storage_writer=writer,
+                                            process_group=self.ckpt_group))
+            except (Exception, CheckpointException) as exc:  # a CommitError on every rank
+                written.set_exception(exc)
+        self._inflight = self._commit_pool.submit(self._commit, step, written, t0)
+        self.stats.saves += 1
+        self.stats.last_blocked_s = time.monotonic() - t0
+        self.stats.blocked_s += self.stats.last_blocked_s
+        if blocking:
+            self.wait_for_staging()
+            return self.wait(raise_on_error=True)
+        return None
+
+    def wait_for_staging(self) -> None:
+        """Block until the state of the last save is copied: after this the weights may
+        change. Cheap when the copy already finished."""
+        if self._staging is None:
+            return
+        t0 = time.monotonic()
+        try:
+            self._staging.result()
+        finally:
+            self._staging = None
+            dt = time.monotonic() - t0
+            self.stats.blocked_s += dt
+            self.stats.last_blocked_s += dt
+
+    def wait(self, raise_on_error: bool = False) -> Manifest | None:
+        """Wait for the save in flight to be committed (or fail). Returns its manifest."""
+        fut, self._inflight = self._inflight, None
+        if fut is None:
+            return None
+        try:
+            return fut.result()
+        except CommitError as exc:
+            if raise_on_error:
+                raise
+            log.error("%s", exc)
+            return None
+
+    def _commit(self, step: int, written: Future, t0: float) -> Manifest:
+        metadata, error = None, None
+        try:
+            metadata = written.result()
+        except (Exception, CheckpointException) as exc:  # DCP raises the same on every rank
+            error = f"DCP save failed: {type(exc).__name__}: {exc}"
+        manifest = commit_step(self.comm, self.local.step_dir(step), step, metadata, error,
+                               run_id=self.identity.run_id, config_hash=self.identity.config_hash,
+                               torch_version=torch.__version__)
+        self.stats.last_commit_s = time.monotonic() - t0
+        self.committed.append(step)
+        if self.comm.rank == 0:
+            log.info("committed step-%d: %d files, %.1f MB, %.2f s after save()", step,
+                     len(manifest.files), manifest.total_bytes / 1e6, self.stats.last_commit_s)
+            protected = {step} | (self.uploader.pending_steps() if self.uploader else set())
+            retention.prune(self.local, self.cfg.keep, self.cfg.pinned_steps, protected)
+        if self.uploader is not None:
+            self.uploader.submit(manifest)
+        for callback in self.on_commit:
+            callback(manifest)
+        return manifest
+
+    # --- shutdown ------------------------------------------------------------
+    @property
+    def durable_steps(self) -> list[int]:
+        return list(self.uploader.durable_steps) if self.uploader else []
+
+    def close(self, wait_for_upload: bool = True) -> None:
+        """Finish the save in flight and (``wait_for_upload``) the uploads. Collective."""
+        self.wait_for_staging()
+        self.wait()
+        if self.uploader is not None:
+            if not self.uploader.close(wait=wait_for_upload) and wait_for_upload:
+                log.warning("uploads still pending at close")
+        self._commit_pool.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()

@@ -1,0 +1,244 @@
+"""The manifest: the last file of a checkpoint, and the only thing that makes it exist.
+
+``step-N/manifest.json`` lists every other file of the checkpoint with its size and
+CRC32C, and says who wrote it (run, config hash, world size, versions). It is written
+to a temporary name, fsynced, renamed over its final name and the directory fsynced, so
+a reader sees either no manifest or a complete one. On load every listed file is
+checked against it; a file that is missing, of another size or another checksum makes
+the whole checkpoint invalid.
+
+CRC32C (hardware-accelerated through google-crc32c, the checksum GCS and S3 also use)
+detects bit flips and truncation at several GB/s; SHA-256 runs at ~0.4 GB/s on the CI
+machines and would dominate the commit time of a large checkpoint.
+
+No torch import here: ``ftfleet ckpt list|verify`` runs without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import google_crc32c
+
+from ftfleet import __version__ as FTFLEET_VERSION
+from ftfleet.contract import MANIFEST_NAME
+
+FORMAT = "ftfleet-checkpoint/1"
+CHECKSUM = "crc32c"
+_CHUNK = 8 << 20
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be parsed or does not describe a checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileEntry:
+    size: int
+    crc32c: str  # 8 hex digits
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Manifest:
+    step: int
+    run_id: str
+    config_hash: str
+    world_size: int
+    files: dict[str, FileEntry]
+    torch_version: str
+    ftfleet_version: str = FTFLEET_VERSION
+    created_at: float = dataclasses.field(default_factory=time.time)
+    format: str = FORMAT
+    checksum: str = CHECKSUM
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["files"] = {name: dataclasses.asdict(e) for name, e in sorted(self.files.items())}
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Manifest":
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ManifestError("not a JSON object")
+        if data.get("format") != FORMAT:
+            raise ManifestError(f"format {data.get('format')!r}, expected {FORMAT!r}")
+        if data.get("checksum") != CHECKSUM:
+            raise ManifestError(f"checksum {data.get('checksum')!r}, expected {CHECKSUM!r}")
+        try:
+            files = {}
+            for name, entry in data["files"].items():
+                _check_name(name)
+                size, crc = entry["size"], entry["crc32c"]
+                if not isinstance(size, int) or size < 0 or not _is_crc(crc):
+                    raise ManifestError(f"bad entry for {name!r}: {entry!r}")
+                files[name] = FileEntry(size, crc)
+            if not files:
+                raise ManifestError("lists no files")
+            manifest = cls(step=_int(data["step"]), run_id=str(data["run_id"]),
+                           config_hash=str(data["config_hash"]),
+                           world_size=_int(data["world_size"]), files=files,
+                           torch_version=str(data["torch_version"]),
+                           ftfleet_version=str(data["ftfleet_version"]),
+                           created_at=float(data["created_at"]))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ManifestError(f"missing or mistyped field {exc}") from None
+        if manifest.world_size < 1 or manifest.step < 0:
+            raise ManifestError(f"step {manifest.step} / world size {manifest.world_size}")
+        return manifest
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(value)
+    return value
+
+
+def _is_crc(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 8 and all(c in "0123456789abcdef" for c in value)
+
+
+def _check_name(name: str) -> None:
+    """File names are plain names inside the step directory; never a path out of it."""
+    if (not name or "/" in name or "\\" in name or name in (".", "..")
+            or name == MANIFEST_NAME):
+        raise ManifestError(f"illegal file name {name!r}")
+
+
+# ---------------------------------------------------------------------------
+# Checksums and durable writes
+# ---------------------------------------------------------------------------
+
+
+class Crc32c:
+    """Incremental CRC32C; ``update`` takes any bytes-like object."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.size = 0
+
+    def update(self, chunk: bytes | bytearray | memoryview) -> None:
+        if not isinstance(chunk, bytes):
+            chunk = bytes(chunk)
+        self.value = google_crc32c.extend(self.value, chunk)
+        self.size += len(chunk)
+
+    def entry(self) -> FileEntry:
+        return FileEntry(self.size, f"{self.value:08x}")
+
+
+def checksum_file(path: str | os.PathLike) -> FileEntry:
+    crc = Crc32c()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_CHUNK):
+            crc.update(chunk)
+    return crc.entry()
+
+
+def checksum_stream(chunks: Iterable[bytes]) -> FileEntry:
+    crc = Crc32c()
+    for chunk in chunks:
+        crc.update(chunk)
+    return crc.entry()
+
+
+def checksum_files(directory: Path, names: Iterable[str], workers: int = 4) -> dict[str, FileEntry]:
+    """Checksums of several files in parallel (the CRC releases the GIL)."""
+    names = list(names)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
+        return dict(zip(names, pool.map(lambda n: checksum_file(directory / n), names)))
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` holds either its old content or all of ``data``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_manifest(step_dir: Path, manifest: Manifest) -> None:
+    write_atomic(step_dir / MANIFEST_NAME, manifest.to_json().encode())
+
+
+def read_manifest(step_dir: Path) -> Manifest | None:
+    """The manifest of a step directory; None when there is none (uncommitted).
+    Raises ManifestError for one that exists but is malformed."""
+    try:
+        text = (step_dir / MANIFEST_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    return Manifest.from_json(text)
+
+
+# ---------------------------------------------------------------------------
+# Verification
+# ---------------------------------------------------------------------------
+
+
+def check_file(path: Path, expected: FileEntry, full: bool = True) -> str | None:
+    """None when ``path`` matches ``expected``, else a one-line problem."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path.name}: missing"
+    if size != expected.size:
+        return f"{path.name}: size {size} bytes, manifest says {expected.size} (truncated or overwritten)"
+    if full:
+        got = checksum_file(path)
+        if got.crc32c != expected.crc32c:
+            return f"{path.name}: crc32c {got.crc32c}, manifest says {expected.crc32c} (corrupt)"
+    return None
+
+
+def verify_dir(step_dir: Path, manifest: Manifest, names: Iterable[str] | None = None,
+               full: bool = True, workers: int = 4) -> list[str]:
+    """Problems with the files of ``manifest`` (or the subset ``names``) in ``step_dir``."""
+    names = sorted(manifest.files) if names is None else list(names)
+    if not names:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
+        results = pool.map(lambda n: check_file(step_dir / n, manifest.files[n], full), names)
+        return [r for r in results if r]
+
+
+def assign_files(files: dict[str, int], world_size: int) -> list[list[str]]:
+    """Split files over ranks by size, largest first onto the least-loaded rank. Every
+    rank computes the same split from the same input, with no communication."""
+    loads = [0] * world_size
+    out: list[list[str]] = [[] for _ in range(world_size)]
+    for name in sorted(files, key=lambda n: (-files[n], n)):
+        r = min(range(world_size), key=lambda i: (loads[i], i))
+        out[r].append(name)
+        loads[r] += files[name]
+    return out
+
+
+def iter_chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_CHUNK):
+            yield chunk

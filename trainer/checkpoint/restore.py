@@ -1,0 +1,195 @@
+"""Finding the checkpoint to resume from, across tiers, and making it safe to load.
+
+Candidates are the committed steps (those with a manifest) of the local tier, the
+primary bucket and the replica bucket, newest step first; for the same step the local
+copy is preferred, then the primary, then the replica. For each candidate, in turn:
+
+* rank 0 reads and parses its manifest (a malformed one is skipped) and checks it
+  belongs to this run and config (a foreign one is refused unless forced);
+* every rank checks its share of the files: locally, by size and CRC32C; from a
+  bucket, by downloading its share into ``<local>/step-N/`` in parallel and then
+  checking it, after which rank 0 writes the manifest locally (the download is then an
+  ordinary local commit);
+* the first candidate whose every file checks out is the one. Each failure is logged
+  in one line naming the tier, the step and the bad file, and the next is tried.
+
+This is what makes both durability paths safe: a bucket copy exported by FSx may show
+a manifest before every shard has arrived, and an interrupted upload may leave shards
+without a manifest; neither passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, Sequence
+
+from ftfleet.contract import step_dir_name
+from ftfleet.errors import UserError
+from trainer.checkpoint.manifest import (
+    Manifest,
+    ManifestError,
+    assign_files,
+    check_file,
+    write_manifest,
+)
+from trainer.checkpoint.tiers import LocalTier, ObjectStore, TierUnavailable
+
+log = logging.getLogger("ftfleet.ckpt")
+
+
+class CheckpointRefused(UserError):
+    """The newest checkpoint belongs to another run or config."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    step: int
+    tier: str  # "local", "primary" or "replica"
+    location: str
+    manifest: Manifest
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "tier": self.tier, "location": self.location,
+                "world_size": self.manifest.world_size}
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    run_id: str
+    config_hash: str
+
+    def mismatch(self, manifest: Manifest) -> str | None:
+        if manifest.run_id != self.run_id:
+            return f"run_id {manifest.run_id!r}, this run is {self.run_id!r}"
+        if manifest.config_hash != self.config_hash:
+            return f"config hash {manifest.config_hash}, this config is {self.config_hash}"
+        return None
+
+
+def list_candidates(local: LocalTier, stores: Sequence[tuple[str, ObjectStore]],
+                    load_step: int | None = None) -> list[tuple[int, int]]:
+    """(step, tier index) newest first; tier 0 is local, then ``stores`` in order."""
+    found = [(s, 0) for s in local.committed_steps()]
+    for i, (name, store) in enumerate(stores, start=1):
+        try:
+            found += [(s, i) for s in store.committed_steps()]
+        except TierUnavailable as exc:
+            log.warning("restore: %s tier unavailable, skipping it: %s", name, exc)
+    if load_step is not None:
+        found = [c for c in found if c[0] == load_step]
+    return sorted(found, key=lambda c: (-c[0], c[1]))
+
+
+def find_and_prepare(comm: Any, local: LocalTier, stores: Sequence[tuple[str, ObjectStore]],
+                     identity: Identity, *, force: bool = False, load_step: int | None = None,
+                     workers: int = 8) -> Restored | None:
+    """Collective. The newest valid checkpoint, present and verified in the local tier,
+    or None when there is none."""
+    tiers: list[tuple[str, Any]] = [("local", local), *stores]
+    candidates = list_candidates(local, stores, load_step) if comm.rank == 0 else []
+    while True:
+        decision: tuple | None = None
+        if comm.rank == 0:
+            decision = _next_candidate(candidates, tiers, identity, force)
+        decision = comm.broadcast(decision)
+        if decision[0] == "refuse":
+            raise CheckpointRefused(decision[1])
+        if decision[0] == "none":
+            if load_step is not None:
+                raise UserError(f"checkpoint.load_step={load_step}: no valid copy of "
+                                f"step-{load_step} in any tier; pick a listed step "
+                                "(`ftfleet ckpt list`) or unset it")
+            return None
+        _, tier_index, payload = decision
+        manifest = Manifest.from_json(payload)
+        name, tier = tiers[tier_index]
+        problems = _fetch_and_check(comm, local, name, tier, manifest, workers)
+        gathered = comm.gather(problems)
+        verdict = None
+        if comm.rank == 0:
+            bad = [p for part in gathered for p in part]
+            if not bad and tier_index > 0:
+                try:
+                    write_manifest(local.step_dir(manifest.step), manifest)
+                except OSError as exc:
+                    bad.append(f"writing the local manifest: {exc}")
+            for problem in bad:
+                log.warning("restore: step-%d in %s is invalid, skipping it: %s",
+                            manifest.step, tier.describe(), problem)
+            verdict = not bad
+        if comm.broadcast(verdict):
+            where = tier.describe()
+            if comm.rank == 0:
+                log.info("restore: using step-%d from %s tier (%s)", manifest.step, name, where)
+            return Restored(manifest.step, name, where, manifest)
+
+
+def _next_candidate(candidates: list[tuple[int, int]], tiers: list[tuple[str, Any]],
+                    identity: Identity, force: bool) -> tuple:
+    while candidates:
+        step, index = candidates.pop(0)
+        name, tier = tiers[index]
+        try:
+            manifest = tier.read_manifest(step)
+        except ManifestError as exc:
+            log.warning("restore: step-%d in %s has a malformed manifest, skipping it: %s",
+                        step, tier.describe(), exc)
+            continue
+        except (TierUnavailable, OSError) as exc:
+            log.warning("restore: cannot read step-%d manifest from %s: %s", step, tier.describe(), exc)
+            continue
+        if manifest is None:  # deleted since listing
+            continue
+        if manifest.step != step:
+            log.warning("restore: step-%d in %s has the manifest of step %d, skipping it",
+                        step, tier.describe(), manifest.step)
+            continue
+        mismatch = identity.mismatch(manifest)
+        if mismatch and not force:
+            return ("refuse", f"checkpoint step-{step} in {tier.describe()} has {mismatch}: "
+                              "point checkpoint.dir/uri at this run's checkpoints, or set "
+                              "checkpoint.force_load=true to load it anyway")
+        if mismatch:
+            log.warning("restore: loading step-%d despite %s (checkpoint.force_load)", step, mismatch)
+        return ("try", index, manifest.to_json())
+    return ("none",)
+
+
+def _fetch_and_check(comm: Any, local: LocalTier, name: str, tier: Any, manifest: Manifest,
+                     workers: int) -> list[str]:
+    """This rank's share: check local files, or download then check. Problems found."""
+    step_dir = local.step_dir(manifest.step)
+    mine = assign_files({n: e.size for n, e in manifest.files.items()}, comm.world_size)[comm.rank]
+    if name == "local":
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine) or 1))) as pool:
+            return [p for p in pool.map(lambda n: check_file(step_dir / n, manifest.files[n]), mine) if p]
+
+    if comm.rank == 0:  # replace whatever local copy of this step there is
+        local.remove_step(manifest.step)
+        step_dir.mkdir(parents=True, exist_ok=True)
+    comm.barrier()
+    problems: list[str] = []
+    total = sum(manifest.files[n].size for n in mine)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5,
+               desc=f"restore step-{manifest.step} from {name}", disable=comm.rank != 0)
+
+    def fetch(n: str) -> str | None:
+        try:
+            tier.download_file(f"{step_dir_name(manifest.step)}/{n}", step_dir / n)
+        except Exception as exc:  # noqa: BLE001 - missing object, retries exhausted, ...
+            return f"{n}: download failed ({type(exc).__name__}: {exc})"
+        return check_file(step_dir / n, manifest.files[n])
+
+    with bar, ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine) or 1))) as pool:
+        futures = {pool.submit(fetch, n): n for n in mine}
+        for fut in as_completed(futures):
+            if problem := fut.result():
+                problems.append(problem)
+            bar.update(manifest.files[futures[fut]].size)
+    return problems
+

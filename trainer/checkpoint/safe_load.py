@@ -1,0 +1,120 @@
+"""Loading a DCP checkpoint without unpickling anything a checkpoint could abuse.
+
+Stock DCP unpickles ``.metadata`` with plain ``pickle`` and non-tensor entries with
+``torch.load(weights_only=False)``: a checkpoint from an untrusted bucket could run code
+on load. Here ``.metadata`` goes through an unpickler that resolves only DCP's metadata
+classes, ``torch.Size``, dtypes and layouts and ``pathlib`` paths, and non-tensor entries
+through ``torch.load(weights_only=True)``. Tensors were already loaded with
+``weights_only=True`` by DCP.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    _EmptyStateDictLoadPlanner,
+)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+}
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """The checkpoint's metadata references a global outside the allowlist."""
+
+
+class CheckpointLoadError(RuntimeError):
+    """DCP could not load a checkpoint (DCP's own exception is a BaseException, which
+    ordinary ``except Exception`` handlers would let through)."""
+
+
+def _loading(fn, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except CheckpointException as exc:
+        raise CheckpointLoadError(f"loading the checkpoint failed: {exc}") from None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in _ALLOWED or (module == _METADATA_MODULE and not name.startswith("__")):
+            return super().find_class(module, name)
+        raise UnsafeCheckpointError(
+            f"checkpoint metadata references {module}.{name}, which a DCP checkpoint never "
+            "needs; refusing to unpickle it")
+
+
+def read_metadata_file(path: str | Path) -> Metadata:
+    with open(path, "rb") as f:
+        metadata = _MetadataUnpickler(f).load()
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpointError(f"{path} does not hold DCP metadata")
+    return metadata
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = read_metadata_file(self._get_metadata_path(kwargs.get("rank")))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _load_bytes_safely(planner: DefaultLoadPlanner, read_item: ReadItem, value: io.BytesIO) -> None:
+    obj = torch.load(value, weights_only=True)
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], obj)
+    else:
+        planner.state_dict[read_item.dest_index.fqn] = obj
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        _load_bytes_safely(self, read_item, value)
+
+
+class _SafeEmptyLoadPlanner(_EmptyStateDictLoadPlanner):
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        _load_bytes_safely(self, read_item, value)
+
+
+def load_into(state: dict[str, Any], step_dir: Path, process_group: Any = None) -> None:
+    """Load ``step_dir`` into ``state`` in place (collective over ``process_group``)."""
+    _loading(dcp.load, state, storage_reader=SafeFileSystemReader(step_dir),
+             planner=SafeLoadPlanner(), process_group=process_group)
+
+
+def load_offline(step_dir: Path, keys: set[str] | None = None) -> dict[str, Any]:
+    """The whole checkpoint (or ``keys``) as unsharded tensors in this process, without a
+    model or a process group: for inspection and hashing."""
+    # dcp.load only fills keys the caller provides; the planner that rebuilds the state
+    # from the metadata is driven through the loader DCP itself uses for this
+    # (_load_state_dict_from_keys), with the safe reader and planner.
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _loading(_load_state_dict, state, storage_reader=SafeFileSystemReader(step_dir),
+             planner=_SafeEmptyLoadPlanner(keys=keys), no_dist=True)
+    return state

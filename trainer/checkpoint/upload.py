@@ -1,0 +1,157 @@
+"""Background upload of committed checkpoints to the durable object tier.
+
+One thread per rank, on its own gloo group, so uploads never block training or the next
+local save. For each checkpoint:
+
+1. rank 0 picks the newest committed step still queued (older queued ones are skipped:
+   a durable tier only needs the newest) and tells the other ranks;
+2. the files are split over ranks by size; each rank uploads its share in parallel;
+3. rank 0 gathers the results, lists the step's objects and checks every file is there
+   with its size, and only then uploads ``manifest.json``, last: an interrupted upload
+   leaves objects without a manifest, which no restore counts;
+4. rank 0 applies retention to the bucket and broadcasts the outcome.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable
+
+from ftfleet.contract import MANIFEST_NAME, step_dir_name
+from trainer.checkpoint import retention
+from trainer.checkpoint.manifest import Manifest, assign_files
+from trainer.checkpoint.tiers import LocalTier, ObjectStore
+
+log = logging.getLogger("ftfleet.ckpt")
+
+
+class Uploader:
+    def __init__(self, store: ObjectStore, local: LocalTier, comm: Any, *, workers: int,
+                 keep: int, pinned: Iterable[int] = (),
+                 on_durable: Callable[[int], None] | None = None):
+        self.store = store
+        self.local = local
+        self.comm = comm
+        self.workers = workers
+        self.keep = keep
+        self.pinned = list(pinned)
+        self.on_durable = on_durable
+        self.durable_steps: list[int] = []
+        self._items: collections.deque[Manifest] = collections.deque()
+        self._cv = threading.Condition()
+        self._current: int | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="ftfleet-ckpt-upload", daemon=True)
+        self._thread.start()
+
+    # --- called from the training side --------------------------------------
+    def submit(self, manifest: Manifest) -> None:
+        """Queue a committed checkpoint. Every rank submits the same steps in order."""
+        with self._cv:
+            self._items.append(manifest)
+            self._cv.notify_all()
+
+    def pending_steps(self) -> set[int]:
+        """Steps queued or being uploaded: local retention must not delete them."""
+        with self._cv:
+            steps = {m.step for m in self._items}
+            if self._current is not None:
+                steps.add(self._current)
+            return steps
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._items and self._current is None
+
+    def close(self, wait: bool = True, timeout: float | None = None) -> bool:
+        """Stop after the queue is drained (``wait``), or at once. Returns whether the
+        queue was drained. Every rank must call it with the same ``wait``."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        if wait:
+            self._thread.join(timeout)
+        return self.idle()
+
+    # --- the upload thread --------------------------------------------------
+    def _next(self) -> Manifest | None:
+        with self._cv:
+            while not self._items and not self._closing:
+                self._cv.wait()
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._current = item.step
+            return item
+
+    def _run(self) -> None:
+        while True:
+            item = self._next()
+            if self.comm.rank == 0:
+                with self._cv:
+                    while item is not None and self._items:
+                        log.info("upload: skipping step-%d, step-%d is newer", item.step,
+                                 self._items[-1].step)
+                        item = self._items.popleft()
+                        self._current = item.step
+            chosen = self.comm.broadcast(item.step if item is not None else None)
+            if chosen is None:  # rank 0 is closing with nothing left to upload
+                return
+            # The other ranks submit the same commits, perhaps a moment later: catch up.
+            while item is None or item.step < chosen:
+                item = self._next()
+                if item is None:
+                    log.error("upload: closing before step-%d was submitted here", chosen)
+                    return
+            try:
+                self._upload(item)
+            except Exception:  # noqa: BLE001 - never kill the thread; the next commit retries
+                log.exception("upload of step-%d failed", item.step)
+            finally:
+                with self._cv:
+                    self._current = None
+
+    def _upload(self, manifest: Manifest) -> None:
+        t0 = time.monotonic()
+        step = manifest.step
+        prefix = step_dir_name(step)
+        src = self.local.step_dir(step)
+        mine = assign_files({n: e.size for n, e in manifest.files.items()}, self.comm.world_size)[self.comm.rank]
+        error = None
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(mine) or 1))) as pool:
+                list(pool.map(lambda n: self.store.upload_file(src / n, f"{prefix}/{n}"), mine))
+        except Exception as exc:  # noqa: BLE001 - reported to rank 0
+            error = f"rank {self.comm.rank}: {type(exc).__name__}: {exc}"
+        gathered = self.comm.gather(error)
+
+        outcome: str | None = None
+        if self.comm.rank == 0:
+            problems = [e for e in gathered if e]
+            if not problems:
+                try:
+                    present = self.store.step_objects(step)
+                    for name, entry in manifest.files.items():
+                        if present.get(name) != entry.size:
+                            problems.append(f"{name}: {present.get(name)} bytes in the bucket, "
+                                            f"expected {entry.size}")
+                    if not problems:
+                        self.store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())
+                except Exception as exc:  # noqa: BLE001
+                    problems.append(f"{type(exc).__name__}: {exc}")
+            outcome = "; ".join(problems)
+        outcome = self.comm.broadcast(outcome)
+        if outcome:
+            log.error("step-%d is not durable in %s: %s", step, self.store.uri, outcome)
+            return
+        self.durable_steps.append(step)
+        if self.comm.rank == 0:
+            log.info("step-%d durable in %s (%.1f MB in %.2f s)", step, self.store.uri,
+                     manifest.total_bytes / 1e6, time.monotonic() - t0)
+            retention.prune(self.store, self.keep, self.pinned, protected=[step])
+        if self.on_durable is not None:
+            self.on_durable(step)

@@ -1,0 +1,361 @@
+"""Typed configuration of a training run: a YAML file, then the fleet's environment,
+then ``key.sub=value`` overrides from the command line, validated once, here.
+
+Every error is a :class:`ftfleet.errors.ConfigError` whose one line names the key and
+the fix. Nothing else in the trainer reads YAML, the environment or argv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ftfleet.contract import UPLOAD_MODES
+from ftfleet.errors import ConfigError
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """A small GPT-style decoder."""
+
+    vocab_size: int = 256
+    """Tokens in the vocabulary; the synthetic stream draws from all of them."""
+    seq_len: int = 64
+    """Context length in tokens (each sample holds seq_len + 1 tokens)."""
+    d_model: int = 64
+    """Width of the residual stream."""
+    n_layers: int = 2
+    """Transformer blocks; FSDP2 shards each one separately."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model."""
+    mlp_ratio: int = 4
+    """Hidden width of the MLP as a multiple of d_model."""
+    dropout: float = 0.0
+    """Dropout probability. Non-zero makes resume depend on the saved RNG state."""
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "mlp_ratio"):
+            _positive(f"model.{key}", getattr(self, key))
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
+                              f"model.n_heads={self.n_heads}: choose n_heads dividing d_model")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout}: use a probability in [0, 1)")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """The deterministic token stream. Sample i depends only on (seed, i), so any rank
+    can produce any sample and a resumed run continues at a global sample index."""
+
+    kind: str = "synthetic"
+    """Only `synthetic`: a fixed random Markov chain over the vocabulary (learnable)."""
+    trace_samples: bool = False
+    """Write the global sample indices each rank consumed to <run_dir>/samples/ (tests)."""
+
+    def __post_init__(self) -> None:
+        if self.kind != "synthetic":
+            raise ConfigError(f"data.kind={self.kind!r}: only 'synthetic' is supported")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay over train.steps."""
+
+    lr: float = 3e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 10
+    """Steps of linear warmup from 0 to optim.lr."""
+    min_lr_ratio: float = 0.1
+    """The cosine decays to lr * min_lr_ratio at train.steps."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr={self.lr}: use a positive learning rate")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps}: use 0 or more")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio}: use a value in [0, 1]")
+        if self.grad_clip < 0:
+            raise ConfigError(f"optim.grad_clip={self.grad_clip}: use 0 (off) or a positive norm")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"optim.{key}={getattr(self, key)}: use a value in [0, 1)")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    steps: int = 300
+    """Total optimizer steps of the run; also the length of the LR schedule."""
+    global_batch_size: int = 8
+    """Samples per step over all ranks; must be divisible by the world size. Keeping it
+    fixed when the world size changes keeps the sample stream identical."""
+    log_every: int = 50
+    """Log loss and throughput every this many steps (rank 0)."""
+    stop_at_step: int | None = None
+    """Stop cleanly after this step with a committed checkpoint, as if preempted, without
+    changing the LR schedule (a resumed run continues to train.steps)."""
+
+    def __post_init__(self) -> None:
+        _positive("train.steps", self.steps)
+        _positive("train.global_batch_size", self.global_batch_size)
+        _positive("train.log_every", self.log_every)
+        if self.stop_at_step is not None and self.stop_at_step < 0:
+            raise ConfigError(f"train.stop_at_step={self.stop_at_step}: use a step >= 0 or null")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    mode: str = "fsdp"
+    """`fsdp` (FSDP2 fully_shard per block) or `ddp`. Checkpoints are interchangeable."""
+    backend: str = "auto"
+    """`auto` (NCCL with a gloo side for CPU work when CUDA is present, else gloo),
+    `gloo` or `nccl`."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fsdp", "ddp"):
+            raise ConfigError(f"parallel.mode={self.mode!r}: use fsdp or ddp")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"parallel.backend={self.backend!r}: use auto, gloo or nccl")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    enabled: bool = True
+    """Save checkpoints (restore still runs when false and load is true)."""
+    dir: str = ""
+    """Fast tier: a directory every rank sees (local NVMe on one node, or the FSx /
+    Parallelstore / Lustre mount). Empty: <run_dir>/checkpoints. Env: FTFLEET_CKPT_DIR."""
+    interval: int = 100
+    """Save every this many steps; the final step is always saved."""
+    keep: int = 3
+    """Newest checkpoints kept per tier (at least 2: the newest may still be uploading or
+    fail verification, and then the one before it is the one that restores)."""
+    pinned_steps: list[int] = dataclasses.field(default_factory=list)
+    """Steps never deleted by retention (e.g. an evaluation point)."""
+    async_save: bool = True
+    """dcp.async_save with staging (training blocks only for the copy). False: dcp.save."""
+    thread_count: int = 2
+    """DCP writer threads per rank (files per rank)."""
+    uri: str = ""
+    """Durable tier in the primary region, `s3://bucket/prefix` or `gs://bucket/prefix`.
+    Env: FTFLEET_CKPT_URI."""
+    replica_uri: str = ""
+    """Read-only replica of the durable tier in another region, used to restore when the
+    primary is gone. Env: FTFLEET_CKPT_REPLICA_URI."""
+    upload: str = "trainer"
+    """`trainer`: upload each commit to `uri`. `fsx-export`: the fast tier exports to the
+    bucket itself, do not upload twice. `none`. Env: FTFLEET_CKPT_UPLOAD."""
+    s3_endpoint_url: str = ""
+    """S3 endpoint (tests, S3-compatible stores). Empty: AWS, or AWS_ENDPOINT_URL."""
+    multipart_chunk_mb: int = 64
+    """Multipart part size for object uploads, in MiB (S3 requires at least 5)."""
+    transfer_workers: int = 8
+    """Parallel object transfers per rank (files, and parts within a file)."""
+    retries: int = 10
+    """Attempts per object request (5xx, throttling and connection errors are retried)."""
+    load: bool = True
+    """Resume from the newest valid checkpoint found in the tiers."""
+    load_step: int | None = None
+    """Resume from exactly this step (its newest valid copy) instead of the newest."""
+    force_load: bool = False
+    """Load a checkpoint whose manifest names another run_id or config hash."""
+    timeout_s: int = 1800
+    """Timeout of checkpoint collectives (the checkpoint process groups)."""
+
+    def __post_init__(self) -> None:
+        _positive("checkpoint.interval", self.interval)
+        if self.keep < 2:
+            raise ConfigError(f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "
+                              "(the newest may still be uploading or fail verification)")
+        if any(s < 0 for s in self.pinned_steps):
+            raise ConfigError(f"checkpoint.pinned_steps={self.pinned_steps}: steps are >= 0")
+        _positive("checkpoint.thread_count", self.thread_count)
+        _positive("checkpoint.transfer_workers", self.transfer_workers)
+        _positive("checkpoint.retries", self.retries)
+        _positive("checkpoint.timeout_s", self.timeout_s)
+        if self.multipart_chunk_mb < 5:
+            raise ConfigError(f"checkpoint.multipart_chunk_mb={self.multipart_chunk_mb}: "
+                              "S3 parts are at least 5 MiB; use 5 or more")
+        if self.upload not in UPLOAD_MODES:
+            raise ConfigError(f"checkpoint.upload={self.upload!r}: use one of "
+                              f"{', '.join(UPLOAD_MODES)}")
+        for key in ("uri", "replica_uri"):
+            value = getattr(self, key)
+            if value and not value.startswith(("s3://", "gs://")):
+                raise ConfigError(f"checkpoint.{key}={value!r}: use s3://bucket/prefix or "
+                                  "gs://bucket/prefix (or empty for none)")
+        if self.replica_uri and not self.uri:
+            raise ConfigError("checkpoint.replica_uri is set but checkpoint.uri is empty: "
+                              "set the primary durable tier too")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class JobConfig:
+    run_id: str = "local"
+    """Identifies the run; a checkpoint of another run is refused. Env: FTFLEET_RUN_ID."""
+    run_dir: str = ""
+    """Where summary.json (and by default checkpoints) go. Empty: runs/<run_id>."""
+    seed: int = 0
+    """Seeds model init, the token stream and per-rank RNGs."""
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run_id or "/" in self.run_id:
+            raise ConfigError(f"run_id={self.run_id!r}: use a non-empty name without '/'")
+        if not self.run_dir:
+            self.run_dir = str(Path("runs") / self.run_id)
+        if not self.checkpoint.dir:
+            self.checkpoint.dir = str(Path(self.run_dir) / "checkpoints")
+
+    def config_hash(self) -> str:
+        """Hash of what determines the training trajectory: model, data, optimizer, seed
+        and global batch. Run length, checkpointing and parallelism are excluded, so a run
+        can be extended or moved to another world size or FSDP/DDP and still resume."""
+        data = dataclasses.asdict(self.data)
+        data.pop("trace_samples")
+        identity = {
+            "model": dataclasses.asdict(self.model), "data": data,
+            "optim": dataclasses.asdict(self.optim), "seed": self.seed,
+            "global_batch_size": self.train.global_batch_size,
+        }
+        blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: Environment variables of the fleet contract that override config keys.
+ENV_OVERRIDES = {
+    "FTFLEET_RUN_ID": "run_id",
+    "FTFLEET_CKPT_DIR": "checkpoint.dir",
+    "FTFLEET_CKPT_URI": "checkpoint.uri",
+    "FTFLEET_CKPT_REPLICA_URI": "checkpoint.replica_uri",
+    "FTFLEET_CKPT_UPLOAD": "checkpoint.upload",
+}
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
+                environ: Mapping[str, str] | None = None) -> JobConfig:
+    """File, then environment (ENV_OVERRIDES), then ``key.sub=value`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: cannot read ({exc.strerror}); "
+                              "pass an existing YAML file") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {path}: not valid YAML ({exc}); fix the file") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"--config {path}: top level must be a mapping of keys")
+    environ = os.environ if environ is None else environ
+    for var, key in ENV_OVERRIDES.items():
+        if environ.get(var):
+            _set_dotted(raw, key, environ[var], source=var)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: write key.sub=value, e.g. train.steps=100")
+        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value else "", source=item)
+    return build(JobConfig, raw, prefix="")
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any, source: str) -> None:
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: {part} is not a section; check the key name")
+        node = child
+    node[parts[-1]] = value
+
+
+def build(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
+    """Build dataclass ``cls`` from a mapping, checking keys and types."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {prefix}{near[0]}?" if near else f"valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {prefix}{key}: {hint}")
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value if value is not None else {}, prefix=f"{key}.")
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("", "null", "none")):
+            return None
+        return _coerce(args[0], value, key)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r}: expected a list, e.g. [100, 200]")
+        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected an integer")
+        try:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={value!r}: expected an integer") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={value!r}: expected a number, e.g. 3e-4") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}={value!r}: expected a string")
+        return "" if value is None else str(value)
+    raise TypeError(f"unsupported config type {tp} for {key}")  # pragma: no cover
+
+
+def _positive(key: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}={value}: use a positive integer")

@@ -1,0 +1,220 @@
+"""The reference training loop. Read :func:`train` top to bottom: build, restore, step,
+save, stop, summarize.
+
+Hook points for the resilience layer are :class:`Callback` objects, called at the step
+boundary on every rank:
+
+* ``on_train_start(run)`` after restore, before the first step;
+* ``on_step_end(run, info)`` after each optimizer step (anomaly detector, watchdog
+  heartbeat, metrics);
+* ``should_stop(run)`` at every step boundary, including the first: return a
+  :class:`StopRequest` to stop (preemption). It must answer the same on every rank, so
+  a callback that sees a local signal agrees with the others through a collective;
+* ``on_train_end(run, result)`` after the final (or emergency) checkpoint is committed
+  (commit markers, exit code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ftfleet.contract import EXIT_OK
+from trainer import distributed
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.restore import Restored
+from trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
+from trainer.config import JobConfig
+from trainer.data import GlobalBatches, SyntheticTokens
+from trainer.model import GPT, loss_fn
+
+log = logging.getLogger("ftfleet.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequest:
+    reason: str
+    exit_code: int = EXIT_OK
+    save: bool = True
+    """Commit a checkpoint of the current step before stopping (blocking)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    step: int
+    loss: float
+    """This rank's loss on its micro-batch."""
+    samples_seen: int
+    step_time_s: float
+
+
+class Callback:
+    """Base class of the hooks; override what you need."""
+
+    def on_train_start(self, run: "Run") -> None: ...
+    def on_step_end(self, run: "Run", info: StepInfo) -> None: ...
+    def should_stop(self, run: "Run") -> StopRequest | None: return None
+    def on_train_end(self, run: "Run", result: dict[str, Any]) -> None: ...
+
+
+class StopAtStep(Callback):
+    """``train.stop_at_step``: stop cleanly with a committed checkpoint at a given step."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def should_stop(self, run: "Run") -> StopRequest | None:
+        if run.progress.step >= self.step:
+            return StopRequest(f"stop_at_step {self.step}")
+        return None
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a callback may need, built once."""
+
+    cfg: JobConfig
+    env: distributed.DistEnv
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    progress: TrainProgress
+    ckpt: CheckpointManager
+    data: GlobalBatches
+    restored: Restored | None = None
+
+
+def build(cfg: JobConfig) -> Run:
+    env = distributed.init_distributed(cfg.parallel, cfg.checkpoint.timeout_s)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = distributed.parallelize(GPT(cfg.model), cfg.parallel, env)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
+                                  betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
+                                  weight_decay=cfg.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    seed_rngs(cfg.seed, env.rank)  # distinct dropout streams per rank
+    progress = TrainProgress()
+    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed)
+    ckpt = CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash(),
+                             ckpt_group=env.ckpt_group, upload_group=env.upload_group)
+    trace = Path(cfg.run_dir) / "samples" if cfg.data.trace_samples else None
+    data = GlobalBatches(SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.seed),
+                         cfg.train.global_batch_size, env.rank, env.world_size, env.device, trace)
+    return Run(cfg, env, model, optimizer, scheduler, progress, ckpt, data)
+
+
+def lr_lambda(cfg: JobConfig):
+    warmup, total, floor = cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    t_start = time.monotonic()
+    run = build(cfg)
+    model, optimizer, scheduler, progress, ckpt = (run.model, run.optimizer, run.scheduler,
+                                                   run.progress, run.ckpt)
+    callbacks = list(callbacks)
+    if cfg.train.stop_at_step is not None:
+        callbacks.append(StopAtStep(cfg.train.stop_at_step))
+
+    run.restored = ckpt.restore()
+    for cb in callbacks:
+        cb.on_train_start(run)
+
+    loss_value, stop, t_log = float("nan"), None, time.monotonic()
+    while progress.step < cfg.train.steps and not (stop := _should_stop(run, callbacks)):
+        t0 = time.monotonic()
+        batch = run.data.get(progress.samples_seen, progress.step + 1)
+        loss = loss_fn(model(batch.inputs), batch.targets)
+        loss.backward()
+        if cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        ckpt.wait_for_staging()  # the last save's copy must be done before the weights change
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        progress.step += 1
+        progress.samples_seen += cfg.train.global_batch_size
+
+        loss_value = loss.item()
+        info = StepInfo(progress.step, loss_value, progress.samples_seen, time.monotonic() - t0)
+        for cb in callbacks:
+            cb.on_step_end(run, info)
+        if progress.step % cfg.train.log_every == 0 and run.env.is_rank0:
+            dt, t_log = time.monotonic() - t_log, time.monotonic()
+            log.info("step %d loss %.4f lr %.2e %.1f steps/s", progress.step, loss_value,
+                     scheduler.get_last_lr()[0], cfg.train.log_every / dt)
+        if ckpt.should_save(progress.step) and progress.step < cfg.train.steps:
+            ckpt.save(progress.step)
+
+    # The final (or emergency) checkpoint is synchronous: committed when this returns.
+    ckpt.wait()
+    resumed_here = run.restored is not None and run.restored.step == progress.step
+    if (cfg.checkpoint.enabled and (stop is None or stop.save)
+            and progress.step not in ckpt.committed and not resumed_here):
+        ckpt.save(progress.step, blocking=True)
+    ckpt.close(wait_for_upload=stop is None or stop.exit_code == EXIT_OK)
+    run.data.close()
+
+    result = summarize(run, stop, loss_value, time.monotonic() - t_start)
+    for cb in callbacks:
+        cb.on_train_end(run, result)
+    distributed.shutdown()
+    return result
+
+
+def _should_stop(run: Run, callbacks: Sequence[Callback]) -> StopRequest | None:
+    for cb in callbacks:
+        if (request := cb.should_stop(run)) is not None:
+            return request
+    return None
+
+
+def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) -> dict[str, Any]:
+    """Write <run_dir>/summary.json (rank 0) and return it. Collective (state hash)."""
+    state = full_state(run.model, run.optimizer)
+    ckpt = run.ckpt
+    result = {
+        "status": "stopped" if stop else "completed",
+        "stop_reason": stop.reason if stop else None,
+        "exit_code": stop.exit_code if stop else EXIT_OK,
+        "run_id": run.cfg.run_id,
+        "config_hash": run.cfg.config_hash(),
+        "step": run.progress.step,
+        "samples_seen": run.progress.samples_seen,
+        "world_size": run.env.world_size,
+        "parallel": run.cfg.parallel.mode,
+        "loss": loss,
+        "state_sha256": state_sha256(state) if state is not None else None,
+        "resumed_from": run.restored.to_json() if run.restored else None,
+        "committed": [{"step": s, "path": str(ckpt.local.step_dir(s))} for s in ckpt.committed],
+        "durable": [{"step": s, "uri": f"{ckpt.stores['primary'].uri}/step-{s}"}
+                    for s in ckpt.durable_steps],
+        "checkpoint_blocked_s": round(ckpt.stats.blocked_s, 4),
+        "wall_s": round(wall_s, 2),
+    }
+    if run.env.is_rank0:
+        write_summary(Path(run.cfg.run_dir), result)
+    return result
+
+
+def write_summary(run_dir: Path, result: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, run_dir / "summary.json")
