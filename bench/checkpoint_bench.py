@@ -180,7 +180,7 @@ def main() -> int:
     titan_note = torchtitan_status()
 
     # --- (e) ftfleet -------------------------------------------------------------
-    cfg = CheckpointConfig(dir=str(root / "e"), keep=2, thread_count=args.threads, interval=1)
+    cfg = CheckpointConfig(dir=str(root / "e"), keep=2, thread_count=args.threads)
     progress = TrainProgress()
     app = AppState(model, opt, sched, progress, rank=0, seed=0)
     mgr = CheckpointManager(cfg, app, run_id="bench", config_hash="bench",

@@ -21,6 +21,7 @@ import yaml
 
 from ftfleet.contract import UPLOAD_MODES
 from ftfleet.errors import ConfigError
+from trainer.resilience.config import ResilienceConfig
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -107,6 +108,9 @@ class TrainConfig:
     fixed when the world size changes keeps the sample stream identical."""
     log_every: int = 50
     """Log loss and throughput every this many steps (rank 0)."""
+    step_events: bool = False
+    """Append a `step` line per step to <run_dir>/events.jsonl (drills measure lost work
+    with it); other events (restore, notices, commits, anomalies, exit) are always logged."""
     stop_at_step: int | None = None
     """Stop cleanly after this step with a committed checkpoint, as if preempted, without
     changing the LR schedule (a resumed run continues to train.steps)."""
@@ -141,8 +145,6 @@ class CheckpointConfig:
     dir: str = ""
     """Fast tier: a directory every rank sees (local NVMe on one node, or the FSx /
     Parallelstore / Lustre mount). Empty: <run_dir>/checkpoints. Env: FTFLEET_CKPT_DIR."""
-    interval: int = 100
-    """Save every this many steps; the final step is always saved."""
     keep: int = 3
     """Newest checkpoints kept per tier (at least 2: the newest may still be uploading or
     fail verification, and then the one before it is the one that restores)."""
@@ -179,7 +181,6 @@ class CheckpointConfig:
     """Timeout of checkpoint collectives (the checkpoint process groups)."""
 
     def __post_init__(self) -> None:
-        _positive("checkpoint.interval", self.interval)
         if self.keep < 2:
             raise ConfigError(f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "
                               "(the newest may still be uploading or fail verification)")
@@ -206,6 +207,35 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class FaultConfig:
+    """Injected faults, for drills and tests. Leave empty in production."""
+
+    nan_at_steps: list[int] = dataclasses.field(default_factory=list)
+    """The loss of these steps becomes NaN on rank 0: a poisoned batch. It is a property of
+    the data, so it recurs when the step is replayed (unless its batch is skipped)."""
+    hang_at_step: int | None = None
+    """Rank `hang_rank` stops making progress before this step, once per run directory
+    (a flag file in <run_dir>/faults/ keeps a restarted run from hanging again)."""
+    hang_rank: int = 0
+    step_delay_s: float = 0.0
+    """Sleep this long in every step (paces a tiny model like a real one)."""
+
+    def __post_init__(self) -> None:
+        if any(s < 1 for s in self.nan_at_steps):
+            raise ConfigError(f"faults.nan_at_steps={self.nan_at_steps}: steps start at 1")
+        if self.hang_at_step is not None and self.hang_at_step < 1:
+            raise ConfigError(f"faults.hang_at_step={self.hang_at_step}: use a step >= 1")
+        if self.hang_rank < 0:
+            raise ConfigError(f"faults.hang_rank={self.hang_rank}: use a rank >= 0")
+        if not 0 <= self.step_delay_s < 3600:
+            raise ConfigError(f"faults.step_delay_s={self.step_delay_s}: use 0 to 3600 s")
+
+    @property
+    def any(self) -> bool:
+        return bool(self.nan_at_steps or self.hang_at_step or self.step_delay_s)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class JobConfig:
     run_id: str = "local"
     """Identifies the run; a checkpoint of another run is refused. Env: FTFLEET_RUN_ID."""
@@ -219,6 +249,8 @@ class JobConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    resilience: ResilienceConfig = dataclasses.field(default_factory=ResilienceConfig)
+    faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         if not self.run_id or "/" in self.run_id:
@@ -239,6 +271,8 @@ class JobConfig:
             "optim": dataclasses.asdict(self.optim), "seed": self.seed,
             "global_batch_size": self.train.global_batch_size,
         }
+        if self.faults.nan_at_steps:  # poisoned batches change the trajectory
+            identity["nan_at_steps"] = sorted(self.faults.nan_at_steps)
         blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -159,7 +159,8 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
             dt, t_log = time.monotonic() - t_log, time.monotonic()
             log.info("step %d loss %.4f lr %.2e %.1f steps/s", progress.step, loss_value,
                      scheduler.get_last_lr()[0], cfg.train.log_every / dt)
-        if ckpt.should_save(progress.step) and progress.step < cfg.train.steps:
+        if (cfg.checkpoint.enabled and progress.step % cfg.resilience.interval.fixed_steps == 0
+                and progress.step < cfg.train.steps):
             ckpt.save(progress.step)
 
     # The final (or emergency) checkpoint is synchronous: committed when this returns.

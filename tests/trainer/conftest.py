@@ -24,7 +24,7 @@ BASE = [
     "run_id=t", "seed=7", "model.vocab_size=64", "model.seq_len=16", "model.d_model=32",
     "model.n_layers=2", "model.n_heads=2", "model.dropout=0.1", "optim.warmup_steps=4",
     "train.steps=24", "train.global_batch_size=6", "train.log_every=1000",
-    "checkpoint.interval=4", "checkpoint.keep=3", "data.trace_samples=true",
+    "resilience.interval.mode=fixed", "resilience.interval.fixed_steps=4", "checkpoint.keep=3", "data.trace_samples=true",
 ]
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
@@ -131,7 +131,7 @@ def session_dir(tmp_path_factory) -> Path:
 def ref1(session_dir) -> dict:
     """Uninterrupted 1-process run, checkpoint every 2 steps, all kept."""
     d = session_dir / "ref1"
-    s = run_trainer(1, d, "checkpoint.interval=2", "checkpoint.keep=100")
+    s = run_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
     s["run_dir"] = d
     return s
 

@@ -69,7 +69,7 @@ def test_missing_config_file_names_the_flag(tmp_path):
 
 def test_config_hash_ignores_run_length_and_parallelism_but_not_the_model():
     base = load_config(TINY, environ={}).config_hash()
-    assert load_config(TINY, ["train.steps=999", "parallel.mode=ddp", "checkpoint.interval=7"],
+    assert load_config(TINY, ["train.steps=999", "parallel.mode=ddp", "resilience.interval.fixed_steps=7"],
                        environ={}).config_hash() == base
     assert load_config(TINY, ["model.d_model=128"], environ={}).config_hash() != base
     assert load_config(TINY, ["train.global_batch_size=24"], environ={}).config_hash() != base

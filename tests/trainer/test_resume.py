@@ -56,7 +56,7 @@ def test_kill_9_during_a_local_save_leaves_nothing_wrong_and_resume_is_bit_exact
     reference state of its step, and the resumed run ends bit-identical."""
     d = session_dir / "killed1"
     ckpt = d / "checkpoints"
-    proc = start_trainer(1, d, "checkpoint.interval=2", "checkpoint.keep=100")
+    proc = start_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
 
     def mid_save():
         committed = [p for p in ckpt.glob("step-*") if (p / "manifest.json").exists()]
@@ -81,7 +81,7 @@ def test_kill_9_during_a_local_save_leaves_nothing_wrong_and_resume_is_bit_exact
         assert ckpt_hash(step_dir) == ckpt_hash(reference), f"{step_dir.name} differs"
     assert accepted, "at least one checkpoint was committed before the kill"
 
-    resumed = run_trainer(1, d, "checkpoint.interval=2", "checkpoint.keep=100")
+    resumed = run_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
     assert resumed["resumed_from"]["step"] == max(accepted)
     assert resumed["state_sha256"] == ref1["state_sha256"]
 

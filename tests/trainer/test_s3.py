@@ -25,7 +25,7 @@ def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(
         tmp_path, s3proxy, s3, bucket, capsys):
     s3proxy.fail_every(3, status=503)  # every third write is refused once
     out = run_trainer(2, tmp_path / "run", f"checkpoint.uri=s3://{bucket}/run",
-                      f"checkpoint.s3_endpoint_url={s3proxy.url}", "checkpoint.interval=8")
+                      f"checkpoint.s3_endpoint_url={s3proxy.url}", "resilience.interval.fixed_steps=8")
     assert s3proxy.injected > 0
     durable = [d["step"] for d in out["durable"]]
     assert durable[-1] == 24, "the final checkpoint is durable before the trainer exits"

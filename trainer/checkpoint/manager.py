@@ -7,7 +7,7 @@
         loss = forward_backward(...)
         ckpt.wait_for_staging()            # before the weights change
         optimizer.step()
-        if ckpt.should_save(step):
+        if step == next_save:              # the loop's schedule (trainer/resilience)
             ckpt.save(step)                # returns once the state is being copied
     ckpt.save(step, blocking=True)         # the final (or emergency) save: committed
     ckpt.close()                           # waits for the last upload
@@ -147,9 +147,6 @@ class CheckpointManager:
             self.uploader.submit(found.manifest)
 
     # --- save ----------------------------------------------------------------
-    def should_save(self, step: int) -> bool:
-        return self.cfg.enabled and step % self.cfg.interval == 0
-
     def save(self, step: int, *, blocking: bool = False) -> Manifest | None:
         """Start saving the current state as ``step-N``. Collective. Non-blocking: returns
         once staging started (call :meth:`wait_for_staging` before changing the weights).

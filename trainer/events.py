@@ -1,0 +1,76 @@
+"""The run's event log: ``<run_dir>/events.jsonl``, one JSON object per line, appended
+by rank 0 of every attempt (a restarted or resumed run appends to the same file).
+
+It is how a drill, a benchmark or an operator reconstructs what happened without
+parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
+(TORCHELASTIC_RESTART_COUNT), ``pid`` and the fields below:
+
+| event | fields | when |
+| --- | --- | --- |
+| ``start`` | world_size, step_time_prior | the process group is up, before restore |
+| ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded |
+| ``fresh`` | | no checkpoint: step 0 |
+| ``first_step`` | step | the first step after start (or restore) finished |
+| ``step`` | step, loss, seconds | each step, only with ``train.step_events`` |
+| ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
+| ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
+| ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |
+| ``interval`` | steps, why | the adaptive interval chose the next save |
+| ``anomaly`` | step, action, reason | a step was skipped or rolled back |
+| ``rollback`` | from_step, to_step | the state was reloaded from a checkpoint |
+| ``marker`` | step, reason, path, uploaded | the commit marker was written |
+| ``exit`` | code, reason, step | the run ends normally or after a notice |
+
+A process killed by a signal or by the hang watchdog writes no ``exit`` line: its
+absence, with the process's exit status, is the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+FILENAME = "events.jsonl"
+
+
+class EventLog:
+    """Appends events; a no-op on ranks other than 0 (``enabled=False``)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], enabled: bool = True) -> None:
+        self.path = Path(run_dir) / FILENAME
+        self.enabled = enabled
+        self._attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self._file = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self._file is None:
+            return
+        record = {"t": round(time.time(), 4), "event": event, "attempt": self._attempt,
+                  "pid": os.getpid(), **fields}
+        # One write per line, flushed: a killed process leaves whole lines behind.
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The events so far; a torn last line (a process killed mid-write) is skipped."""
+    path = Path(run_dir) / FILENAME
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
