@@ -104,10 +104,43 @@ def test_gcp_preemption_commits_within_thirty_seconds(tmp_path, metadata):
     assert events(d, "notice")[0]["source"] == "gcp-preempted"
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (rank r serves on p + local rank)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def scrape(port: int) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("ftfleet_")}
+
+
 def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path, ref2):
-    d = tmp_path / "run"
-    proc = start_trainer(2, d, *PACED, env={"FTFLEET_NODE_ID": "node-s"})
+    d, port = tmp_path / "run", free_port_pair()
+    proc = start_trainer(2, d, *PACED, env={"FTFLEET_NODE_ID": "node-s",
+                                            "FTFLEET_METRICS_PORT": str(port),
+                                            "FTFLEET_LOG_FORMAT": "json"})
     wait_for(lambda: started(d), 90, 0.1, "the first step")
+    # Every rank exports its metrics on the base port + its local rank.
+    for rank in (0, 1):
+        labels = f'node="node-s",rank="{rank}"'
+        metrics = wait_for(lambda: (m := scrape(port + rank)).get(
+            f"ftfleet_steps_total{{{labels}}}", 0) > 0 and m, 30, 0.2, f"rank {rank} metrics")
+        assert metrics[f'ftfleet_notices_total{{kind="termination",{labels}}}'] == 0
     workers = subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "trainer"],
                              capture_output=True, text=True).stdout.split()
     assert len(workers) == 2, workers
@@ -115,6 +148,9 @@ def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path, ref2)
     finish(proc)
     s = assert_emergency(d, 30, "node-s")
     assert events(d, "notice")[0]["kind"] == "signal"
+    logged = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines()
+              if line.startswith('{"ts"')]
+    assert any(r["logger"] == "ftfleet.guard" and r["rank"] == 0 for r in logged), logged[:5]
     resumed = run_trainer(2, d)
     assert resumed["resumed_from"]["step"] == s["step"]
     assert resumed["state_sha256"] == ref2["state_sha256"]
