@@ -111,3 +111,33 @@ def test_a_missing_bucket_is_reported_as_unavailable(moto_url):
 
     with pytest.raises(TierUnavailable, match="NoSuchBucket"):
         S3Store("s3://no-such-bucket/p", endpoint_url=moto_url, retries=1).committed_steps()
+
+
+@pytest.mark.parametrize("failing", ["listing", "manifest read"])
+def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(tmp_path, moto_url, s3proxy, s3,
+                                                                 bucket, ref1, failing):
+    """Retries exhausted on the primary is an error of that tier, not of the restore: rank 0
+    raising there would leave the other ranks waiting in a collective until its timeout."""
+    from trainer.checkpoint.restore import Identity, find_and_prepare
+
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24])
+    manifest = read_manifest(root / "step-24")
+    replica_bucket = f"{bucket}-r"
+    s3.create_bucket(Bucket=replica_bucket)
+    for name in (bucket, replica_bucket):
+        up = Uploader(S3Store(f"s3://{name}/run", endpoint_url=moto_url), LocalTier(root),
+                      LocalComm(), workers=2, keep=2)
+        up.submit(manifest)
+        assert up.close(wait=True, timeout=60) and up.durable_steps == [24]
+    if failing == "listing":
+        s3proxy.fail_every(1, status=500, methods=("GET",))
+    else:
+        s3proxy.rules.append(lambda m, p: ("error", 500) if p.split("?")[0].endswith(
+            "/manifest.json") and bucket + "/" in p else None)
+    primary = S3Store(f"s3://{bucket}/run", endpoint_url=s3proxy.url, retries=2)
+    replica = S3Store(f"s3://{replica_bucket}/run", endpoint_url=moto_url)
+    found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"),
+                             [("primary", primary), ("replica", replica)],
+                             Identity(manifest.run_id, manifest.config_hash))
+    assert s3proxy.injected > 0
+    assert (found.tier, found.step) == ("replica", 24)
