@@ -197,3 +197,22 @@ def bucket(s3, request) -> str:
     name = f"ckpt-{_bucket_count[0]}-{request.node.name[:20].lower().replace('_', '-')}".rstrip("-")
     s3.create_bucket(Bucket=name)
     return name
+
+
+def in_process_manager(ckpt_dir: Path, *overrides: str):
+    """A CheckpointManager over the BASE model in this process (one rank, no process
+    group): for protocol tests that need a real load but not a training run."""
+    import torch
+
+    from trainer.checkpoint.manager import CheckpointManager
+    from trainer.checkpoint.state import AppState, TrainProgress
+    from trainer.config import load_config
+    from trainer.model import GPT
+
+    cfg = load_config(CONFIG, [*BASE, f"checkpoint.dir={ckpt_dir}", *overrides], environ={})
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed)
+    return CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash())

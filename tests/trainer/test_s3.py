@@ -141,3 +141,18 @@ def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(tmp_path, moto_
                              Identity(manifest.run_id, manifest.config_hash))
     assert s3proxy.injected > 0
     assert (found.tier, found.step) == ("replica", 24)
+
+
+def test_a_local_commit_whose_upload_was_killed_is_uploaded_when_the_run_restarts(
+        tmp_path, moto_url, s3, bucket, ref1):
+    """The upload phase of step-24 died with the process: the restarted run restores the
+    local copy and makes it durable."""
+    from tests.trainer.conftest import in_process_manager
+
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [22, 24])
+    mgr = in_process_manager(root, f"checkpoint.uri=s3://{bucket}/run",
+                             f"checkpoint.s3_endpoint_url={moto_url}")
+    restored = mgr.restore()
+    mgr.close(wait_for_upload=True)
+    assert (restored.tier, restored.step, mgr.app_state.progress.step) == ("local", 24, 24)
+    assert manifests(s3, bucket) == [24] and mgr.durable_steps == [24]
