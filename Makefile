@@ -31,5 +31,11 @@ docs: setup
 	$(PY) -m ftfleet.contract > docs/CONTRACT.md
 	$(VENV)/bin/ftfleet config-reference --write README.md
 
+## Checkpoint benchmark: one model + AdamW state of 1.02 GiB (GPT d_model 1024, 4 layers,
+## vocabulary 20,000), written under /tmp; results go in docs/BENCHMARKS.md.
+bench: setup
+	$(PY) bench/checkpoint_bench.py --dir /tmp/ftfleet-bench --repeats 5 \
+	  --d-model 1024 --layers 4 --vocab 20000 --threads 2
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
