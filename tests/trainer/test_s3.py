@@ -45,10 +45,14 @@ def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(
 @pytest.mark.timeout(180)
 def test_restore_comes_from_the_replica_when_the_primary_bucket_is_missing(tmp_path, moto_url,
                                                                           bucket, ref1):
-    # The replica bucket holds what cross-region replication would have copied there.
-    first = run_trainer(1, tmp_path / "a", f"checkpoint.uri=s3://{bucket}/run",
-                        f"checkpoint.s3_endpoint_url={moto_url}", "train.stop_at_step=12")
-    assert [d["step"] for d in first["durable"]][-1] == 12
+    # The replica bucket holds what cross-region replication copied there: step-12 of the
+    # reference run, uploaded the way the trainer uploads (the trainer's own upload is
+    # tested above).
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "a", [12])
+    up = Uploader(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), LocalTier(root),
+                  LocalComm(), workers=2, keep=2)
+    up.submit(read_manifest(root / "step-12"))
+    assert up.close(wait=True, timeout=60) and up.durable_steps == [12]
     # A new job in the other region: empty fast tier, primary bucket gone.
     out = run_trainer(1, tmp_path / "b", "checkpoint.uri=s3://gone-primary/run",
                       f"checkpoint.replica_uri=s3://{bucket}/run", "checkpoint.upload=none",
