@@ -60,12 +60,14 @@ class Kill:
 
 
 def plan(rng: random.Random) -> list[Kill]:
-    steps = iter(sorted(rng.sample(range(2, STEPS - 3), KILLS)))
+    """Every kill lands before the attempt could finish: a start takes seconds, and the
+    6 steps after the last target take at least 6 x the step delay (0.3 s)."""
+    steps = iter(sorted(rng.sample(range(2, STEPS - 5), KILLS)))
     kills = []
     for _ in range(KILLS):
         at_startup = rng.random() < 1 / 3
         kills.append(Kill(rng.randrange(2), 0 if at_startup else next(steps),
-                          rng.uniform(0, 3.0) if at_startup else rng.uniform(0, 0.3)))
+                          rng.uniform(0, 2.5) if at_startup else rng.uniform(0, 0.2)))
     return kills
 
 
@@ -131,7 +133,10 @@ def test_workers_killed_at_random_moments_restart_and_end_bit_identical(ref2, tm
                                                 f"step {kill.after_step}"))
                 time.sleep(0.005)
             time.sleep(kill.delay_s)
-            os.kill(ws[kill.local_rank], signal.SIGKILL)
+            try:
+                os.kill(ws[kill.local_rank], signal.SIGKILL)
+            except ProcessLookupError:
+                raise AssertionError(report("the worker exited before its kill")) from None
         next_attempt()
         rc = agent.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
