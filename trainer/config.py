@@ -213,6 +213,10 @@ class FaultConfig:
     nan_at_steps: list[int] = dataclasses.field(default_factory=list)
     """The loss of these steps becomes NaN on rank 0: a poisoned batch. It is a property of
     the data, so it recurs when the step is replayed (unless its batch is skipped)."""
+    spike_at_steps: list[int] = dataclasses.field(default_factory=list)
+    """The loss of these steps is multiplied by spike_factor on rank 0 (a bad batch that
+    is finite but far off the rolling median)."""
+    spike_factor: float = 100.0
     hang_at_step: int | None = None
     """Rank `hang_rank` stops making progress before this step, once per run directory
     (a flag file in <run_dir>/faults/ keeps a restarted run from hanging again)."""
@@ -221,8 +225,11 @@ class FaultConfig:
     """Sleep this long in every step (paces a tiny model like a real one)."""
 
     def __post_init__(self) -> None:
-        if any(s < 1 for s in self.nan_at_steps):
-            raise ConfigError(f"faults.nan_at_steps={self.nan_at_steps}: steps start at 1")
+        for key in ("nan_at_steps", "spike_at_steps"):
+            if any(s < 1 for s in getattr(self, key)):
+                raise ConfigError(f"faults.{key}={getattr(self, key)}: steps start at 1")
+        if self.spike_factor <= 1:
+            raise ConfigError(f"faults.spike_factor={self.spike_factor}: use a factor above 1")
         if self.hang_at_step is not None and self.hang_at_step < 1:
             raise ConfigError(f"faults.hang_at_step={self.hang_at_step}: use a step >= 1")
         if self.hang_rank < 0:
@@ -232,7 +239,8 @@ class FaultConfig:
 
     @property
     def any(self) -> bool:
-        return bool(self.nan_at_steps or self.hang_at_step or self.step_delay_s)
+        return bool(self.nan_at_steps or self.spike_at_steps or self.hang_at_step
+                    or self.step_delay_s)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -271,8 +279,9 @@ class JobConfig:
             "optim": dataclasses.asdict(self.optim), "seed": self.seed,
             "global_batch_size": self.train.global_batch_size,
         }
-        if self.faults.nan_at_steps:  # poisoned batches change the trajectory
-            identity["nan_at_steps"] = sorted(self.faults.nan_at_steps)
+        for key in ("nan_at_steps", "spike_at_steps"):  # bad batches change the trajectory
+            if getattr(self.faults, key):
+                identity[key] = sorted(getattr(self.faults, key))
         blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -27,14 +27,17 @@ from typing import Any, Sequence
 
 import torch
 
-from ftfleet.contract import EXIT_OK
+from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
 from trainer import distributed
 from trainer.checkpoint.manager import CheckpointManager
 from trainer.checkpoint.restore import Restored
 from trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
 from trainer.config import JobConfig
 from trainer.data import GlobalBatches, SyntheticTokens
+from trainer.events import EventLog
 from trainer.model import GPT, loss_fn
+from trainer.resilience.anomaly import Action, Decision
+from trainer.resilience.guard import Guard
 
 log = logging.getLogger("ftfleet.train")
 
@@ -126,57 +129,109 @@ def lr_lambda(cfg: JobConfig):
 def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     t_start = time.monotonic()
     run = build(cfg)
+    events = EventLog(cfg.run_dir, enabled=run.env.is_rank0)
+    guard = Guard(run, events)
+    try:
+        return _train(run, guard, events, list(callbacks), t_start)
+    finally:
+        guard.close()
+        events.close()
+
+
+def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
+           t_start: float) -> dict[str, Any]:
+    cfg = run.cfg
     model, optimizer, scheduler, progress, ckpt = (run.model, run.optimizer, run.scheduler,
                                                    run.progress, run.ckpt)
-    callbacks = list(callbacks)
     if cfg.train.stop_at_step is not None:
         callbacks.append(StopAtStep(cfg.train.stop_at_step))
-
+    events.emit("start", world_size=run.env.world_size, step_time_prior=None)
+    guard.start()
     run.restored = ckpt.restore()
+    guard.restored(run.restored)
     for cb in callbacks:
         cb.on_train_start(run)
 
     loss_value, stop, t_log = float("nan"), None, time.monotonic()
-    while progress.step < cfg.train.steps and not (stop := _should_stop(run, callbacks)):
-        t0 = time.monotonic()
-        batch = run.data.get(progress.samples_seen, progress.step + 1)
-        loss = loss_fn(model(batch.inputs), batch.targets)
+    while progress.step < cfg.train.steps:
+        if (stop := _should_stop(run, callbacks) or guard.boundary(progress.step)):
+            break
+        t0, step = time.monotonic(), progress.step + 1
+        if guard.skip_batch(step):  # a rollback decided this batch is poison
+            _advance(run, scheduler)
+            continue
+        guard.before_step(step)
+        batch = run.data.get(progress.samples_seen, step)
+        loss = guard.poison(step, loss_fn(model(batch.inputs), batch.targets))
         loss.backward()
-        if cfg.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        ckpt.wait_for_staging()  # the last save's copy must be done before the weights change
-        optimizer.step()
-        scheduler.step()
+        # The norm is computed (not clipped) when clipping is off: the anomaly check uses it.
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                   cfg.optim.grad_clip or math.inf)
+        decision = guard.judge(step, loss, _full(grad_norm))
+        if decision.action is Action.ROLLBACK:
+            optimizer.zero_grad(set_to_none=True)
+            if guard.rollback(step):
+                continue
+            decision = Decision(Action.SKIP, step, decision.reason)
+        if decision.ok:
+            ckpt.wait_for_staging()  # the last save's copy must be done before the weights change
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        progress.step += 1
-        progress.samples_seen += cfg.train.global_batch_size
+        _advance(run, scheduler)
 
         loss_value = loss.item()
         info = StepInfo(progress.step, loss_value, progress.samples_seen, time.monotonic() - t0)
+        guard.after_step(progress.step, loss_value, info.step_time_s)
         for cb in callbacks:
             cb.on_step_end(run, info)
         if progress.step % cfg.train.log_every == 0 and run.env.is_rank0:
             dt, t_log = time.monotonic() - t_log, time.monotonic()
             log.info("step %d loss %.4f lr %.2e %.1f steps/s", progress.step, loss_value,
                      scheduler.get_last_lr()[0], cfg.train.log_every / dt)
-        if (cfg.checkpoint.enabled and progress.step % cfg.resilience.interval.fixed_steps == 0
-                and progress.step < cfg.train.steps):
-            ckpt.save(progress.step)
+        if guard.should_save(progress.step) and progress.step < cfg.train.steps:
+            guard.save(progress.step, "interval")
 
     # The final (or emergency) checkpoint is synchronous: committed when this returns.
     ckpt.wait()
     resumed_here = run.restored is not None and run.restored.step == progress.step
     if (cfg.checkpoint.enabled and (stop is None or stop.save)
             and progress.step not in ckpt.committed and not resumed_here):
-        ckpt.save(progress.step, blocking=True)
-    ckpt.close(wait_for_upload=stop is None or stop.exit_code == EXIT_OK)
+        guard.save(progress.step, "emergency" if stop and stop.exit_code else
+                   "stop" if stop else "final", blocking=True)
+    if stop is not None and stop.exit_code == EXIT_PREEMPTED:
+        # The checkpoint is safe on the fast tier: keep uploading while the notice
+        # leaves time, then tell the fleet the node may go.
+        drained = ckpt.close(upload_deadline=guard.upload_deadline())
+        if cfg.checkpoint.enabled:
+            guard.write_marker(progress.step)
+    else:
+        drained = ckpt.close(wait_for_upload=stop is None or stop.exit_code == EXIT_OK)
     run.data.close()
 
     result = summarize(run, stop, loss_value, time.monotonic() - t_start)
+    result.update(guard.summary())
+    if run.env.is_rank0:
+        write_summary(Path(run.cfg.run_dir), result)
+    events.emit("exit", code=result["exit_code"], reason=result["stop_reason"],
+                step=progress.step)
     for cb in callbacks:
         cb.on_train_end(run, result)
-    distributed.shutdown()
+    if drained:  # an upload still in a collective would make the teardown hang
+        distributed.shutdown()
     return result
+
+
+def _advance(run: Run, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """One step consumed: its batch, its place in the LR schedule, its step number,
+    whether or not its update was applied."""
+    scheduler.step()
+    run.progress.step += 1
+    run.progress.samples_seen += run.cfg.train.global_batch_size
+
+
+def _full(norm: torch.Tensor) -> torch.Tensor:
+    """FSDP2 returns the global norm as a DTensor; the value is the same everywhere."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def _should_stop(run: Run, callbacks: Sequence[Callback]) -> StopRequest | None:
@@ -187,7 +242,8 @@ def _should_stop(run: Run, callbacks: Sequence[Callback]) -> StopRequest | None:
 
 
 def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) -> dict[str, Any]:
-    """Write <run_dir>/summary.json (rank 0) and return it. Collective (state hash)."""
+    """The run's summary (the caller writes it to <run_dir>/summary.json on rank 0).
+    Collective (state hash)."""
     state = full_state(run.model, run.optimizer)
     ckpt = run.ckpt
     result = {
@@ -209,8 +265,6 @@ def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) ->
         "checkpoint_blocked_s": round(ckpt.stats.blocked_s, 4),
         "wall_s": round(wall_s, 2),
     }
-    if run.env.is_rank0:
-        write_summary(Path(run.cfg.run_dir), result)
     return result
 
 

@@ -47,6 +47,10 @@ from trainer.config import CheckpointConfig
 
 log = logging.getLogger("ftfleet.ckpt")
 
+#: The emergency path stops waiting for the durable upload this long before the
+#: notice's deadline: the commit marker and the exit must fit in it.
+DEADLINE_MARGIN_S = 5.0
+
 
 @dataclasses.dataclass
 class SaveStats:
@@ -105,9 +109,18 @@ class CheckpointManager:
         it, and load it into the app state. None when there is nothing to resume."""
         if not self.cfg.load:
             return None
+        return self._load(self.cfg.load_step)
+
+    def rollback(self) -> Restored | None:
+        """Collective. Reload the newest valid checkpoint (after an anomalous step),
+        whatever ``checkpoint.load`` and ``load_step`` say. None when there is none."""
+        self.wait()
+        return self._load(None)
+
+    def _load(self, load_step: int | None) -> Restored | None:
         stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
         found = find_and_prepare(self.comm, self.local, stores, self.identity,
-                                 force=self.cfg.force_load, load_step=self.cfg.load_step,
+                                 force=self.cfg.force_load, load_step=load_step,
                                  workers=self.cfg.transfer_workers)
         if found is None:
             if self.comm.rank == 0:
@@ -237,13 +250,26 @@ class CheckpointManager:
     def durable_steps(self) -> list[int]:
         return list(self.uploader.durable_steps) if self.uploader else []
 
-    def close(self, wait_for_upload: bool = True) -> None:
-        """Finish the save in flight and (``wait_for_upload``) the uploads. Collective."""
+    def close(self, wait_for_upload: bool = True, upload_deadline: float | None = None) -> bool:
+        """Finish the save in flight and (``wait_for_upload``) the uploads. Collective.
+        ``upload_deadline`` (epoch seconds; the emergency path) waits for the uploads
+        until then at most. Returns whether the uploads were drained."""
         self.wait_for_staging()
         self.wait()
+        drained = True
         if self.uploader is not None:
-            if not self.uploader.close(wait=wait_for_upload) and wait_for_upload:
-                log.warning("uploads still pending at close")
+            if upload_deadline is not None:
+                left = max(0.0, upload_deadline - time.time())
+                drained = self.uploader.close(wait=True, timeout=left)
+                if not drained:
+                    log.warning("upload not finished %.0f s before the notice's deadline: "
+                                "the checkpoint is committed on the fast tier only",
+                                DEADLINE_MARGIN_S)
+            else:
+                drained = self.uploader.close(wait=wait_for_upload)
+                if not drained and wait_for_upload:
+                    log.warning("uploads still pending at close")
         self._commit_pool.shutdown(wait=True)
         if self._stager is not None:
             self._stager.close()
+        return drained

@@ -81,11 +81,17 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 class AppState:
-    """DCP ``Stateful`` over the whole training state of this rank."""
+    """DCP ``Stateful`` over the whole training state of this rank.
+
+    ``extras`` are further parts of the run's state, each an object with
+    ``state_tensor() -> Tensor`` (the same shape every time) and ``load_tensor(t)``,
+    saved under ``extras/<name>``. A plain tensor is replicated: every rank loads the
+    value rank 0 saved.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, progress: TrainProgress,
-                 rank: int, seed: int):
+                 rank: int, seed: int, extras: dict[str, Any] | None = None):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -95,6 +101,7 @@ class AppState:
         #: Set before a load: whether the checkpoint has an RNG entry for this rank
         #: (a rank beyond the writer's world size has none and is seeded afresh).
         self.include_rng = True
+        self.extras = dict(extras or {})
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
@@ -105,6 +112,8 @@ class AppState:
             "progress": {"step": torch.tensor(self.progress.step),
                          "samples_seen": torch.tensor(self.progress.samples_seen)},
         }
+        if self.extras:
+            sd["extras"] = {name: obj.state_tensor() for name, obj in self.extras.items()}
         if self.include_rng:
             sd[rng_key(self.rank)] = capture_rng()
         return sd
@@ -115,6 +124,8 @@ class AppState:
         self.scheduler.load_state_dict(sd["lr_schedule"])
         self.progress.step = int(sd["progress"]["step"])
         self.progress.samples_seen = int(sd["progress"]["samples_seen"])
+        for name, obj in self.extras.items():
+            obj.load_tensor(sd["extras"][name])
         if rng_key(self.rank) in sd:
             restore_rng(sd[rng_key(self.rank)])
         else:

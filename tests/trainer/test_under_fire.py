@@ -1,0 +1,191 @@
+"""The training loop under fire: interruption notices (AWS and GCP fake metadata,
+SIGTERM), a rebalance recommendation, NaN and spike batches, a hang. Each run is the
+real trainer in subprocesses; what happened is read from summary.json, the event log
+and the commit marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftfleet.contract import EXIT_PREEMPTED, EXIT_UNRECOVERABLE, CommitMarker, marker_key
+from tests.trainer.conftest import (BIN, CONFIG, BASE, REPO, child_env, run_trainer,
+                                    start_trainer, wait_for)
+from trainer.events import read_events
+from trainer.testing.fake_metadata import FakeMetadataServer
+
+#: Steps slow enough that a notice lands mid-run; metadata polled often.
+PACED = ["faults.step_delay_s=0.1", "resilience.watcher.poll_interval_s=0.2",
+         "resilience.watcher.max_backoff_s=1"]
+
+
+def events(run_dir: Path, name: str | None = None) -> list[dict]:
+    return [e for e in read_events(run_dir) if name is None or e["event"] == name]
+
+
+def started(run_dir: Path) -> bool:
+    return bool(events(run_dir, "first_step"))
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture
+def metadata():
+    with FakeMetadataServer() as server:
+        yield server
+
+
+def assert_emergency(run_dir: Path, budget_s: float, node: str) -> dict:
+    s = summary(run_dir)
+    assert s["exit_code"] == EXIT_PREEMPTED, s
+    em = s["emergency"]
+    assert em["within_deadline"] and em["seconds_to_commit"] < budget_s, em
+    assert em["step"] == s["step"] and 0 < s["step"] < 24
+    committed = [c["step"] for c in s["committed"]]
+    assert s["step"] in committed
+    assert (run_dir / "checkpoints" / f"step-{s['step']}" / "manifest.json").is_file()
+    marker = CommitMarker.from_json(
+        (run_dir / "checkpoints" / marker_key(node)).read_text())
+    assert (marker.step, marker.node_id) == (s["step"], node)
+    assert marker.written_at >= em["committed_at"]
+    return s
+
+
+def test_aws_spot_notice_commits_within_the_deadline_and_resume_is_exact(
+        tmp_path, metadata, ref2, moto_url, s3, bucket):
+    d = tmp_path / "run"
+    s3_args = [f"checkpoint.uri=s3://{bucket}/job", f"checkpoint.s3_endpoint_url={moto_url}"]
+    env = {"FTFLEET_CLOUD": "aws", "FTFLEET_METADATA_ENDPOINT": metadata.url,
+           "FTFLEET_NODE_ID": "node-a"}
+    proc = start_trainer(2, d, *PACED, *s3_args, env=env)
+    wait_for(lambda: started(d), 90, 0.1, "the first step")
+    metadata.schedule_spot_interruption(in_seconds=120)
+    finish(proc)
+    s = assert_emergency(d, 120, "node-a")
+    (notice,) = events(d, "notice")
+    assert (notice["kind"], notice["source"]) == ("termination", "aws-spot-instance-action")
+    # The marker also reached the bucket, where the lifecycle handoff looks for it.
+    body = s3.get_object(Bucket=bucket, Key=f"job/{marker_key('node-a')}")["Body"].read()
+    assert CommitMarker.from_json(body).step == s["step"]
+
+    # The replacement node: same fast tier, no notice. It ends where an uninterrupted
+    # run ends, bit for bit.
+    metadata.reset()
+    resumed = run_trainer(2, d, *s3_args)
+    assert resumed["resumed_from"]["step"] == s["step"]
+    assert resumed["state_sha256"] == ref2["state_sha256"]
+
+
+def test_gcp_preemption_commits_within_thirty_seconds(tmp_path, metadata):
+    d = tmp_path / "run"
+    env = {"FTFLEET_CLOUD": "gcp", "FTFLEET_METADATA_ENDPOINT": metadata.url,
+           "FTFLEET_NODE_ID": "node-g"}
+    proc = start_trainer(1, d, *PACED, env=env)
+    wait_for(lambda: started(d), 90, 0.1, "the first step")
+    metadata.preempt()
+    finish(proc)
+    assert_emergency(d, 30, "node-g")
+    assert events(d, "notice")[0]["source"] == "gcp-preempted"
+
+
+def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path, ref2):
+    d = tmp_path / "run"
+    proc = start_trainer(2, d, *PACED, env={"FTFLEET_NODE_ID": "node-s"})
+    wait_for(lambda: started(d), 90, 0.1, "the first step")
+    workers = subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "trainer"],
+                             capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[-1]), signal.SIGTERM)
+    finish(proc)
+    s = assert_emergency(d, 30, "node-s")
+    assert events(d, "notice")[0]["kind"] == "signal"
+    resumed = run_trainer(2, d)
+    assert resumed["resumed_from"]["step"] == s["step"]
+    assert resumed["state_sha256"] == ref2["state_sha256"]
+
+
+def test_a_rebalance_recommendation_checkpoints_early_and_carries_on(tmp_path, metadata, ref1):
+    d = tmp_path / "run"
+    env = {"FTFLEET_CLOUD": "aws", "FTFLEET_METADATA_ENDPOINT": metadata.url}
+    proc = start_trainer(1, d, *PACED, "resilience.interval.fixed_steps=100", env=env)
+    wait_for(lambda: started(d), 90, 0.1, "the first step")
+    metadata.recommend_rebalance()
+    assert finish(proc) == 0
+    s = summary(d)
+    (notice,) = events(d, "notice")
+    assert notice["kind"] == "rebalance" and not notice["terminal"]
+    early = [c for c in events(d, "committed") if c["reason"] == "notice:rebalance"]
+    assert [c["step"] for c in early] == [notice["step"]]
+    assert s["exit_code"] == 0 and s["step"] == 24 and s["emergency"] is None
+    assert s["state_sha256"] == ref1["state_sha256"]
+
+
+def test_a_nan_batch_is_skipped_with_counters(tmp_path):
+    s = run_trainer(1, tmp_path / "run", "faults.nan_at_steps=[10]")
+    assert s["anomalies"] == {"nonfinite": 1, "spikes": 0, "skipped": 1, "rollbacks": 0}
+    (anomaly,) = events(tmp_path / "run", "anomaly")
+    assert (anomaly["step"], anomaly["action"]) == (10, "skip")
+    assert s["step"] == 24 and s["exit_code"] == 0
+
+
+def test_a_loss_spike_is_caught_against_the_rolling_median(tmp_path):
+    s = run_trainer(1, tmp_path / "run", "faults.spike_at_steps=[15]",
+                    "resilience.anomaly.min_history=5")
+    assert s["anomalies"]["spikes"] == 1 and s["anomalies"]["skipped"] == 1
+    (anomaly,) = events(tmp_path / "run", "anomaly")
+    assert anomaly["step"] == 15 and "rolling median" in anomaly["reason"]
+
+
+def test_rollback_replays_exactly_from_any_checkpoint(tmp_path):
+    """Rolling back to step 8 or to step 9 and replaying to the bad batch gives the same
+    state: the rollback restores everything, RNG included, and skips only that batch."""
+    runs = {}
+    for every in (4, 3):
+        d = tmp_path / f"every{every}"
+        s = run_trainer(1, d, "faults.nan_at_steps=[11]", "resilience.anomaly.policy=rollback",
+                        f"resilience.interval.fixed_steps={every}")
+        (rollback,) = events(d, "rollback")
+        assert rollback == {**rollback, "from_step": 11, "to_step": every * (10 // every)}
+        assert s["skipped_batches"] == [11] and s["anomalies"]["rollbacks"] == 1
+        runs[every] = s["state_sha256"]
+    assert runs[4] == runs[3]
+
+
+def test_anomalies_that_keep_coming_stop_the_run(tmp_path):
+    s = run_trainer(1, tmp_path / "run", "faults.nan_at_steps=[5,6,7]",
+                    "resilience.anomaly.max_consecutive_skips=2", expect_rc=EXIT_UNRECOVERABLE)
+    errors = [line for line in s["_stderr"].splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "3 anomalous steps in a row" in errors[0], s["_stderr"][-2000:]
+
+
+def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path, ref2):
+    d = tmp_path / "run"
+    args = ["--config", str(CONFIG), *BASE, f"run_dir={d}", "faults.hang_at_step=10",
+            "faults.hang_rank=1", "resilience.watchdog.timeout_s=3",
+            "resilience.watchdog.first_step_timeout_s=120"]
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           "-m", "trainer", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "hang watchdog: no step progress" in proc.stderr
+    assert "Thread" in proc.stderr  # the stacks were dumped
+    restored = events(d, "restored")
+    assert [e["attempt"] for e in restored] == [1] and restored[0]["step"] == 8
+    assert summary(d)["state_sha256"] == ref2["state_sha256"]
