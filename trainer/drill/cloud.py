@@ -53,6 +53,7 @@ class LocalCloud:
         except ImportError as exc:
             raise UserError(f"the drill needs {exc.name} (moto[server], boto3): install the "
                             "dev extra, `pip install -e '.[dev]'` (or `make setup`)") from None
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request lines
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()

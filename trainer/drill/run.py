@@ -67,6 +67,7 @@ class Drill:
         self.logs = opts.workdir / "logs"
         self.records: list[FaultRecord] = []
         self.notes: list[str] = []
+        self._group_up = 0.0
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -228,6 +229,8 @@ class Drill:
                         killed.append((group, rec))
                         expected_down.add(id(group))
             self._check_groups(seg, node, tail, expected_down)
+            for group, rec in killed:
+                rec.t_group_exit, rec.t_group_down = group.t_first_exit, group.t_down
             if preempted and (node.group is None or node.group.t_down is not None or rc is not None):
                 node.kill()  # the cloud terminates the instance once the marker is written
                 self.say(f"{seg.node}: instance terminated (exit 75 after its emergency checkpoint)")
@@ -241,6 +244,8 @@ class Drill:
                 return (f"{seg.node} did not finish within {self.opts.node_timeout_s:.0f}s; "
                         f"see {node.log_path}")
             time.sleep(0.02)
+        for group, rec in killed:
+            rec.t_group_exit, rec.t_group_down = group.t_first_exit, group.t_down
         for kind, at in pending:
             self.records.append(FaultRecord(kind, time.time(), at, error=(
                 f"the run never reached step {at} on {seg.node} to inject it")))
@@ -258,10 +263,13 @@ class Drill:
         if kind in ("step", "first_step"):
             step = int(e["step"])
             self._progress(f"{seg.node} attempt {e.get('attempt', 0)}", step)
+        elif kind == "start":
+            self._group_up = float(e["t"])
         elif kind == "restored":
             step = int(e["step"])
+            took = float(e["t"]) - self._group_up if self._group_up else float(e.get("seconds") or 0)
             self.say(f"{seg.node}: restored step {e['step']} from the {e.get('tier')} tier "
-                     f"in {float(e.get('seconds') or 0):.2f}s")
+                     f"({took:.1f}s after the process group was up)")
         elif kind == "fresh":
             step = 0
             self.say(f"{seg.node}: no checkpoint, starting at step 0")
@@ -389,6 +397,8 @@ class Drill:
         self.say("plan: " + "; ".join(self.plan.describe()) + f"; {self.plan.steps} steps in all")
         ref_summary, ref_events, ref_wall = self.run_reference()
         summary, events, t_begin, t_end, problem = self.run_faulted()
+        if self.plan.nan_step:  # configured, not injected: the event log says when it hit
+            self.records.append(FaultRecord("nan", t_begin, self.plan.nan_step))
         results = [measure(r, events) for r in self.records]
         order = {k: i for i, k in enumerate(KINDS)}
         results.sort(key=lambda r: order[r.kind])
