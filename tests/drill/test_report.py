@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from trainer.drill.report import (DrillReport, FaultRecord, FaultResult, Goodput, measure,
-                                  split_lives, steady_step_time)
+from trainer.drill.report import (DrillReport, FaultRecord, FaultResult, Goodput, daly_goodput,
+                                  measure, split_lives, steady_step_time)
+from trainer.resilience.interval import daly_interval
 
 
 def ev(t, event, pid=100, attempt=0, **fields):
@@ -232,6 +233,21 @@ def test_goodput_is_useful_step_time_over_wall_time():
     assert g.useful_s == pytest.approx(80.0)
     assert g.goodput == pytest.approx(0.8)
     assert g.relative == pytest.approx(0.9)
+
+
+def test_daly_goodput_peaks_at_dalys_interval_and_falls_on_either_side():
+    cost, restart, mtbf = 60 / 72, 5.0, 60.0
+    best = daly_interval(cost, mtbf)
+    g = daly_goodput(best, cost, restart, mtbf)
+    assert 0 < g < 1
+    assert daly_goodput(best / 3, cost, restart, mtbf) < g > daly_goodput(best * 3, cost, restart, mtbf)
+    grid = max(daly_goodput(best * f / 100, cost, restart, mtbf) for f in range(50, 200))
+    assert grid == pytest.approx(g, rel=2e-3)
+
+
+def test_free_saves_and_restarts_with_rare_failures_approach_full_goodput():
+    assert daly_goodput(1.0, 0.0, 0.0, 1e9) == pytest.approx(1.0, abs=1e-6)
+    assert daly_goodput(10.0, 1.0, 0.0, 1e9) == pytest.approx(10 / 11, rel=1e-6)
 
 
 def report(sha="abc", ok=True):
