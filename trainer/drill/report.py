@@ -192,6 +192,16 @@ def _fail(rec: FaultRecord, reason: str, **measured: Any) -> FaultResult:
     return FaultResult(rec.kind, False, reason, at_step=rec.at_step, **measured)
 
 
+def _breakdown(nxt: Life, since: float) -> str:
+    """Where the time to resume went: process start-up (torchrun, imports, process group)
+    and the restore."""
+    restored = nxt.restored or nxt.first("fresh")
+    up = nxt.t_start - since
+    if restored is None:
+        return f"start-up {up:.1f}s"
+    return f"start-up {up:.1f}s, restore {restored['t'] - nxt.t_start:.1f}s"
+
+
 def _replacement(rec: FaultRecord, lives: Sequence[Life], after: float) -> Life | None:
     """The first life started after ``after`` that trained a step (a group torchrun
     started and that died before training, e.g. on a node being terminated, is skipped)."""
@@ -235,7 +245,8 @@ def _notice(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
                        f"emergency checkpoint step {commit['step']} committed "
                        f"{commit['t'] - notice['t']:.2f}s after agreement, {left:.0f}s before "
                        f"the deadline; exit 75; replacement resumed from step {nxt.resumed_from}"
-                       f" ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'})",
+                       f" ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'}; "
+                       f"{_breakdown(nxt, life.t_end)})",
                        detect_s=detect, lost_steps=lost,
                        resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
 
@@ -283,7 +294,8 @@ def _group_failure(rec: FaultRecord, lives: Sequence[Life], what: str) -> FaultR
     reached, _ = life.progress(before=seen)
     return FaultResult(rec.kind, True,
                        f"group restarted (attempt {nxt.attempt}), resumed from step "
-                       f"{nxt.resumed_from} ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'})",
+                       f"{nxt.resumed_from} ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'}; "
+                       f"{_breakdown(nxt, rec.t_group_down or seen)})",
                        detect_s=detect, lost_steps=max(0, reached - nxt.resumed_from),
                        resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
 
@@ -359,7 +371,8 @@ def _corrupt(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
                           f"{rec.previous_step}", detect_s=detect)
     return FaultResult(rec.kind, True,
                        f"step {rec.newest_step} skipped in every tier, resumed from step {got}"
-                       f" ({restored.get('tier', '?') if restored else 'fresh'})",
+                       f" ({restored.get('tier', '?') if restored else 'fresh'}; "
+                       f"{_breakdown(nxt, rec.t_fault)})",
                        detect_s=detect,
                        lost_steps=max(0, (rec.newest_step or got) - got),
                        resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
@@ -377,7 +390,8 @@ def _bucket_loss(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
         return _fail(rec, f"restored from the {restored.get('tier')} tier, expected the replica",
                      detect_s=detect)
     got = nxt.resumed_from
-    return FaultResult(rec.kind, True, f"restored step {got} from the replica bucket",
+    return FaultResult(rec.kind, True, f"restored step {got} from the replica bucket "
+                                       f"({_breakdown(nxt, rec.t_fault)})",
                        detect_s=detect, lost_steps=max(0, (rec.newest_step or got) - got),
                        resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
 
@@ -508,7 +522,7 @@ class DrillReport:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
                   for row in self.table_rows()]
-        lines += [""] + [f"- {line}" for line in self.summary_lines()]
+        lines += ["", f"- {LEGEND}."] + [f"- {line}" for line in self.summary_lines()]
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines) + "\n"
 
@@ -519,7 +533,8 @@ class DrillReport:
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
         out += [fmt.format(*r) for r in rows]
-        out += [""] + self.summary_lines() + self.notes
+        out += [""] + [f"{r[0]}: {r[6]}" for r in self.table_rows()]
+        out += ["", LEGEND, ""] + self.summary_lines() + self.notes
         out += ["", ("PASS: " if self.ok else "FAIL: ") + self.reason]
         return "\n".join(out) + "\n"
 
@@ -535,6 +550,13 @@ class DrillReport:
         lines.append(f"final state_sha256 {str(self.state_sha256)[:16]} {same} the reference's "
                      f"{str(self.reference_sha256)[:16]}")
         return lines
+
+
+#: How to read the table; printed under it.
+LEGEND = ("detect: from the fault to the trainer acting on it (notice agreed, group torn down, "
+          "watchdog fired, anomaly flagged; for damage done while stopped, the restore's search); "
+          "lost: steps computed again; resume: from the fault (for damage done while stopped, the "
+          "replacement's launch) to the first step after recovery, start-up and restore included")
 
 
 def _fmt_s(x: float | None) -> str:
