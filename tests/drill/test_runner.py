@@ -11,13 +11,15 @@ import time
 
 from trainer.drill.runner import EventTail, Node
 
-#: Stands in for torchrun: two workers (RANK in their environment); when one dies it
-#: stops the other and starts a second, short-lived group, then exits 0.
+#: Stands in for torchrun: two workers (RANK in their environment, each in a session of
+#: its own, as torch elastic starts them); when one dies it stops the other and starts a
+#: second, short-lived group, then exits 0.
 FAKE_TORCHRUN = r"""
 import os, subprocess, sys, time
 def group(seconds):
     return [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"],
-                             env={**os.environ, "RANK": str(r)}) for r in range(2)]
+                             env={**os.environ, "RANK": str(r)}, start_new_session=True)
+            for r in range(2)]
 workers = group(60)
 while all(w.poll() is None for w in workers):
     time.sleep(0.02)

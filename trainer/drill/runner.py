@@ -106,8 +106,7 @@ def _alive(pid: int, parent: int) -> bool:
 
 
 class Node:
-    """One torchrun process and its worker groups. Started in its own session, so that
-    :meth:`kill` reaches torchrun and every worker at once (a node going away)."""
+    """One torchrun process and its worker groups, started in a session of its own."""
 
     def __init__(self, name: str, cmd: Sequence[str], env: dict[str, str], cwd: str | os.PathLike,
                  log_path: Path) -> None:
@@ -189,15 +188,30 @@ class Node:
         return pid
 
     def kill(self) -> None:
-        """SIGKILL torchrun and every worker: the machine is gone."""
+        """SIGKILL torchrun and every worker: the machine is gone. torchrun starts each
+        worker in a session of its own, so killing torchrun's process group alone would
+        leave the workers training as orphans."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.killed = True
+        workers = _children(self.pid)
+        for pid in workers:
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait(30)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(_stat(p) and _stat(p)[0] not in ("Z", "X")
+                                             for p in workers):
+            time.sleep(0.02)
         self.poll()
 
     def wait(self, timeout: float) -> int | None:
