@@ -5,7 +5,8 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
 
 * Failures strike every ``--mtbf`` T seconds of wall time, counted from the first
   training step, alternating a spot interruption notice (posted on the fake metadata
-  service; the node is terminated ``--notice-lead`` seconds later unless it has left)
+  service; the node is terminated once its commit marker is written, the fleet's lifecycle
+  handoff, or ``--notice-lead`` seconds later at the latest)
   and a SIGKILL of one worker (torchrun restarts the group in place). A terminated node
   is replaced by a new torchrun at once.
 * The model is sized so that a synchronous save costs about T/72: a 5-minute save
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shutil
 import statistics
@@ -47,7 +47,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from trainer.drill.report import daly_goodput, split_lives, steady_step_time  # noqa: E402
+from trainer.drill.lives import split_lives, steady_step_time  # noqa: E402
+from trainer.drill.report import daly_goodput  # noqa: E402
 from trainer.drill.runner import EventTail, Node  # noqa: E402
 from trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 from trainer.testing.fake_metadata import FakeMetadataServer  # noqa: E402
@@ -192,7 +193,7 @@ class FaultedRun:
         self.metadata.reset()
         tail, node = EventTail(self.run_dir), self.launch()
         T, lead = self.args.mtbf, self.args.notice_lead
-        clock0, k, notice, exited75 = None, 0, None, False
+        clock0, k, notice, marker = None, 0, None, False
         pending_kill: Failure | None = None
         end = time.monotonic() + self.args.run_timeout
         while True:
@@ -200,8 +201,8 @@ class FaultedRun:
             for e in tail.poll():
                 if clock0 is None and e["event"] == "first_step":
                     clock0 = e["t"]
-                if e["event"] == "exit" and e.get("code") == 75:
-                    exited75 = True
+                if e["event"] == "marker":
+                    marker = True  # the handoff contract: the node may go now
             now = time.time()
             if clock0 is not None and notice is None and now >= clock0 + (k + 1) * T:
                 kind = "notice" if k % 2 == 0 else "sigkill"
@@ -223,14 +224,14 @@ class FaultedRun:
                 pending_kill.t_end = pending_kill._group.t_down  # type: ignore[attr-defined]
                 pending_kill = None
             if notice is not None:
-                left_alone = exited75 and (node.group is None or node.group.t_down is not None)
-                if left_alone or now >= notice.t + lead or rc is not None:
+                if marker or now >= notice.t + lead or rc is not None:
                     node.kill()  # the instance is gone
-                    notice.t_end = (node.group.t_down if left_alone and node.group else None) or time.time()
-                    notice.how = "left after its emergency checkpoint" if left_alone else "terminated at the deadline"
+                    notice.t_end = time.time()
+                    notice.how = ("terminated once its commit marker was written" if marker
+                                  else "terminated at the deadline")
                     say(f"{self.name}: node {notice.how}; replacement launched")
                     self.metadata.reset()
-                    notice, exited75 = None, False
+                    notice, marker = None, False
                     if rc == 0:
                         break
                     node = self.launch()

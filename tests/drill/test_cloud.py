@@ -2,28 +2,10 @@
 
 from __future__ import annotations
 
-import boto3
-import pytest
-
-from trainer.drill.cloud import LocalCloud, flip_middle
+from trainer.drill.cloud import flip_middle
 
 
-@pytest.fixture(scope="module")
-def cloud():
-    with LocalCloud() as c:
-        yield c
-
-
-@pytest.fixture
-def s3(cloud):
-    return boto3.client("s3", endpoint_url=cloud.endpoint_url, region_name="us-east-1",
-                        aws_access_key_id="x", aws_secret_access_key="x")
-
-
-def put_step(s3, cloud, step, payload=b"0123456789" * 100):
-    base = f"{cloud.prefix}/step-{step}/"
-    s3.put_object(Bucket=cloud.primary, Key=base + "__0_0.distcp", Body=payload)
-    s3.put_object(Bucket=cloud.primary, Key=base + "manifest.json", Body=b"{}")
+from tests.drill.conftest import client, put_step
 
 
 def replica_keys(s3, cloud):
@@ -60,7 +42,8 @@ def test_flipping_bytes_is_an_involution_in_the_middle():
     assert data == bytearray(b"a" * 64)
 
 
-def test_losing_the_primary_deletes_the_bucket_and_stops_replication(cloud, s3):
+def test_losing_the_primary_deletes_the_bucket_and_stops_replication(own_cloud):
+    cloud, s3 = own_cloud, client(own_cloud)
     put_step(s3, cloud, 40)
     cloud.replicate()
     cloud.lose_primary()

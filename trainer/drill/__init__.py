@@ -6,7 +6,9 @@ throws at a training run into a local one, and report how the trainer recovered.
   metadata service on 127.0.0.1;
 * :mod:`trainer.drill.runner`: one torchrun (a node), its workers, the event log;
 * :mod:`trainer.drill.run`: the reference run, the faulted run, the injections;
-* :mod:`trainer.drill.report`: the measurements, from ``events.jsonl``.
+* :mod:`trainer.drill.lives`, :mod:`trainer.drill.faults`: each fault's measures, from
+  ``events.jsonl``;
+* :mod:`trainer.drill.report`: goodput, the state check, the report.
 
 Importing this package imports neither torch nor moto: ``ftfleet --help`` stays fast.
 """

@@ -90,6 +90,10 @@ class LocalCloud:
 
     # -- replication ---------------------------------------------------------------
 
+    def keys(self, bucket: str) -> list[str]:
+        """Every key under the checkpoint prefix."""
+        return sorted(self._objects(bucket))
+
     def _objects(self, bucket: str) -> dict[str, tuple[int, str]]:
         out: dict[str, tuple[int, str]] = {}
         for page in self._s3.get_paginator("list_objects_v2").paginate(

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
-from trainer.drill.cloud import CREDENTIALS, LocalCloud, flip_middle
-from trainer.drill.report import (KINDS, DrillReport, FaultRecord, Goodput, measure,
-                                  steady_step_time)
+from trainer.drill import damage
+from trainer.drill.cloud import CREDENTIALS, LocalCloud
+from trainer.drill.faults import KINDS, FaultRecord, measure
+from trainer.drill.lives import steady_step_time
+from trainer.drill.report import DrillReport, Goodput
 from trainer.drill.runner import EventTail, Node, WorkerGroup
 from trainer.drill.scenario import Plan, SegmentPlan, build_plan
 
@@ -338,58 +340,19 @@ class Drill:
             elif kind == "bucket_loss":
                 self.records.append(self._lose_primary())
 
-    def _committed_everywhere(self) -> dict[str, list[int]]:
-        from trainer.checkpoint.tiers import LocalTier
-
-        out = {"local": LocalTier(self.fast_dir).committed_steps()}
-        for name, bucket in (("primary", self.cloud.primary), ("replica", self.cloud.replica)):
-            steps = set()
-            if self.cloud.bucket_exists(bucket):
-                for key in self.cloud._objects(bucket):
-                    parts = key.split("/")
-                    if parts[-1] == "manifest.json" and parts[-2].startswith("step-"):
-                        steps.add(int(parts[-2][5:]))
-            out[name] = sorted(steps)
-        return out
-
     def _corrupt_newest(self) -> FaultRecord:
         self.cloud.stop_replication()
-        self.cloud.replicate()
-        tiers = self._committed_everywhere()
-        every = sorted({s for steps in tiers.values() for s in steps})
-        if not every:
-            return FaultRecord("corrupt", time.time(), error="no checkpoint to corrupt")
-        newest = every[-1]
-        older = [s for s in every if s < newest]
-        damaged = []
-        step_dir = self.fast_dir / f"step-{newest}"
-        shards = sorted(step_dir.glob("*.distcp"), key=lambda p: p.stat().st_size) if step_dir.is_dir() else []
-        if shards:
-            data = bytearray(shards[-1].read_bytes())
-            flip_middle(data)
-            shards[-1].write_bytes(bytes(data))
-            damaged.append(f"local {shards[-1].name}")
-        for name, bucket in (("primary", self.cloud.primary), ("replica", self.cloud.replica)):
-            if newest in tiers[name] and (key := self.cloud.corrupt_step(bucket, newest)):
-                damaged.append(f"{name} {key.rsplit('/', 1)[-1]}")
-        self.cloud.start_replication()
-        self.say(f"corrupted step {newest} while stopped: flipped bytes in "
-                 f"{', '.join(damaged) or 'nothing (no copy found)'}")
-        return FaultRecord("corrupt", 0.0, newest, newest_step=newest,
-                           previous_step=older[-1] if older else None,
-                           error=None if damaged else f"no copy of step {newest} to corrupt")
+        try:
+            record, what = damage.corrupt_newest(self.cloud, self.fast_dir)
+        finally:
+            self.cloud.start_replication()
+        self.say(what)
+        return record
 
     def _lose_primary(self) -> FaultRecord:
-        self.cloud.stop_replication()
-        self.cloud.replicate()  # replication catches up before the region goes
-        tiers = self._committed_everywhere()
-        newest = max(tiers["replica"], default=None)
-        deleted = self.cloud.lose_primary()
-        shutil.rmtree(self.fast_dir, ignore_errors=True)
-        self.say(f"primary bucket deleted ({deleted} object versions) and the fast tier wiped: "
-                 f"the next node is in the other region; the replica's newest step is {newest}")
-        return FaultRecord("bucket_loss", 0.0, newest, newest_step=newest,
-                           error=None if newest is not None else "the replica holds no checkpoint")
+        record, what = damage.lose_primary(self.cloud, self.fast_dir)
+        self.say(what)
+        return record
 
     # -- all of it ------------------------------------------------------------------
 
