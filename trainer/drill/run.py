@@ -78,7 +78,7 @@ class Drill:
 
     def common_overrides(self) -> list[str]:
         o, plan = self.opts, self.plan
-        out = [f"run_id=drill", f"train.steps={plan.steps}", "train.step_events=true",
+        out = ["run_id=drill", f"train.steps={plan.steps}", "train.step_events=true",
                f"train.log_every={max(plan.steps, 1)}", f"faults.step_delay_s={o.step_delay_s}",
                f"resilience.anomaly.policy={o.nan_policy}",
                f"resilience.watcher.poll_interval_s={o.poll_interval_s}",
@@ -164,12 +164,11 @@ class Drill:
         t_begin = t_end = time.time()
         problem = ""
         for i, seg in enumerate(self.plan.segments):
-            last = i == len(self.plan.segments) - 1
             self._before(seg)
             node = self._launch(seg)
             if i == 0:
                 t_begin = node.t_launch or t_begin
-            problem = self._watch(seg, node, tail, last)
+            problem = self._watch(seg, node, tail)
             t_end = node.t_exit or time.time()
             if problem:
                 break
@@ -202,7 +201,7 @@ class Drill:
         self._progress(seg.node)
         return node
 
-    def _watch(self, seg: SegmentPlan, node: Node, tail: EventTail, last: bool) -> str:
+    def _watch(self, seg: SegmentPlan, node: Node, tail: EventTail) -> str:
         """Follow one node until it exits (or is terminated after its notice); inject
         its faults. A problem that ends the drill, or ''."""
         pending = list(seg.triggers)
@@ -231,13 +230,12 @@ class Drill:
                         killed.append((group, rec))
                         expected_down.add(id(group))
             self._check_groups(seg, node, tail, expected_down)
-            for group, rec in killed:
-                rec.t_group_exit, rec.t_group_down = group.t_first_exit, group.t_down
             if preempted and (node.group is None or node.group.t_down is not None or rc is not None):
-                node.kill()  # the cloud terminates the instance once the marker is written
+                # The fleet terminates the instance (before torchrun restarts the group).
+                node.kill()
                 self.say(f"{seg.node}: instance terminated (exit 75 after its emergency checkpoint)")
                 self.cloud.metadata.reset()  # the replacement is another instance
-                return ""
+                break
             if rc is not None:
                 tail.poll()
                 break
@@ -251,6 +249,8 @@ class Drill:
         for kind, at in pending:
             self.records.append(FaultRecord(kind, time.time(), at, error=(
                 f"the run never reached step {at} on {seg.node} to inject it")))
+        if preempted:
+            return ""
         if rc != EXIT_OK:
             return (f"{seg.node}: torchrun exited {rc} (restarts exhausted?); see {node.log_path}:"
                     f"\n{node.log_tail(1500)}")
