@@ -20,9 +20,20 @@ setup: $(STAMP)
 test: setup
 	$(PY) -m pytest -q
 
-## The main job, offline: the plan of every stack.
+## The main job, offline: the plan of every stack, then the trainer under fire (the drill).
 demo: setup
 	$(VENV)/bin/ftfleet plan --all
+	$(VENV)/bin/ftfleet drill
+
+## Every failure injected into a local training run, with a report (~3 minutes on 2 cores).
+DRILL_ARGS ?=
+drill: setup
+	$(VENV)/bin/ftfleet drill $(DRILL_ARGS)
+
+## Goodput under a failure every T seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).
+CHAOS_ARGS ?=
+chaos: setup
+	$(PY) bench/goodput_bench.py $(CHAOS_ARGS)
 
 plan: demo
 

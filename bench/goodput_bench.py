@@ -1,0 +1,446 @@
+"""Goodput under a failure every T seconds: naive synchronous saves, async saves, and
+ftfleet (adaptive async saves + emergency checkpoints on notices), in the same run.
+
+    .venv/bin/python bench/goodput_bench.py --mtbf 60 --failures 4 --out /tmp/goodput
+
+* Failures strike every ``--mtbf`` T seconds of wall time, counted from the first
+  training step, alternating a spot interruption notice (posted on the fake metadata
+  service; the node is terminated once its commit marker is written, the fleet's lifecycle
+  handoff, or ``--notice-lead`` seconds later at the latest)
+  and a SIGKILL of one worker (torchrun restarts the group in place). A terminated node
+  is replaced by a new torchrun at once.
+* The model is sized so that a synchronous save costs about T/72: a 5-minute save
+  against a 6-hour MTBF (measured by calibration runs, then reported).
+* Configurations, each training the same number of steps (about ``--failures`` x T of
+  uninterrupted work):
+  (a) ``sync``: blocking saves every Young interval sqrt(2 C M) with C the measured
+      synchronous save cost and M = T; it does not watch for notices;
+  (b) ``async``: the same interval, asynchronous saves; no notices either;
+  (c) ``ftfleet``: the adaptive (Daly) interval with asynchronous saves, M given as T
+      (``mtbf_source=config``, as the fleet's metrics would give it), notices watched:
+      emergency checkpoint, exit 75, replacement node.
+* Goodput = steps x (seconds per step of an uninterrupted run without checkpoints) /
+  wall time from the first training step to the last.
+* Restart cost R: from a failed group's end (torchrun tore it down, or the node was
+  terminated) to the first step after the restore, averaged over every failure.
+* Daly's model (exponential failures, mean M = T): goodput(tau) = tau / (M e^(R/M)
+  (e^((tau + C)/M) - 1)), at its best at Daly's interval; computed with the measured C
+  and R. The PNG plots it against the checkpoint interval with the measured points.
+
+Timings on a shared 2-core machine are noisy; every figure comes with what it was
+measured from in the JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from trainer.drill.lives import split_lives, steady_step_time  # noqa: E402
+from trainer.drill.report import daly_goodput  # noqa: E402
+from trainer.drill.runner import EventTail, Node  # noqa: E402
+from trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
+from trainer.testing.fake_metadata import FakeMetadataServer  # noqa: E402
+
+CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
+VOCAB, LAYERS, HEADS = 8192, 2, 8
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Running the trainer
+# ---------------------------------------------------------------------------
+
+
+def model_overrides(d_model: int) -> list[str]:
+    return [f"model.vocab_size={VOCAB}", "model.seq_len=32", f"model.d_model={d_model}",
+            f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", "model.dropout=0.0",
+            "train.global_batch_size=4", "train.log_every=100000", "train.step_events=true",
+            "checkpoint.keep=2", "resilience.watchdog.timeout_s=600", "run_id=goodput"]
+
+
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_", "TORCHELASTIC_"))}
+    out.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    out.update(extra or {})
+    return out
+
+
+def cmd(nproc: int, run_dir: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "--max-restarts=100", "-m", "trainer",
+            "--config", str(CONFIG), f"run_dir={run_dir}", *overrides]
+
+
+def run_plain(name: str, run_dir: Path, overrides: list[str], nproc: int,
+              timeout: float = 900) -> list[dict[str, Any]]:
+    """One uninterrupted run to completion; its events."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    node = Node(name, cmd(nproc, run_dir, overrides), env(), REPO, run_dir.parent / f"{name}.log").start()
+    rc = node.wait(timeout)
+    if rc != 0:
+        node.kill()
+        raise SystemExit(f"{name}: trainer exited {rc}; see {node.log_path}\n{node.log_tail(2000)}")
+    return list(EventTail(run_dir).poll())
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def state_bytes(d_model: int) -> int:
+    """Model + AdamW's two moments, fp32 (12 bytes a parameter)."""
+    d = d_model
+    params = 2 * VOCAB * d + 32 * d + LAYERS * (12 * d * d + 13 * d) + 2 * d
+    return 12 * params
+
+
+# ---------------------------------------------------------------------------
+# Calibration: size the state so that a synchronous save costs T / ratio
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Calibration:
+    d_model: int
+    save_s: float
+    step_s: float
+    bytes: int
+
+
+def calibrate(work: Path, d_model: int, nproc: int) -> Calibration:
+    run_dir = work / f"calibrate-{d_model}"
+    events = run_plain(f"calibrate-{d_model}", run_dir, model_overrides(d_model) + [
+        "train.steps=13", "checkpoint.async_save=false", "resilience.interval.mode=fixed",
+        "resilience.interval.fixed_steps=3", "checkpoint.enabled=true"], nproc)
+    saves = [e["blocked_s"] for e in events if e["event"] == "committed" and e.get("reason") == "interval"]
+    steps = [e["seconds"] for e in events if e["event"] == "step"]
+    size = max((dir_bytes(p) for p in (run_dir / "checkpoints").glob("step-*")), default=0)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return Calibration(d_model, statistics.median(saves[1:] or saves), statistics.median(steps), size)
+
+
+def size_state(work: Path, target_s: float, nproc: int) -> Calibration:
+    cal = calibrate(work, 512, nproc)
+    say(f"calibration: d_model 512, {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, "
+        f"step {cal.step_s:.3f}s")
+    for _ in range(2):
+        want = state_bytes(cal.d_model) * target_s / max(cal.save_s, 1e-3)
+        d = max(64, min(4096, cal.d_model))
+        while state_bytes(d) < want and d < 4096:
+            d += 64
+        while state_bytes(d) > want and d > 128:
+            d -= 64
+        if d == cal.d_model:
+            break
+        cal = calibrate(work, d, nproc)
+        say(f"calibration: d_model {d}, {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s "
+            f"(target {target_s:.2f}s), step {cal.step_s:.3f}s")
+        if abs(cal.save_s - target_s) < 0.25 * target_s:
+            break
+    return cal
+
+
+# ---------------------------------------------------------------------------
+# A run under failures
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Failure:
+    kind: str  # "notice" | "sigkill"
+    t: float
+    """When it struck (notice posted / signal sent)."""
+    t_end: float | None = None
+    """When the failed group was gone (torn down, exited 75, or the node terminated)."""
+    how: str = ""
+
+
+class FaultedRun:
+    def __init__(self, name: str, overrides: list[str], *, watch_notices: bool, args: Any,
+                 work: Path, metadata: FakeMetadataServer) -> None:
+        self.name, self.overrides, self.watch = name, overrides, watch_notices
+        self.args, self.metadata = args, metadata
+        self.run_dir = work / name
+        self.failures: list[Failure] = []
+        self.nodes: list[Node] = []
+
+    def launch(self) -> Node:
+        extra = {"FTFLEET_NODE_ID": f"{self.name}-node-{len(self.nodes) + 1}"}
+        if self.watch:
+            extra.update(FTFLEET_CLOUD="aws", FTFLEET_METADATA_ENDPOINT=self.metadata.url)
+        node = Node(f"{self.name}-{len(self.nodes) + 1}", cmd(self.args.nproc, self.run_dir, self.overrides),
+                    env(extra), REPO, self.run_dir.parent / f"{self.name}-{len(self.nodes) + 1}.log").start()
+        self.nodes.append(node)
+        return node
+
+    def run(self) -> list[dict[str, Any]]:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.metadata.reset()
+        tail, node = EventTail(self.run_dir), self.launch()
+        T, lead = self.args.mtbf, self.args.notice_lead
+        clock0, k, notice, marker = None, 0, None, False
+        pending_kill: Failure | None = None
+        end = time.monotonic() + self.args.run_timeout
+        while True:
+            rc = node.poll()
+            for e in tail.poll():
+                if clock0 is None and e["event"] == "first_step":
+                    clock0 = e["t"]
+                if e["event"] == "marker":
+                    marker = True  # the handoff contract: the node may go now
+            now = time.time()
+            if clock0 is not None and notice is None and now >= clock0 + (k + 1) * T:
+                kind = "notice" if k % 2 == 0 else "sigkill"
+                group = node.group
+                if kind == "notice":
+                    self.metadata.schedule_spot_interruption("terminate", in_seconds=lead)
+                    notice = Failure("notice", now)
+                    self.failures.append(notice)
+                    k += 1
+                    say(f"{self.name}: failure {k}: spot notice, {lead:.0f}s to go")
+                elif group is not None and group.t_down is None:
+                    pid = node.kill_worker(1 if self.args.nproc > 1 else 0)
+                    pending_kill = Failure("sigkill", now, how=f"pid {pid}")
+                    pending_kill._group = group  # type: ignore[attr-defined]
+                    self.failures.append(pending_kill)
+                    k += 1
+                    say(f"{self.name}: failure {k}: SIGKILL of a worker")
+            if pending_kill is not None and pending_kill._group.t_down is not None:  # type: ignore[attr-defined]
+                pending_kill.t_end = pending_kill._group.t_down  # type: ignore[attr-defined]
+                pending_kill = None
+            if notice is not None:
+                if marker or now >= notice.t + lead or rc is not None:
+                    node.kill()  # the instance is gone
+                    notice.t_end = time.time()
+                    notice.how = ("terminated once its commit marker was written" if marker
+                                  else "terminated at the deadline")
+                    say(f"{self.name}: node {notice.how}; replacement launched")
+                    self.metadata.reset()
+                    notice, marker = None, False
+                    if rc == 0:
+                        break
+                    node = self.launch()
+                    continue
+            if rc is not None:
+                if rc != 0:
+                    raise SystemExit(f"{self.name}: torchrun exited {rc}; see {node.log_path}\n"
+                                     f"{node.log_tail(2000)}")
+                break
+            if time.monotonic() > end:
+                node.kill()
+                raise SystemExit(f"{self.name}: no end after {self.args.run_timeout:.0f}s")
+            time.sleep(0.02)
+        tail.poll()
+        return tail.events
+
+
+# ---------------------------------------------------------------------------
+# Measurements and the model
+# ---------------------------------------------------------------------------
+
+
+def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s: float,
+            steps: int) -> dict[str, Any]:
+    lives = split_lives(events)
+    first = lives[0].first_step["t"]
+    last = max(e["t"] for e in events if e["event"] in ("step", "first_step"))
+    wall = last - first
+    commits = [e for e in events if e["event"] == "committed" and e.get("reason") == "interval"]
+    intervals = [e["steps"] for e in events if e["event"] == "interval"]
+    fixed = next((int(o.split("=")[1]) for o in run.overrides
+                  if o.startswith("resilience.interval.fixed_steps=")), None)
+    interval_steps = (statistics.median(intervals) if intervals and "adaptive" in " ".join(run.overrides)
+                      else fixed)
+    per_failure = []
+    for f in run.failures:
+        t_end = f.t_end or f.t
+        before = [life for life in lives if life.t_start <= f.t]
+        after = next((life for life in lives if life.t_start > t_end and life.first_step), None)
+        if not before or after is None:
+            continue
+        reached, _ = before[-1].progress(before=t_end)
+        per_failure.append({"kind": f.kind, "how": f.how, "at": round(f.t - first, 1),
+                            "lost_steps": max(0, reached - after.resumed_from),
+                            "restart_s": round(after.first_step["t"] - t_end, 2)})
+    restarts = [p["restart_s"] for p in per_failure]
+    return {
+        "name": name, "steps": steps, "wall_s": round(wall, 1),
+        "goodput": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
+        "interval_steps": interval_steps,
+        "interval_s": round(interval_steps * ref_step_s, 2) if interval_steps else None,
+        "saves": len(commits),
+        "save_blocked_s": round(statistics.mean(e["blocked_s"] for e in commits), 3) if commits else None,
+        "failures": per_failure,
+        "lost_steps": sum(p["lost_steps"] for p in per_failure),
+        "restart_s": round(statistics.mean(restarts), 2) if restarts else None,
+    }
+
+
+def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no PNG (the curve is in the JSON)"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p["interval_s"] for p in model["curve"]]
+    ax.plot(xs, [p["goodput"] for p in model["curve"]], label=f"Daly model (C={model['cost_s']:.2f}s, "
+            f"R={model['restart_s']:.1f}s, M={model['mtbf_s']:.0f}s)")
+    ax.axvline(model["daly_interval_s"], linestyle=":", color="grey")
+    for r in results:
+        if r["interval_s"] and r["goodput"] is not None:
+            ax.scatter([r["interval_s"]], [r["goodput"]], zorder=3)
+            ax.annotate(r["name"], (r["interval_s"], r["goodput"]), textcoords="offset points",
+                        xytext=(5, 5))
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval (s of training)")
+    ax.set_ylabel("goodput")
+    ax.set_ylim(0, 1)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"wrote {path}"
+
+
+def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    lines = ["| configuration | interval | saves (blocked s each) | failures | work lost (steps) "
+             "| restart (s, mean) | wall (s) | goodput |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        kinds = [f["kind"] for f in r["failures"]]
+        lines.append(f"| {r['name']} | {r['interval_steps']} steps ({r['interval_s']} s) | "
+                     f"{r['saves']} ({r['save_blocked_s']}) | {kinds.count('notice')} notices, "
+                     f"{kinds.count('sigkill')} SIGKILL | {r['lost_steps']} | {r['restart_s']} | "
+                     f"{r['wall_s']} | **{r['goodput']}** |")
+    lines += ["",
+              f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
+              f"model d_model {setup['d_model']} ({setup['state_mb']:.0f} MB of state), synchronous save "
+              f"{setup['sync_save_s']:.2f} s = T/{setup['mtbf_s'] / setup['sync_save_s']:.0f}; "
+              f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted, "
+              f"{setup['nproc']} processes.",
+              f"- Daly's model with the measured C = {model['cost_s']:.2f} s and R = {model['restart_s']:.1f} s, "
+              f"M = {model['mtbf_s']:.0f} s: best interval {model['daly_interval_s']:.1f} s, "
+              f"goodput {model['daly_goodput']:.3f} (Young's interval {model['young_interval_s']:.1f} s: "
+              f"{model['young_goodput']:.3f})."]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mtbf", type=float, default=60.0, metavar="T",
+                   help="seconds of wall time between failures (default 60; the issue's 120 "
+                        "takes ~30 minutes)")
+    p.add_argument("--failures", type=int, default=4,
+                   help="size the run to about this many failures (default 4)")
+    p.add_argument("--ratio", type=float, default=72.0,
+                   help="T over the synchronous save cost (default 72: 5 min vs 6 h)")
+    p.add_argument("--notice-lead", type=float, default=None, metavar="S",
+                   help="seconds from a notice to the termination (default T/6)")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=None,
+                   help="skip the calibration and use this model width")
+    p.add_argument("--configs", default="sync,async,ftfleet",
+                   help="which configurations (default sync,async,ftfleet)")
+    p.add_argument("--sweep", default="", metavar="FACTORS",
+                   help="extra synchronous runs at these multiples of Young's interval, e.g. 0.5,2")
+    p.add_argument("--ftfleet-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra trainer override for the ftfleet configuration")
+    p.add_argument("--run-timeout", type=float, default=1800.0)
+    p.add_argument("--out", type=Path, default=Path("/tmp/ftfleet-goodput"),
+                   help="work directory; goodput.json, goodput.md and goodput.png land here")
+    args = p.parse_args(argv)
+    T = args.mtbf
+    args.notice_lead = args.notice_lead or T / 6
+    work = args.out.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+
+    target = T / args.ratio
+    cal = (calibrate(work, args.d_model, args.nproc) if args.d_model
+           else size_state(work, target, args.nproc))
+    base = model_overrides(cal.d_model)
+    ref_events = run_plain("reference", work / "reference", base + [
+        "train.steps=25", "checkpoint.enabled=false"], args.nproc)
+    ref_step_s = steady_step_time(ref_events) or cal.step_s
+    steps = max(20, round(args.failures * T / ref_step_s))
+    tau_young = young_interval(cal.save_s, T)
+    young_steps = max(1, round(tau_young / ref_step_s))
+    say(f"state {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, {ref_step_s:.3f}s/step: "
+        f"{steps} steps; Young's interval {tau_young:.1f}s = {young_steps} steps")
+
+    common = base + [f"train.steps={steps}"]
+    configs: dict[str, tuple[list[str], bool]] = {
+        "sync": (common + ["checkpoint.async_save=false", "resilience.interval.mode=fixed",
+                           f"resilience.interval.fixed_steps={young_steps}"], False),
+        "async": (common + ["checkpoint.async_save=true", "resilience.interval.mode=fixed",
+                            f"resilience.interval.fixed_steps={young_steps}"], False),
+        "ftfleet": (common + ["checkpoint.async_save=true", "resilience.interval.mode=adaptive",
+                              f"resilience.interval.fixed_steps={young_steps}",
+                              "resilience.interval.mtbf_source=config",
+                              f"resilience.interval.mtbf_s={T}",
+                              "resilience.watcher.poll_interval_s=1", *args.ftfleet_set], True),
+    }
+    for factor in [float(f) for f in args.sweep.split(",") if f.strip()]:
+        configs[f"sync x{factor:g}"] = (common + [
+            "checkpoint.async_save=false", "resilience.interval.mode=fixed",
+            f"resilience.interval.fixed_steps={max(1, round(factor * tau_young / ref_step_s))}"], False)
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
+    wanted += [n for n in configs if n.startswith("sync x")]
+
+    results = []
+    with FakeMetadataServer() as metadata:
+        for name in wanted:
+            overrides, watch = configs[name]
+            say(f"{name}: {steps} steps, a failure every {T:.0f}s")
+            run = FaultedRun(name, overrides, watch_notices=watch, args=args, work=work, metadata=metadata)
+            events = run.run()
+            results.append(measure(name, run, events, ref_step_s, steps))
+            say(f"{name}: goodput {results[-1]['goodput']}, wall {results[-1]['wall_s']}s")
+            shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)
+
+    restarts = [f["restart_s"] for r in results for f in r["failures"]]
+    restart = statistics.mean(restarts) if restarts else 0.0
+    sync_costs = [r["save_blocked_s"] for r in results if r["name"].startswith("sync") and r["save_blocked_s"]]
+    cost = statistics.mean(sync_costs) if sync_costs else cal.save_s
+    tau_daly = daly_interval(cost, T)
+    lo, hi = max(0.05, cost / 4), 4 * T
+    curve = [lo * (hi / lo) ** (i / 80) for i in range(81)]
+    model = {"mtbf_s": T, "cost_s": cost, "restart_s": restart, "daly_interval_s": tau_daly,
+             "daly_goodput": daly_goodput(tau_daly, cost, restart, T),
+             "young_interval_s": young_interval(cost, T),
+             "young_goodput": daly_goodput(young_interval(cost, T), cost, restart, T),
+             "curve": [{"interval_s": round(x, 3), "goodput": round(daly_goodput(x, cost, restart, T), 4)}
+                       for x in curve]}
+    setup = {"mtbf_s": T, "notice_lead_s": args.notice_lead, "d_model": cal.d_model,
+             "state_mb": cal.bytes / 1e6, "sync_save_s": cal.save_s, "steps": steps,
+             "ref_step_s": ref_step_s, "nproc": args.nproc, "calibration_step_s": cal.step_s}
+    (work / "goodput.json").write_text(json.dumps({"setup": setup, "model": model, "results": results},
+                                                  indent=1) + "\n")
+    md = markdown(setup, model, results)
+    (work / "goodput.md").write_text(md)
+    print(md, end="")
+    say(plot(work / "goodput.png", model, results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from trainer.drill.cli import main
+
+sys.exit(main())

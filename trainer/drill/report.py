@@ -1,0 +1,156 @@
+"""The drill's report: every fault's measures (:mod:`trainer.drill.faults`), the goodput,
+and whether the final state equals the uninterrupted reference run's; as text, Markdown
+and JSON.
+
+**Goodput** is useful step time over wall time: useful time is the final step count
+times the reference run's seconds per step (steady state, its periodic saves included);
+wall time runs from the launch of the faulted run's first node to the exit of its last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from trainer.drill.faults import FaultResult
+
+def daly_goodput(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Daly's (2006) model under exponential failures of mean ``mtbf_s``: a save costing
+    ``cost_s`` after every ``interval_s`` seconds of work, ``restart_s`` lost per failure
+    before work resumes. Expected wall time per second of work is
+    ``M e^(R/M) (e^((tau + C)/M) - 1) / tau``; goodput is its inverse. Its maximum is
+    near :func:`trainer.resilience.interval.daly_interval`."""
+    if not (interval_s > 0 and cost_s >= 0 and restart_s >= 0 and mtbf_s > 0):
+        raise ValueError("interval and MTBF must be > 0, save and restart costs >= 0")
+    m = mtbf_s
+    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + cost_s) / m))
+
+
+@dataclasses.dataclass
+class Goodput:
+    final_step: int
+    wall_s: float
+    """Faulted run: launch of the first node to the exit of the last."""
+    ref_step_s: float
+    ref_wall_s: float
+    """Uninterrupted reference run: launch to exit."""
+
+    @property
+    def useful_s(self) -> float:
+        return self.final_step * self.ref_step_s
+
+    @property
+    def goodput(self) -> float:
+        return self.useful_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def relative(self) -> float:
+        """Reference wall time over faulted wall time: the slowdown the faults cost,
+        start-up included."""
+        return self.ref_wall_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"final_step": self.final_step, "wall_s": round(self.wall_s, 2),
+                "ref_step_s": round(self.ref_step_s, 5), "ref_wall_s": round(self.ref_wall_s, 2),
+                "useful_s": round(self.useful_s, 2), "goodput": round(self.goodput, 4),
+                "relative_to_reference": round(self.relative, 4)}
+
+
+@dataclasses.dataclass
+class DrillReport:
+    faults: list[FaultResult]
+    goodput: Goodput | None
+    state_sha256: str | None
+    reference_sha256: str | None
+    final_ok: bool
+    final_reason: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def sha_match(self) -> bool:
+        return bool(self.state_sha256) and self.state_sha256 == self.reference_sha256
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.faults) and self.final_ok and self.sha_match
+
+    @property
+    def reason(self) -> str:
+        """One line: why the drill failed, or that it passed."""
+        for f in self.faults:
+            if not f.ok:
+                return f"{f.name}: {f.reason}"
+        if not self.final_ok:
+            return self.final_reason
+        if not self.sha_match:
+            return (f"final state_sha256 {str(self.state_sha256)[:12]} differs from the "
+                    f"reference's {str(self.reference_sha256)[:12]}")
+        return f"all {len(self.faults)} recoveries succeeded; final state equals the reference"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reason": self.reason,
+                "faults": [f.to_json() for f in self.faults],
+                "goodput": self.goodput.to_json() if self.goodput else None,
+                "state_sha256": self.state_sha256, "reference_sha256": self.reference_sha256,
+                "state_matches_reference": self.sha_match, "final_ok": self.final_ok,
+                "final_reason": self.final_reason, "notes": self.notes,
+                "settings": self.settings}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1) + "\n"
+
+    def table_rows(self) -> list[list[str]]:
+        rows = []
+        for f in self.faults:
+            rows.append([f.name, "-" if f.at_step is None else str(f.at_step), _fmt_s(f.detect_s),
+                         "-" if f.lost_steps is None else str(f.lost_steps), _fmt_s(f.resume_s),
+                         "ok" if f.ok else "FAILED", f.reason])
+        return rows
+
+    def to_markdown(self) -> str:
+        head = ["fault", "at step", "detect", "work lost (steps)", "resume", "result", "what happened"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
+                  for row in self.table_rows()]
+        lines += ["", f"- {LEGEND}."] + [f"- {line}" for line in self.summary_lines()]
+        lines += [f"- {note}" for note in self.notes]
+        return "\n".join(lines) + "\n"
+
+    def to_text(self) -> str:
+        head = ["fault", "step", "detect", "lost", "resume", "result"]
+        rows = [row[:6] for row in self.table_rows()]
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+        out += [fmt.format(*r) for r in rows]
+        out += [""] + [f"{r[0]}: {r[6]}" for r in self.table_rows()]
+        out += ["", LEGEND, ""] + self.summary_lines() + self.notes
+        out += ["", ("PASS: " if self.ok else "FAIL: ") + self.reason]
+        return "\n".join(out) + "\n"
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        g = self.goodput
+        if g is not None:
+            lines.append(f"goodput {g.goodput:.3f}: {g.final_step} steps x {g.ref_step_s:.3f} s/step "
+                         f"(reference, steady state) = {g.useful_s:.1f} s useful in {g.wall_s:.1f} s "
+                         f"wall; the uninterrupted reference took {g.ref_wall_s:.1f} s "
+                         f"({g.relative:.2f} of the faulted run's wall time)")
+        same = "equals" if self.sha_match else "DIFFERS FROM"
+        lines.append(f"final state_sha256 {str(self.state_sha256)[:16]} {same} the reference's "
+                     f"{str(self.reference_sha256)[:16]}")
+        return lines
+
+
+#: How to read the table; printed under it.
+LEGEND = ("detect: from the fault to the trainer acting on it (notice agreed, group torn down, "
+          "watchdog fired, anomaly flagged; for damage done while stopped, the restore's search); "
+          "lost: steps computed again; resume: from the fault (for damage done while stopped, the "
+          "replacement's launch) to the first step after recovery, start-up and restore included")
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}s"
