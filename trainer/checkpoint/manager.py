@@ -146,7 +146,8 @@ class CheckpointManager:
     def _resubmit_if_not_durable(self, found: Restored) -> None:
         """A checkpoint committed locally but killed before its upload finished becomes
         durable on the next start."""
-        if self.uploader is None or found.tier != "local":
+        if (self.uploader is None or found.tier != "local"
+                or found.step in self.uploader.pending_steps()):  # a rollback, mid-upload
             return
         missing = None
         if self.comm.rank == 0:
