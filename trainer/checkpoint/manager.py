@@ -146,13 +146,14 @@ class CheckpointManager:
     def _resubmit_if_not_durable(self, found: Restored) -> None:
         """A checkpoint committed locally but killed before its upload finished becomes
         durable on the next start."""
-        if (self.uploader is None or found.tier != "local"
-                or found.step in self.uploader.pending_steps()):  # a rollback, mid-upload
+        if self.uploader is None or found.tier != "local":
             return
         missing = None
         if self.comm.rank == 0:
             try:
-                missing = found.step not in self.stores["primary"].committed_steps()
+                # (A rollback may find a step the uploader still has queued.)
+                missing = (found.step not in self.uploader.pending_steps()
+                           and found.step not in self.stores["primary"].committed_steps())
             except Exception as exc:  # noqa: BLE001
                 log.warning("cannot list %s: %s", self.stores["primary"].uri, exc)
                 missing = False
