@@ -32,6 +32,14 @@ def test_a_notice_is_detected_committed_within_its_deadline_and_loses_no_work():
     assert r.resume_s == pytest.approx(7.0 - 3.8)
 
 
+def test_the_emergency_checkpoint_is_the_notices_step_even_if_an_older_save_lands_first():
+    events = notice_run()
+    events.append(ev(4.1, "committed", step=30, reason="interval", blocked_s=0.1, commit_s=0.5))
+    events.sort(key=lambda e: e["t"])
+    r = measure(FaultRecord("notice", 3.8, at_step=30), events)
+    assert r.ok and "step 31 committed 0.25s after agreement" in r.reason
+
+
 def test_a_notice_that_does_not_end_in_exit_75_fails():
     r = measure(FaultRecord("notice", 3.8, at_step=30), notice_run(exit_code=1))
     assert not r.ok and "exit 75" in r.reason

@@ -117,13 +117,20 @@ def measure(rec: FaultRecord, events: Sequence[dict[str, Any]]) -> FaultResult:
     return _MEASURES[rec.kind](rec, lives)
 
 
+def _commit_of(life: Life, notice: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint taken for a notice: the commit of the step the ranks agreed at (a
+    save of an earlier step still in flight may land first), else the next commit."""
+    return (life.first("committed", after=notice["t"], step=notice.get("step"))
+            or life.first("committed", after=notice["t"]))
+
+
 def _notice(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
     life = life_at(lives, rec.t_fault)
     notice = life and life.first("notice", after=rec.t_fault, kind="termination")
     if notice is None:
         return _fail(rec, "no termination notice was agreed on after the notice was posted")
     detect = notice["t"] - rec.t_fault
-    commit = life.first("committed", after=notice["t"])
+    commit = _commit_of(life, notice)
     if commit is None:
         return _fail(rec, "no emergency checkpoint was committed after the notice", detect_s=detect)
     deadline = float(notice.get("deadline") or commit.get("deadline") or math.inf)
@@ -156,7 +163,7 @@ def _rebalance(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
     if notice is None:
         return _fail(rec, "no rebalance notice was agreed on after the recommendation")
     detect = notice["t"] - rec.t_fault
-    commit = life.first("committed", after=notice["t"])
+    commit = _commit_of(life, notice)
     if commit is None:
         return _fail(rec, "no early checkpoint was committed after the recommendation",
                      detect_s=detect)
