@@ -32,15 +32,13 @@ from tests.resilience.torchrun_tree import (
     trained_step,
     workers,
 )
-from tests.trainer.conftest import (  # noqa: F401  (ref2 and session_dir are fixtures)
+from tests.trainer.conftest import (
     REPO,
     assert_each_sample_once,
     child_env,
     copy_steps,
-    ref2,
     run_trainer,
     sample_trace,
-    session_dir,
     trainer_cmd,
 )
 

@@ -122,29 +122,6 @@ def ckpt_hash(step_dir: Path) -> str:
     return state_sha256({"model": app["model"], "optim": app["optim"]})
 
 
-@pytest.fixture(scope="session")
-def session_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("trainer")
-
-
-@pytest.fixture(scope="session")
-def ref1(session_dir) -> dict:
-    """Uninterrupted 1-process run, checkpoint every 2 steps, all kept."""
-    d = session_dir / "ref1"
-    s = run_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
-    s["run_dir"] = d
-    return s
-
-
-@pytest.fixture(scope="session")
-def ref2(session_dir) -> dict:
-    """Uninterrupted 2-process run, every checkpoint kept."""
-    d = session_dir / "ref2"
-    s = run_trainer(2, d, "checkpoint.keep=100")
-    s["run_dir"] = d
-    return s
-
-
 def copy_steps(src: Path, dst: Path, steps: list[int]) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     for s in steps:
