@@ -30,9 +30,11 @@ DRILL_ARGS ?=
 drill: setup
 	$(VENV)/bin/ftfleet drill $(DRILL_ARGS)
 
-## Goodput under a failure every T seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).
+## Long fault-injection tests (pytest -m chaos), then goodput under a failure every T
+## seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).
 CHAOS_ARGS ?=
 chaos: setup
+	$(PY) -m pytest -q -m chaos
 	$(PY) bench/goodput_bench.py $(CHAOS_ARGS)
 
 plan: demo

@@ -163,7 +163,9 @@ def rendezvous_endpoint():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("lost", [0, 1], ids=["node-hosting-the-worker-store", "other-node"])
+@pytest.mark.parametrize("lost", [
+    pytest.param(0, marks=pytest.mark.chaos, id="node-hosting-the-worker-store"),
+    pytest.param(1, id="other-node")])
 def test_a_run_that_loses_a_node_continues_alone_from_the_newest_checkpoint(
         rendezvous_endpoint, ref2, tmp_path, lost):
     run_dir = tmp_path / "run"
@@ -198,6 +200,7 @@ def test_a_run_that_loses_a_node_continues_alone_from_the_newest_checkpoint(
     assert all(len(trace[s]) == 1 for s in range(resumed["step"] + 1, STEPS + 1))
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_a_worker_crash_the_other_node_does_not_notice_restarts_both_nodes_in_step(
         rendezvous_endpoint, ref2, tmp_path):
