@@ -30,9 +30,11 @@ DRILL_ARGS ?=
 drill: setup
 	$(VENV)/bin/ftfleet drill $(DRILL_ARGS)
 
-## Goodput under a failure every T seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).
+## Long fault-injection tests (pytest -m chaos), then goodput under a failure every T
+## seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).
 CHAOS_ARGS ?=
 chaos: setup
+	$(PY) -m pytest -q -m chaos
 	$(PY) bench/goodput_bench.py $(CHAOS_ARGS)
 
 plan: demo
@@ -41,6 +43,12 @@ plan: demo
 docs: setup
 	$(PY) -m ftfleet.contract > docs/CONTRACT.md
 	$(VENV)/bin/ftfleet config-reference --write README.md
+
+## Checkpoint benchmark: one model + AdamW state of 1.02 GiB (GPT d_model 1024, 4 layers,
+## vocabulary 20,000), written under /tmp; results go in docs/BENCHMARKS.md.
+bench: setup
+	$(PY) bench/checkpoint_bench.py --dir /tmp/ftfleet-bench --repeats 5 \
+	  --d-model 1024 --layers 4 --vocab 20000 --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -9,7 +9,9 @@ Methods: (a) torch.save + fsync, (b) dcp.save, (c) dcp.async_save with default o
 CheckpointManager. Floors: copying the state into preallocated buffers; ``dd`` with
 fsync of the same number of bytes; reading the checkpoint's bytes back (page cache
 dropped with posix_fadvise). Prints a Markdown table (medians over --repeats; ftfleet's
-first save, which allocates its staging buffers, is reported on its own row).
+first save, which allocates its staging buffers, is reported on its own row), then
+ftfleet's ratios to floors paired with each save (a copy just before, a dd just after),
+which a shared machine's drifting load distorts less than floors taken minutes apart.
 """
 
 from __future__ import annotations
@@ -128,7 +130,6 @@ def main() -> int:
             b.copy_(t)
 
     copy_floor = statistics.median(timed(copy_all) for _ in range(R))
-    del bufs
     mib = max(1, round(nbytes / 2**20))
 
     def dd():
@@ -185,9 +186,12 @@ def main() -> int:
     app = AppState(model, opt, sched, progress, rank=0, seed=0)
     mgr = CheckpointManager(cfg, app, run_id="bench", config_hash="bench",
                             ckpt_group=env.ckpt_group)
-    blocked, commit = [], []
+    blocked, commit, paired = [], [], []
     for i in range(R + 1):
         progress.step = i + 1
+        # On a shared machine the floors drift within one run; each steady-state save is
+        # also compared with a copy timed just before it and a dd timed just after it.
+        copy_before = timed(copy_all) if i else None
         os.sync()
         t0 = time.perf_counter()
         mgr.save(progress.step)
@@ -199,6 +203,11 @@ def main() -> int:
         c = mgr.stats.last_commit_s
         blocked.append(b)
         commit.append(c)
+        if i:
+            dd_after = timed(dd)
+            paired.append((b / copy_before, dd_after / c))
+    (root / "dd.bin").unlink()
+    del bufs
     ckpt_bytes = m.total_bytes
     rows["(e) ftfleet, first save"] = {"blocked": blocked[0], "commit": commit[0]}
     rows["(e) ftfleet"] = {"blocked": statistics.median(blocked[1:]),
@@ -226,7 +235,7 @@ def main() -> int:
     mgr.close()
 
     print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, statistics.median(read_s),
-                 statistics.median(restore_s), titan_note, args, gib)
+                 statistics.median(restore_s), titan_note, args, gib, paired)
     return 0
 
 
@@ -244,7 +253,7 @@ def torchtitan_status() -> str:
 
 
 def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note,
-                 args, gib) -> None:
+                 args, gib, paired) -> None:
     b_dcp = rows["(b) dcp.save"]["blocked"]
     dd_bw = nbytes / dd_s
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -279,7 +288,15 @@ def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, 
          f"{nbytes / e['commit'] / dd_bw:.2f}x"),
     ]
     print("Targets (steady-state ftfleet save): " + "; ".join(
-        f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks))
+        f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks) + "\n")
+    copy_r = sorted(r for r, _ in paired)
+    dd_r = sorted(r for _, r in paired)
+    print(f"Paired floors (a copy timed just before and a dd just after each steady-state "
+          f"ftfleet save, medians of {len(paired)}): blocked / copy "
+          f"**{statistics.median(copy_r):.2f}x** ({copy_r[0]:.2f}-{copy_r[-1]:.2f}x), "
+          f"{'met' if statistics.median(copy_r) <= 1.5 else 'NOT met'}; persist / dd "
+          f"**{statistics.median(dd_r):.2f}x** ({dd_r[0]:.2f}-{dd_r[-1]:.2f}x), "
+          f"{'met' if statistics.median(dd_r) >= 0.8 else 'NOT met'}.")
 
 
 if __name__ == "__main__":

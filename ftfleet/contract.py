@@ -76,6 +76,8 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
            "Base URL of the instance metadata service; tests point it at a fake.",
            "http://169.254.169.254"),
     EnvVar("FTFLEET_METRICS_PORT", False, "Port of the Prometheus exporter (0: off).", "9400"),
+    EnvVar("FTFLEET_LOG_FORMAT", False, "`json`: one JSON object per log line (the image's "
+           "default); `text`: plain lines.", "text"),
 )
 
 ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)

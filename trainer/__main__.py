@@ -21,11 +21,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"),
                         help="YAML config (default: $FTFLEET_CONFIG)")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        default=os.environ.get("FTFLEET_LOG_FORMAT") or "text",
+                        help="json: one JSON object per line (default: $FTFLEET_LOG_FORMAT, "
+                             "else text)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args(argv)
+    if args.log_format not in ("text", "json"):
+        parser.error(f"FTFLEET_LOG_FORMAT={args.log_format!r}: use text or json")
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s", stream=sys.stderr)
+    level = logging.INFO if rank == 0 else logging.WARNING
+    if args.log_format == "json":
+        from trainer.resilience.metrics import configure_json_logging
+
+        configure_json_logging(level, static={"rank": rank,
+                                              "node": os.environ.get("FTFLEET_NODE_ID", "")})
+    else:
+        logging.basicConfig(level=level, stream=sys.stderr,
+                            format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
     cfg = None
     try:
         from trainer.config import load_config

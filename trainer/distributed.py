@@ -2,9 +2,10 @@
 
 * Works under ``torchrun`` (any number of ranks) and as a plain ``python -m trainer``
   (one rank, an in-memory store), so every code path is the distributed one.
-* Each torchrun attempt gets its own key prefix in the agent's store: workers restarted
-  by ``--max-restarts`` otherwise read the previous attempt's stale keys and hang
-  (measured; see shared/REFERENCE.md).
+* Each torchrun attempt gets its own key prefix in the agent's store, agreed by its
+  ranks (:func:`agree_on_attempt`): workers restarted by ``--max-restarts`` otherwise
+  read the previous attempt's stale keys and hang or fail in gloo init (measured; see
+  shared/REFERENCE.md).
 * Checkpointing gets two dedicated gloo groups: ``ckpt`` for DCP's async save and the
   commit protocol, ``upload`` for the background upload to the durable tier. Collectives
   of a background save on the training group hang or corrupt data.
@@ -16,6 +17,8 @@ import dataclasses
 import datetime
 import logging
 import os
+import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -24,6 +27,8 @@ from torch import nn
 from trainer.config import ParallelConfig
 
 log = logging.getLogger("ftfleet.dist")
+
+STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +64,14 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
         backend = "gloo"
 
     if "MASTER_ADDR" in os.environ:
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         host_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
         base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                             world_size, is_master=host_store,
-                             timeout=datetime.timedelta(seconds=300))
-        store: dist.Store = dist.PrefixStore(f"attempt_{attempt}", base)
+                             world_size, is_master=host_store, timeout=STORE_TIMEOUT)
+        attempt = agree_on_attempt(base, rank, world_size, STORE_TIMEOUT)
+        if rank == 0:
+            log.info("process group: attempt %s (torchrun restart %s), %d ranks", attempt,
+                     os.environ.get("TORCHELASTIC_RESTART_COUNT", "-"), world_size)
+        store: dist.Store = dist.PrefixStore(f"ftfleet/{attempt}", base)
     else:
         if world_size != 1:
             raise RuntimeError("WORLD_SIZE > 1 without MASTER_ADDR: launch with torchrun")
@@ -75,6 +82,50 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
     upload_group = dist.new_group(backend="gloo", timeout=timeout)
     return DistEnv(rank, world_size, local_rank, device, ckpt_group, upload_group)
+
+
+def agree_on_attempt(store: dist.Store, rank: int, world_size: int,
+                     timeout: datetime.timedelta) -> str:
+    """A name that every rank of this attempt gets and that no earlier attempt used.
+
+    torchrun's agent store lives as long as the job, so it holds the keys of every
+    earlier attempt. ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each agent
+    counts only the restarts its own failed workers caused, not those for a membership
+    change, so two nodes disagree once a worker dies on one node and the other node's
+    workers do not notice (NCCL blocks in the collective instead of failing).
+
+    Rank 0 draws a fresh name. Every other rank posts a fresh token of its own under
+    its rank and waits for the name under a key made from that token, which no earlier
+    attempt can have written. Rank 0 answers every token it reads there (a dead
+    worker's stale one too, harmlessly) until all ranks have counted themselves in
+    under the new name. Workers of earlier attempts are gone by then: an agent stops
+    its workers before it joins the next rendezvous.
+    """
+    if world_size == 1:
+        return uuid.uuid4().hex
+    hello = [f"ftfleet/hello/{r}" for r in range(1, world_size)]
+    if rank != 0:
+        token = uuid.uuid4().hex
+        store.set(hello[rank - 1], token)
+        store.wait([f"ftfleet/answer/{token}"], timeout)
+        attempt = store.get(f"ftfleet/answer/{token}").decode()
+        store.add(f"ftfleet/{attempt}/joined", 1)
+        return attempt
+    attempt = uuid.uuid4().hex
+    deadline = time.monotonic() + timeout.total_seconds()
+    answered: set[bytes] = set()
+    store.wait(hello, timeout)
+    while store.add(f"ftfleet/{attempt}/joined", 0) < world_size - 1:
+        fresh = [t for t in store.multi_get(hello) if t not in answered]
+        if fresh:
+            store.multi_set([f"ftfleet/answer/{t.decode()}" for t in fresh], [attempt] * len(fresh))
+            answered.update(fresh)
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank of {world_size} joined attempt {attempt} "
+                               f"within {timeout}")
+        else:
+            time.sleep(0.01)
+    return attempt
 
 
 def shutdown() -> None:

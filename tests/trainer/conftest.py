@@ -122,29 +122,6 @@ def ckpt_hash(step_dir: Path) -> str:
     return state_sha256({"model": app["model"], "optim": app["optim"]})
 
 
-@pytest.fixture(scope="session")
-def session_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("trainer")
-
-
-@pytest.fixture(scope="session")
-def ref1(session_dir) -> dict:
-    """Uninterrupted 1-process run, checkpoint every 2 steps, all kept."""
-    d = session_dir / "ref1"
-    s = run_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
-    s["run_dir"] = d
-    return s
-
-
-@pytest.fixture(scope="session")
-def ref2(session_dir) -> dict:
-    """Uninterrupted 2-process run, every checkpoint kept."""
-    d = session_dir / "ref2"
-    s = run_trainer(2, d, "checkpoint.keep=100")
-    s["run_dir"] = d
-    return s
-
-
 def copy_steps(src: Path, dst: Path, steps: list[int]) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     for s in steps:
@@ -197,3 +174,22 @@ def bucket(s3, request) -> str:
     name = f"ckpt-{_bucket_count[0]}-{request.node.name[:20].lower().replace('_', '-')}".rstrip("-")
     s3.create_bucket(Bucket=name)
     return name
+
+
+def in_process_manager(ckpt_dir: Path, *overrides: str):
+    """A CheckpointManager over the BASE model in this process (one rank, no process
+    group): for protocol tests that need a real load but not a training run."""
+    import torch
+
+    from trainer.checkpoint.manager import CheckpointManager
+    from trainer.checkpoint.state import AppState, TrainProgress
+    from trainer.config import load_config
+    from trainer.model import GPT
+
+    cfg = load_config(CONFIG, [*BASE, f"checkpoint.dir={ckpt_dir}", *overrides], environ={})
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed)
+    return CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash())

@@ -62,3 +62,81 @@ def test_ckpt_cli_does_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_malformed_manifest_fails_list_and_inspect_naming_manifest_json(tmp_path, ref1, capsys):
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [22, 24])
+    (root / "step-24" / "manifest.json").write_text('{"format": "ftfl')
+    rc, out, err = run(capsys, "list", root)
+    assert rc == 1 and "manifest.json: malformed" in out and "1 corrupt" in err
+    rc, _, err = run(capsys, "inspect", root)
+    assert rc == 1 and "step-24" in err and "manifest.json" in err
+    assert run(capsys, "inspect", root, "--step", 22)[0] == 0
+
+
+# ---------------------------------------------------------------------------
+# Bucket targets: S3 (moto on 127.0.0.1) and GCS (a fake client)
+# ---------------------------------------------------------------------------
+
+
+def upload(store, root, steps):
+    """Make ``steps`` durable in ``store``, one at a time (queued ones would be skipped)."""
+    from trainer.checkpoint.comm import LocalComm
+    from trainer.checkpoint.manifest import read_manifest
+    from trainer.checkpoint.tiers import LocalTier
+    from trainer.checkpoint.upload import Uploader
+
+    for step in steps:
+        up = Uploader(store, LocalTier(root), LocalComm(), workers=2, keep=10)
+        up.submit(read_manifest(root / f"step-{step}"))
+        assert up.close(wait=True, timeout=60) and up.durable_steps == [step]
+
+
+def flip_first_byte(data: bytes) -> bytes:
+    return bytes([data[0] ^ 0x01]) + data[1:]
+
+
+def test_bucket_target_on_s3_lists_verifies_and_inspects_then_names_the_bad_object(
+        tmp_path, ref2, moto_url, s3, bucket, capsys):
+    from trainer.checkpoint.tiers.s3 import S3Store
+
+    root = copy_steps(ref2["run_dir"] / "checkpoints", tmp_path / "ck", [20, 24])
+    upload(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), root, [20, 24])
+    uri, endpoint = f"s3://{bucket}/run", ("--endpoint-url", moto_url)
+
+    rc, out, _ = run(capsys, "list", uri, *endpoint, "--json")
+    rows = {r["step"]: r for r in json.loads(out)}
+    assert rc == 0 and sorted(rows) == [20, 24]
+    assert rows[24]["world_size"] == 2 and rows[24]["location"] == f"{uri}/step-24"
+    assert run(capsys, "verify", uri, *endpoint)[0] == 0
+    rc, out, _ = run(capsys, "inspect", uri, *endpoint, "--tensors", "--json")
+    assert rc == 0 and json.loads(out)["state_sha256"] == ref2["state_sha256"]
+
+    # Same size, one bit different: `list` (sizes) passes, `verify` (CRC32C) names it.
+    key = f"run/step-24/{shard(root / 'step-24').name}"
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=key, Body=flip_first_byte(body))
+    assert run(capsys, "list", uri, *endpoint)[0] == 0
+    rc, out, err = run(capsys, "verify", uri, *endpoint)
+    assert rc == 1 and f"{key.split('/')[-1]}: crc32c" in out and "1 corrupt" in err
+    # An object missing from a bucket copy is caught by the quick check.
+    s3.delete_object(Bucket=bucket, Key="run/step-20/.metadata")
+    rc, out, err = run(capsys, "list", uri, *endpoint, "--step", 20)
+    assert rc == 1 and ".metadata: missing" in out
+
+
+def test_bucket_target_on_gcs_names_the_corrupt_object(tmp_path, ref1, monkeypatch, capsys):
+    from tests.trainer.test_gcs import FakeClient
+    from trainer.checkpoint.tiers import gcs
+
+    client = FakeClient("b")
+    monkeypatch.setattr(gcs, "make_client", lambda: client)
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24])
+    upload(gcs.GCSStore("gs://b/run", client=client), root, [24])
+    assert run(capsys, "verify", "gs://b/run")[0] == 0
+    key = f"run/step-24/{shard(root / 'step-24').name}"
+    client.buckets["b"][key] = flip_first_byte(client.buckets["b"][key])
+    rc, out, err = run(capsys, "verify", "gs://b/run")
+    assert rc == 1 and f"{key.split('/')[-1]}: crc32c" in out
+    rc, _, err = run(capsys, "inspect", "gs://b/run")
+    assert rc == 1 and f"CORRUPT {key.split('/')[-1]}" in err

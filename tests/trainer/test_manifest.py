@@ -42,6 +42,15 @@ def test_manifest_round_trips_and_lists_every_file_with_size_and_crc(tmp_path):
     assert not list(d.glob(".*tmp")), "no temporary file is left behind"
 
 
+def test_the_commit_is_durable_in_the_step_and_the_tier_directory(tmp_path, monkeypatch):
+    import trainer.checkpoint.manifest as manifest_module
+
+    synced = []
+    monkeypatch.setattr(manifest_module, "fsync_dir", lambda p: synced.append(p))
+    d, _ = make_step(tmp_path, {"f": b"x"})
+    assert synced == [d, tmp_path]  # the rename, then the step directory's own entry
+
+
 def test_a_step_without_manifest_does_not_exist(tmp_path):
     (tmp_path / "step-1").mkdir()
     assert read_manifest(tmp_path / "step-1") is None
@@ -54,6 +63,7 @@ def test_a_step_without_manifest_does_not_exist(tmp_path):
     lambda d: json.dumps({**d, "files": {}}),
     lambda d: json.dumps({**d, "files": {"../escape": {"size": 1, "crc32c": "00000000"}}}),
     lambda d: json.dumps({**d, "files": {"x": {"size": -1, "crc32c": "00000000"}}}),
+    lambda d: json.dumps({**d, "files": {"a\0b": {"size": 1, "crc32c": "00000000"}}}),
     lambda d: json.dumps({**d, "step": "7"}),
 ])
 def test_malformed_manifests_are_rejected(tmp_path, mutate):

@@ -40,6 +40,11 @@ def test_two_process_run_stopped_twice_ends_bit_identical(session_dir, ref2):
     assert_each_sample_once(sample_trace(d), STEPS, BATCH)
     # What the checkpoint holds is what the trainer had.
     assert ckpt_hash(d / "checkpoints" / f"step-{STEPS}") == final["state_sha256"]
+    # The asynchronous saves after the second resume hold the same state as those of the
+    # uninterrupted run: the copy was taken before the next optimizer step on both ranks.
+    for step in (16, 20):
+        assert ckpt_hash(d / "checkpoints" / f"step-{step}") == \
+            ckpt_hash(ref2["run_dir"] / "checkpoints" / f"step-{step}"), f"step-{step} differs"
 
 
 def test_the_uninterrupted_runs_differ_from_their_initial_state(ref1, ref2):

@@ -45,10 +45,14 @@ def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(
 @pytest.mark.timeout(180)
 def test_restore_comes_from_the_replica_when_the_primary_bucket_is_missing(tmp_path, moto_url,
                                                                           bucket, ref1):
-    # The replica bucket holds what cross-region replication would have copied there.
-    first = run_trainer(1, tmp_path / "a", f"checkpoint.uri=s3://{bucket}/run",
-                        f"checkpoint.s3_endpoint_url={moto_url}", "train.stop_at_step=12")
-    assert [d["step"] for d in first["durable"]][-1] == 12
+    # The replica bucket holds what cross-region replication copied there: step-12 of the
+    # reference run, uploaded the way the trainer uploads (the trainer's own upload is
+    # tested above).
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "a", [12])
+    up = Uploader(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), LocalTier(root),
+                  LocalComm(), workers=2, keep=2)
+    up.submit(read_manifest(root / "step-12"))
+    assert up.close(wait=True, timeout=60) and up.durable_steps == [12]
     # A new job in the other region: empty fast tier, primary bucket gone.
     out = run_trainer(1, tmp_path / "b", "checkpoint.uri=s3://gone-primary/run",
                       f"checkpoint.replica_uri=s3://{bucket}/run", "checkpoint.upload=none",
@@ -111,3 +115,48 @@ def test_a_missing_bucket_is_reported_as_unavailable(moto_url):
 
     with pytest.raises(TierUnavailable, match="NoSuchBucket"):
         S3Store("s3://no-such-bucket/p", endpoint_url=moto_url, retries=1).committed_steps()
+
+
+@pytest.mark.parametrize("failing", ["listing", "manifest read"])
+def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(tmp_path, moto_url, s3proxy, s3,
+                                                                 bucket, ref1, failing):
+    """Retries exhausted on the primary is an error of that tier, not of the restore: rank 0
+    raising there would leave the other ranks waiting in a collective until its timeout."""
+    from trainer.checkpoint.restore import Identity, find_and_prepare
+
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24])
+    manifest = read_manifest(root / "step-24")
+    replica_bucket = f"{bucket}-r"
+    s3.create_bucket(Bucket=replica_bucket)
+    for name in (bucket, replica_bucket):
+        up = Uploader(S3Store(f"s3://{name}/run", endpoint_url=moto_url), LocalTier(root),
+                      LocalComm(), workers=2, keep=2)
+        up.submit(manifest)
+        assert up.close(wait=True, timeout=60) and up.durable_steps == [24]
+    if failing == "listing":
+        s3proxy.fail_every(1, status=500, methods=("GET",))
+    else:
+        s3proxy.rules.append(lambda m, p: ("error", 500) if p.split("?")[0].endswith(
+            "/manifest.json") and bucket + "/" in p else None)
+    primary = S3Store(f"s3://{bucket}/run", endpoint_url=s3proxy.url, retries=2)
+    replica = S3Store(f"s3://{replica_bucket}/run", endpoint_url=moto_url)
+    found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"),
+                             [("primary", primary), ("replica", replica)],
+                             Identity(manifest.run_id, manifest.config_hash))
+    assert s3proxy.injected > 0
+    assert (found.tier, found.step) == ("replica", 24)
+
+
+def test_a_local_commit_whose_upload_was_killed_is_uploaded_when_the_run_restarts(
+        tmp_path, moto_url, s3, bucket, ref1):
+    """The upload phase of step-24 died with the process: the restarted run restores the
+    local copy and makes it durable."""
+    from tests.trainer.conftest import in_process_manager
+
+    root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [22, 24])
+    mgr = in_process_manager(root, f"checkpoint.uri=s3://{bucket}/run",
+                             f"checkpoint.s3_endpoint_url={moto_url}")
+    restored = mgr.restore()
+    mgr.close(wait_for_upload=True)
+    assert (restored.tier, restored.step, mgr.app_state.progress.step) == ("local", 24, 24)
+    assert manifests(s3, bucket) == [24] and mgr.durable_steps == [24]

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 
 import pytest
 
 from trainer.checkpoint.comm import LocalComm
 from trainer.checkpoint.manifest import checksum_file, read_manifest, write_manifest
 from trainer.checkpoint.restore import CheckpointRefused, Identity, find_and_prepare
-from trainer.checkpoint.safe_load import CheckpointLoadError, UnsafeCheckpointError, load_offline, read_metadata_file
+from trainer.checkpoint.safe_load import (
+    CheckpointLoadError,
+    UnsafeCheckpointError,
+    load_into,
+    load_offline,
+    read_metadata_file,
+)
 from trainer.checkpoint.tiers import LocalTier
 from tests.trainer.conftest import copy_steps
 
@@ -37,6 +44,33 @@ def test_metadata_with_a_code_gadget_is_refused_even_with_a_matching_manifest(tm
         read_metadata_file(step_dir / ".metadata")
     with pytest.raises(CheckpointLoadError, match="refusing to unpickle"):
         load_offline(step_dir)
+    assert not marker.exists()
+
+
+def dotted_global_call(module: str, name: str, arg: str) -> bytes:
+    """A protocol-4 pickle of ``module.<name>(arg)``: STACK_GLOBAL resolves a dotted name
+    attribute by attribute, so an allowed module leads to whatever it imports."""
+    def text(value: str) -> bytes:
+        raw = value.encode()
+        return pickle.BINUNICODE + struct.pack("<I", len(raw)) + raw
+
+    return (pickle.PROTO + b"\x04" + text(module) + text(name) + pickle.STACK_GLOBAL
+            + text(arg) + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
+
+
+@pytest.mark.parametrize("name", ["os.mkdir", "torch.os.mkdir"])
+def test_metadata_reaching_through_dcp_metadata_module_by_dotted_name_is_refused(tmp_path, ref1,
+                                                                                 name):
+    """torch.distributed.checkpoint.metadata imports os and torch; the restore path
+    (load_into) must not let a dotted name walk from it to os.mkdir."""
+    import torch
+
+    step_dir = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24]) / "step-24"
+    marker = tmp_path / "pwned"
+    (step_dir / ".metadata").write_bytes(
+        dotted_global_call("torch.distributed.checkpoint.metadata", name, str(marker)))
+    with pytest.raises(CheckpointLoadError, match="refusing to unpickle"):
+        load_into({"app": {"progress": {"step": torch.tensor(0)}}}, step_dir)
     assert not marker.exists()
 
 

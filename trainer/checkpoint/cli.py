@@ -65,9 +65,11 @@ class _Target:
         self.tier = LocalTier(path)
         self.local = True
 
-    def steps(self) -> list[int]:
+    def steps(self, committed: bool = False) -> list[int]:
+        """Every step with a directory or objects; ``committed``: only those with a
+        manifest.json, well-formed or not."""
         try:
-            steps = self.tier.all_steps()
+            steps = self.tier.committed_steps() if committed else self.tier.all_steps()
         except TierUnavailable as exc:
             raise UserError(f"{exc}; check the URI and credentials") from None
         if self.step_filter is not None:
@@ -153,10 +155,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     target = _Target(args.target, args.endpoint_url, args.step)
-    try:
-        committed = [s for s in target.steps() if target.manifest(s) is not None]
-    except ManifestError:
-        committed = []
+    # The newest step with a manifest: a malformed one is reported below, by name.
+    committed = target.steps(committed=True)
     if not committed:
         raise UserError(f"no committed checkpoint in {target.tier.describe()}"
                         + (f" for step {args.step}" if args.step is not None else ""))
@@ -164,8 +164,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         manifest = target.manifest(step)
     except ManifestError as exc:
-        print(f"step-{step}: manifest.json: malformed ({exc})", file=sys.stderr)
+        print(f"step-{step}: CORRUPT manifest.json: malformed ({exc})", file=sys.stderr)
         return 1
+    if manifest is None:  # deleted since it was listed
+        raise UserError(f"step-{step} of {target.tier.describe()} lost its manifest.json "
+                        "while being inspected; run the command again")
     problems = target.problems(manifest, full=True)
     out: dict[str, Any] = {
         "location": target.describe(step), "step": step, "run_id": manifest.run_id,

@@ -151,7 +151,9 @@ class CheckpointManager:
         missing = None
         if self.comm.rank == 0:
             try:
-                missing = found.step not in self.stores["primary"].committed_steps()
+                # (A rollback may find a step the uploader still has queued.)
+                missing = (found.step not in self.uploader.pending_steps()
+                           and found.step not in self.stores["primary"].committed_steps())
             except Exception as exc:  # noqa: BLE001
                 log.warning("cannot list %s: %s", self.stores["primary"].uri, exc)
                 missing = False

@@ -112,8 +112,9 @@ def _is_crc(value: object) -> bool:
 
 
 def _check_name(name: str) -> None:
-    """File names are plain names inside the step directory; never a path out of it."""
-    if (not name or "/" in name or "\\" in name or name in (".", "..")
+    """File names are plain names inside the step directory; never a path out of it, nor
+    one the OS refuses (a NUL would raise in the verifier instead of failing the check)."""
+    if (not name or "/" in name or "\\" in name or "\0" in name or name in (".", "..")
             or name == MANIFEST_NAME):
         raise ManifestError(f"illegal file name {name!r}")
 
@@ -182,7 +183,11 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def write_manifest(step_dir: Path, manifest: Manifest) -> None:
+    """Commit ``step_dir``. The fsync of the tier directory makes ``step-N`` itself
+    durable: it was created by a plain mkdir, and a commit that a power loss can undo
+    is no commit."""
     write_atomic(step_dir / MANIFEST_NAME, manifest.to_json().encode())
+    fsync_dir(step_dir.parent)
 
 
 def read_manifest(step_dir: Path) -> Manifest | None:

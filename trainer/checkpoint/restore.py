@@ -74,10 +74,16 @@ def list_candidates(local: LocalTier, stores: Sequence[tuple[str, ObjectStore]],
     """(step, tier index) newest first; tier 0 is local, then ``stores`` in order."""
     found = [(s, 0) for s in local.committed_steps()]
     for i, (name, store) in enumerate(stores, start=1):
+        # Any failure of a bucket (missing, no access, 5xx after the retries) skips that
+        # tier: this runs on rank 0 only, between collectives, and raising here would
+        # leave the other ranks waiting in the next one until its timeout.
         try:
             found += [(s, i) for s in store.committed_steps()]
         except TierUnavailable as exc:
             log.warning("restore: %s tier unavailable, skipping it: %s", name, exc)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("restore: cannot list the %s tier, skipping it: %s: %s", name,
+                        type(exc).__name__, exc)
     if load_step is not None:
         found = [c for c in found if c[0] == load_step]
     return sorted(found, key=lambda c: (-c[0], c[1]))
@@ -138,8 +144,9 @@ def _next_candidate(candidates: list[tuple[int, int]], tiers: list[tuple[str, An
             log.warning("restore: step-%d in %s has a malformed manifest, skipping it: %s",
                         step, tier.describe(), exc)
             continue
-        except (TierUnavailable, OSError) as exc:
-            log.warning("restore: cannot read step-%d manifest from %s: %s", step, tier.describe(), exc)
+        except Exception as exc:  # noqa: BLE001 - unreachable, 5xx after retries: rank 0 only
+            log.warning("restore: cannot read step-%d manifest from %s, skipping it: %s: %s",
+                        step, tier.describe(), type(exc).__name__, exc)
             continue
         if manifest is None:  # deleted since listing
             continue

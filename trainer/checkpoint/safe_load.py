@@ -2,10 +2,10 @@
 
 Stock DCP unpickles ``.metadata`` with plain ``pickle`` and non-tensor entries with
 ``torch.load(weights_only=False)``: a checkpoint from an untrusted bucket could run code
-on load. Here ``.metadata`` goes through an unpickler that resolves only DCP's metadata
-classes, ``torch.Size``, dtypes and layouts and ``pathlib`` paths, and non-tensor entries
-through ``torch.load(weights_only=True)``. Tensors were already loaded with
-``weights_only=True`` by DCP.
+on load. Here ``.metadata`` goes through an unpickler that resolves only the classes
+DCP's metadata module defines, ``torch.Size``, dtypes and layouts and ``pathlib`` paths,
+and non-tensor entries through ``torch.load(weights_only=True)``. Tensors were already
+loaded with ``weights_only=True`` by DCP.
 """
 
 from __future__ import annotations
@@ -56,10 +56,19 @@ def _loading(fn, *args, **kwargs) -> None:
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in _ALLOWED or (module == _METADATA_MODULE and not name.startswith("__")):
-            return super().find_class(module, name)
+        # Pickle protocol 4 resolves a dotted name attribute by attribute, so
+        # ("torch.distributed.checkpoint.metadata", "os.system") would reach any module
+        # the allowed one imports: only plain names, and from the metadata module only
+        # the classes it defines.
+        if "." not in name:
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+            if (module, name) in _ALLOWED:
+                return super().find_class(module, name)
+            if module == _METADATA_MODULE:
+                obj = super().find_class(module, name)
+                if isinstance(obj, type) and obj.__module__ == _METADATA_MODULE:
+                    return obj
         raise UnsafeCheckpointError(
             f"checkpoint metadata references {module}.{name}, which a DCP checkpoint never "
             "needs; refusing to unpickle it")

@@ -1,0 +1,34 @@
+"""Fixtures shared by every test folder: the uninterrupted reference runs of the
+trainer, computed once per session (tests/trainer and tests/resilience compare against
+the same ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import run_trainer
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("trainer")
+
+
+@pytest.fixture(scope="session")
+def ref1(session_dir) -> dict:
+    """Uninterrupted 1-process run, checkpoint every 2 steps, all kept."""
+    d = session_dir / "ref1"
+    s = run_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
+    s["run_dir"] = d
+    return s
+
+
+@pytest.fixture(scope="session")
+def ref2(session_dir) -> dict:
+    """Uninterrupted 2-process run, every checkpoint kept."""
+    d = session_dir / "ref2"
+    s = run_trainer(2, d, "checkpoint.keep=100")
+    s["run_dir"] = d
+    return s
