@@ -96,14 +96,14 @@ def run(args: argparse.Namespace) -> int:
 
     from trainer.drill.run import DrillError, run_drill
 
+    opts = options(args, Path())  # validate before anything is created
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ftfleet-drill-")
-        workdir = Path(tmp.name)
+        opts.workdir = Path(tmp.name)
     else:
-        workdir = args.workdir.resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-    opts = options(args, workdir)
+        opts.workdir = args.workdir.resolve()
+        opts.workdir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=0, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True,
                disable=True if args.no_progress else None,
                bar_format="{desc}: step {n}/{total} {bar} {elapsed}")
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"drill aborted: {exc}") from None
     finally:
         bar.close()
-        if tmp is not None and args.workdir is None:
+        if tmp is not None:
             tmp.cleanup()
     print(report.to_text(), end="")
     if args.json:
