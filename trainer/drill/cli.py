@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
 
 def options(args: argparse.Namespace, workdir: Path) -> Any:
     from trainer.drill.run import DEFAULT_CONFIG, DrillOptions
-    from trainer.drill.scenario import parse_faults
+    from trainer.drill.scenario import build_plan, parse_faults
 
     interval = args.interval.strip().lower()
     if interval != "adaptive" and not (interval.isdigit() and int(interval) > 0):
@@ -83,6 +83,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
     faults = parse_faults(args.faults)
     if "sigkill" in faults and args.nproc < 2:
         raise UserError("--faults sigkill needs --nproc 2 or more (one worker dies, one survives)")
+    build_plan(faults, first_step=args.first_step, spacing=args.spacing)  # raises on a bad plan
     return DrillOptions(faults=faults, workdir=workdir, nproc=args.nproc,
                         first_step=args.first_step, spacing=args.spacing,
                         step_delay_s=args.step_delay, nan_policy=args.nan_policy,
