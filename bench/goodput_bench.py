@@ -67,9 +67,10 @@ def say(msg: str) -> None:
 
 
 def model_overrides(d_model: int) -> list[str]:
-    return [f"model.vocab_size={VOCAB}", "model.seq_len=32", f"model.d_model={d_model}",
+    # A short sequence and one sample per rank: the state is large, the step cheap.
+    return [f"model.vocab_size={VOCAB}", "model.seq_len=16", f"model.d_model={d_model}",
             f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", "model.dropout=0.0",
-            "train.global_batch_size=4", "train.log_every=100000", "train.step_events=true",
+            "train.global_batch_size=2", "train.log_every=100000", "train.step_events=true",
             "checkpoint.keep=2", "resilience.watchdog.timeout_s=600", "run_id=goodput"]
 
 
@@ -96,6 +97,13 @@ def run_plain(name: str, run_dir: Path, overrides: list[str], nproc: int,
         node.kill()
         raise SystemExit(f"{name}: trainer exited {rc}; see {node.log_path}\n{node.log_tail(2000)}")
     return list(EventTail(run_dir).poll())
+
+
+def reference_step_s(work: Path, base: list[str], nproc: int) -> float | None:
+    """Seconds per step of an uninterrupted run without checkpoints (steady state)."""
+    events = run_plain("reference", work / "reference", base + [
+        "train.steps=12", "checkpoint.enabled=false"], nproc)
+    return steady_step_time(events)
 
 
 def dir_bytes(d: Path) -> int:
@@ -266,6 +274,10 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
                   if o.startswith("resilience.interval.fixed_steps=")), None)
     interval_steps = (statistics.median(intervals) if intervals and "adaptive" in " ".join(run.overrides)
                       else fixed)
+    kept: dict[int, float] = {}  # step -> seconds of its last (surviving) computation
+    for e in events:
+        if e["event"] == "step":
+            kept[int(e["step"])] = float(e["seconds"])
     per_failure = []
     for f in run.failures:
         t_end = f.t_end or f.t
@@ -281,6 +293,7 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
     return {
         "name": name, "steps": steps, "wall_s": round(wall, 1),
         "goodput": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
+        "goodput_in_run": round(sum(kept.values()) / wall, 4) if wall > 0 else None,
         "interval_steps": interval_steps,
         "interval_s": round(interval_steps * ref_step_s, 2) if interval_steps else None,
         "saves": len(commits),
@@ -322,19 +335,24 @@ def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> st
 
 def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = ["| configuration | interval | saves (blocked s each) | failures | work lost (steps) "
-             "| restart (s, mean) | wall (s) | goodput |", "|---|---|---|---|---|---|---|---|"]
+             "| restart (s, mean) | wall (s) | goodput | in-run goodput |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         kinds = [f["kind"] for f in r["failures"]]
         lines.append(f"| {r['name']} | {r['interval_steps']} steps ({r['interval_s']} s) | "
                      f"{r['saves']} ({r['save_blocked_s']}) | {kinds.count('notice')} notices, "
                      f"{kinds.count('sigkill')} SIGKILL | {r['lost_steps']} | {r['restart_s']} | "
-                     f"{r['wall_s']} | **{r['goodput']}** |")
+                     f"{r['wall_s']} | **{r['goodput']}** | {r['goodput_in_run']} |")
     lines += ["",
               f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
               f"model d_model {setup['d_model']} ({setup['state_mb']:.0f} MB of state), synchronous save "
               f"{setup['sync_save_s']:.2f} s = T/{setup['mtbf_s'] / setup['sync_save_s']:.0f}; "
-              f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted, "
+              f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted (measured "
+              f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
               f"{setup['nproc']} processes.",
+              "- goodput: steps x the reference's s/step over the wall time from the first step to "
+              "the last; in-run goodput: the surviving steps' own compute time over the same wall "
+              "time (immune to the machine's drift, blind to background saves slowing steps).",
               f"- Daly's model with the measured C = {model['cost_s']:.2f} s and R = {model['restart_s']:.1f} s, "
               f"M = {model['mtbf_s']:.0f} s: best interval {model['daly_interval_s']:.1f} s, "
               f"goodput {model['daly_goodput']:.3f} (Young's interval {model['young_interval_s']:.1f} s: "
@@ -378,9 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     cal = (calibrate(work, args.d_model, args.nproc) if args.d_model
            else size_state(work, target, args.nproc))
     base = model_overrides(cal.d_model)
-    ref_events = run_plain("reference", work / "reference", base + [
-        "train.steps=25", "checkpoint.enabled=false"], args.nproc)
-    ref_step_s = steady_step_time(ref_events) or cal.step_s
+    ref_before = reference_step_s(work, base, args.nproc) or cal.step_s
+    ref_step_s = ref_before
     steps = max(20, round(args.failures * T / ref_step_s))
     tau_young = young_interval(cal.save_s, T)
     young_steps = max(1, round(tau_young / ref_step_s))
@@ -406,16 +423,21 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     wanted += [n for n in configs if n.startswith("sync x")]
 
-    results = []
+    runs = []
     with FakeMetadataServer() as metadata:
         for name in wanted:
             overrides, watch = configs[name]
             say(f"{name}: {steps} steps, a failure every {T:.0f}s")
             run = FaultedRun(name, overrides, watch_notices=watch, args=args, work=work, metadata=metadata)
-            events = run.run()
-            results.append(measure(name, run, events, ref_step_s, steps))
-            say(f"{name}: goodput {results[-1]['goodput']}, wall {results[-1]['wall_s']}s")
+            runs.append((name, run, run.run()))
             shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)
+    # The machine's speed drifts (shared cores): the reference is measured before and
+    # after, and goodput uses the mean.
+    ref_after = reference_step_s(work, base, args.nproc) or ref_before
+    ref_step_s = (ref_before + ref_after) / 2
+    results = [measure(name, run, events, ref_step_s, steps) for name, run, events in runs]
+    for r in results:
+        say(f"{r['name']}: goodput {r['goodput']} (in-run {r['goodput_in_run']}), wall {r['wall_s']}s")
 
     restarts = [f["restart_s"] for r in results for f in r["failures"]]
     restart = statistics.mean(restarts) if restarts else 0.0
@@ -432,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                        for x in curve]}
     setup = {"mtbf_s": T, "notice_lead_s": args.notice_lead, "d_model": cal.d_model,
              "state_mb": cal.bytes / 1e6, "sync_save_s": cal.save_s, "steps": steps,
-             "ref_step_s": ref_step_s, "nproc": args.nproc, "calibration_step_s": cal.step_s}
+             "ref_step_s": ref_step_s, "ref_step_s_before": ref_before, "ref_step_s_after": ref_after,
+             "nproc": args.nproc, "calibration_step_s": cal.step_s}
     (work / "goodput.json").write_text(json.dumps({"setup": setup, "model": model, "results": results},
                                                   indent=1) + "\n")
     md = markdown(setup, model, results)

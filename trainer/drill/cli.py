@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
 
 def options(args: argparse.Namespace, workdir: Path) -> Any:
     from trainer.drill.run import DEFAULT_CONFIG, DrillOptions
-    from trainer.drill.scenario import parse_faults
+    from trainer.drill.scenario import build_plan, parse_faults
 
     interval = args.interval.strip().lower()
     if interval != "adaptive" and not (interval.isdigit() and int(interval) > 0):
@@ -83,6 +83,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
     faults = parse_faults(args.faults)
     if "sigkill" in faults and args.nproc < 2:
         raise UserError("--faults sigkill needs --nproc 2 or more (one worker dies, one survives)")
+    build_plan(faults, first_step=args.first_step, spacing=args.spacing)  # raises on a bad plan
     return DrillOptions(faults=faults, workdir=workdir, nproc=args.nproc,
                         first_step=args.first_step, spacing=args.spacing,
                         step_delay_s=args.step_delay, nan_policy=args.nan_policy,
@@ -96,14 +97,14 @@ def run(args: argparse.Namespace) -> int:
 
     from trainer.drill.run import DrillError, run_drill
 
+    opts = options(args, Path())  # validate before anything is created
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ftfleet-drill-")
-        workdir = Path(tmp.name)
+        opts.workdir = Path(tmp.name)
     else:
-        workdir = args.workdir.resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-    opts = options(args, workdir)
+        opts.workdir = args.workdir.resolve()
+        opts.workdir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=0, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True,
                disable=True if args.no_progress else None,
                bar_format="{desc}: step {n}/{total} {bar} {elapsed}")
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"drill aborted: {exc}") from None
     finally:
         bar.close()
-        if tmp is not None and args.workdir is None:
+        if tmp is not None:
             tmp.cleanup()
     print(report.to_text(), end="")
     if args.json:
