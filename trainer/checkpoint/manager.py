@@ -95,6 +95,8 @@ class CheckpointManager:
         self._stager = DefaultStager(staging_options(torch.cuda.is_available())) if cfg.async_save else None
         self._commit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftfleet-ckpt-commit")
         self._inflight: Future[Manifest] | None = None
+        #: The step of the newest save started (committed or still in flight).
+        self.last_saved_step: int | None = None
         self._staging: Future[None] | None = None
         self.uploader: Uploader | None = None
         if cfg.enabled and cfg.upload == "trainer" and "primary" in stores:
@@ -190,6 +192,7 @@ class CheckpointManager:
             except (Exception, CheckpointException) as exc:  # a CommitError on every rank
                 written.set_exception(exc)
         self._inflight = self._commit_pool.submit(self._commit, step, written, t0)
+        self.last_saved_step = step
         self.stats.saves += 1
         self.stats.last_blocked_s = time.monotonic() - t0
         self.stats.blocked_s += self.stats.last_blocked_s

@@ -160,6 +160,7 @@ class Guard:
         self.watcher.acknowledge(notice)
         ckpt = self.run.ckpt
         if (self.run.cfg.checkpoint.enabled and step > 0 and step not in ckpt.committed
+                and step != ckpt.last_saved_step  # an interval save of it may be in flight
                 and step < self.run.cfg.train.steps):
             log.warning("%s: early checkpoint of step %d, then carrying on",
                         notice.describe(), step)
