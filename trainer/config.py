@@ -237,11 +237,6 @@ class FaultConfig:
         if not 0 <= self.step_delay_s < 3600:
             raise ConfigError(f"faults.step_delay_s={self.step_delay_s}: use 0 to 3600 s")
 
-    @property
-    def any(self) -> bool:
-        return bool(self.nan_at_steps or self.spike_at_steps or self.hang_at_step
-                    or self.step_delay_s)
-
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class JobConfig:

@@ -145,7 +145,7 @@ def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
                                                    run.progress, run.ckpt)
     if cfg.train.stop_at_step is not None:
         callbacks.append(StopAtStep(cfg.train.stop_at_step))
-    events.emit("start", world_size=run.env.world_size, step_time_prior=None)
+    events.emit("start", world_size=run.env.world_size)
     guard.start()
     run.restored = ckpt.restore()
     guard.restored(run.restored)
