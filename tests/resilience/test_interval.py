@@ -49,7 +49,7 @@ def test_adaptive_mode_waits_for_a_measured_save():
 
 
 def test_adaptive_mode_uses_daly_with_the_measured_cost_and_configured_mtbf():
-    config = IntervalConfig(mtbf_s=3600.0, mtbf_source="config")
+    config = IntervalConfig(mtbf_s=3600.0, mtbf_source="config", persist_overhead=0.0)
     chooser = AdaptiveInterval(config)
     chooser.record_save(blocked_s=2.0, persist_s=10.0)
     steps, reason = chooser.interval_steps(step_time_s=0.5)
@@ -65,6 +65,51 @@ def test_background_persist_time_counts_as_configured():
     assert seconds == pytest.approx(daly_interval(7.0, 3600.0))
 
 
+def _steps(chooser, quiet, busy):
+    for seconds in quiet:
+        chooser.record_step(seconds, during_save=False)
+    for seconds in busy:
+        chooser.record_step(seconds, during_save=True)
+
+
+def test_the_persist_overhead_is_measured_from_steps_with_and_without_a_save():
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=3600.0))
+    chooser.record_save(blocked_s=2.0, persist_s=10.0)
+    _steps(chooser, quiet=[1.0, 1.0, 0.9, 1.1, 5.0], busy=[1.5, 1.5, 1.4])
+    k, why = chooser.overhead()
+    assert k == pytest.approx(0.5)
+    assert "measured" in why
+    assert chooser.interval_s()[0] == pytest.approx(daly_interval(2.0 + 0.5 * 10.0, 3600.0))
+
+
+def test_the_overhead_counts_fully_until_measured_and_is_clipped_to_0_1():
+    chooser = AdaptiveInterval(IntervalConfig())
+    chooser.record_save(blocked_s=1.0, persist_s=4.0)
+    _steps(chooser, quiet=[1.0, 1.0], busy=[3.0])
+    assert chooser.overhead() == (1.0, "1 (not measured yet)")
+    assert chooser.cost()[0] == pytest.approx(5.0)
+    _steps(chooser, quiet=[1.0], busy=[3.0])
+    assert chooser.overhead()[0] == 1.0  # 3x slower steps: capped at the whole persist time
+    fast = AdaptiveInterval(IntervalConfig())
+    _steps(fast, quiet=[1.0, 1.0, 1.0], busy=[0.9, 0.9])
+    assert fast.overhead()[0] == 0.0
+
+
+def test_a_save_that_slows_training_lengthens_the_interval():
+    gpu, cpu = (AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=600.0))
+                for _ in range(2))
+    for chooser, busy in ((gpu, 1.01), (cpu, 1.8)):
+        chooser.record_save(blocked_s=0.05, persist_s=2.0)
+        _steps(chooser, quiet=[1.0] * 5, busy=[busy] * 3)
+    assert cpu.interval_steps(1.0)[0] > 2 * gpu.interval_steps(1.0)[0]
+
+
+def test_a_configured_overhead_overrides_the_measurement():
+    chooser = AdaptiveInterval(IntervalConfig(persist_overhead=0.25))
+    _steps(chooser, quiet=[1.0] * 3, busy=[2.0] * 3)
+    assert chooser.overhead() == (0.25, "0.25 (configured)")
+
+
 def test_costs_are_an_ewma_of_recent_saves():
     chooser = AdaptiveInterval(IntervalConfig(ewma_alpha=0.5))
     chooser.record_save(4.0, 8.0)
@@ -73,7 +118,8 @@ def test_costs_are_an_ewma_of_recent_saves():
 
 
 def test_the_interval_is_never_shorter_than_one_save():
-    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=60.0))
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=60.0,
+                                              persist_overhead=0.0))
     chooser.record_save(blocked_s=0.01, persist_s=30.0)  # Daly says ~1 s
     steps, reason = chooser.interval_steps(0.1)
     assert steps == 301  # 30.01 s of save at 0.1 s/step, rounded up

@@ -201,6 +201,11 @@ class CheckpointManager:
             return self.wait(raise_on_error=True)
         return None
 
+    @property
+    def save_in_flight(self) -> bool:
+        """A save is being staged, written or committed in the background."""
+        return self._inflight is not None and not self._inflight.done()
+
     def wait_for_staging(self) -> None:
         """Block until the state of the last save is copied: after this the weights may
         change. Cheap when the copy already finished."""

@@ -96,6 +96,7 @@ class Guard:
         self.next_save = self.cfg.interval.fixed_steps
         self.interval_reason = ""
         self._step_times: deque[float] = deque(maxlen=50)
+        self._saving_at_step_start = False
         self._first_step_logged = False
         self._save_reason: dict[int, str] = {}
         self._emergency: dict[str, Any] | None = None
@@ -174,6 +175,7 @@ class Guard:
         return step in self.skipped_batches
 
     def before_step(self, step: int) -> None:
+        self._saving_at_step_start = self.run.ckpt.save_in_flight
         f = self.faults
         if f.step_delay_s:
             time.sleep(f.step_delay_s)
@@ -237,6 +239,8 @@ class Guard:
             self.watchdog.beat(step)
         self.metrics.step(seconds)
         self._step_times.append(seconds)
+        # Steps that overlapped a background save measure what persisting costs training.
+        self.interval.record_step(seconds, self._saving_at_step_start or self.run.ckpt.save_in_flight)
         if not self._first_step_logged:
             self._first_step_logged = True
             self.events.emit("first_step", step=step)

@@ -11,8 +11,12 @@ rank), the expected loss per unit of time is minimised at
 ``T`` is compute time between the ends of two checkpoints. :class:`AdaptiveInterval`
 estimates the inputs while the run goes:
 
-* ``C`` = EWMA of the time each save blocked training + ``persist_overhead`` x EWMA of
-  its background (persist) time, since a background save also slows training down.
+* ``C`` = EWMA of the time each save blocked training + ``k`` x EWMA of its background
+  (persist) time, since a background save also slows training down: it competes for
+  host CPUs, memory bandwidth and the PCIe bus. ``k`` is measured: the median time of
+  the steps that ran while a save was in flight over the median of the steps that did
+  not, minus one (``record_step``). On a GPU host with spare cores it is near 0; on a
+  2-core CPU box it is large. ``persist_overhead`` pins ``k`` instead.
 * ``M`` = ``(observed run time + mtbf_s) / (interruptions + 1)``: the configured MTBF
   counts as one prior interruption, and each notice or restart recorded in the run
   moves the estimate towards what the run has actually seen. With
@@ -26,12 +30,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
+from collections import deque
 from typing import Any, Callable
 
 from ftfleet.errors import ConfigError
 
 MODES = ("adaptive", "fixed")
+#: Step times kept for the overhead estimate, of each kind.
+STEP_SAMPLES = 64
+#: Steps of each kind needed before the overhead counts as measured.
+MIN_QUIET, MIN_BUSY = 3, 2
 MTBF_SOURCES = ("observed", "config")
 
 
@@ -77,8 +87,9 @@ class IntervalConfig:
     mtbf_s as is."""
     ewma_alpha: float = 0.3
     """Weight of the newest save in the cost averages (0 < alpha <= 1)."""
-    persist_overhead: float = 0.0
-    """Fraction of the background persist time that training loses to it (0: none)."""
+    persist_overhead: float | None = None
+    """Fraction of the background persist time that training loses to it; null (the
+    default): measured from the step times with and without a save in flight."""
     min_steps: int = 1
     """Bounds on the interval in steps; max_steps 0: no upper bound. The floor of one save's
     duration wins over max_steps."""
@@ -97,9 +108,9 @@ class IntervalConfig:
                               "of seconds (the job's mean time between interruptions)")
         if not 0 < self.ewma_alpha <= 1:
             raise ConfigError(f"{_KEY}.ewma_alpha={self.ewma_alpha}: use 0 < alpha <= 1")
-        if not 0 <= self.persist_overhead <= 1:
+        if self.persist_overhead is not None and not 0 <= self.persist_overhead <= 1:
             raise ConfigError(f"{_KEY}.persist_overhead={self.persist_overhead}: use a "
-                              "fraction from 0 to 1")
+                              "fraction from 0 to 1, or null to measure it")
         if self.min_steps < 1:
             raise ConfigError(f"{_KEY}.min_steps={self.min_steps}: use 1 or more")
         if self.max_steps and self.max_steps < self.min_steps:
@@ -125,6 +136,10 @@ class AdaptiveInterval:
         self.blocked_s: float | None = None
         self.persist_s: float | None = None
         self.saves = 0
+        # Recent step times, without and with a save in flight (not checkpointed: a
+        # restarted process measures its own machine again).
+        self._quiet: deque[float] = deque(maxlen=STEP_SAMPLES)
+        self._busy: deque[float] = deque(maxlen=STEP_SAMPLES)
 
     # -- inputs ------------------------------------------------------------------
 
@@ -141,6 +156,23 @@ class AdaptiveInterval:
     def _ewma(self, average: float | None, sample: float) -> float:
         a = self.config.ewma_alpha
         return sample if average is None else a * sample + (1 - a) * average
+
+    def record_step(self, seconds: float, during_save: bool) -> None:
+        """One training step's duration, and whether a background save was in flight
+        during it."""
+        if seconds > 0 and math.isfinite(seconds):
+            (self._busy if during_save else self._quiet).append(seconds)
+
+    def overhead(self) -> tuple[float, str]:
+        """``k``: the fraction of a save's persist time that training loses."""
+        pinned = self.config.persist_overhead
+        if pinned is not None:
+            return pinned, f"{pinned:g} (configured)"
+        if len(self._quiet) < MIN_QUIET or len(self._busy) < MIN_BUSY:
+            return 1.0, "1 (not measured yet)"
+        quiet, busy = statistics.median(self._quiet), statistics.median(self._busy)
+        k = min(1.0, max(0.0, busy / quiet - 1.0))
+        return k, f"{k:.2f} (measured: steps {busy:.3f}s during a save, {quiet:.3f}s without)"
 
     def record_interruption(self, t: float | None = None) -> None:
         """A notice or a restart happened, at epoch ``t`` (default: now)."""
@@ -164,10 +196,10 @@ class AdaptiveInterval:
     def cost(self) -> tuple[float, str] | None:
         if self.blocked_s is None or self.persist_s is None:
             return None
-        k = self.config.persist_overhead
+        k, k_why = self.overhead()
         c = self.blocked_s + k * self.persist_s
-        return c, (f"C={c:.2f}s (blocked {self.blocked_s:.2f}s + {k:g} x persist "
-                   f"{self.persist_s:.2f}s, EWMA of {self.saves} saves)")
+        return c, (f"C={c:.2f}s (blocked {self.blocked_s:.2f}s + k x persist "
+                   f"{self.persist_s:.2f}s, k={k_why}, EWMA of {self.saves} saves)")
 
     # -- outputs -----------------------------------------------------------------
 
