@@ -34,6 +34,8 @@ drill: setup
 ## seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).
 CHAOS_ARGS ?=
 chaos: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]' 2>&1 \
+	  | grep -v "is ignored: it is neither a file nor a directory" || true
 	$(PY) -m pytest -q -m chaos
 	$(PY) bench/goodput_bench.py $(CHAOS_ARGS)
 

@@ -22,7 +22,9 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
 * Goodput = steps x (seconds per step of an uninterrupted run without checkpoints) /
   wall time from the first training step to the last.
 * Restart cost R: from a failed group's end (torchrun tore it down, or the node was
-  terminated) to the first step after the restore, averaged over every failure.
+  terminated) to the start of the first step after the restore, averaged over every
+  failure; split into process start (to the process group being up: torchrun,
+  ``import torch``, rendezvous) and restore (find, verify, load).
 * Daly's model (exponential failures, mean M = T): goodput(tau) = tau / (M e^(R/M)
   (e^((tau + C)/M) - 1)), at its best at Daly's interval; computed with the measured C
   and R. The PNG plots it against the checkpoint interval with the measured points.
@@ -286,10 +288,19 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         if not before or after is None:
             continue
         reached, _ = before[-1].progress(before=t_end)
+        # The first step after the restore is useful work, not restart: its own compute
+        # time is taken off.
+        first_step = after.first_step
+        own = after.first("step", after=first_step["t"] - 1e-3, step=first_step["step"])
+        resumed_at = first_step["t"] - (float(own["seconds"]) if own else 0.0)
+        phases = {"process_start_s": _phase(t_end, after.first("start")),
+                  "restore_s": _phase(after.first("start")["t"] if after.first("start") else None,
+                                      after.restored or after.first("fresh"))}
         per_failure.append({"kind": f.kind, "how": f.how, "at": round(f.t - first, 1),
                             "lost_steps": max(0, reached - after.resumed_from),
-                            "restart_s": round(after.first_step["t"] - t_end, 2)})
+                            "restart_s": round(resumed_at - t_end, 2), **phases})
     restarts = [p["restart_s"] for p in per_failure]
+    costs = [e["cost_s"] for e in events if e["event"] == "interval" and e.get("cost_s") is not None]
     return {
         "name": name, "steps": steps, "wall_s": round(wall, 1),
         "goodput": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
@@ -301,7 +312,12 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "failures": per_failure,
         "lost_steps": sum(p["lost_steps"] for p in per_failure),
         "restart_s": round(statistics.mean(restarts), 2) if restarts else None,
+        "adaptive_cost_s": round(statistics.median(costs), 3) if costs else None,
     }
+
+
+def _phase(t0: float | None, event: dict[str, Any] | None) -> float | None:
+    return round(event["t"] - t0, 2) if event is not None and t0 is not None else None
 
 
 def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> str:
@@ -311,12 +327,17 @@ def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> st
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed: no PNG (the curve is in the JSON)"
+        return ("matplotlib is not installed (pip install -c constraints.txt -e '.[bench]'): "
+                "no PNG (the curve is in the JSON)")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p["interval_s"] for p in model["curve"]]
     ax.plot(xs, [p["goodput"] for p in model["curve"]], label=f"Daly model (C={model['cost_s']:.2f}s, "
             f"R={model['restart_s']:.1f}s, M={model['mtbf_s']:.0f}s)")
     ax.axvline(model["daly_interval_s"], linestyle=":", color="grey")
+    eff = model.get("adaptive_cost_s")
+    if eff:
+        ax.plot(xs, [daly_goodput(x, eff, model["restart_s"], model["mtbf_s"]) for x in xs],
+                linestyle="--", label=f"Daly model, ftfleet's measured C={eff:.2f}s")
     for r in results:
         if r["interval_s"] and r["goodput"] is not None:
             ax.scatter([r["interval_s"]], [r["goodput"]], zorder=3)
@@ -356,7 +377,12 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
               f"- Daly's model with the measured C = {model['cost_s']:.2f} s and R = {model['restart_s']:.1f} s, "
               f"M = {model['mtbf_s']:.0f} s: best interval {model['daly_interval_s']:.1f} s, "
               f"goodput {model['daly_goodput']:.3f} (Young's interval {model['young_interval_s']:.1f} s: "
-              f"{model['young_goodput']:.3f})."]
+              f"{model['young_goodput']:.3f}); with R = 0 it would be {model['restart_free_goodput']:.3f}.",
+              f"- Restart phases (mean over all failures): {model['restart_phases']}; process start runs "
+              "from the failed group's end to the new process group being up.",
+              (f"- ftfleet's adaptive interval measured C = {model['adaptive_cost_s']:.2f} s (blocked + k x "
+               f"persist); Daly's optimum with that C and the same R: {model['adaptive_daly_goodput']:.3f}."
+               if model["adaptive_cost_s"] else "- (no adaptive cost measured)")]
     return "\n".join(lines) + "\n"
 
 
@@ -446,7 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     tau_daly = daly_interval(cost, T)
     lo, hi = max(0.05, cost / 4), 4 * T
     curve = [lo * (hi / lo) ** (i / 80) for i in range(81)]
+    phases = {k: round(statistics.mean(v), 2) for k in ("process_start_s", "restore_s")
+              if (v := [f[k] for r in results for f in r["failures"] if f.get(k) is not None])}
+    # ftfleet's own optimum: Daly with the cost its adaptive interval measured (blocked +
+    # k x persist), the same R and M.
+    eff = next((r["adaptive_cost_s"] for r in results if r["adaptive_cost_s"]), None)
     model = {"mtbf_s": T, "cost_s": cost, "restart_s": restart, "daly_interval_s": tau_daly,
+             "restart_phases": phases, "adaptive_cost_s": eff,
+             "adaptive_daly_goodput": (daly_goodput(daly_interval(eff, T), eff, restart, T)
+                                       if eff else None),
+             "restart_free_goodput": daly_goodput(tau_daly, cost, 0.0, T),
              "daly_goodput": daly_goodput(tau_daly, cost, restart, T),
              "young_interval_s": young_interval(cost, T),
              "young_goodput": daly_goodput(young_interval(cost, T), cost, restart, T),

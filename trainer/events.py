@@ -15,7 +15,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
 | ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |
-| ``interval`` | steps, why | the adaptive interval chose the next save |
+| ``interval`` | steps, why, cost_s | the adaptive interval chose the next save (cost_s: C) |
 | ``anomaly`` | step, action, reason | a step was skipped or rolled back |
 | ``rollback`` | from_step, to_step | the state was reloaded from a checkpoint |
 | ``marker`` | step, reason, path, uploaded | the commit marker was written |

@@ -284,7 +284,9 @@ class Guard:
         if why != self.interval_reason:
             self.interval_reason = why
             log.info("checkpoint interval: %d steps (%s)", steps, why)
-        self.events.emit("interval", steps=steps, why=why)
+        cost = self.interval.cost()  # rank 0's, the one that chose (events are rank 0's)
+        self.events.emit("interval", steps=steps, why=why,
+                         cost_s=round(cost[0], 4) if cost else None)
 
     def _on_commit(self, manifest: Any) -> None:
         """On the commit thread of every rank, after ``step-N``'s manifest landed."""

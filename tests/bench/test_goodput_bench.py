@@ -1,0 +1,91 @@
+"""The goodput benchmark's arithmetic, on a synthetic event log (the benchmark itself
+runs in `make chaos`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trainer.drill.report import daly_goodput
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "goodput_bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("goodput_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["goodput_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def life(pid, t0, steps, *, restored=None, step_s=1.0, start_s=0.5, restore_s=0.8, costs=()):
+    """One rank-0 process: start, restore (or fresh), then one step every step_s."""
+    ev = [{"t": t0, "event": "start", "pid": pid, "attempt": 0}]
+    t = t0 + restore_s
+    if restored is None:
+        ev.append({"t": t, "event": "fresh", "pid": pid})
+    else:
+        ev.append({"t": t, "event": "restored", "pid": pid, "step": restored})
+    for c in costs:
+        ev.append({"t": t, "event": "interval", "pid": pid, "steps": 5, "why": "", "cost_s": c})
+    for i, step in enumerate(steps):
+        t += step_s
+        if i == 0:
+            ev.append({"t": t, "event": "first_step", "pid": pid, "step": step})
+        ev.append({"t": t, "event": "step", "pid": pid, "step": step, "seconds": step_s})
+    return ev
+
+
+def test_restart_cost_lost_work_and_goodput(bench):
+    # Life 1 trains steps 1-10 (t = 101..110); SIGKILL at t = 110.5, the group is down
+    # at 111; life 2 starts at 114 (3 s of process start), restores step 8 in 0.8 s and
+    # runs steps 9-20.
+    events = (life(1, 100.0, range(1, 11), restore_s=0.0, costs=[None, 0.4])
+              + life(2, 114.0, range(9, 21), restored=8, costs=[0.5, 0.6]))
+    run = SimpleNamespace(failures=[bench.Failure("sigkill", 110.5, t_end=111.0)],
+                          overrides=["resilience.interval.mode=adaptive"])
+    r = bench.measure("ftfleet", run, events, ref_step_s=1.0, steps=20)
+    (f,) = r["failures"]
+    assert f["lost_steps"] == 2  # reached 10, resumed from 8
+    # Down at 111, first step after the restore began at 114 + 0.8 = 114.8 (its own
+    # second of compute is useful work, not restart).
+    assert f["restart_s"] == pytest.approx(3.8)
+    assert f["process_start_s"] == pytest.approx(3.0)
+    assert f["restore_s"] == pytest.approx(0.8)
+    wall = (114.8 + 12) - 101.0
+    assert r["wall_s"] == pytest.approx(round(wall, 1))
+    assert r["goodput"] == pytest.approx(round(20 / wall, 4))
+    assert r["adaptive_cost_s"] == pytest.approx(0.5)
+
+
+def test_markdown_and_plot(bench, tmp_path):
+    T, C, R = 120.0, 1.6, 8.0
+    model = {"mtbf_s": T, "cost_s": C, "restart_s": R, "daly_interval_s": 20.0,
+             "daly_goodput": daly_goodput(20.0, C, R, T), "young_interval_s": 19.6,
+             "young_goodput": daly_goodput(19.6, C, R, T), "restart_free_goodput": 0.9,
+             "restart_phases": {"process_start_s": 5.0, "restore_s": 1.2},
+             "adaptive_cost_s": 0.4, "adaptive_daly_goodput": 0.85,
+             "curve": [{"interval_s": x, "goodput": daly_goodput(x, C, R, T)}
+                       for x in (1.0, 5.0, 20.0, 80.0, 400.0)]}
+    results = [{"name": "sync", "interval_steps": 10, "interval_s": 20.0, "saves": 5,
+                "save_blocked_s": 1.6, "failures": [{"kind": "notice"}, {"kind": "sigkill"}],
+                "lost_steps": 7, "restart_s": 8.0, "wall_s": 500.0, "goodput": 0.8,
+                "goodput_in_run": 0.82}]
+    setup = {"mtbf_s": T, "notice_lead_s": 20.0, "d_model": 960, "state_mb": 455.0,
+             "sync_save_s": C, "steps": 300, "ref_step_s": 1.6, "ref_step_s_before": 1.5,
+             "ref_step_s_after": 1.7, "nproc": 2}
+    md = bench.markdown(setup, model, results)
+    assert "| sync | 10 steps (20.0 s) |" in md and "process_start_s" in md
+    assert "C = 0.40 s" in md
+    json.dumps(model)  # what goodput.json holds
+    pytest.importorskip("matplotlib")  # the bench extra; `make chaos` installs it
+    out = tmp_path / "goodput.png"
+    assert bench.plot(out, model, results) == f"wrote {out}"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
