@@ -143,6 +143,21 @@ EXIT_CODES = {
     EXIT_UNRECOVERABLE: "repeated failure at the same step; needs a human",
 }
 
+#: The trainer and the image's entrypoint: on the node whose own termination notice
+#: was handled, local rank 0 writes EXIT_PREEMPTED into this file, named after its
+#: torchrun agent's pid, and stops that agent (SIGTERM) so that it does not restart the
+#: workers of a machine that is going away. The entrypoint then exits with the code in
+#: the file instead of torchrun's. The shell side spells it
+#: "${TMPDIR:-/tmp}/ftfleet-agent-<pid>.exit".
+AGENT_EXIT_FILE = "ftfleet-agent-{pid}.exit"
+
+
+def agent_exit_file(agent_pid: int, tmpdir: str | None = None) -> str:
+    """Where the exit code of the node whose torchrun agent is ``agent_pid`` is left."""
+    base = tmpdir if tmpdir is not None else os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(base, AGENT_EXIT_FILE.format(pid=agent_pid))
+
+
 # ---------------------------------------------------------------------------
 # Checkpoint layout and the commit marker
 # ---------------------------------------------------------------------------
@@ -242,6 +257,16 @@ def render_markdown() -> str:
         "| --- | --- |",
     ]
     lines += [f"| {code} | {text} |" for code, text in sorted(EXIT_CODES.items())]
+    lines += [
+        "",
+        f"A worker's {EXIT_PREEMPTED} is also the container's: on the node whose own notice "
+        "was handled, local rank 0 stops its torchrun agent (SIGTERM) once the commit "
+        "marker is written, so that the agent does not restart workers on a machine that is "
+        f"going away, and leaves {EXIT_PREEMPTED} in "
+        f"`${{TMPDIR:-/tmp}}/{AGENT_EXIT_FILE.format(pid='<agent pid>')}`, which the "
+        "entrypoint exits with. Every other node's agent restarts its workers, which "
+        "rendezvous without the lost node and resume from the emergency checkpoint.",
+    ]
     lines += [
         "",
         "## Checkpoint layout",

@@ -20,6 +20,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``rollback`` | from_step, to_step | the state was reloaded from a checkpoint |
 | ``marker`` | step, reason, path, uploaded | the commit marker was written |
 | ``exit`` | code, reason, step | the run ends normally or after a notice |
+| ``agent_stopped`` | pid | the preempted node stopped its torchrun agent (no restart) |
 
 A process killed by a signal or by the hang watchdog writes no ``exit`` line: its
 absence, with the process's exit status, is the record.

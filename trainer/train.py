@@ -218,6 +218,8 @@ def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
         cb.on_train_end(run, result)
     if drained:  # an upload still in a collective would make the teardown hang
         distributed.shutdown()
+    if stop is not None and stop.exit_code == EXIT_PREEMPTED:
+        guard.release_node()
     return result
 
 

@@ -4,13 +4,15 @@ and the entrypoint is run with a stand-in torchrun."""
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
-from ftfleet.contract import ENV_NAMES, EXIT_CONFIG, TRAINER_ENV
+from ftfleet.contract import ENV_NAMES, EXIT_CONFIG, EXIT_PREEMPTED, TRAINER_ENV
 
 from .helpers import REPO, subprocess_env
 
@@ -63,21 +65,22 @@ def test_the_image_runs_as_a_non_root_user():
     assert names.index("USER") < names.index("ENTRYPOINT")
 
 
-def test_the_entrypoint_checks_the_contract_then_execs_torchrun():
+def test_the_entrypoint_checks_the_contract_then_runs_torchrun():
     (entry,) = values("ENTRYPOINT")
     assert json.loads(entry) == ["/opt/ftfleet/trainer/docker-entrypoint"]
     assert ENTRYPOINT.stat().st_mode & stat.S_IXUSR
     script = ENTRYPOINT.read_text()
     assert "check_env()" in script
-    last = script.rstrip().split("\nexec ")[-1]
-    assert last.startswith("torchrun ") and '"$@"' in last
+    launch = script.split("\ntorchrun ")[-1].split("\nagent=")[0]
+    assert launch.rstrip().endswith('"$@" &')
     assert json.loads(values("CMD")[0]) == ["--module", "trainer"]
     assert (REPO / "trainer" / "__main__.py").exists()
 
 
 def test_every_variable_the_image_relies_on_is_a_contract_name():
-    referenced = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)",
-                                DOCKERFILE.read_text() + ENTRYPOINT.read_text()))
+    # Lower-case names are the entrypoint's own shell variables; TMPDIR is the system's.
+    referenced = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)",
+                                DOCKERFILE.read_text() + ENTRYPOINT.read_text())) - {"TMPDIR"}
     assert referenced <= ENV_NAMES, referenced - ENV_NAMES
     set_here = env_names_set()
     assert set_here <= ENV_NAMES | TOOL_ENV, set_here - ENV_NAMES - TOOL_ENV
@@ -132,3 +135,48 @@ def test_the_entrypoint_refuses_an_incomplete_environment(fake_bin):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == EXIT_CONFIG
     assert "FTFLEET_RDZV_ENDPOINT" in result.stderr and result.stdout == ""
+
+
+def fake_torchrun(fake_bin, body):
+    torchrun = fake_bin / "torchrun"
+    torchrun.write_text("#!/bin/sh\n" + body)
+    torchrun.chmod(0o755)
+
+
+def run_entrypoint(fake_bin, tmp_path, **kw):
+    env = contract_env(fake_bin, TMPDIR=str(tmp_path))
+    return subprocess.run([str(ENTRYPOINT), "--module", "trainer"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+def test_a_preempted_node_exits_with_the_code_its_trainer_left(fake_bin, tmp_path):
+    # What the trainer does on the node that is going away: leave 75 for its agent's
+    # pid, then stop the agent, which exits 1 (SignalException).
+    fake_torchrun(fake_bin, f'echo {EXIT_PREEMPTED} > "$TMPDIR/ftfleet-agent-$$.exit"\nexit 1\n')
+    result = run_entrypoint(fake_bin, tmp_path)
+    assert result.returncode == EXIT_PREEMPTED, result.stderr
+    assert not list(tmp_path.glob("ftfleet-agent-*.exit"))  # consumed
+
+
+def test_otherwise_the_entrypoint_exits_with_torchruns_status(fake_bin, tmp_path):
+    fake_torchrun(fake_bin, "exit 3\n")
+    assert run_entrypoint(fake_bin, tmp_path).returncode == 3
+
+
+def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
+    got = tmp_path / "got-term"
+    fake_torchrun(fake_bin, f"trap 'touch {got}; exit 143' TERM\n"
+                            f"touch {tmp_path}/up\nwhile :; do sleep 0.05; done\n")
+    proc = subprocess.Popen([str(ENTRYPOINT), "--module", "trainer"], cwd=REPO,
+                            env=contract_env(fake_bin, TMPDIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            if (tmp_path / "up").exists():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        assert got.exists()
+    finally:
+        proc.kill()

@@ -217,3 +217,39 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
     restored = events(d, "restored")
     assert [e["attempt"] for e in restored] == [1] and restored[0]["step"] == 8
     assert summary(d)["state_sha256"] == ref2["state_sha256"]
+
+
+def test_the_image_entrypoint_gives_a_preempted_node_exit_75_without_restarting_it(
+        tmp_path, metadata):
+    """The real entrypoint and torchrun (--max-restarts=3): after the emergency
+    checkpoint the node's agent is stopped instead of restarting the workers, and the
+    container's exit status is 75."""
+    d = tmp_path / "run"
+    d.mkdir()
+    port = free_port_pair()
+    env = child_env({
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+        "FTFLEET_RUN_ID": "t", "FTFLEET_CLOUD": "aws", "FTFLEET_CONFIG": str(CONFIG),
+        "FTFLEET_CKPT_DIR": str(d / "checkpoints"), "FTFLEET_CKPT_UPLOAD": "none",
+        "FTFLEET_NNODES": "1", "FTFLEET_NPROC_PER_NODE": "2",
+        "FTFLEET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "FTFLEET_NODE_ID": "node-e",
+        "FTFLEET_REGION": "us-east-1", "FTFLEET_METADATA_ENDPOINT": metadata.url,
+        "FTFLEET_METRICS_PORT": "0", "FTFLEET_LOG_FORMAT": "text"})
+    with open(tmp_path / "entrypoint.log", "w") as log:
+        proc = subprocess.Popen([str(REPO / "trainer" / "docker-entrypoint"), "--module", "trainer",
+                                 *BASE, f"run_dir={d}", "train.steps=400", *PACED],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: started(d), 90, 0.1, "the first step")
+        metadata.schedule_spot_interruption(in_seconds=120)
+        rc = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log_text = (tmp_path / "entrypoint.log").read_text()
+    assert rc == EXIT_PREEMPTED, log_text[-3000:]
+    assert_emergency(d, 120, "node-e")
+    assert len(events(d, "start")) == 1, "torchrun restarted the workers of a preempted node"
+    (stopped,) = events(d, "agent_stopped")
+    assert not (tmp_path / f"ftfleet-agent-{stopped['pid']}.exit").exists()

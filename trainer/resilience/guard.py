@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
 import statistics
 import time
@@ -36,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ftfleet.contract import EXIT_PREEMPTED, CommitMarker
+from ftfleet.contract import EXIT_PREEMPTED, CommitMarker, agent_exit_file
+from trainer import distributed
 from trainer.checkpoint.manager import DEADLINE_MARGIN_S
 from trainer.events import EventLog
 from trainer.resilience.agreement import agree
@@ -142,7 +144,8 @@ class Guard:
         checkpoint here and training carries on."""
         from trainer.train import StopRequest
 
-        notice = agree(self.watcher.pending())
+        mine = self.watcher.pending()
+        notice = agree(mine)
         if notice is None:
             return None
         self.metrics.notice(notice.kind)
@@ -153,7 +156,10 @@ class Guard:
         self.events.emit("notice", **record)
         self.interval.record_interruption(notice.received_at)
         if notice.terminal:
-            self._emergency = {"notice": notice, "step": step}
+            # Whether this node's own watcher saw a termination (this machine is the one
+            # going away), or only agreed to another node's.
+            self._emergency = {"notice": notice, "step": step,
+                               "local": mine is not None and mine.terminal}
             log.warning("%s: emergency checkpoint of step %d, %.1fs before the deadline",
                         notice.describe(), step, notice.remaining())
             return StopRequest(f"notice: {notice.kind} from {notice.source}", EXIT_PREEMPTED,
@@ -330,6 +336,28 @@ class Guard:
                   "uploaded": written.uploaded, "durable": marker.durable}
         self.events.emit("marker", **result)
         return result
+
+    def release_node(self) -> int | None:
+        """The very last thing a preempted node does: on the node whose own watcher saw
+        the termination notice, local rank 0 stops its torchrun agent, which would
+        otherwise restart the workers (``--max-restarts``) on a machine that is going
+        away, and leaves the node's exit code for the image's entrypoint (see
+        ftfleet.contract.AGENT_EXIT_FILE). Returns the agent's pid when it was stopped."""
+        if self._emergency is None or not self._emergency["local"] or self.local_rank != 0:
+            return None
+        pid = distributed.torchrun_agent_pid()
+        if pid is None:
+            return None
+        try:
+            with open(agent_exit_file(pid), "w", encoding="utf-8") as f:
+                f.write(f"{EXIT_PREEMPTED}\n")
+        except OSError as exc:
+            log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
+        self.events.emit("agent_stopped", pid=pid)
+        log.warning("this node is going away: stopping its torchrun agent (pid %d) so that "
+                    "it does not restart the workers", pid)
+        os.kill(pid, signal.SIGTERM)
+        return pid
 
     def emergency(self) -> dict[str, Any] | None:
         """What the emergency path did, for summary.json."""
