@@ -69,10 +69,24 @@ def start_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str
 
 
 def kill9(proc: subprocess.Popen) -> None:
+    """SIGKILL the process, its group, and every descendant: torchrun starts its workers
+    in sessions of their own, which a kill of the group alone would miss."""
+    from tests.resilience.torchrun_tree import children
+
+    todo, tree = [proc.pid], []
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children(pid))
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait(timeout=30)
 
 
