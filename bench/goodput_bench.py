@@ -19,8 +19,12 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
   (c) ``ftfleet``: the adaptive (Daly) interval with asynchronous saves, M given as T
       (``mtbf_source=config``, as the fleet's metrics would give it), notices watched:
       emergency checkpoint, exit 75, replacement node.
-* Goodput = steps x (seconds per step of an uninterrupted run without checkpoints) /
-  wall time from the first training step to the last.
+* Goodput = steps x useful seconds per step / wall time from the first training step to
+  the last, where useful seconds per step is the median step of the same run that had no
+  save in flight (``saving`` in the step events): checkpoint blocking, the slowdown of
+  steps under a background save, restarts and lost work are the overhead. The
+  uninterrupted reference's s/step gives a second figure (``goodput_vs_reference``),
+  which the machine's drift between runs skews.
 * Restart cost R: from a failed group's end (torchrun tore it down, or the node was
   terminated) to the start of the first step after the restore, averaged over every
   failure; split into process start (to the process group being up: torchrun,
@@ -276,10 +280,11 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
                   if o.startswith("resilience.interval.fixed_steps=")), None)
     interval_steps = (statistics.median(intervals) if intervals and "adaptive" in " ".join(run.overrides)
                       else fixed)
-    kept: dict[int, float] = {}  # step -> seconds of its last (surviving) computation
-    for e in events:
-        if e["event"] == "step":
-            kept[int(e["step"])] = float(e["seconds"])
+    # Useful seconds per step: the median step of this very run with no save in flight
+    # (the machine's speed drifts between runs; a save's blocking and the slowdown of
+    # steps under a background save are overhead, not useful work).
+    quiet = [float(e["seconds"]) for e in events if e["event"] == "step" and not e.get("saving")]
+    useful_s = statistics.median(quiet) if quiet else None
     per_failure = []
     for f in run.failures:
         t_end = f.t_end or f.t
@@ -303,8 +308,9 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
     costs = [e["cost_s"] for e in events if e["event"] == "interval" and e.get("cost_s") is not None]
     return {
         "name": name, "steps": steps, "wall_s": round(wall, 1),
-        "goodput": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
-        "goodput_in_run": round(sum(kept.values()) / wall, 4) if wall > 0 else None,
+        "goodput": round(steps * useful_s / wall, 4) if wall > 0 and useful_s else None,
+        "useful_step_s": round(useful_s, 4) if useful_s else None,
+        "goodput_vs_reference": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
         "interval_steps": interval_steps,
         "interval_s": round(interval_steps * ref_step_s, 2) if interval_steps else None,
         "saves": len(commits),
@@ -356,14 +362,15 @@ def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> st
 
 def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = ["| configuration | interval | saves (blocked s each) | failures | work lost (steps) "
-             "| restart (s, mean) | wall (s) | goodput | in-run goodput |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| restart (s, mean) | wall (s) | goodput | useful s/step | goodput vs reference |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         kinds = [f["kind"] for f in r["failures"]]
         lines.append(f"| {r['name']} | {r['interval_steps']} steps ({r['interval_s']} s) | "
                      f"{r['saves']} ({r['save_blocked_s']}) | {kinds.count('notice')} notices, "
                      f"{kinds.count('sigkill')} SIGKILL | {r['lost_steps']} | {r['restart_s']} | "
-                     f"{r['wall_s']} | **{r['goodput']}** | {r['goodput_in_run']} |")
+                     f"{r['wall_s']} | **{r['goodput']}** | {r['useful_step_s']} | "
+                     f"{r['goodput_vs_reference']} |")
     lines += ["",
               f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
               f"model d_model {setup['d_model']} ({setup['state_mb']:.0f} MB of state), synchronous save "
@@ -371,9 +378,11 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
               f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted (measured "
               f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
               f"{setup['nproc']} processes.",
-              "- goodput: steps x the reference's s/step over the wall time from the first step to "
-              "the last; in-run goodput: the surviving steps' own compute time over the same wall "
-              "time (immune to the machine's drift, blind to background saves slowing steps).",
+              "- goodput: steps x useful seconds per step over the wall time from the first step to "
+              "the last; useful s/step is the median step of the same run with no save in flight "
+              "(so saves, their slowdown of training, restarts and lost work are the overhead, and "
+              "the machine's drift between runs cancels). goodput vs reference uses the "
+              "uninterrupted reference's s/step instead.",
               f"- Daly's model with the measured C = {model['cost_s']:.2f} s and R = {model['restart_s']:.1f} s, "
               f"M = {model['mtbf_s']:.0f} s: best interval {model['daly_interval_s']:.1f} s, "
               f"goodput {model['daly_goodput']:.3f} (Young's interval {model['young_interval_s']:.1f} s: "
@@ -424,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     base = model_overrides(cal.d_model)
     ref_before = reference_step_s(work, base, args.nproc) or cal.step_s
     ref_step_s = ref_before
-    steps = max(20, round(args.failures * T / ref_step_s))
+    # Enough steps for the failures even if the machine (shared) runs faster later on.
+    steps = max(20, round(args.failures * T / min(ref_step_s, cal.step_s)))
     tau_young = young_interval(cal.save_s, T)
     young_steps = max(1, round(tau_young / ref_step_s))
     say(f"state {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, {ref_step_s:.3f}s/step: "
@@ -463,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     ref_step_s = (ref_before + ref_after) / 2
     results = [measure(name, run, events, ref_step_s, steps) for name, run, events in runs]
     for r in results:
-        say(f"{r['name']}: goodput {r['goodput']} (in-run {r['goodput_in_run']}), wall {r['wall_s']}s")
+        say(f"{r['name']}: goodput {r['goodput']} (vs reference {r['goodput_vs_reference']}), "
+            f"wall {r['wall_s']}s")
 
     restarts = [f["restart_s"] for r in results for f in r["failures"]]
     restart = statistics.mean(restarts) if restarts else 0.0

@@ -11,7 +11,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded |
 | ``fresh`` | | no checkpoint: step 0 |
 | ``first_step`` | step | the first step after start (or restore) finished |
-| ``step`` | step, loss, seconds | each step, only with ``train.step_events`` |
+| ``step`` | step, loss, seconds, saving | each step, only with ``train.step_events`` (saving: a background save was in flight) |
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
 | ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |

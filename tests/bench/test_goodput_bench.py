@@ -65,6 +65,18 @@ def test_restart_cost_lost_work_and_goodput(bench):
     assert r["adaptive_cost_s"] == pytest.approx(0.5)
 
 
+def test_useful_step_time_is_the_median_step_without_a_save_in_flight(bench):
+    events = life(1, 100.0, range(1, 11), restore_s=0.0)
+    for e in events:
+        if e["event"] == "step" and e["step"] % 3 == 0:  # slowed by a background save
+            e.update(seconds=2.5, saving=True)
+    run = SimpleNamespace(failures=[], overrides=[])
+    r = bench.measure("async", run, events, ref_step_s=0.5, steps=10)
+    assert r["useful_step_s"] == pytest.approx(1.0)
+    assert r["goodput"] == pytest.approx(round(10 * 1.0 / r["wall_s"], 4), abs=1e-3)
+    assert r["goodput_vs_reference"] == pytest.approx(round(10 * 0.5 / r["wall_s"], 4), abs=1e-3)
+
+
 def test_markdown_and_plot(bench, tmp_path):
     T, C, R = 120.0, 1.6, 8.0
     model = {"mtbf_s": T, "cost_s": C, "restart_s": R, "daly_interval_s": 20.0,
@@ -77,7 +89,7 @@ def test_markdown_and_plot(bench, tmp_path):
     results = [{"name": "sync", "interval_steps": 10, "interval_s": 20.0, "saves": 5,
                 "save_blocked_s": 1.6, "failures": [{"kind": "notice"}, {"kind": "sigkill"}],
                 "lost_steps": 7, "restart_s": 8.0, "wall_s": 500.0, "goodput": 0.8,
-                "goodput_in_run": 0.82}]
+                "useful_step_s": 1.6, "goodput_vs_reference": 0.82}]
     setup = {"mtbf_s": T, "notice_lead_s": 20.0, "d_model": 960, "state_mb": 455.0,
              "sync_save_s": C, "steps": 300, "ref_step_s": 1.6, "ref_step_s_before": 1.5,
              "ref_step_s_after": 1.7, "nproc": 2}

@@ -246,12 +246,14 @@ class Guard:
         self.metrics.step(seconds)
         self._step_times.append(seconds)
         # Steps that overlapped a background save measure what persisting costs training.
-        self.interval.record_step(seconds, self._saving_at_step_start or self.run.ckpt.save_in_flight)
+        saving = self._saving_at_step_start or self.run.ckpt.save_in_flight
+        self.interval.record_step(seconds, saving)
         if not self._first_step_logged:
             self._first_step_logged = True
             self.events.emit("first_step", step=step)
         if self.run.cfg.train.step_events:
-            self.events.emit("step", step=step, loss=loss, seconds=round(seconds, 5))
+            self.events.emit("step", step=step, loss=loss, seconds=round(seconds, 5),
+                             saving=saving)
 
     # -- the save schedule -------------------------------------------------------
 
