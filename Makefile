@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftfleet-installed
 
-.PHONY: setup test demo plan drill bench chaos lint docs clean
+.PHONY: setup test demo plan drill bench bench-titan chaos lint docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,10 +47,34 @@ docs: setup
 	$(VENV)/bin/ftfleet config-reference --write README.md
 
 ## Checkpoint benchmark: one model + AdamW state of 1.02 GiB (GPT d_model 1024, 4 layers,
-## vocabulary 20,000), written under /tmp; results go in docs/BENCHMARKS.md.
+## vocabulary 20,000), written under /tmp; results go in docs/BENCHMARKS.md. It runs in
+## .venv-titan when `make bench-titan` has built it, so that (d) torchtitan is measured.
 bench: setup
-	$(PY) bench/checkpoint_bench.py --dir /tmp/ftfleet-bench --repeats 5 \
-	  --d-model 1024 --layers 4 --vocab 20000 --threads 2
+	@py=$(PY); if [ -f $(TITAN_STAMP) ]; then py=$(TITAN_VENV)/bin/python; fi; \
+	  echo "bench python: $$py"; \
+	  $$py bench/checkpoint_bench.py --dir /tmp/ftfleet-bench --repeats 5 \
+	    --d-model 1024 --layers 4 --vocab 20000 --threads 2
+
+## A second venv for the benchmark's (d): the trainer's deps, then torchtitan and only the
+## packages its checkpoint and optimizer modules import (bench/requirements-titan.txt,
+## --no-deps, so pip can neither replace torch nor pull torchtitan's ~40 other packages).
+## `make test` and CI never build it.
+TITAN_VENV := .venv-titan
+TITAN_STAMP := $(TITAN_VENV)/.ftfleet-installed
+
+$(TITAN_STAMP): pyproject.toml constraints.txt bench/requirements-titan.txt
+	$(PYTHON) -m venv $(TITAN_VENV)
+	$(TITAN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+	  -c constraints.txt -e '.[trainer]' 2>&1 \
+	  | grep -v "is ignored: it is neither a file nor a directory" || true
+	$(TITAN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+	  -c constraints.txt -r bench/requirements-titan.txt 2>&1 \
+	  | grep -v "is ignored: it is neither a file nor a directory" || true
+	$(TITAN_VENV)/bin/python -c "import torch, torchtitan.components.checkpoint, \
+	  torchtitan.components.optimizer; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	touch $@
+
+bench-titan: $(TITAN_STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache build *.egg-info

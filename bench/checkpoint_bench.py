@@ -5,11 +5,13 @@ floors measured in the same run.
     .venv/bin/python bench/checkpoint_bench.py --dir /tmp/ftfleet-bench --repeats 3
 
 Methods: (a) torch.save + fsync, (b) dcp.save, (c) dcp.async_save with default options,
-(d) torchtitan's CheckpointManager when it imports beside the pinned torch, (e) ftfleet's
-CheckpointManager. Floors: copying the state into preallocated buffers; ``dd`` with
-fsync of the same number of bytes; reading the checkpoint's bytes back (page cache
-dropped with posix_fadvise). Prints a Markdown table (medians over --repeats; ftfleet's
-first save, which allocates its staging buffers, is reported on its own row), then
+(d) torchtitan's CheckpointManager in its threaded async mode, when torchtitan imports (it
+lives in its own venv beside the pinned torch: ``make bench-titan``, then ``make bench``
+runs this script there), (e) ftfleet's CheckpointManager. Floors: copying the state into
+preallocated buffers; ``dd`` with fsync of the same number of bytes; reading the
+checkpoint's bytes back (page cache dropped with posix_fadvise). Prints a Markdown table
+(medians over --repeats; the first save of each manager, (d) and (e), is reported on its
+own row: ftfleet's allocates the staging buffers that later saves reuse), then
 ftfleet's ratios to floors paired with each save (a copy just before, a dd just after),
 which a shared machine's drifting load distorts less than floors taken minutes apart.
 """
@@ -45,12 +47,17 @@ def build_state(vocab: int, d_model: int, layers: int):
     model = GPT(ModelConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers,
                             n_heads=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for p in model.parameters():  # one step so AdamW has its two moments
+    one_step(model, opt)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return model, opt, sched
+
+
+def one_step(model, opt) -> None:
+    """One optimizer step on random gradients, so AdamW has its two moments."""
+    for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     opt.step()
     opt.zero_grad(set_to_none=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return model, opt, sched
 
 
 def tensors_of(sd) -> list[torch.Tensor]:
@@ -177,8 +184,9 @@ def main() -> int:
     for d in root.glob("c*"):
         shutil.rmtree(d)
 
-    # --- (d) torchtitan ----------------------------------------------------------
-    titan_note = torchtitan_status()
+    # --- (d) torchtitan's CheckpointManager ------------------------------------
+    titan_rows, titan_note = measure_torchtitan(model, root, R, nbytes)
+    rows.update(titan_rows)
 
     # --- (e) ftfleet -------------------------------------------------------------
     cfg = CheckpointConfig(dir=str(root / "e"), keep=2, thread_count=args.threads)
@@ -239,17 +247,86 @@ def main() -> int:
     return 0
 
 
-def torchtitan_status() -> str:
+TITAN_SETUP = ("`make bench-titan` (a venv at .venv-titan: `pip install -c constraints.txt "
+               "-e '.[trainer]'`, then `pip install --no-deps -c constraints.txt "
+               "-r bench/requirements-titan.txt`), then `make bench`")
+
+
+class TitanTrainState:
+    """The ``train_state`` entry torchtitan's trainer registers with its manager (there,
+    the trainer itself): the step, as a tensor."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": torch.tensor(self.step)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step = int(sd["step"])
+
+
+def measure_torchtitan(model, root: Path, repeats: int, nbytes: int) -> tuple[dict, str]:
+    """(d): torchtitan's own CheckpointManager, in its threaded async mode, over the same
+    model. Returns the table rows (none when torchtitan does not import) and a note."""
     try:
-        import torchtitan.components.checkpoint  # noqa: F401
+        import torchtitan
+        from torchtitan.components.checkpoint import CheckpointManager as TitanManager
+        from torchtitan.components.optimizer import (LRSchedulersContainer,
+                                                     OptimizersContainer, default_adamw)
     except Exception as exc:  # noqa: BLE001
-        return ("not measured: torchtitan 0.3.0 resolves beside torch 2.13 (`pip install "
-                "--dry-run -c constraints.txt torchtitan`) but brings ~40 packages (datasets, "
-                "pandas, pyarrow, wandb, tensorboard, tyro, torch_checkpointing, ...) that are not "
-                "in this environment, and its CheckpointManager needs torchtitan's optimizer "
-                "and LR-scheduler containers and job config; "
-                f"here `import torchtitan.components.checkpoint` fails ({type(exc).__name__}: {exc})")
-    return "importable, but not wired into this benchmark"
+        return {}, (f"not installed here (`import torchtitan.components.checkpoint`: "
+                    f"{type(exc).__name__}: {exc}). To measure it: {TITAN_SETUP}.")
+
+    # torchtitan saves the optimizer through its OptimizersContainer, which keys the state by
+    # parameter name and builds its own AdamW for that; it cannot wrap the bench's AdamW.
+    # So (d) gets an AdamW of its own over the same parameters, stepped once like the
+    # bench's: the same model, and optimizer state of the same shapes and bytes.
+    ocfg = default_adamw(lr=1e-4)
+    ocfg.implementation = "for-loop"  # like the bench's AdamW on CPU; no effect on saving
+    optimizers = OptimizersContainer(ocfg, model_parts=[model])
+    one_step(model, optimizers)
+    schedulers = LRSchedulersContainer(optimizers, lambda step: 1.0)
+    train_state = TitanTrainState()
+    titan_bytes = sum(t.numel() * t.element_size() for t in
+                      tensors_of([model.state_dict(), optimizers.state_dict()]))
+    # "async": dcp.async_save in a thread, on a gloo group the manager creates. Its other
+    # async mode, "async_with_pinned_mem", builds a DefaultStager with pinned memory and
+    # non-blocking copies, which fails on CPU ("Non-blocking copy requires that the current
+    # accelerator is available"), so it is not measured here.
+    cfg = TitanManager.Config(enable=True, folder="d", interval=1, keep_latest_k=2,
+                              async_mode="async")
+    mgr = TitanManager(cfg, dataloader=None, model_parts=[model], optimizers=optimizers,
+                       lr_schedulers=schedulers, states={"train_state": train_state},
+                       sd_adapter=None, base_folder=str(root))
+    blocked, commit = [], []
+    for i in range(repeats + 1):
+        train_state.step = i + 1
+        os.sync()
+        t0 = time.perf_counter()
+        mgr.save(train_state.step)
+        mgr.maybe_wait_for_staging()  # what its trainer calls before the next step
+        blocked.append(time.perf_counter() - t0)
+        mgr.maybe_wait_for_saving()  # the async_save future: every file written and fsynced
+        commit.append(time.perf_counter() - t0)
+    last = train_state.step
+    train_state.step = 0
+    assert mgr.load() and train_state.step == last, "torchtitan did not load its own save"
+    mgr.close()
+    shutil.rmtree(root / "d")
+    version = getattr(torchtitan, "__version__", "?")
+    note = (f"torchtitan {version}'s `CheckpointManager` with `async_mode=\"async\"` "
+            f"(dcp.async_save in a thread, DCP's default writer), keep_latest_k=2; blocked = "
+            f"`save()` + `maybe_wait_for_staging()`, committed = until "
+            f"`maybe_wait_for_saving()` returns; the newest save loaded back with "
+            f"`load()`. Its state: {titan_bytes / 1e9:.3f} GB of tensors "
+            f"(the others: {nbytes / 1e9:.3f} GB). `async_with_pinned_mem` fails on CPU: its "
+            f"DefaultStager asks for pinned memory and non-blocking copies (\"Non-blocking copy "
+            f"requires that the current accelerator is available\").")
+    name = f"(d) torchtitan {version} CheckpointManager (async)"
+    return {f"{name}, first save": {"blocked": blocked[0], "commit": commit[0]},
+            name: {"blocked": statistics.median(blocked[1:]),
+                   "commit": statistics.median(commit[1:])}}, note
 
 
 def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note,
@@ -275,8 +352,9 @@ def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, 
         print(f"| {name} | {r['blocked']:.3f} | {r['blocked'] / copy_floor:.2f}x | "
               f"{r['blocked'] / b_dcp:.3f}x | {r['commit']:.3f} | {bw / 1e6:,.0f} | "
               f"{bw / dd_bw:.2f}x |")
-    print(f"| (d) torchtitan CheckpointManager | - | - | - | - | - | - |\n")
-    print(f"(d): {titan_note}\n")
+    if not any(name.startswith("(d)") for name in rows):
+        print("| (d) torchtitan CheckpointManager | not installed | - | - | - | - | - |")
+    print(f"\n(d): {titan_note}\n")
     print(f"Restore (ftfleet: find, verify every CRC32C, load with DCP): **{restore_s:.3f} s**, "
           f"{restore_s / read_s:.2f}x the time to read the bytes.\n")
     e = rows["(e) ftfleet"]
