@@ -344,11 +344,13 @@ def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> st
     if eff:
         ax.plot(xs, [daly_goodput(x, eff, model["restart_s"], model["mtbf_s"]) for x in xs],
                 linestyle="--", label=f"Daly model, ftfleet's measured C={eff:.2f}s")
-    for r in results:
+    for i, r in enumerate(results):
         if r["interval_s"] and r["goodput"] is not None:
             ax.scatter([r["interval_s"]], [r["goodput"]], zorder=3)
-            ax.annotate(r["name"], (r["interval_s"], r["goodput"]), textcoords="offset points",
-                        xytext=(5, 5))
+            # Points often share an interval: labels go to alternating sides.
+            ax.annotate(f"{r['name']} {r['goodput']:.3f}", (r["interval_s"], r["goodput"]),
+                        textcoords="offset points", xytext=(8 if i % 2 == 0 else -8, -4),
+                        ha="left" if i % 2 == 0 else "right", fontsize=9)
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (s of training)")
     ax.set_ylabel("goodput")
@@ -398,6 +400,12 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
 # ---------------------------------------------------------------------------
 
 
+def replot(json_path: Path, png: Path) -> str:
+    """Draw the PNG again from a run's goodput.json."""
+    data = json.loads(json_path.read_text())
+    return plot(png, data["model"], data["results"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mtbf", type=float, default=60.0, metavar="T",
@@ -421,7 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument("--out", type=Path, default=Path("/tmp/ftfleet-goodput"),
                    help="work directory; goodput.json, goodput.md and goodput.png land here")
+    p.add_argument("--replot", type=Path, metavar="GOODPUT_JSON",
+                   help="only draw goodput.png again (into --out) from a run's goodput.json")
     args = p.parse_args(argv)
+    if args.replot:
+        args.out.mkdir(parents=True, exist_ok=True)
+        say(replot(args.replot, args.out / "goodput.png"))
+        return 0
     T = args.mtbf
     args.notice_lead = args.notice_lead or T / 6
     work = args.out.resolve()
