@@ -2,9 +2,14 @@
 
 1. DCP wrote the shards (``__<rank>_<i>.distcp``, fsynced by each rank) and rank 0 wrote
    ``.metadata``. DCP itself gathers errors, so every rank learns whether that worked.
-2. The files are split over ranks by size and each rank checksums its share.
-3. Rank 0 gathers the checksums, checks they cover exactly the files DCP's metadata
-   names, and writes ``manifest.json`` atomically (temp file, fsync, rename, fsync dir).
+2. Each rank reports the size and CRC32C of the shard files it wrote: those its writer
+   (:class:`~trainer.checkpoint.writer.ChecksummingWriter`) checksummed while writing
+   them, and those named ``__<rank>_*`` in DCP's metadata. A file whose streamed CRC
+   cannot be trusted (see :mod:`trainer.checkpoint.writer`) or that has no record is
+   read back and checksummed, as is ``.metadata`` (small) on rank 0.
+3. Rank 0 gathers the entries, checks they cover exactly the files DCP's metadata names,
+   each reported once and no smaller than DCP says, and writes ``manifest.json``
+   atomically (temp file, fsync, rename, fsync dir).
 4. Rank 0 broadcasts the manifest (or the reason there is none): all ranks agree on
    whether step N exists.
 
@@ -22,7 +27,6 @@ from ftfleet.contract import MANIFEST_NAME
 from trainer.checkpoint.manifest import (
     FileEntry,
     Manifest,
-    assign_files,
     checksum_files,
     write_manifest,
 )
@@ -45,20 +49,47 @@ def storage_files(metadata: Any) -> dict[str, int]:
     return sizes
 
 
+def own_entries(step_dir: Path, rank: int, shards: dict[str, int],
+                streamed: dict[str, FileEntry | str] | None) -> dict[str, FileEntry]:
+    """The entries this rank reports for the shards DCP's metadata names: those its
+    writer recorded, and those with its rank's prefix (DCP names a rank's files after
+    its rank in the checkpoint group, which spans the world). A trusted streamed entry
+    is used as is; any other file is read back, with a warning when the writer had
+    records (``streamed`` not None) but no trusted one for it. Rank 0 adds
+    ``.metadata``, always read back."""
+    records = streamed or {}
+    prefix = f"__{rank}_"
+    mine = sorted(n for n in shards if n in records or n.startswith(prefix))
+    entries: dict[str, FileEntry] = {}
+    reread: list[str] = []
+    for name in mine:
+        record = records.get(name)
+        if isinstance(record, FileEntry):
+            entries[name] = record
+            continue
+        reread.append(name)
+        if streamed is not None:
+            log.warning("%s/%s: no CRC from the write (%s); reading the file back",
+                        step_dir.name, name, record or "not written through this rank's writer")
+    if rank == 0:
+        reread.append(DCP_METADATA)
+    entries.update(checksum_files(step_dir, reread))
+    return entries
+
+
 def commit_step(comm: Any, step_dir: Path, step: int, metadata: Any, dcp_error: str | None,
-                *, run_id: str, config_hash: str, torch_version: str) -> Manifest:
+                *, run_id: str, config_hash: str, torch_version: str,
+                streamed: dict[str, FileEntry | str] | None = None) -> Manifest:
     """Collective: returns the committed manifest on every rank, or raises CommitError on
-    every rank."""
+    every rank. ``streamed``: this rank's writer's records (file name -> entry, or the
+    reason there is none); without them this rank reads back the files of its prefix."""
     entries: dict[str, FileEntry] = {}
     error = dcp_error
     shards: dict[str, int] = {}
     if error is None:
         try:
             shards = storage_files(metadata)
-            mine = assign_files(shards, comm.world_size)[comm.rank]
-            if comm.rank == 0:
-                mine = [*mine, DCP_METADATA]
-            entries = checksum_files(step_dir, mine)
+            entries = own_entries(step_dir, comm.rank, shards, streamed)
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, decided there
             error = f"{type(exc).__name__}: {exc}"
     gathered = comm.gather((entries, error))
@@ -67,8 +98,13 @@ def commit_step(comm: Any, step_dir: Path, step: int, metadata: Any, dcp_error: 
     if comm.rank == 0:
         problems = [f"rank {r}: {err}" for r, (_, err) in enumerate(gathered) if err]
         files: dict[str, FileEntry] = {}
-        for part, _ in gathered:
-            files.update(part)
+        reported_by: dict[str, int] = {}
+        for r, (part, _) in enumerate(gathered):
+            for name, entry in part.items():
+                if name in reported_by:
+                    problems.append(f"{name} reported by ranks {reported_by[name]} and {r}")
+                reported_by[name] = r
+                files[name] = entry
         if not problems:
             expected = set(shards) | {DCP_METADATA}
             if set(files) != expected:

@@ -16,8 +16,10 @@ A save is: DCP ``async_save`` into ``<dir>/step-N/`` on a dedicated gloo group, 
 stager that copies the state into buffers kept between saves (pinned memory and
 non-blocking copies on GPU); training is blocked only until that copy is done, and not
 even that long when :meth:`wait_for_staging` is called just before the optimizer step.
-A background thread then runs the commit protocol (:mod:`trainer.checkpoint.commit`),
-retention, and hands the checkpoint to the uploader (:mod:`trainer.checkpoint.upload`).
+DCP's writer threads take each shard's CRC32C as they write it
+(:mod:`trainer.checkpoint.writer`). A background thread then runs the commit protocol
+(:mod:`trainer.checkpoint.commit`), retention, and hands the checkpoint to the uploader
+(:mod:`trainer.checkpoint.upload`).
 At most one save is in flight: the next one waits for the previous commit.
 """
 
@@ -43,6 +45,7 @@ from trainer.checkpoint.safe_load import load_into
 from trainer.checkpoint.state import AppState
 from trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
 from trainer.checkpoint.upload import Uploader
+from trainer.checkpoint.writer import ChecksummingWriter
 from trainer.config import CheckpointConfig
 
 log = logging.getLogger("ftfleet.ckpt")
@@ -177,8 +180,8 @@ class CheckpointManager:
             self.local.remove_step(step)
             step_dir.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
-        writer = dcp.FileSystemWriter(step_dir, single_file_per_rank=True, sync_files=True,
-                                      thread_count=self.cfg.thread_count, overwrite=True)
+        writer = ChecksummingWriter(step_dir, single_file_per_rank=True, sync_files=True,
+                                    thread_count=self.cfg.thread_count, overwrite=True)
         state = {"app": self.app_state}
         if self._stager is not None:
             response = dcp.async_save(state, storage_writer=writer, process_group=self.ckpt_group,
@@ -191,7 +194,7 @@ class CheckpointManager:
                                             process_group=self.ckpt_group))
             except (Exception, CheckpointException) as exc:  # a CommitError on every rank
                 written.set_exception(exc)
-        self._inflight = self._commit_pool.submit(self._commit, step, written, t0)
+        self._inflight = self._commit_pool.submit(self._commit, step, written, writer, t0)
         self.last_saved_step = step
         self.stats.saves += 1
         self.stats.last_blocked_s = time.monotonic() - t0
@@ -233,15 +236,18 @@ class CheckpointManager:
             log.error("%s", exc)
             return None
 
-    def _commit(self, step: int, written: Future, t0: float) -> Manifest:
+    def _commit(self, step: int, written: Future, writer: ChecksummingWriter,
+                t0: float) -> Manifest:
         metadata, error = None, None
         try:
             metadata = written.result()
         except (Exception, CheckpointException) as exc:  # DCP raises the same on every rank
             error = f"DCP save failed: {type(exc).__name__}: {exc}"
+        # DCP's writes (all its writer threads) are done once ``written`` is: the
+        # writer's records are complete.
         manifest = commit_step(self.comm, self.local.step_dir(step), step, metadata, error,
                                run_id=self.identity.run_id, config_hash=self.identity.config_hash,
-                               torch_version=torch.__version__)
+                               torch_version=torch.__version__, streamed=writer.streamed())
         self.stats.last_commit_s = time.monotonic() - t0
         self.committed.append(step)
         if self.comm.rank == 0:

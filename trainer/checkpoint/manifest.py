@@ -22,7 +22,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import google_crc32c
 
@@ -124,6 +124,65 @@ def _check_name(name: str) -> None:
 # ---------------------------------------------------------------------------
 
 
+#: Below this many bytes a buffer is copied into ``bytes`` for google_crc32c; above it,
+#: the CRC is taken in place (:func:`_extend_in_place`).
+_IN_PLACE_MIN = 64 << 10
+
+
+def _load_in_place() -> Callable[[int, int, int], int] | None:
+    """The C function ``crc32c_extend(crc, pointer, length)`` of the libcrc32c that
+    google_crc32c's extension is linked against, through ctypes, which releases the GIL
+    for the call. google_crc32c.extend itself accepts only ``bytes`` (a memoryview of a
+    tensor's storage would have to be copied first, and copying 1 GB costs more than its
+    CRC) and keeps the GIL for anything but large ``bytes``. None when that library is not
+    reachable (another build of google_crc32c) or gives a wrong result on a known vector;
+    the callers then copy."""
+    try:
+        import ctypes
+
+        import numpy  # noqa: F401 - the buffer's address, read-only buffers included
+        from google_crc32c import _crc32c
+
+        fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend
+        fn.restype = ctypes.c_uint32
+        fn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        probe = bytes(range(256)) * 5
+        if fn(7, probe, len(probe)) != google_crc32c.extend(7, probe):
+            return None
+        return fn
+    except Exception:  # noqa: BLE001 - any failure means: copy instead
+        return None
+
+
+_in_place: Callable[[int, int, int], int] | None = None
+_in_place_loaded = False
+
+
+def _extend_in_place(crc: int, view: memoryview) -> int | None:
+    global _in_place, _in_place_loaded
+    if not _in_place_loaded:
+        _in_place, _in_place_loaded = _load_in_place(), True
+    if _in_place is None:
+        return None
+    import numpy
+
+    array = numpy.frombuffer(view, dtype=numpy.uint8)  # no copy; keeps the buffer alive
+    return _in_place(crc, array.ctypes.data, array.nbytes)
+
+
+def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
+    """``crc`` extended over the bytes of ``data`` (any C-contiguous buffer), without
+    copying a large one."""
+    if isinstance(data, bytes):
+        return google_crc32c.extend(crc, data)
+    view = memoryview(data).cast("B")
+    if view.nbytes >= _IN_PLACE_MIN:
+        value = _extend_in_place(crc, view)
+        if value is not None:
+            return value
+    return google_crc32c.extend(crc, view.tobytes())
+
+
 class Crc32c:
     """Incremental CRC32C; ``update`` takes any bytes-like object."""
 
@@ -132,10 +191,8 @@ class Crc32c:
         self.size = 0
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:
-        if not isinstance(chunk, bytes):
-            chunk = bytes(chunk)
-        self.value = google_crc32c.extend(self.value, chunk)
-        self.size += len(chunk)
+        self.value = crc32c_extend(self.value, chunk)
+        self.size += memoryview(chunk).nbytes
 
     def entry(self) -> FileEntry:
         return FileEntry(self.size, f"{self.value:08x}")

@@ -1,0 +1,209 @@
+"""DCP's file writer, taking the CRC32C of each file as it writes it.
+
+The manifest needs the size and CRC32C of every file of a checkpoint. Reading the shards
+back after DCP wrote them puts a second pass over every byte on the path from ``save()``
+to the commit; here the CRC is extended over the bytes on their way into the file
+instead, in the writer's own thread (in place, with the GIL released:
+:func:`~trainer.checkpoint.manifest.crc32c_extend`).
+
+DCP's :class:`FileSystemWriter` opens every file through ``self.fs.create_stream(path,
+"wb")`` and (torch 2.13, read and tested) only appends to it: ``tell()`` and ``write()``
+(torch.save into the stream for tensors, raw writes for byte items, pickle for
+``.metadata``), then ``flush()``, ``os.fsync(fileno())`` and ``close()``.
+:class:`ChecksummingFileSystem` hands it a :class:`CrcStream` that forwards those calls
+to the real file. A CRC taken that way is trusted only if the stream was used that way:
+any seek, truncate, short write, position that is not the number of bytes written, or
+any other call, and a file whose size (``os.fstat`` when it is closed) is not the number
+of bytes written, leave a reason instead of an entry, and the commit reads that file
+back. So does a shard of this rank that no record covers (a future DCP that opens files
+another way). ``.metadata`` is small and always read back.
+
+What a streamed entry vouches for is the bytes handed to ``write()``; the restore
+verification reads the files and compares, so anything that changes a file after it was
+written (or on the way to the disk) is still caught there.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Generator
+
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from trainer.checkpoint.manifest import FileEntry, crc32c_extend
+
+#: What a writer learned about one file: its entry, or why there is none.
+Streamed = FileEntry | str
+
+
+class CrcStream:
+    """A file opened ``"wb"``, seen through the operations DCP uses, keeping the size and
+    CRC32C of everything written. ``entry()`` is the result once closed."""
+
+    def __init__(self, raw: io.BufferedIOBase):
+        self._raw = raw
+        self._crc = 0
+        self._size = 0
+        self._problem: str | None = None
+        self._closed = False
+
+    def _distrust(self, why: str) -> None:
+        if self._problem is None:
+            self._problem = why
+
+    def write(self, data: Any) -> int:
+        n = self._raw.write(data)
+        length = memoryview(data).nbytes
+        if n != length:
+            self._distrust(f"short write ({n} of {length} bytes)")
+        elif self._problem is None:
+            self._crc = crc32c_extend(self._crc, data)
+            self._size += n
+        return n
+
+    def tell(self) -> int:
+        pos = self._raw.tell()
+        if pos != self._size:
+            self._distrust(f"position {pos} after {self._size} bytes written")
+        return pos
+
+    def seek(self, *args: Any) -> int:
+        self._distrust("seek()")
+        return self._raw.seek(*args)
+
+    def truncate(self, *args: Any) -> int:
+        self._distrust("truncate()")
+        return self._raw.truncate(*args)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return self._raw.seekable()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def name(self) -> Any:
+        return self._raw.name
+
+    def __getattr__(self, attr: str) -> Any:
+        # Anything else goes to the file, and may change it behind the CRC's back.
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        value = getattr(self._raw, attr)
+        self._distrust(f"{attr} used")
+        return value
+
+    def fail(self, why: str) -> None:
+        """The writer raised with this stream open: no entry."""
+        self._distrust(why)
+
+    def close(self) -> None:
+        """Idempotent (DCP closes the stream, then leaves the ``with`` that closes it)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._raw.flush()
+            on_disk = os.fstat(self._raw.fileno()).st_size
+            if on_disk != self._size:
+                self._distrust(f"{on_disk} bytes in the file, {self._size} written")
+        except BaseException:
+            self._distrust("flush or fstat at close failed")
+            raise
+        finally:
+            self._raw.close()
+
+    def entry(self) -> Streamed:
+        if not self._closed:
+            return "not closed"
+        return self._problem or FileEntry(self._size, f"{self._crc:08x}")
+
+    def __enter__(self) -> "CrcStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ChecksummingFileSystem(FileSystem):
+    """DCP's local file system, recording what each file opened ``"wb"`` holds. Writer
+    threads record concurrently; :meth:`streamed` is complete once DCP's write (and its
+    ``finish``) returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._records: dict[str, Streamed] = {}
+        self._reopened: set[str] = set()
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[Any, None, None]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        path = Path(path)
+        name = path.name
+        with self._lock:
+            if name in self._records:
+                self._reopened.add(name)
+            self._records[name] = "still open"
+        with path.open("wb") as raw:
+            stream = CrcStream(raw)
+            try:
+                yield stream
+            except BaseException as exc:
+                stream.fail(f"the write raised {type(exc).__name__}")
+                raise
+            finally:
+                try:
+                    stream.close()
+                finally:
+                    with self._lock:
+                        self._records[name] = ("opened more than once" if name in self._reopened
+                                               else stream.entry())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+            self._reopened.clear()
+
+    def streamed(self) -> dict[str, Streamed]:
+        """File name -> entry (or the reason there is none), for the files written
+        since the last :meth:`clear`."""
+        with self._lock:
+            return dict(self._records)
+
+
+class ChecksummingWriter(FileSystemWriter):
+    """:class:`FileSystemWriter` whose files are checksummed as they are written;
+    :meth:`streamed` gives the result for the last save."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fs: ChecksummingFileSystem = ChecksummingFileSystem()
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        super().reset(checkpoint_id)  # called by DCP at the start of every save
+        self.fs.clear()
+
+    def streamed(self) -> dict[str, Streamed]:
+        return self.fs.streamed()
