@@ -67,6 +67,11 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
     EnvVar("FTFLEET_RDZV_ENDPOINT", True,
            "host:port of the c10d rendezvous on the coordinator node.",
            "coordinator.ftfleet.internal:29400"),
+    EnvVar("FTFLEET_MAX_RESTARTS", False,
+           "torchrun `--max-restarts` (default 100): how often a node's agent restarts its "
+           "workers after a failure. Every node's workers restart when any node is "
+           "preempted, so a spot job needs many; exits that a restart cannot fix (2, 77, "
+           "and 75 on the preempted node) stop the agent instead.", "100"),
     EnvVar("FTFLEET_NODE_ID", True,
            "This node's identity (EC2 instance id or GCE instance name); names its "
            "commit marker.", "i-0123456789abcdef0"),
@@ -115,6 +120,9 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     mode = environ.get("FTFLEET_CKPT_UPLOAD", "trainer")
     if mode not in UPLOAD_MODES:
         raise ContractError(f"FTFLEET_CKPT_UPLOAD={mode!r}: use one of {', '.join(UPLOAD_MODES)}")
+    restarts = environ.get("FTFLEET_MAX_RESTARTS", "")
+    if restarts and not restarts.isdigit():
+        raise ContractError(f"FTFLEET_MAX_RESTARTS={restarts!r}: use a whole number >= 0")
     if environ.get("FTFLEET_CLOUD") not in DEFAULT_METADATA_ENDPOINT:
         raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use aws or gcp")
 
@@ -265,7 +273,9 @@ def render_markdown() -> str:
         f"going away, and leaves {EXIT_PREEMPTED} in "
         f"`${{TMPDIR:-/tmp}}/{AGENT_EXIT_FILE.format(pid='<agent pid>')}`, which the "
         "entrypoint exits with. Every other node's agent restarts its workers, which "
-        "rendezvous without the lost node and resume from the emergency checkpoint.",
+        "rendezvous without the lost node and resume from the emergency checkpoint. "
+        f"{EXIT_CONFIG} and {EXIT_UNRECOVERABLE} stop the agent the same way on every node: "
+        "restarting would repeat the failure.",
     ]
     lines += [
         "",

@@ -14,7 +14,9 @@ import sys
 import traceback
 from pathlib import Path
 
+from ftfleet.contract import EXIT_CODES, EXIT_CONFIG, EXIT_UNRECOVERABLE
 from ftfleet.errors import UserError
+from trainer.agent import stop_agent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         logging.basicConfig(level=level, stream=sys.stderr,
                             format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
+    code = _run(args, rank)
+    if code in NOT_RESTARTABLE:
+        # torchrun would restart the workers into the same failure (trainer/agent.py).
+        stop_agent(code, EXIT_CODES[code])
+    return code
+
+
+#: Exit codes a restart of the workers on this node cannot fix. (A preempted node's 75
+#: stops the agent only on that node: see Guard.release_node.)
+NOT_RESTARTABLE = (EXIT_CONFIG, EXIT_UNRECOVERABLE)
+
+
+def _run(args: argparse.Namespace, rank: int) -> int:
     cfg = None
     try:
         from trainer.config import load_config

@@ -128,20 +128,6 @@ def agree_on_attempt(store: dist.Store, rank: int, world_size: int,
     return attempt
 
 
-def torchrun_agent_pid() -> int | None:
-    """The pid of the torchrun (torch.distributed.run) agent that started this worker, or
-    None when this process was not started by one."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return None
-    ppid = os.getppid()
-    try:
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except OSError:
-        return None
-    return ppid if b"torch.distributed.run" in cmdline or b"torchrun" in cmdline else None
-
-
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

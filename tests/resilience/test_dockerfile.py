@@ -126,6 +126,7 @@ def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
     assert "--nnodes=2:16" in args and "--nproc-per-node=8" in args
     assert "--rdzv-endpoint=coordinator.ftfleet.internal:29400" in args
     assert "--rdzv-id=aws-prod-llm" in args
+    assert "--max-restarts=100" in args
     assert args[-2:] == ["--module", "trainer"]
 
 
@@ -180,3 +181,14 @@ def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
         assert got.exists()
     finally:
         proc.kill()
+
+
+def test_max_restarts_defaults_to_100_and_must_be_a_number(fake_bin):
+    result = subprocess.run([str(ENTRYPOINT)], cwd=REPO,
+                            env=contract_env(fake_bin, FTFLEET_MAX_RESTARTS=None),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--max-restarts=100" in result.stdout.split()
+    result = subprocess.run([str(ENTRYPOINT)], cwd=REPO,
+                            env=contract_env(fake_bin, FTFLEET_MAX_RESTARTS="lots"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CONFIG and "FTFLEET_MAX_RESTARTS" in result.stderr

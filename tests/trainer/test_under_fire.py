@@ -219,37 +219,59 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
     assert summary(d)["state_sha256"] == ref2["state_sha256"]
 
 
-def test_the_image_entrypoint_gives_a_preempted_node_exit_75_without_restarting_it(
-        tmp_path, metadata):
-    """The real entrypoint and torchrun (--max-restarts=3): after the emergency
-    checkpoint the node's agent is stopped instead of restarting the workers, and the
-    container's exit status is 75."""
-    d = tmp_path / "run"
-    d.mkdir()
-    port = free_port_pair()
+def start_image(tmp_path: Path, run_dir: Path, *overrides: str,
+                metadata_url: str = "") -> subprocess.Popen:
+    """The image's real entrypoint and torchrun (its default --max-restarts), one node
+    of 2 workers, with the contract's environment."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     env = child_env({
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path),
         "FTFLEET_RUN_ID": "t", "FTFLEET_CLOUD": "aws", "FTFLEET_CONFIG": str(CONFIG),
-        "FTFLEET_CKPT_DIR": str(d / "checkpoints"), "FTFLEET_CKPT_UPLOAD": "none",
+        "FTFLEET_CKPT_DIR": str(run_dir / "checkpoints"), "FTFLEET_CKPT_UPLOAD": "none",
         "FTFLEET_NNODES": "1", "FTFLEET_NPROC_PER_NODE": "2",
-        "FTFLEET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "FTFLEET_NODE_ID": "node-e",
-        "FTFLEET_REGION": "us-east-1", "FTFLEET_METADATA_ENDPOINT": metadata.url,
+        "FTFLEET_RDZV_ENDPOINT": f"127.0.0.1:{free_port_pair()}", "FTFLEET_NODE_ID": "node-e",
+        "FTFLEET_REGION": "us-east-1", "FTFLEET_METADATA_ENDPOINT": metadata_url or "http://127.0.0.1:9",
         "FTFLEET_METRICS_PORT": "0", "FTFLEET_LOG_FORMAT": "text"})
     with open(tmp_path / "entrypoint.log", "w") as log:
-        proc = subprocess.Popen([str(REPO / "trainer" / "docker-entrypoint"), "--module", "trainer",
-                                 *BASE, f"run_dir={d}", "train.steps=400", *PACED],
+        return subprocess.Popen([str(REPO / "trainer" / "docker-entrypoint"), "--module", "trainer",
+                                 *BASE, f"run_dir={run_dir}", *overrides],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+def image_exit(proc: subprocess.Popen, tmp_path: Path, timeout: float) -> int:
     try:
-        wait_for(lambda: started(d), 90, 0.1, "the first step")
-        metadata.schedule_spot_interruption(in_seconds=120)
-        rc = finish(proc, 120)
+        rc = finish(proc, timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    assert not list(tmp_path.glob("ftfleet-agent-*.exit")), "the entrypoint left the exit file"
+    return rc
+
+
+def test_the_image_entrypoint_gives_a_preempted_node_exit_75_without_restarting_it(
+        tmp_path, metadata):
+    """After the emergency checkpoint the node's agent is stopped instead of restarting
+    the workers, and the container's exit status is 75."""
+    d = tmp_path / "run"
+    proc = start_image(tmp_path, d, "train.steps=400", *PACED, metadata_url=metadata.url)
+    wait_for(lambda: started(d), 90, 0.1, "the first step")
+    metadata.schedule_spot_interruption(in_seconds=120)
+    rc = image_exit(proc, tmp_path, 120)
     log_text = (tmp_path / "entrypoint.log").read_text()
     assert rc == EXIT_PREEMPTED, log_text[-3000:]
     assert_emergency(d, 120, "node-e")
     assert len(events(d, "start")) == 1, "torchrun restarted the workers of a preempted node"
     (stopped,) = events(d, "agent_stopped")
-    assert not (tmp_path / f"ftfleet-agent-{stopped['pid']}.exit").exists()
+    assert stopped["code"] == EXIT_PREEMPTED
+
+
+def test_the_image_entrypoint_does_not_restart_a_run_that_needs_a_human(tmp_path):
+    d = tmp_path / "run"
+    proc = start_image(tmp_path, d, "faults.nan_at_steps=[5,6,7]",
+                       "resilience.anomaly.max_consecutive_skips=2")
+    rc = image_exit(proc, tmp_path, 120)
+    log_text = (tmp_path / "entrypoint.log").read_text()
+    assert rc == EXIT_UNRECOVERABLE, log_text[-3000:]
+    assert len(events(d, "start")) == 1, "torchrun restarted a run that exited 77"
+    assert "stopping this node's torchrun agent" in log_text

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import socket
 import statistics
 import time
@@ -37,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ftfleet.contract import EXIT_PREEMPTED, CommitMarker, agent_exit_file
-from trainer import distributed
+from ftfleet.contract import EXIT_PREEMPTED, CommitMarker
+from trainer.agent import stop_agent
 from trainer.checkpoint.manager import DEADLINE_MARGIN_S
 from trainer.events import EventLog
 from trainer.resilience.agreement import agree
@@ -341,24 +340,14 @@ class Guard:
 
     def release_node(self) -> int | None:
         """The very last thing a preempted node does: on the node whose own watcher saw
-        the termination notice, local rank 0 stops its torchrun agent, which would
-        otherwise restart the workers (``--max-restarts``) on a machine that is going
-        away, and leaves the node's exit code for the image's entrypoint (see
-        ftfleet.contract.AGENT_EXIT_FILE). Returns the agent's pid when it was stopped."""
-        if self._emergency is None or not self._emergency["local"] or self.local_rank != 0:
+        the termination notice, stop its torchrun agent, which would otherwise restart the
+        workers (``--max-restarts``) on a machine that is going away
+        (:mod:`trainer.agent`). Returns the agent's pid when it was stopped."""
+        if self._emergency is None or not self._emergency["local"]:
             return None
-        pid = distributed.torchrun_agent_pid()
-        if pid is None:
-            return None
-        try:
-            with open(agent_exit_file(pid), "w", encoding="utf-8") as f:
-                f.write(f"{EXIT_PREEMPTED}\n")
-        except OSError as exc:
-            log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
-        self.events.emit("agent_stopped", pid=pid)
-        log.warning("this node is going away: stopping its torchrun agent (pid %d) so that "
-                    "it does not restart the workers", pid)
-        os.kill(pid, signal.SIGTERM)
+        pid = stop_agent(EXIT_PREEMPTED, "this node is going away")
+        if pid is not None:
+            self.events.emit("agent_stopped", pid=pid, code=EXIT_PREEMPTED)
         return pid
 
     def emergency(self) -> dict[str, Any] | None:

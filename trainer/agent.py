@@ -1,0 +1,56 @@
+"""The worker's side of the torchrun agent: stopping it when a restart cannot help.
+
+torchrun's ``--max-restarts`` restarts the workers of a node after any non-zero exit. For
+three exits that only repeats the failure: the node is going away (75, on the node whose
+own termination notice it was), the run needs a human (77), or the configuration is bad
+(2). In those cases local rank 0 leaves the code for the image's entrypoint
+(``ftfleet.contract.agent_exit_file``) and sends its agent SIGTERM. The agent then shuts
+its workers down and exits without closing the rendezvous, so the other nodes can go on
+without this one. The entrypoint exits with the code left for it.
+
+No torch here: a config error stops the agent before torch is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from ftfleet.contract import agent_exit_file
+
+log = logging.getLogger("ftfleet.agent")
+
+
+def torchrun_agent_pid() -> int | None:
+    """The pid of the torchrun (torch.distributed.run) agent that started this worker, or
+    None when this process was not started by one."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return None
+    return ppid if b"torch.distributed.run" in cmdline or b"torchrun" in cmdline else None
+
+
+def stop_agent(exit_code: int, why: str) -> int | None:
+    """On local rank 0 of a torchrun worker: leave ``exit_code`` for the entrypoint and
+    stop the agent so that it does not restart the workers. Returns the agent's pid, or
+    None when there is no agent to stop (not under torchrun, or another local rank)."""
+    if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0:
+        return None
+    pid = torchrun_agent_pid()
+    if pid is None:
+        return None
+    try:
+        with open(agent_exit_file(pid), "w", encoding="utf-8") as f:
+            f.write(f"{exit_code}\n")
+    except OSError as exc:
+        log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
+    log.warning("%s: stopping this node's torchrun agent (pid %d) so that it does not "
+                "restart the workers; exit %d", why, pid, exit_code)
+    os.kill(pid, signal.SIGTERM)
+    return pid
