@@ -35,7 +35,7 @@ from typing import Any, Generator
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from trainer.checkpoint.manifest import FileEntry, crc32c_extend
+from trainer.checkpoint.manifest import Crc32c, FileEntry
 
 #: What a writer learned about one file: its entry, or why there is none.
 Streamed = FileEntry | str
@@ -47,8 +47,7 @@ class CrcStream:
 
     def __init__(self, raw: io.BufferedIOBase):
         self._raw = raw
-        self._crc = 0
-        self._size = 0
+        self._crc = Crc32c()
         self._problem: str | None = None
         self._closed = False
 
@@ -62,14 +61,13 @@ class CrcStream:
         if n != length:
             self._distrust(f"short write ({n} of {length} bytes)")
         elif self._problem is None:
-            self._crc = crc32c_extend(self._crc, data)
-            self._size += n
+            self._crc.update(data)
         return n
 
     def tell(self) -> int:
         pos = self._raw.tell()
-        if pos != self._size:
-            self._distrust(f"position {pos} after {self._size} bytes written")
+        if pos != self._crc.size:
+            self._distrust(f"position {pos} after {self._crc.size} bytes written")
         return pos
 
     def seek(self, *args: Any) -> int:
@@ -123,8 +121,8 @@ class CrcStream:
         try:
             self._raw.flush()
             on_disk = os.fstat(self._raw.fileno()).st_size
-            if on_disk != self._size:
-                self._distrust(f"{on_disk} bytes in the file, {self._size} written")
+            if on_disk != self._crc.size:
+                self._distrust(f"{on_disk} bytes in the file, {self._crc.size} written")
         except BaseException:
             self._distrust("flush or fstat at close failed")
             raise
@@ -134,7 +132,7 @@ class CrcStream:
     def entry(self) -> Streamed:
         if not self._closed:
             return "not closed"
-        return self._problem or FileEntry(self._size, f"{self._crc:08x}")
+        return self._problem or self._crc.entry()
 
     def __enter__(self) -> "CrcStream":
         return self
