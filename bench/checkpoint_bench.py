@@ -217,9 +217,7 @@ def main() -> int:
     (root / "dd.bin").unlink()
     del bufs
     ckpt_bytes = m.total_bytes
-    rows["(e) ftfleet, first save"] = {"blocked": blocked[0], "commit": commit[0]}
-    rows["(e) ftfleet"] = {"blocked": statistics.median(blocked[1:]),
-                           "commit": statistics.median(commit[1:])}
+    rows.update(manager_rows("(e) ftfleet", blocked, commit))
 
     # --- restore vs reading the bytes --------------------------------------------
     last = root / "e" / f"step-{progress.step}"
@@ -245,6 +243,14 @@ def main() -> int:
     print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, statistics.median(read_s),
                  statistics.median(restore_s), titan_note, args, gib, paired)
     return 0
+
+
+def manager_rows(name: str, blocked: list[float], commit: list[float]) -> dict:
+    """A manager's first save (which may allocate its buffers) on a row of its own, and
+    the median of the later ones."""
+    return {f"{name}, first save": {"blocked": blocked[0], "commit": commit[0]},
+            name: {"blocked": statistics.median(blocked[1:]),
+                   "commit": statistics.median(commit[1:])}}
 
 
 TITAN_SETUP = ("`make bench-titan` (a venv at .venv-titan: `pip install -c constraints.txt "
@@ -324,9 +330,7 @@ def measure_torchtitan(model, root: Path, repeats: int, nbytes: int) -> tuple[di
             f"DefaultStager asks for pinned memory and non-blocking copies (\"Non-blocking copy "
             f"requires that the current accelerator is available\").")
     name = f"(d) torchtitan {version} CheckpointManager (async)"
-    return {f"{name}, first save": {"blocked": blocked[0], "commit": commit[0]},
-            name: {"blocked": statistics.median(blocked[1:]),
-                   "commit": statistics.median(commit[1:])}}, note
+    return manager_rows(name, blocked, commit), note
 
 
 def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note,

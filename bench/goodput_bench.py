@@ -298,8 +298,9 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         first_step = after.first_step
         own = after.first("step", after=first_step["t"] - 1e-3, step=first_step["step"])
         resumed_at = first_step["t"] - (float(own["seconds"]) if own else 0.0)
-        phases = {"process_start_s": _phase(t_end, after.first("start")),
-                  "restore_s": _phase(after.first("start")["t"] if after.first("start") else None,
+        start = after.first("start")
+        phases = {"process_start_s": _phase(t_end, start),
+                  "restore_s": _phase(start["t"] if start else None,
                                       after.restored or after.first("fresh"))}
         per_failure.append({"kind": f.kind, "how": f.how, "at": round(f.t - first, 1),
                             "lost_steps": max(0, reached - after.resumed_from),
