@@ -7,7 +7,7 @@ STAMP := $(VENV)/.ftfleet-installed
 
 .PHONY: setup test demo plan drill bench bench-titan chaos lint docs clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 \
 	  | grep -v "is ignored: it is neither a file nor a directory" || true

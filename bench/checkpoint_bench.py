@@ -35,11 +35,11 @@ import torch.distributed.checkpoint as dcp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from trainer.checkpoint.manager import CheckpointManager  # noqa: E402
-from trainer.checkpoint.state import AppState, TrainProgress  # noqa: E402
-from trainer.config import CheckpointConfig, ModelConfig, ParallelConfig  # noqa: E402
-from trainer.distributed import init_distributed  # noqa: E402
-from trainer.model import GPT  # noqa: E402
+from ftfleet.trainer.checkpoint.manager import CheckpointManager  # noqa: E402
+from ftfleet.trainer.checkpoint.state import AppState, TrainProgress  # noqa: E402
+from ftfleet.trainer.config import CheckpointConfig, ModelConfig, ParallelConfig  # noqa: E402
+from ftfleet.trainer.distributed import init_distributed  # noqa: E402
+from ftfleet.trainer.model import GPT  # noqa: E402
 
 
 def build_state(vocab: int, d_model: int, layers: int):

@@ -53,11 +53,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from trainer.drill.lives import split_lives, steady_step_time  # noqa: E402
-from trainer.drill.report import daly_goodput  # noqa: E402
-from trainer.drill.runner import EventTail, Node  # noqa: E402
-from trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
-from trainer.testing.fake_metadata import FakeMetadataServer  # noqa: E402
+from ftfleet.trainer.drill.lives import split_lives, steady_step_time  # noqa: E402
+from ftfleet.trainer.drill.report import daly_goodput  # noqa: E402
+from ftfleet.trainer.drill.runner import EventTail, Node  # noqa: E402
+from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
+from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 VOCAB, LAYERS, HEADS = 8192, 2, 8
@@ -89,7 +89,7 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def cmd(nproc: int, run_dir: Path, overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "--max-restarts=100", "-m", "trainer",
+            f"--nproc-per-node={nproc}", "--max-restarts=100", "-m", "ftfleet.trainer",
             "--config", str(CONFIG), f"run_dir={run_dir}", *overrides]
 
 

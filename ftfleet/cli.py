@@ -17,10 +17,10 @@ from ftfleet.errors import UserError
 
 # subcommand -> module providing register(subparsers)
 SUBCOMMANDS = {
-    "plan": "infra.plan",
-    "config-reference": "infra.reference",
-    "ckpt": "trainer.checkpoint.cli",
-    "drill": "trainer.drill",
+    "plan": "ftfleet.infra.plan",
+    "config-reference": "ftfleet.infra.reference",
+    "ckpt": "ftfleet.trainer.checkpoint.cli",
+    "drill": "ftfleet.trainer.drill",
 }
 
 

@@ -3,7 +3,7 @@
 import pulumi
 
 from ftfleet.errors import ConfigError
-from infra import config, program
+from ftfleet.infra import config, program
 
 try:
     settings = config.load()

@@ -1,6 +1,6 @@
 """The one module that reads Pulumi configuration.
 
-Everything else in infra/ receives a validated :class:`infra.settings.Settings`.
+Everything else in infra/ receives a validated :class:`ftfleet.infra.settings.Settings`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from infra import settings
+from ftfleet.infra import settings
 
 _PREFIX = f"{settings.PROJECT}:"
 

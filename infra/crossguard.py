@@ -17,7 +17,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from infra import policies
+from ftfleet.infra import policies
 
 PACK_NAME = "ftfleet-invariants"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from infra import catalog
-from infra.settings import Settings
+from ftfleet.infra import catalog
+from ftfleet.infra.settings import Settings
 
 HOURS_PER_MONTH = 730
 

@@ -21,8 +21,8 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 from pulumi.runtime import settings as pulumi_settings
 
-from infra import settings as ftsettings
-from infra.stackfile import StackFile
+from ftfleet.infra import settings as ftsettings
+from ftfleet.infra.stackfile import StackFile
 
 PROGRAM = Path(__file__).with_name("__main__.py")
 MOCK_ACCOUNT = "123456789012"

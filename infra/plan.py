@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from infra import estimate, offline, stackfile
+from ftfleet.infra import estimate, offline, stackfile
 
 # The settings worth reading in a review, per resource type (paths into the inputs).
 KEY_INPUTS: dict[str, tuple[str, ...]] = {

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ftfleet.errors import ConfigError
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 
 def build(settings: Settings) -> None:
     if settings.cloud == "aws":
-        from infra.aws.stack import build as build_aws
+        from ftfleet.infra.aws.stack import build as build_aws
         build_aws(settings)
     else:
         raise ConfigError("ftfleet:cloud is gcp, but the GCP environment is not implemented yet; "

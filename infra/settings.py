@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from ftfleet.errors import ConfigError
-from infra import catalog
+from ftfleet.infra import catalog
 
 PROJECT = "ftfleet"
 PULUMI_YAML = Path(__file__).resolve().parent.parent / "Pulumi.yaml"

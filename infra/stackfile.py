@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ftfleet.errors import ConfigError
-from infra import settings
+from ftfleet.infra import settings
 
 STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
 

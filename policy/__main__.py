@@ -1,5 +1,5 @@
 """CrossGuard entry point: `pulumi preview --policy-pack policy/` (see infra/crossguard.py)."""
 
-from infra.crossguard import serve
+from ftfleet.infra.crossguard import serve
 
 serve()

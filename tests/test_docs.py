@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftfleet import contract
-from infra import reference, settings
+from ftfleet.infra import reference, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""``torchrun [...] -m trainer --config FILE [key.sub=value ...]``
+"""``torchrun [...] -m ftfleet.trainer --config FILE [key.sub=value ...]``
 
 Exit codes are those of ftfleet.contract: 0 done, 2 bad config or environment (a
 restart will not help), others as the stop request says.
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from ftfleet.contract import EXIT_CODES, EXIT_CONFIG, EXIT_UNRECOVERABLE
 from ftfleet.errors import UserError
-from trainer.agent import stop_agent
+from ftfleet.trainer.agent import stop_agent
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"),
                         help="YAML config (default: $FTFLEET_CONFIG)")
     parser.add_argument("--log-format", choices=("text", "json"),
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     level = logging.INFO if rank == 0 else logging.WARNING
     if args.log_format == "json":
-        from trainer.resilience.metrics import configure_json_logging
+        from ftfleet.trainer.resilience.metrics import configure_json_logging
 
         configure_json_logging(level, static={"rank": rank,
                                               "node": os.environ.get("FTFLEET_NODE_ID", "")})
@@ -56,10 +56,10 @@ NOT_RESTARTABLE = (EXIT_CONFIG, EXIT_UNRECOVERABLE)
 def _run(args: argparse.Namespace, rank: int) -> int:
     cfg = None
     try:
-        from trainer.config import load_config
+        from ftfleet.trainer.config import load_config
 
         cfg = load_config(args.config, args.overrides)
-        from trainer.train import train  # torch is imported here, after the config is valid
+        from ftfleet.trainer.train import train  # torch is imported here, after the config is valid
 
         return int(train(cfg)["exit_code"])
     except UserError as exc:

@@ -21,7 +21,7 @@ import yaml
 
 from ftfleet.contract import UPLOAD_MODES
 from ftfleet.errors import ConfigError
-from trainer.resilience.config import ResilienceConfig
+from ftfleet.trainer.resilience.config import ResilienceConfig
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

@@ -1,6 +1,6 @@
 """Process groups and model parallelism.
 
-* Works under ``torchrun`` (any number of ranks) and as a plain ``python -m trainer``
+* Works under ``torchrun`` (any number of ranks) and as a plain ``python -m ftfleet.trainer``
   (one rank, an in-memory store), so every code path is the distributed one.
 * Each torchrun attempt gets its own key prefix in the agent's store, agreed by its
   ranks (:func:`agree_on_attempt`): workers restarted by ``--max-restarts`` otherwise
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.config import ParallelConfig
+from ftfleet.trainer.config import ParallelConfig
 
 log = logging.getLogger("ftfleet.dist")
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import ModelConfig
+from ftfleet.trainer.config import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):

@@ -28,16 +28,16 @@ from typing import Any, Sequence
 import torch
 
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
-from trainer import distributed
-from trainer.checkpoint.manager import CheckpointManager
-from trainer.checkpoint.restore import Restored
-from trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
-from trainer.config import JobConfig
-from trainer.data import GlobalBatches, SyntheticTokens
-from trainer.events import EventLog
-from trainer.model import GPT, loss_fn
-from trainer.resilience.anomaly import Action, Decision
-from trainer.resilience.guard import Guard
+from ftfleet.trainer import distributed
+from ftfleet.trainer.checkpoint.manager import CheckpointManager
+from ftfleet.trainer.checkpoint.restore import Restored
+from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
+from ftfleet.trainer.config import JobConfig
+from ftfleet.trainer.data import GlobalBatches, SyntheticTokens
+from ftfleet.trainer.events import EventLog
+from ftfleet.trainer.model import GPT, loss_fn
+from ftfleet.trainer.resilience.anomaly import Action, Decision
+from ftfleet.trainer.resilience.guard import Guard
 
 log = logging.getLogger("ftfleet.train")
 

@@ -14,7 +14,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import BucketSettings, Settings
+from ftfleet.infra.settings import BucketSettings, Settings
 
 s3 = aws.s3
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 
 class CheckpointStore(pulumi.ComponentResource):

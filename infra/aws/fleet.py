@@ -16,7 +16,7 @@ import base64
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 ROOT_DEVICE = "/dev/sda1"  # root device name of the Ubuntu-based Deep Learning AMIs
 TERMINATION_HOOK = "ftfleet-emergency-checkpoint"

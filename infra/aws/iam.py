@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 METRICS_NAMESPACE = "ftfleet"
 SSM_CORE = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"

@@ -11,7 +11,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 
 def key_policy(account_id: str) -> str:

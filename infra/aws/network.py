@@ -12,7 +12,7 @@ import ipaddress
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 # Ports FSx for Lustre needs between clients and file servers (and among servers).
 LUSTRE_PORTS = ((988, 988), (1018, 1023))

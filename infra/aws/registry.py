@@ -7,7 +7,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 # Untagged layers pile up with every push; tagged releases are kept.
 EXPIRE_UNTAGGED = json.dumps({"rules": [{

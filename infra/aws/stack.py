@@ -5,15 +5,15 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws import userdata
-from infra.aws.bucket import ReplicatedBucket
-from infra.aws.checkpoint_store import CheckpointStore
-from infra.aws.fleet import GpuFleet
-from infra.aws.iam import NodeGrants, NodeIdentity
-from infra.aws.kms import StackKey
-from infra.aws.network import Network
-from infra.aws.registry import Registry
-from infra.settings import Settings
+from ftfleet.infra.aws import userdata
+from ftfleet.infra.aws.bucket import ReplicatedBucket
+from ftfleet.infra.aws.checkpoint_store import CheckpointStore
+from ftfleet.infra.aws.fleet import GpuFleet
+from ftfleet.infra.aws.iam import NodeGrants, NodeIdentity
+from ftfleet.infra.aws.kms import StackKey
+from ftfleet.infra.aws.network import Network
+from ftfleet.infra.aws.registry import Registry
+from ftfleet.infra.settings import Settings
 
 
 def build(s: Settings) -> None:

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass
 
 from ftfleet import contract
-from infra.settings import Settings
+from ftfleet.infra.settings import Settings
 
 RDZV_PORT = 29400
 # The image's entrypoint (trainer/docker-entrypoint) turns the contract environment into

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from trainer.drill.cloud import LocalCloud
+from ftfleet.trainer.drill.cloud import LocalCloud
 
 
 @pytest.fixture(scope="session")

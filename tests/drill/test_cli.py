@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.drill.cli import main
+from ftfleet.trainer.drill.cli import main
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.drill.conftest import client, put_step
-from trainer.drill.damage import committed_steps, corrupt_newest, lose_primary
+from ftfleet.trainer.drill.damage import committed_steps, corrupt_newest, lose_primary
 
 SHARD = b"0123456789" * 100
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tests.drill.events import life, restart_run
-from trainer.drill.faults import FaultResult
-from trainer.drill.lives import split_lives, steady_step_time
-from trainer.drill.report import DrillReport, Goodput, daly_goodput
-from trainer.resilience.interval import daly_interval
+from ftfleet.trainer.drill.faults import FaultResult
+from ftfleet.trainer.drill.lives import split_lives, steady_step_time
+from ftfleet.trainer.drill.report import DrillReport, Goodput, daly_goodput
+from ftfleet.trainer.resilience.interval import daly_interval
 
 
 # -- lives, goodput and the report ----------------------------------------------------------

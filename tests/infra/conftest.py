@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import offline, policies, stackfile
+from ftfleet.infra import offline, policies, stackfile
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ftfleet.cli import main
-from infra import offline, settings, stackfile
+from ftfleet.infra import offline, settings, stackfile
 
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.aws-dev.yaml"))["config"]
 

@@ -8,8 +8,8 @@ import pytest
 from pulumi_policy import (PolicyCustomTimeouts, PolicyProviderResource, PolicyResource,
                            PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs)
 
-from infra import policies
-from infra.crossguard import build_policies
+from ftfleet.infra import policies
+from ftfleet.infra.crossguard import build_policies
 from tests.infra.conftest import recording, res_view
 
 OPTS = PolicyResourceOptions(protect=False, ignore_changes=[], delete_before_replace=None, aliases=[],

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ftfleet.cli import main
-from infra import policies, stackfile
+from ftfleet.infra import policies, stackfile
 from tests.infra.conftest import recording, res_view
 
 STACKS = stackfile.stack_names()

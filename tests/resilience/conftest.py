@@ -7,8 +7,8 @@ from typing import Iterator
 
 import pytest
 
-from trainer.resilience.watcher import WatcherConfig
-from trainer.testing.fake_metadata import FakeMetadataServer
+from ftfleet.trainer.resilience.watcher import WatcherConfig
+from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 
 @pytest.fixture

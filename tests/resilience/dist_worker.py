@@ -10,8 +10,8 @@ import sys
 
 import torch.distributed as dist
 
-from trainer.resilience.agreement import agree
-from trainer.resilience.notices import Notice, NoticeKind, NoticeSource
+from ftfleet.trainer.resilience.agreement import agree
+from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource
 
 T = 1_800_000_000.0
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from trainer.resilience.agreement import agree, decode, encode
-from trainer.resilience.notices import Notice, NoticeKind, NoticeSource
+from ftfleet.trainer.resilience.agreement import agree, decode, encode
+from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource
 
 from . import dist_worker
 from .helpers import REPO, subprocess_env

@@ -5,7 +5,7 @@ import torch
 
 from ftfleet.contract import EXIT_UNRECOVERABLE
 from ftfleet.errors import ConfigError
-from trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector,
+from ftfleet.trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector,
                                         RepeatedAnomalyError)
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch.distributed as dist
 
-from trainer.distributed import agree_on_attempt
+from ftfleet.trainer.distributed import agree_on_attempt
 
 WORLD = 4
 TIMEOUT = datetime.timedelta(seconds=20)

@@ -3,8 +3,8 @@
 import pytest
 
 from ftfleet.errors import ConfigError
-from trainer.config import build
-from trainer.resilience import ResilienceConfig
+from ftfleet.trainer.config import build
+from ftfleet.trainer.resilience import ResilienceConfig
 
 
 def load(raw):

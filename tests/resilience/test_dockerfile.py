@@ -73,7 +73,7 @@ def test_the_entrypoint_checks_the_contract_then_runs_torchrun():
     assert "check_env()" in script
     launch = script.split("\ntorchrun ")[-1].split("\nagent=")[0]
     assert launch.rstrip().endswith('"$@" &')
-    assert json.loads(values("CMD")[0]) == ["--module", "trainer"]
+    assert json.loads(values("CMD")[0]) == ["--module", "ftfleet.trainer"]
     assert (REPO / "trainer" / "__main__.py").exists()
 
 
@@ -118,7 +118,7 @@ def contract_env(fake_bin, **overrides):
 
 
 def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
-    result = subprocess.run([str(ENTRYPOINT), "--module", "trainer"], cwd=REPO,
+    result = subprocess.run([str(ENTRYPOINT), "--module", "ftfleet.trainer"], cwd=REPO,
                             env=contract_env(fake_bin), capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
@@ -127,7 +127,7 @@ def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
     assert "--rdzv-endpoint=coordinator.ftfleet.internal:29400" in args
     assert "--rdzv-id=aws-prod-llm" in args
     assert "--max-restarts=100" in args
-    assert args[-2:] == ["--module", "trainer"]
+    assert args[-2:] == ["--module", "ftfleet.trainer"]
 
 
 def test_the_entrypoint_refuses_an_incomplete_environment(fake_bin):
@@ -146,7 +146,7 @@ def fake_torchrun(fake_bin, body):
 
 def run_entrypoint(fake_bin, tmp_path, **kw):
     env = contract_env(fake_bin, TMPDIR=str(tmp_path))
-    return subprocess.run([str(ENTRYPOINT), "--module", "trainer"], cwd=REPO, env=env,
+    return subprocess.run([str(ENTRYPOINT), "--module", "ftfleet.trainer"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60, **kw)
 
 
@@ -168,7 +168,7 @@ def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
     got = tmp_path / "got-term"
     fake_torchrun(fake_bin, f"trap 'touch {got}; exit 143' TERM\n"
                             f"touch {tmp_path}/up\nwhile :; do sleep 0.05; done\n")
-    proc = subprocess.Popen([str(ENTRYPOINT), "--module", "trainer"], cwd=REPO,
+    proc = subprocess.Popen([str(ENTRYPOINT), "--module", "ftfleet.trainer"], cwd=REPO,
                             env=contract_env(fake_bin, TMPDIR=str(tmp_path)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

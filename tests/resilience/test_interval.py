@@ -3,7 +3,7 @@ import math
 import pytest
 
 from ftfleet.errors import ConfigError
-from trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
+from ftfleet.trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
                                          young_interval)
 
 

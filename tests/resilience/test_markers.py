@@ -7,7 +7,7 @@ import pytest
 from moto import mock_aws
 
 from ftfleet.contract import CommitMarker, marker_key
-from trainer.resilience.markers import publish_marker, read_local_marker, write_local_marker
+from ftfleet.trainer.resilience.markers import publish_marker, read_local_marker, write_local_marker
 
 
 def marker(step=1200, node="i-0abc", reason="termination"):

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftfleet.errors import ConfigError
-from trainer.resilience.metrics import (JsonFormatter, Metrics, configure_json_logging,
+from ftfleet.trainer.resilience.metrics import (JsonFormatter, Metrics, configure_json_logging,
                                         metrics_port)
 
 NAMES = ("ftfleet_steps_total", "ftfleet_step_seconds_bucket",
@@ -83,7 +83,7 @@ def test_log_lines_are_json_with_static_and_extra_fields():
     stream = io.StringIO()
     handler = configure_json_logging(static={"node": "i-0abc", "rank": 0}, stream=stream)
     try:
-        log = logging.getLogger("trainer.test")
+        log = logging.getLogger("ftfleet.trainer.test")
         log.info("checkpoint %d committed", 1200, extra={"blocked_s": 0.5})
         try:
             raise RuntimeError("boom")
@@ -94,7 +94,7 @@ def test_log_lines_are_json_with_static_and_extra_fields():
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["msg"] == "checkpoint 1200 committed" and first["level"] == "INFO"
     assert (first["node"], first["rank"], first["blocked_s"]) == ("i-0abc", 0, 0.5)
-    assert first["ts"].endswith("Z") and first["logger"] == "trainer.test"
+    assert first["ts"].endswith("Z") and first["logger"] == "ftfleet.trainer.test"
     assert "RuntimeError: boom" in second["exc"]
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from trainer.resilience.notices import (AWS_TERMINATION_NOTICE_S, GCP_PREEMPTION_NOTICE_S,
+from ftfleet.trainer.resilience.notices import (AWS_TERMINATION_NOTICE_S, GCP_PREEMPTION_NOTICE_S,
                                         Notice, NoticeKind, NoticeSource, most_urgent)
 
 

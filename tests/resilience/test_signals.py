@@ -11,7 +11,7 @@ from .helpers import REPO, run_python, subprocess_env
 
 CHAINING = """
     import json, os, signal
-    from trainer.resilience.watcher import NoticeWatcher
+    from ftfleet.trainer.resilience.watcher import NoticeWatcher
 
     calls = []
     def previous(signum, frame):
@@ -42,7 +42,7 @@ def test_sigterm_becomes_a_signal_notice_chains_and_restores_the_previous_handle
 TRAINING_LOOP = """
     import sys, time
     from ftfleet.contract import EXIT_PREEMPTED
-    from trainer.resilience.watcher import NoticeWatcher
+    from ftfleet.trainer.resilience.watcher import NoticeWatcher
 
     watcher = NoticeWatcher("none").start()
     print("ready", flush=True)

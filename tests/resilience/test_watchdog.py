@@ -1,13 +1,13 @@
 """The watchdog ends its process, so each case runs in a fresh one."""
 
 from ftfleet.contract import EXIT_HUNG
-from trainer.resilience.watchdog import WatchdogConfig
+from ftfleet.trainer.resilience.watchdog import WatchdogConfig
 
 from .helpers import run_python
 
 HUNG = """
     import threading, time
-    from trainer.resilience.watchdog import Watchdog
+    from ftfleet.trainer.resilience.watchdog import Watchdog
 
     def stuck_in_a_collective():
         threading.Event().wait()
@@ -25,7 +25,7 @@ HUNG = """
 
 HEALTHY = """
     import time
-    from trainer.resilience.watchdog import Watchdog
+    from ftfleet.trainer.resilience.watchdog import Watchdog
 
     with Watchdog(2.0) as watchdog:
         for step in range(40):   # 2 s of steps, longer than the timeout

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 
 from ftfleet.errors import ConfigError
-from trainer.resilience.notices import NoticeKind, NoticeSource
-from trainer.resilience.watcher import NoticeWatcher, WatcherConfig
-from trainer.testing.fake_metadata import FakeMetadataServer
+from ftfleet.trainer.resilience.notices import NoticeKind, NoticeSource
+from ftfleet.trainer.resilience.watcher import NoticeWatcher, WatcherConfig
+from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 from .helpers import wait_for
 
@@ -101,7 +101,7 @@ def test_an_unreachable_endpoint_is_logged_once_and_polling_goes_on(fast_config,
     with socket.socket() as probe:  # a free port with nobody listening yet
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    caplog.set_level(logging.INFO, logger="trainer.resilience")
+    caplog.set_level(logging.INFO, logger="ftfleet.trainer.resilience")
     watcher = NoticeWatcher("aws", f"http://127.0.0.1:{port}", fast_config).start()
     try:
         wait_for(lambda: watcher._threads[0]._failures >= 4, what="failed polls")

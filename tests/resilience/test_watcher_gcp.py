@@ -5,8 +5,8 @@ import urllib.request
 
 import pytest
 
-from trainer.resilience.notices import NoticeKind, NoticeSource
-from trainer.resilience.watcher import NoticeWatcher
+from ftfleet.trainer.resilience.notices import NoticeKind, NoticeSource
+from ftfleet.trainer.resilience.watcher import NoticeWatcher
 
 from .helpers import wait_for
 

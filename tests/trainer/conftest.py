@@ -32,8 +32,8 @@ CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 def trainer_cmd(nproc: int, run_dir: Path, *overrides: str) -> list[str]:
     args = ["--config", str(CONFIG), *BASE, f"run_dir={run_dir}", *overrides]
     if nproc == 1:
-        return [sys.executable, "-m", "trainer", *args]
-    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "trainer", *args]
+        return [sys.executable, "-m", "ftfleet.trainer", *args]
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "ftfleet.trainer", *args]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -129,8 +129,8 @@ def assert_each_sample_once(trace: dict[int, list[tuple[int, int]]], steps: int,
 
 def ckpt_hash(step_dir: Path) -> str:
     """state_sha256 of the model and optimizer held by a checkpoint, loaded offline."""
-    from trainer.checkpoint.safe_load import load_offline
-    from trainer.checkpoint.state import state_sha256
+    from ftfleet.trainer.checkpoint.safe_load import load_offline
+    from ftfleet.trainer.checkpoint.state import state_sha256
 
     app = load_offline(step_dir)["app"]
     return state_sha256({"model": app["model"], "optim": app["optim"]})
@@ -195,10 +195,10 @@ def in_process_manager(ckpt_dir: Path, *overrides: str):
     group): for protocol tests that need a real load but not a training run."""
     import torch
 
-    from trainer.checkpoint.manager import CheckpointManager
-    from trainer.checkpoint.state import AppState, TrainProgress
-    from trainer.config import load_config
-    from trainer.model import GPT
+    from ftfleet.trainer.checkpoint.manager import CheckpointManager
+    from ftfleet.trainer.checkpoint.state import AppState, TrainProgress
+    from ftfleet.trainer.config import load_config
+    from ftfleet.trainer.model import GPT
 
     cfg = load_config(CONFIG, [*BASE, f"checkpoint.dir={ckpt_dir}", *overrides], environ={})
     torch.manual_seed(cfg.seed)

@@ -81,10 +81,10 @@ def test_a_malformed_manifest_fails_list_and_inspect_naming_manifest_json(tmp_pa
 
 def upload(store, root, steps):
     """Make ``steps`` durable in ``store``, one at a time (queued ones would be skipped)."""
-    from trainer.checkpoint.comm import LocalComm
-    from trainer.checkpoint.manifest import read_manifest
-    from trainer.checkpoint.tiers import LocalTier
-    from trainer.checkpoint.upload import Uploader
+    from ftfleet.trainer.checkpoint.comm import LocalComm
+    from ftfleet.trainer.checkpoint.manifest import read_manifest
+    from ftfleet.trainer.checkpoint.tiers import LocalTier
+    from ftfleet.trainer.checkpoint.upload import Uploader
 
     for step in steps:
         up = Uploader(store, LocalTier(root), LocalComm(), workers=2, keep=10)
@@ -98,7 +98,7 @@ def flip_first_byte(data: bytes) -> bytes:
 
 def test_bucket_target_on_s3_lists_verifies_and_inspects_then_names_the_bad_object(
         tmp_path, ref2, moto_url, s3, bucket, capsys):
-    from trainer.checkpoint.tiers.s3 import S3Store
+    from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
 
     root = copy_steps(ref2["run_dir"] / "checkpoints", tmp_path / "ck", [20, 24])
     upload(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), root, [20, 24])
@@ -127,7 +127,7 @@ def test_bucket_target_on_s3_lists_verifies_and_inspects_then_names_the_bad_obje
 
 def test_bucket_target_on_gcs_names_the_corrupt_object(tmp_path, ref1, monkeypatch, capsys):
     from tests.trainer.test_gcs import FakeClient
-    from trainer.checkpoint.tiers import gcs
+    from ftfleet.trainer.checkpoint.tiers import gcs
 
     client = FakeClient("b")
     monkeypatch.setattr(gcs, "make_client", lambda: client)

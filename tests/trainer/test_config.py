@@ -6,7 +6,7 @@ import pytest
 
 from ftfleet.errors import ConfigError
 from tests.trainer.conftest import REPO
-from trainer.config import load_config
+from ftfleet.trainer.config import load_config
 
 TINY = str(REPO / "trainer" / "configs" / "tiny.yaml")
 
@@ -81,7 +81,7 @@ def test_trainer_exits_2_with_one_line_on_bad_config(tmp_path):
 
     from tests.trainer.conftest import child_env
 
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--config", TINY, "checkpoint.keep=1",
+    proc = subprocess.run([sys.executable, "-m", "ftfleet.trainer", "--config", TINY, "checkpoint.keep=1",
                            f"run_dir={tmp_path}"], cwd=REPO, env=child_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

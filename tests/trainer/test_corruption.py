@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from trainer.checkpoint.comm import LocalComm
-from trainer.checkpoint.manifest import read_manifest
-from trainer.checkpoint.restore import Identity, find_and_prepare
-from trainer.checkpoint.tiers import LocalTier
+from ftfleet.trainer.checkpoint.comm import LocalComm
+from ftfleet.trainer.checkpoint.manifest import read_manifest
+from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
+from ftfleet.trainer.checkpoint.tiers import LocalTier
 from tests.trainer.conftest import copy_steps, run_trainer
 
 

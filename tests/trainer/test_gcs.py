@@ -10,12 +10,12 @@ import logging
 import pytest
 from google.api_core import exceptions as gexc
 
-from trainer.checkpoint.comm import LocalComm
-from trainer.checkpoint.manifest import read_manifest
-from trainer.checkpoint.restore import Identity, find_and_prepare
-from trainer.checkpoint.tiers import LocalTier, TierUnavailable
-from trainer.checkpoint.tiers.gcs import GCSStore
-from trainer.checkpoint.upload import Uploader
+from ftfleet.trainer.checkpoint.comm import LocalComm
+from ftfleet.trainer.checkpoint.manifest import read_manifest
+from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
+from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable
+from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore
+from ftfleet.trainer.checkpoint.upload import Uploader
 from tests.trainer.conftest import copy_steps
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from trainer.checkpoint.manifest import (
+from ftfleet.trainer.checkpoint.manifest import (
     Manifest,
     ManifestError,
     assign_files,
@@ -16,7 +16,7 @@ from trainer.checkpoint.manifest import (
     verify_dir,
     write_manifest,
 )
-from trainer.checkpoint.retention import debris, steps_to_delete
+from ftfleet.trainer.checkpoint.retention import debris, steps_to_delete
 
 
 def make_step(tmp_path, files: dict[str, bytes], step: int = 3) -> tuple:
@@ -43,7 +43,7 @@ def test_manifest_round_trips_and_lists_every_file_with_size_and_crc(tmp_path):
 
 
 def test_the_commit_is_durable_in_the_step_and_the_tier_directory(tmp_path, monkeypatch):
-    import trainer.checkpoint.manifest as manifest_module
+    import ftfleet.trainer.checkpoint.manifest as manifest_module
 
     synced = []
     monkeypatch.setattr(manifest_module, "fsync_dir", lambda p: synced.append(p))

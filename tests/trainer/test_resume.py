@@ -74,7 +74,7 @@ def test_kill_9_during_a_local_save_leaves_nothing_wrong_and_resume_is_bit_exact
     finally:
         kill9(proc)
 
-    from trainer.checkpoint.manifest import read_manifest, verify_dir
+    from ftfleet.trainer.checkpoint.manifest import read_manifest, verify_dir
 
     accepted = []
     for step_dir in sorted(ckpt.glob("step-*")):

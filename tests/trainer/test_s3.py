@@ -7,11 +7,11 @@ import threading
 import pytest
 
 from ftfleet.cli import main as ftfleet
-from trainer.checkpoint.comm import LocalComm
-from trainer.checkpoint.manifest import read_manifest
-from trainer.checkpoint.tiers import LocalTier
-from trainer.checkpoint.tiers.s3 import S3Store
-from trainer.checkpoint.upload import Uploader
+from ftfleet.trainer.checkpoint.comm import LocalComm
+from ftfleet.trainer.checkpoint.manifest import read_manifest
+from ftfleet.trainer.checkpoint.tiers import LocalTier
+from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
+from ftfleet.trainer.checkpoint.upload import Uploader
 from tests.trainer.conftest import copy_steps, kill9, run_trainer, start_trainer, wait_for
 
 
@@ -111,7 +111,7 @@ def test_an_upload_that_keeps_failing_never_writes_a_manifest(tmp_path, s3proxy,
 
 
 def test_a_missing_bucket_is_reported_as_unavailable(moto_url):
-    from trainer.checkpoint.tiers import TierUnavailable
+    from ftfleet.trainer.checkpoint.tiers import TierUnavailable
 
     with pytest.raises(TierUnavailable, match="NoSuchBucket"):
         S3Store("s3://no-such-bucket/p", endpoint_url=moto_url, retries=1).committed_steps()
@@ -122,7 +122,7 @@ def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(tmp_path, moto_
                                                                  bucket, ref1, failing):
     """Retries exhausted on the primary is an error of that tier, not of the restore: rank 0
     raising there would leave the other ranks waiting in a collective until its timeout."""
-    from trainer.checkpoint.restore import Identity, find_and_prepare
+    from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
 
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24])
     manifest = read_manifest(root / "step-24")

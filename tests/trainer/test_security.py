@@ -9,17 +9,17 @@ import struct
 
 import pytest
 
-from trainer.checkpoint.comm import LocalComm
-from trainer.checkpoint.manifest import checksum_file, read_manifest, write_manifest
-from trainer.checkpoint.restore import CheckpointRefused, Identity, find_and_prepare
-from trainer.checkpoint.safe_load import (
+from ftfleet.trainer.checkpoint.comm import LocalComm
+from ftfleet.trainer.checkpoint.manifest import checksum_file, read_manifest, write_manifest
+from ftfleet.trainer.checkpoint.restore import CheckpointRefused, Identity, find_and_prepare
+from ftfleet.trainer.checkpoint.safe_load import (
     CheckpointLoadError,
     UnsafeCheckpointError,
     load_into,
     load_offline,
     read_metadata_file,
 )
-from trainer.checkpoint.tiers import LocalTier
+from ftfleet.trainer.checkpoint.tiers import LocalTier
 from tests.trainer.conftest import copy_steps
 
 

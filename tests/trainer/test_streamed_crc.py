@@ -13,18 +13,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-import trainer.checkpoint.commit as commit_module
-from trainer.checkpoint.comm import LocalComm
-from trainer.checkpoint.commit import own_entries, storage_files
-from trainer.checkpoint.manifest import (
+import ftfleet.trainer.checkpoint.commit as commit_module
+from ftfleet.trainer.checkpoint.comm import LocalComm
+from ftfleet.trainer.checkpoint.commit import own_entries, storage_files
+from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
     checksum_file,
     crc32c_extend,
     read_manifest,
 )
-from trainer.checkpoint.restore import Identity, find_and_prepare
-from trainer.checkpoint.tiers import LocalTier
-from trainer.checkpoint.writer import ChecksummingFileSystem, ChecksummingWriter, CrcStream
+from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
+from ftfleet.trainer.checkpoint.tiers import LocalTier
+from ftfleet.trainer.checkpoint.writer import ChecksummingFileSystem, ChecksummingWriter, CrcStream
 from tests.trainer.conftest import in_process_manager
 
 
@@ -226,7 +226,7 @@ def test_the_commit_reads_back_what_the_stream_did_not_vouch_for(tmp_path, caplo
 
 
 def test_the_commit_refuses_a_file_reported_by_two_ranks(tmp_path):
-    from trainer.checkpoint.commit import CommitError, commit_step
+    from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
 
     class TwoRanks(LocalComm):
         def gather(self, obj):

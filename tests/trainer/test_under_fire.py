@@ -17,8 +17,8 @@ import pytest
 from ftfleet.contract import EXIT_PREEMPTED, EXIT_UNRECOVERABLE, CommitMarker, marker_key
 from tests.trainer.conftest import (BIN, CONFIG, BASE, REPO, child_env, run_trainer,
                                     start_trainer, wait_for)
-from trainer.events import read_events
-from trainer.testing.fake_metadata import FakeMetadataServer
+from ftfleet.trainer.events import read_events
+from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 #: Steps slow enough that a notice lands mid-run; metadata polled often.
 PACED = ["faults.step_delay_s=0.1", "resilience.watcher.poll_interval_s=0.2",
@@ -208,7 +208,7 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
             "faults.hang_rank=1", "resilience.watchdog.timeout_s=3",
             "resilience.watchdog.first_step_timeout_s=120"]
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
-           "-m", "trainer", *args]
+           "-m", "ftfleet.trainer", *args]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -233,7 +233,7 @@ def start_image(tmp_path: Path, run_dir: Path, *overrides: str,
         "FTFLEET_REGION": "us-east-1", "FTFLEET_METADATA_ENDPOINT": metadata_url or "http://127.0.0.1:9",
         "FTFLEET_METRICS_PORT": "0", "FTFLEET_LOG_FORMAT": "text"})
     with open(tmp_path / "entrypoint.log", "w") as log:
-        return subprocess.Popen([str(REPO / "trainer" / "docker-entrypoint"), "--module", "trainer",
+        return subprocess.Popen([str(REPO / "trainer" / "docker-entrypoint"), "--module", "ftfleet.trainer",
                                  *BASE, f"run_dir={run_dir}", *overrides],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)

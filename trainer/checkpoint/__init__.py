@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "CheckpointManager": "trainer.checkpoint.manager",
-    "AppState": "trainer.checkpoint.state",
-    "TrainProgress": "trainer.checkpoint.state",
-    "Manifest": "trainer.checkpoint.manifest",
-    "Restored": "trainer.checkpoint.restore",
+    "CheckpointManager": "ftfleet.trainer.checkpoint.manager",
+    "AppState": "ftfleet.trainer.checkpoint.state",
+    "TrainProgress": "ftfleet.trainer.checkpoint.state",
+    "Manifest": "ftfleet.trainer.checkpoint.manifest",
+    "Restored": "ftfleet.trainer.checkpoint.restore",
 }
 
 __all__ = list(_LAZY)

@@ -21,8 +21,8 @@ from typing import Any
 
 from ftfleet.contract import parse_step_dir, step_dir_name
 from ftfleet.errors import UserError
-from trainer.checkpoint.manifest import Manifest, ManifestError, checksum_stream, verify_dir
-from trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
+from ftfleet.trainer.checkpoint.manifest import Manifest, ManifestError, checksum_stream, verify_dir
+from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
 
 
 def register(subparsers: Any) -> None:
@@ -204,8 +204,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:
     """Load the checkpoint offline (tensors weights_only, metadata through an allowlist)
     and describe it. A bucket checkpoint is downloaded to a temporary directory."""
-    from trainer.checkpoint.safe_load import load_offline
-    from trainer.checkpoint.state import state_sha256
+    from ftfleet.trainer.checkpoint.safe_load import load_offline
+    from ftfleet.trainer.checkpoint.state import state_sha256
 
     with tempfile.TemporaryDirectory(prefix="ftfleet-inspect-") as tmp:
         if target.local:

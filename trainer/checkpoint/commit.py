@@ -5,7 +5,7 @@
 2. Each rank reports the size and CRC32C of the shard files it wrote: those its writer
    (:class:`~trainer.checkpoint.writer.ChecksummingWriter`) checksummed while writing
    them, and those named ``__<rank>_*`` in DCP's metadata. A file whose streamed CRC
-   cannot be trusted (see :mod:`trainer.checkpoint.writer`) or that has no record is
+   cannot be trusted (see :mod:`ftfleet.trainer.checkpoint.writer`) or that has no record is
    read back and checksummed, as is ``.metadata`` (small) on rank 0.
 3. Rank 0 gathers the entries, checks they cover exactly the files DCP's metadata names,
    each reported once and no smaller than DCP says, and writes ``manifest.json``
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ftfleet.contract import MANIFEST_NAME
-from trainer.checkpoint.manifest import (
+from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
     Manifest,
     checksum_files,

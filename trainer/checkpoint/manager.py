@@ -17,9 +17,9 @@ stager that copies the state into buffers kept between saves (pinned memory and
 non-blocking copies on GPU); training is blocked only until that copy is done, and not
 even that long when :meth:`wait_for_staging` is called just before the optimizer step.
 DCP's writer threads take each shard's CRC32C as they write it
-(:mod:`trainer.checkpoint.writer`). A background thread then runs the commit protocol
-(:mod:`trainer.checkpoint.commit`), retention, and hands the checkpoint to the uploader
-(:mod:`trainer.checkpoint.upload`).
+(:mod:`ftfleet.trainer.checkpoint.writer`). A background thread then runs the commit protocol
+(:mod:`ftfleet.trainer.checkpoint.commit`), retention, and hands the checkpoint to the uploader
+(:mod:`ftfleet.trainer.checkpoint.upload`).
 At most one save is in flight: the next one waits for the previous commit.
 """
 
@@ -36,17 +36,17 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from trainer.checkpoint import retention
-from trainer.checkpoint.comm import DistComm, LocalComm
-from trainer.checkpoint.commit import CommitError, commit_step
-from trainer.checkpoint.manifest import Manifest
-from trainer.checkpoint.restore import Identity, Restored, find_and_prepare
-from trainer.checkpoint.safe_load import load_into
-from trainer.checkpoint.state import AppState
-from trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
-from trainer.checkpoint.upload import Uploader
-from trainer.checkpoint.writer import ChecksummingWriter
-from trainer.config import CheckpointConfig
+from ftfleet.trainer.checkpoint import retention
+from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
+from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
+from ftfleet.trainer.checkpoint.manifest import Manifest
+from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare
+from ftfleet.trainer.checkpoint.safe_load import load_into
+from ftfleet.trainer.checkpoint.state import AppState
+from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
+from ftfleet.trainer.checkpoint.upload import Uploader
+from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
+from ftfleet.trainer.config import CheckpointConfig
 
 log = logging.getLogger("ftfleet.ckpt")
 

@@ -28,14 +28,14 @@ from typing import Any, Sequence
 
 from ftfleet.contract import step_dir_name
 from ftfleet.errors import UserError
-from trainer.checkpoint.manifest import (
+from ftfleet.trainer.checkpoint.manifest import (
     Manifest,
     ManifestError,
     assign_files,
     check_file,
     write_manifest,
 )
-from trainer.checkpoint.tiers import LocalTier, ObjectStore, TierUnavailable
+from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, TierUnavailable
 
 log = logging.getLogger("ftfleet.ckpt")
 

@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
 from ftfleet.contract import MANIFEST_NAME, step_dir_name
-from trainer.checkpoint import retention
-from trainer.checkpoint.manifest import Manifest, assign_files
-from trainer.checkpoint.tiers import LocalTier, ObjectStore
+from ftfleet.trainer.checkpoint import retention
+from ftfleet.trainer.checkpoint.manifest import Manifest, assign_files
+from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore
 
 log = logging.getLogger("ftfleet.ckpt")
 

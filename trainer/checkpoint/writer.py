@@ -35,7 +35,7 @@ from typing import Any, Generator
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from trainer.checkpoint.manifest import Crc32c, FileEntry
+from ftfleet.trainer.checkpoint.manifest import Crc32c, FileEntry
 
 #: What a writer learned about one file: its entry, or why there is none.
 Streamed = FileEntry | str

@@ -1,20 +1,20 @@
-"""``ftfleet drill`` (``python -m trainer.drill``): inject every failure a spot fleet
+"""``ftfleet drill`` (``python -m ftfleet.trainer.drill``): inject every failure a spot fleet
 throws at a training run into a local one, and report how the trainer recovered.
 
-* :mod:`trainer.drill.scenario`: which faults, at which steps, on which node;
-* :mod:`trainer.drill.cloud`: moto S3 (primary and replica buckets) and the fake
+* :mod:`ftfleet.trainer.drill.scenario`: which faults, at which steps, on which node;
+* :mod:`ftfleet.trainer.drill.cloud`: moto S3 (primary and replica buckets) and the fake
   metadata service on 127.0.0.1;
-* :mod:`trainer.drill.runner`: one torchrun (a node), its workers, the event log;
-* :mod:`trainer.drill.run`: the reference run, the faulted run, the injections;
-* :mod:`trainer.drill.lives`, :mod:`trainer.drill.faults`: each fault's measures, from
+* :mod:`ftfleet.trainer.drill.runner`: one torchrun (a node), its workers, the event log;
+* :mod:`ftfleet.trainer.drill.run`: the reference run, the faulted run, the injections;
+* :mod:`ftfleet.trainer.drill.lives`, :mod:`ftfleet.trainer.drill.faults`: each fault's measures, from
   ``events.jsonl``;
-* :mod:`trainer.drill.report`: goodput, the state check, the report.
+* :mod:`ftfleet.trainer.drill.report`: goodput, the state check, the report.
 
 Importing this package imports neither torch nor moto: ``ftfleet --help`` stays fast.
 """
 
 from __future__ import annotations
 
-from trainer.drill.cli import main, register
+from ftfleet.trainer.drill.cli import main, register
 
 __all__ = ["main", "register"]

@@ -1,5 +1,5 @@
 import sys
 
-from trainer.drill.cli import main
+from ftfleet.trainer.drill.cli import main
 
 sys.exit(main())

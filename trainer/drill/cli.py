@@ -29,7 +29,7 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from trainer.drill.scenario import FAULTS
+    from ftfleet.trainer.drill.scenario import FAULTS
 
     parser.add_argument("--faults", default="all", metavar="LIST",
                         help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} "
@@ -72,8 +72,8 @@ def register(subparsers: Any) -> None:
 
 
 def options(args: argparse.Namespace, workdir: Path) -> Any:
-    from trainer.drill.run import DEFAULT_CONFIG, DrillOptions
-    from trainer.drill.scenario import build_plan, parse_faults
+    from ftfleet.trainer.drill.run import DEFAULT_CONFIG, DrillOptions
+    from ftfleet.trainer.drill.scenario import build_plan, parse_faults
 
     interval = args.interval.strip().lower()
     if interval != "adaptive" and not (interval.isdigit() and int(interval) > 0):
@@ -95,7 +95,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from trainer.drill.run import DrillError, run_drill
+    from ftfleet.trainer.drill.run import DrillError, run_drill
 
     opts = options(args, Path())  # validate before anything is created
     tmp = None
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.drill",
+    parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.drill",
                                      description=__doc__.split("\n\n")[1], epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ftfleet.contract import MANIFEST_NAME
 from ftfleet.errors import UserError
-from trainer.testing.fake_metadata import FakeMetadataServer
+from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 log = logging.getLogger("ftfleet.drill")
 

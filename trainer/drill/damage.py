@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 from ftfleet.contract import MANIFEST_NAME, parse_step_dir
-from trainer.checkpoint.tiers import LocalTier
-from trainer.drill.cloud import LocalCloud, flip_middle
-from trainer.drill.faults import FaultRecord
+from ftfleet.trainer.checkpoint.tiers import LocalTier
+from ftfleet.trainer.drill.cloud import LocalCloud, flip_middle
+from ftfleet.trainer.drill.faults import FaultRecord
 
 
 def committed_steps(cloud: LocalCloud, fast_dir: Path) -> dict[str, list[int]]:

@@ -22,7 +22,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from trainer.drill.lives import STEP_EVENTS, Life, life_after, life_at, split_lives
+from ftfleet.trainer.drill.lives import STEP_EVENTS, Life, life_after, life_at, split_lives
 
 #: Fault kinds, in the order the drill injects them, and how the report names them.
 KINDS: dict[str, str] = {

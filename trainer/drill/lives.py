@@ -1,4 +1,4 @@
-"""The run's event log (:mod:`trainer.events`) cut into **lives**: one worker group of
+"""The run's event log (:mod:`ftfleet.trainer.events`) cut into **lives**: one worker group of
 one torchrun attempt, seen through the events its rank 0 wrote (one ``pid``). A SIGKILL
 or a hang ends a life and torchrun starts the next; a preempted node's replacement is
 a new torchrun, hence a new life.

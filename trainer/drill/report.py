@@ -1,4 +1,4 @@
-"""The drill's report: every fault's measures (:mod:`trainer.drill.faults`), the goodput,
+"""The drill's report: every fault's measures (:mod:`ftfleet.trainer.drill.faults`), the goodput,
 and whether the final state equals the uninterrupted reference run's; as text, Markdown
 and JSON.
 
@@ -14,14 +14,14 @@ import json
 import math
 from typing import Any
 
-from trainer.drill.faults import FaultResult
+from ftfleet.trainer.drill.faults import FaultResult
 
 def daly_goodput(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:
     """Daly's (2006) model under exponential failures of mean ``mtbf_s``: a save costing
     ``cost_s`` after every ``interval_s`` seconds of work, ``restart_s`` lost per failure
     before work resumes. Expected wall time per second of work is
     ``M e^(R/M) (e^((tau + C)/M) - 1) / tau``; goodput is its inverse. Its maximum is
-    near :func:`trainer.resilience.interval.daly_interval`."""
+    near :func:`ftfleet.trainer.resilience.interval.daly_interval`."""
     if not (interval_s > 0 and cost_s >= 0 and restart_s >= 0 and mtbf_s > 0):
         raise ValueError("interval and MTBF must be > 0, save and restart costs >= 0")
     m = mtbf_s

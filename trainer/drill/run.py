@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
-from trainer.drill import damage
-from trainer.drill.cloud import CREDENTIALS, LocalCloud
-from trainer.drill.faults import KINDS, FaultRecord, measure
-from trainer.drill.lives import steady_step_time
-from trainer.drill.report import DrillReport, Goodput
-from trainer.drill.runner import EventTail, Node, WorkerGroup
-from trainer.drill.scenario import Plan, SegmentPlan, build_plan
+from ftfleet.trainer.drill import damage
+from ftfleet.trainer.drill.cloud import CREDENTIALS, LocalCloud
+from ftfleet.trainer.drill.faults import KINDS, FaultRecord, measure
+from ftfleet.trainer.drill.lives import steady_step_time
+from ftfleet.trainer.drill.report import DrillReport, Goodput
+from ftfleet.trainer.drill.runner import EventTail, Node, WorkerGroup
+from ftfleet.trainer.drill.scenario import Plan, SegmentPlan, build_plan
 
 #: The package root's parent: children import the same ``trainer`` as this process.
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ class Drill:
     def cmd(self, run_dir: Path, ckpt_dir: Path, overrides: list[str]) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={self.opts.nproc}", f"--max-restarts={self.opts.max_restarts}",
-                "-m", "trainer", "--config", str(self.opts.config), *self.common_overrides(),
+                "-m", "ftfleet.trainer", "--config", str(self.opts.config), *self.common_overrides(),
                 f"run_dir={run_dir}", f"checkpoint.dir={ckpt_dir}", *overrides]
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from trainer.events import FILENAME as EVENTS_FILENAME
+from ftfleet.trainer.events import FILENAME as EVENTS_FILENAME
 
 
 class EventTail:

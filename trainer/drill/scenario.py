@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from ftfleet.errors import UserError
-from trainer.drill.faults import KINDS
+from ftfleet.trainer.drill.faults import KINDS
 
 #: Every fault, in the order the drill injects them.
 FAULTS: tuple[str, ...] = tuple(KINDS)

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector, Decision,
+from ftfleet.trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector, Decision,
                                         RepeatedAnomalyError)
-from trainer.resilience.config import ResilienceConfig
-from trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
+from ftfleet.trainer.resilience.config import ResilienceConfig
+from ftfleet.trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
                                          young_interval)
-from trainer.resilience.markers import (MarkerWrite, publish_marker, read_local_marker,
+from ftfleet.trainer.resilience.markers import (MarkerWrite, publish_marker, read_local_marker,
                                         write_local_marker)
-from trainer.resilience.metrics import JsonFormatter, Metrics, configure_json_logging
-from trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
-from trainer.resilience.watchdog import Watchdog, WatchdogConfig
-from trainer.resilience.watcher import NoticeWatcher, WatcherConfig
+from ftfleet.trainer.resilience.metrics import JsonFormatter, Metrics, configure_json_logging
+from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
+from ftfleet.trainer.resilience.watchdog import Watchdog, WatchdogConfig
+from ftfleet.trainer.resilience.watcher import NoticeWatcher, WatcherConfig
 
 __all__ = [
     "Action", "AdaptiveInterval", "AnomalyConfig", "AnomalyDetector", "Decision",
@@ -33,6 +33,6 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "agree":
-        from trainer.resilience.agreement import agree
+        from ftfleet.trainer.resilience.agreement import agree
         return agree
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
+from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
 
 _KINDS = list(NoticeKind)
 _SOURCES = list(NoticeSource)

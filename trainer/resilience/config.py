@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer.resilience.anomaly import AnomalyConfig
-from trainer.resilience.interval import IntervalConfig
-from trainer.resilience.watchdog import WatchdogConfig
-from trainer.resilience.watcher import WatcherConfig
+from ftfleet.trainer.resilience.anomaly import AnomalyConfig
+from ftfleet.trainer.resilience.interval import IntervalConfig
+from ftfleet.trainer.resilience.watchdog import WatchdogConfig
+from ftfleet.trainer.resilience.watcher import WatcherConfig
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

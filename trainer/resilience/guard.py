@@ -37,19 +37,19 @@ import torch
 import torch.distributed as dist
 
 from ftfleet.contract import EXIT_PREEMPTED, CommitMarker
-from trainer.agent import stop_agent
-from trainer.checkpoint.manager import DEADLINE_MARGIN_S
-from trainer.events import EventLog
-from trainer.resilience.agreement import agree
-from trainer.resilience.anomaly import Action, AnomalyDetector, Decision
-from trainer.resilience.interval import AdaptiveInterval
-from trainer.resilience.markers import publish_marker
-from trainer.resilience.metrics import Metrics, metrics_port
-from trainer.resilience.notices import Notice
-from trainer.resilience.watcher import NoticeWatcher
+from ftfleet.trainer.agent import stop_agent
+from ftfleet.trainer.checkpoint.manager import DEADLINE_MARGIN_S
+from ftfleet.trainer.events import EventLog
+from ftfleet.trainer.resilience.agreement import agree
+from ftfleet.trainer.resilience.anomaly import Action, AnomalyDetector, Decision
+from ftfleet.trainer.resilience.interval import AdaptiveInterval
+from ftfleet.trainer.resilience.markers import publish_marker
+from ftfleet.trainer.resilience.metrics import Metrics, metrics_port
+from ftfleet.trainer.resilience.notices import Notice
+from ftfleet.trainer.resilience.watcher import NoticeWatcher
 
 if TYPE_CHECKING:
-    from trainer.train import Run, StopRequest
+    from ftfleet.trainer.train import Run, StopRequest
 
 log = logging.getLogger("ftfleet.guard")
 
@@ -141,7 +141,7 @@ class Guard:
         """Collective. The agreed notice, if any: a terminal one stops the run (the
         loop then takes the emergency checkpoint); an advisory one starts an early
         checkpoint here and training carries on."""
-        from trainer.train import StopRequest
+        from ftfleet.trainer.train import StopRequest
 
         mine = self.watcher.pending()
         notice = agree(mine)
@@ -342,7 +342,7 @@ class Guard:
         """The very last thing a preempted node does: on the node whose own watcher saw
         the termination notice, stop its torchrun agent, which would otherwise restart the
         workers (``--max-restarts``) on a machine that is going away
-        (:mod:`trainer.agent`). Returns the agent's pid when it was stopped."""
+        (:mod:`ftfleet.trainer.agent`). Returns the agent's pid when it was stopped."""
         if self._emergency is None or not self._emergency["local"]:
             return None
         pid = stop_agent(EXIT_PREEMPTED, "this node is going away")

@@ -24,10 +24,10 @@ import time
 import urllib.parse
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from trainer.resilience.notices import Notice, NoticeKind, NoticeSource
+from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource
 
 if TYPE_CHECKING:
-    from trainer.resilience.watcher import WatcherConfig
+    from ftfleet.trainer.resilience.watcher import WatcherConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import IO, Any, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ftfleet.errors import ConfigError
-from trainer.resilience.notices import NoticeKind
+from ftfleet.trainer.resilience.notices import NoticeKind
 
 _LABELS = ("node", "rank")
 _STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))

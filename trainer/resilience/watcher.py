@@ -8,7 +8,7 @@ Three sources feed one store of pending notices:
   chained and restored on :meth:`~NoticeWatcher.stop`.
 * **The metadata service** of AWS (IMDSv2 spot instance-action and rebalance
   recommendation) or GCP (preempted, maintenance-event): daemon threads in
-  :mod:`trainer.resilience.metadata`.
+  :mod:`ftfleet.trainer.resilience.metadata`.
 
 The pollers never hold the store's lock during I/O, so the training thread's
 :meth:`~NoticeWatcher.pending` costs a lock and a dict lookup.
@@ -26,9 +26,9 @@ from typing import Mapping
 
 from ftfleet.contract import DEFAULT_METADATA_ENDPOINT
 from ftfleet.errors import ConfigError
-from trainer.resilience.metadata import (GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH,
+from ftfleet.trainer.resilience.metadata import (GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH,
                                          AwsPoller, GcpPoller, Poller)
-from trainer.resilience.notices import (
+from ftfleet.trainer.resilience.notices import (
     AWS_TERMINATION_NOTICE_S, GCP_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S,
     REBALANCE_BUDGET_S, SIGNAL_GRACE_S, Notice, NoticeKind, NoticeSource, most_urgent)
 

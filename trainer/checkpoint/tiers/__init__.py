@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable, parse_uri
-from trainer.checkpoint.tiers.local import LocalTier
+from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable, parse_uri
+from ftfleet.trainer.checkpoint.tiers.local import LocalTier
 
 __all__ = ["LocalTier", "ObjectStore", "TierUnavailable", "open_store", "parse_uri"]
 
@@ -12,10 +12,10 @@ def open_store(uri: str, *, endpoint_url: str | None = None, retries: int = 10,
                chunk_mb: int = 64, workers: int = 8) -> ObjectStore:
     scheme, _, _ = parse_uri(uri)
     if scheme == "s3":
-        from trainer.checkpoint.tiers.s3 import S3Store
+        from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
 
         return S3Store(uri, endpoint_url=endpoint_url, retries=retries, chunk_mb=chunk_mb,
                        workers=workers)
-    from trainer.checkpoint.tiers.gcs import GCSStore
+    from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore
 
     return GCSStore(uri, chunk_mb=chunk_mb)

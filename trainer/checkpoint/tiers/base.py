@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ftfleet.contract import MANIFEST_NAME, parse_step_dir, step_dir_name
-from trainer.checkpoint.manifest import Manifest
+from ftfleet.trainer.checkpoint.manifest import Manifest
 
 
 class TierUnavailable(Exception):

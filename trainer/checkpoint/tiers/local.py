@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from ftfleet.contract import MANIFEST_NAME, parse_step_dir, step_dir_name
-from trainer.checkpoint.manifest import Manifest, fsync_dir, read_manifest
+from ftfleet.trainer.checkpoint.manifest import Manifest, fsync_dir, read_manifest
 
 
 class LocalTier:

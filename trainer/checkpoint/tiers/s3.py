@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable
+from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable
 
 _MISSING = ("NoSuchKey", "404", "NotFound")
 _UNAVAILABLE = ("NoSuchBucket", "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId",
