@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 setup: $(STAMP)
 
-## The whole test suite (under ~10 minutes on 2 cores).
-test: setup
+## Lint and format check (ruff, configured in pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+## The linters, then the whole test suite (under ~10 minutes on 2 cores).
+test: lint
 	$(PY) -m pytest -q
 
 ## The main job, offline: the plan of every stack, then the trainer under fire (the drill).

@@ -11,9 +11,7 @@ from setuptools import find_packages, setup
 
 MAPPED = ("trainer", "infra", "lambdas")
 
-packages = ["ftfleet"] + [
-    f"ftfleet.{name}" for name in find_packages(include=[f"{top}*" for top in MAPPED])
-]
+packages = ["ftfleet"] + [f"ftfleet.{name}" for name in find_packages(include=[f"{top}*" for top in MAPPED])]
 
 setup(
     packages=packages,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import platform
 import shutil
@@ -44,8 +45,7 @@ from ftfleet.trainer.model import GPT  # noqa: E402
 
 def build_state(vocab: int, d_model: int, layers: int):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers,
-                            n_heads=16))
+    model = GPT(ModelConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers, n_heads=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     one_step(model, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -119,7 +119,7 @@ def main() -> int:
     model, opt, sched = build_state(args.vocab, args.d_model, args.layers)
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    plain = dict(zip(("model", "optim"), get_state_dict(model, opt)))  # the live tensors
+    plain = dict(zip(("model", "optim"), get_state_dict(model, opt), strict=True))  # the live tensors
     src = tensors_of(plain)
     nbytes = sum(t.numel() * t.element_size() for t in src)
     gib = nbytes / 2**30
@@ -129,19 +129,22 @@ def main() -> int:
 
     # --- floors ---------------------------------------------------------------
     bufs = [torch.empty_like(t) for t in src]
-    for b, t in zip(bufs, src):
+    for b, t in zip(bufs, src, strict=True):
         b.copy_(t)  # fault the pages in once
 
-    def copy_all():
-        for b, t in zip(bufs, src):
+    def copy_all(bufs=bufs):
+        for b, t in zip(bufs, src, strict=True):
             b.copy_(t)
 
     copy_floor = statistics.median(timed(copy_all) for _ in range(R))
     mib = max(1, round(nbytes / 2**20))
 
     def dd():
-        subprocess.run(["dd", "if=/dev/zero", f"of={root / 'dd.bin'}", "bs=1M", f"count={mib}",
-                        "conv=fsync"], check=True, capture_output=True)
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={root / 'dd.bin'}", "bs=1M", f"count={mib}", "conv=fsync"],
+            check=True,
+            capture_output=True,
+        )
 
     dd_s = statistics.median(timed(dd) for _ in range(R))
     (root / "dd.bin").unlink()
@@ -159,10 +162,10 @@ def main() -> int:
     (root / "a.pt").unlink()
 
     # --- (b) dcp.save ----------------------------------------------------------
-    def dcp_save(i=[0]):
-        i[0] += 1
-        dcp.save(plain, storage_writer=dcp.FileSystemWriter(root / f"b{i[0]}"),
-                 process_group=env.ckpt_group)
+    saves = itertools.count(1)
+
+    def dcp_save():
+        dcp.save(plain, storage_writer=dcp.FileSystemWriter(root / f"b{next(saves)}"), process_group=env.ckpt_group)
 
     t = statistics.median(timed(dcp_save) for _ in range(R))
     rows["(b) dcp.save"] = {"blocked": t, "commit": t}
@@ -174,13 +177,11 @@ def main() -> int:
     for i in range(R):
         os.sync()
         t0 = time.perf_counter()
-        fut = dcp.async_save(plain, storage_writer=dcp.FileSystemWriter(root / f"c{i}"),
-                             process_group=env.ckpt_group)
+        fut = dcp.async_save(plain, storage_writer=dcp.FileSystemWriter(root / f"c{i}"), process_group=env.ckpt_group)
         blocked.append(time.perf_counter() - t0)
         fut.result()
         commit.append(time.perf_counter() - t0)
-    rows["(c) dcp.async_save (defaults)"] = {"blocked": statistics.median(blocked),
-                                             "commit": statistics.median(commit)}
+    rows["(c) dcp.async_save (defaults)"] = {"blocked": statistics.median(blocked), "commit": statistics.median(commit)}
     for d in root.glob("c*"):
         shutil.rmtree(d)
 
@@ -192,8 +193,7 @@ def main() -> int:
     cfg = CheckpointConfig(dir=str(root / "e"), keep=2, thread_count=args.threads)
     progress = TrainProgress()
     app = AppState(model, opt, sched, progress, rank=0, seed=0)
-    mgr = CheckpointManager(cfg, app, run_id="bench", config_hash="bench",
-                            ckpt_group=env.ckpt_group)
+    mgr = CheckpointManager(cfg, app, run_id="bench", config_hash="bench", ckpt_group=env.ckpt_group)
     blocked, commit, paired = [], [], []
     for i in range(R + 1):
         progress.step = i + 1
@@ -240,22 +240,36 @@ def main() -> int:
         assert progress.step == int(last.name.split("-")[1])
     mgr.close()
 
-    print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, statistics.median(read_s),
-                 statistics.median(restore_s), titan_note, args, gib, paired)
+    print_report(
+        rows,
+        copy_floor,
+        dd_s,
+        nbytes,
+        ckpt_bytes,
+        statistics.median(read_s),
+        statistics.median(restore_s),
+        titan_note,
+        args,
+        gib,
+        paired,
+    )
     return 0
 
 
 def manager_rows(name: str, blocked: list[float], commit: list[float]) -> dict:
     """A manager's first save (which may allocate its buffers) on a row of its own, and
     the median of the later ones."""
-    return {f"{name}, first save": {"blocked": blocked[0], "commit": commit[0]},
-            name: {"blocked": statistics.median(blocked[1:]),
-                   "commit": statistics.median(commit[1:])}}
+    return {
+        f"{name}, first save": {"blocked": blocked[0], "commit": commit[0]},
+        name: {"blocked": statistics.median(blocked[1:]), "commit": statistics.median(commit[1:])},
+    }
 
 
-TITAN_SETUP = ("`make bench-titan` (a venv at .venv-titan: `pip install -c constraints.txt "
-               "-e '.[trainer]'`, then `pip install --no-deps -c constraints.txt "
-               "-r bench/requirements-titan.txt`), then `make bench`")
+TITAN_SETUP = (
+    "`make bench-titan` (a venv at .venv-titan: `pip install -c constraints.txt "
+    "-e '.[trainer]'`, then `pip install --no-deps -c constraints.txt "
+    "-r bench/requirements-titan.txt`), then `make bench`"
+)
 
 
 class TitanTrainState:
@@ -278,11 +292,12 @@ def measure_torchtitan(model, root: Path, repeats: int, nbytes: int) -> tuple[di
     try:
         import torchtitan
         from torchtitan.components.checkpoint import CheckpointManager as TitanManager
-        from torchtitan.components.optimizer import (LRSchedulersContainer,
-                                                     OptimizersContainer, default_adamw)
+        from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, default_adamw
     except Exception as exc:  # noqa: BLE001
-        return {}, (f"not installed here (`import torchtitan.components.checkpoint`: "
-                    f"{type(exc).__name__}: {exc}). To measure it: {TITAN_SETUP}.")
+        return {}, (
+            f"not installed here (`import torchtitan.components.checkpoint`: "
+            f"{type(exc).__name__}: {exc}). To measure it: {TITAN_SETUP}."
+        )
 
     # torchtitan saves the optimizer through its OptimizersContainer, which keys the state by
     # parameter name and builds its own AdamW for that; it cannot wrap the bench's AdamW.
@@ -294,17 +309,22 @@ def measure_torchtitan(model, root: Path, repeats: int, nbytes: int) -> tuple[di
     one_step(model, optimizers)
     schedulers = LRSchedulersContainer(optimizers, lambda step: 1.0)
     train_state = TitanTrainState()
-    titan_bytes = sum(t.numel() * t.element_size() for t in
-                      tensors_of([model.state_dict(), optimizers.state_dict()]))
+    titan_bytes = sum(t.numel() * t.element_size() for t in tensors_of([model.state_dict(), optimizers.state_dict()]))
     # "async": dcp.async_save in a thread, on a gloo group the manager creates. Its other
     # async mode, "async_with_pinned_mem", builds a DefaultStager with pinned memory and
     # non-blocking copies, which fails on CPU ("Non-blocking copy requires that the current
     # accelerator is available"), so it is not measured here.
-    cfg = TitanManager.Config(enable=True, folder="d", interval=1, keep_latest_k=2,
-                              async_mode="async")
-    mgr = TitanManager(cfg, dataloader=None, model_parts=[model], optimizers=optimizers,
-                       lr_schedulers=schedulers, states={"train_state": train_state},
-                       sd_adapter=None, base_folder=str(root))
+    cfg = TitanManager.Config(enable=True, folder="d", interval=1, keep_latest_k=2, async_mode="async")
+    mgr = TitanManager(
+        cfg,
+        dataloader=None,
+        model_parts=[model],
+        optimizers=optimizers,
+        lr_schedulers=schedulers,
+        states={"train_state": train_state},
+        sd_adapter=None,
+        base_folder=str(root),
+    )
     blocked, commit = [], []
     for i in range(repeats + 1):
         train_state.step = i + 1
@@ -321,64 +341,77 @@ def measure_torchtitan(model, root: Path, repeats: int, nbytes: int) -> tuple[di
     mgr.close()
     shutil.rmtree(root / "d")
     version = getattr(torchtitan, "__version__", "?")
-    note = (f"torchtitan {version}'s `CheckpointManager` with `async_mode=\"async\"` "
-            f"(dcp.async_save in a thread, DCP's default writer), keep_latest_k=2; blocked = "
-            f"`save()` + `maybe_wait_for_staging()`, committed = until "
-            f"`maybe_wait_for_saving()` returns; the newest save loaded back with "
-            f"`load()`. Its state: {titan_bytes / 1e9:.3f} GB of tensors "
-            f"(the others: {nbytes / 1e9:.3f} GB). `async_with_pinned_mem` fails on CPU: its "
-            f"DefaultStager asks for pinned memory and non-blocking copies (\"Non-blocking copy "
-            f"requires that the current accelerator is available\").")
+    note = (
+        f'torchtitan {version}\'s `CheckpointManager` with `async_mode="async"` '
+        f"(dcp.async_save in a thread, DCP's default writer), keep_latest_k=2; blocked = "
+        f"`save()` + `maybe_wait_for_staging()`, committed = until "
+        f"`maybe_wait_for_saving()` returns; the newest save loaded back with "
+        f"`load()`. Its state: {titan_bytes / 1e9:.3f} GB of tensors "
+        f"(the others: {nbytes / 1e9:.3f} GB). `async_with_pinned_mem` fails on CPU: its "
+        f'DefaultStager asks for pinned memory and non-blocking copies ("Non-blocking copy '
+        f'requires that the current accelerator is available").'
+    )
     name = f"(d) torchtitan {version} CheckpointManager (async)"
     return manager_rows(name, blocked, commit), note
 
 
-def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note,
-                 args, gib, paired) -> None:
+def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note, args, gib, paired) -> None:
     b_dcp = rows["(b) dcp.save"]["blocked"]
     dd_bw = nbytes / dd_s
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cpu = platform.processor() or platform.machine()
-    print(f"Measured {now} on {os.cpu_count()} CPUs ({cpu}), "
-          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
-          f"torch {torch.__version__}; state {nbytes / 1e9:.3f} GB ({gib:.2f} GiB: GPT "
-          f"d_model={args.d_model} layers={args.layers} vocab={args.vocab} + AdamW), "
-          f"medians of {args.repeats}.\n")
-    print(f"Floors: copy into preallocated buffers **{copy_floor:.3f} s** "
-          f"({nbytes / copy_floor / 1e6:,.0f} MB/s); `dd conv=fsync` of the same bytes "
-          f"**{dd_s:.3f} s** ({dd_bw / 1e6:,.0f} MB/s); reading ftfleet's checkpoint back "
-          f"(page cache dropped) **{read_s:.3f} s** ({ckpt_bytes / read_s / 1e6:,.0f} MB/s).\n")
-    print("| method | blocked (s) | blocked / copy floor | blocked / (b) | committed (s) "
-          "| persist MB/s | persist / dd |")
+    print(
+        f"Measured {now} on {os.cpu_count()} CPUs ({cpu}), "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
+        f"torch {torch.__version__}; state {nbytes / 1e9:.3f} GB ({gib:.2f} GiB: GPT "
+        f"d_model={args.d_model} layers={args.layers} vocab={args.vocab} + AdamW), "
+        f"medians of {args.repeats}.\n"
+    )
+    print(
+        f"Floors: copy into preallocated buffers **{copy_floor:.3f} s** "
+        f"({nbytes / copy_floor / 1e6:,.0f} MB/s); `dd conv=fsync` of the same bytes "
+        f"**{dd_s:.3f} s** ({dd_bw / 1e6:,.0f} MB/s); reading ftfleet's checkpoint back "
+        f"(page cache dropped) **{read_s:.3f} s** ({ckpt_bytes / read_s / 1e6:,.0f} MB/s).\n"
+    )
+    print(
+        "| method | blocked (s) | blocked / copy floor | blocked / (b) | committed (s) | persist MB/s | persist / dd |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows.items():
         bw = nbytes / r["commit"]
-        print(f"| {name} | {r['blocked']:.3f} | {r['blocked'] / copy_floor:.2f}x | "
-              f"{r['blocked'] / b_dcp:.3f}x | {r['commit']:.3f} | {bw / 1e6:,.0f} | "
-              f"{bw / dd_bw:.2f}x |")
+        print(
+            f"| {name} | {r['blocked']:.3f} | {r['blocked'] / copy_floor:.2f}x | "
+            f"{r['blocked'] / b_dcp:.3f}x | {r['commit']:.3f} | {bw / 1e6:,.0f} | "
+            f"{bw / dd_bw:.2f}x |"
+        )
     if not any(name.startswith("(d)") for name in rows):
         print("| (d) torchtitan CheckpointManager | not installed | - | - | - | - | - |")
     print(f"\n(d): {titan_note}\n")
-    print(f"Restore (ftfleet: find, verify every CRC32C, load with DCP): **{restore_s:.3f} s**, "
-          f"{restore_s / read_s:.2f}x the time to read the bytes.\n")
+    print(
+        f"Restore (ftfleet: find, verify every CRC32C, load with DCP): **{restore_s:.3f} s**, "
+        f"{restore_s / read_s:.2f}x the time to read the bytes.\n"
+    )
     e = rows["(e) ftfleet"]
     checks = [
-        ("blocked <= 1.5x copy floor", e["blocked"] <= 1.5 * copy_floor,
-         f"{e['blocked'] / copy_floor:.2f}x"),
+        ("blocked <= 1.5x copy floor", e["blocked"] <= 1.5 * copy_floor, f"{e['blocked'] / copy_floor:.2f}x"),
         ("blocked <= 0.10x dcp.save", e["blocked"] <= 0.10 * b_dcp, f"{e['blocked'] / b_dcp:.3f}x"),
-        ("persist >= 0.8x dd", nbytes / e["commit"] >= 0.8 * dd_bw,
-         f"{nbytes / e['commit'] / dd_bw:.2f}x"),
+        ("persist >= 0.8x dd", nbytes / e["commit"] >= 0.8 * dd_bw, f"{nbytes / e['commit'] / dd_bw:.2f}x"),
     ]
-    print("Targets (steady-state ftfleet save): " + "; ".join(
-        f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks) + "\n")
+    print(
+        "Targets (steady-state ftfleet save): "
+        + "; ".join(f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks)
+        + "\n"
+    )
     copy_r = sorted(r for r, _ in paired)
     dd_r = sorted(r for _, r in paired)
-    print(f"Paired floors (a copy timed just before and a dd just after each steady-state "
-          f"ftfleet save, medians of {len(paired)}): blocked / copy "
-          f"**{statistics.median(copy_r):.2f}x** ({copy_r[0]:.2f}-{copy_r[-1]:.2f}x), "
-          f"{'met' if statistics.median(copy_r) <= 1.5 else 'NOT met'}; persist / dd "
-          f"**{statistics.median(dd_r):.2f}x** ({dd_r[0]:.2f}-{dd_r[-1]:.2f}x), "
-          f"{'met' if statistics.median(dd_r) >= 0.8 else 'NOT met'}.")
+    print(
+        f"Paired floors (a copy timed just before and a dd just after each steady-state "
+        f"ftfleet save, medians of {len(paired)}): blocked / copy "
+        f"**{statistics.median(copy_r):.2f}x** ({copy_r[0]:.2f}-{copy_r[-1]:.2f}x), "
+        f"{'met' if statistics.median(copy_r) <= 1.5 else 'NOT met'}; persist / dd "
+        f"**{statistics.median(dd_r):.2f}x** ({dd_r[0]:.2f}-{dd_r[-1]:.2f}x), "
+        f"{'met' if statistics.median(dd_r) >= 0.8 else 'NOT met'}."
+    )
 
 
 if __name__ == "__main__":

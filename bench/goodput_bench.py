@@ -74,10 +74,20 @@ def say(msg: str) -> None:
 
 def model_overrides(d_model: int) -> list[str]:
     # A short sequence and one sample per rank: the state is large, the step cheap.
-    return [f"model.vocab_size={VOCAB}", "model.seq_len=16", f"model.d_model={d_model}",
-            f"model.n_layers={LAYERS}", f"model.n_heads={HEADS}", "model.dropout=0.0",
-            "train.global_batch_size=2", "train.log_every=100000", "train.step_events=true",
-            "checkpoint.keep=2", "resilience.watchdog.timeout_s=600", "run_id=goodput"]
+    return [
+        f"model.vocab_size={VOCAB}",
+        "model.seq_len=16",
+        f"model.d_model={d_model}",
+        f"model.n_layers={LAYERS}",
+        f"model.n_heads={HEADS}",
+        "model.dropout=0.0",
+        "train.global_batch_size=2",
+        "train.log_every=100000",
+        "train.step_events=true",
+        "checkpoint.keep=2",
+        "resilience.watchdog.timeout_s=600",
+        "run_id=goodput",
+    ]
 
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -88,13 +98,23 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def cmd(nproc: int, run_dir: Path, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "--max-restarts=100", "-m", "ftfleet.trainer",
-            "--config", str(CONFIG), f"run_dir={run_dir}", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=100",
+        "-m",
+        "ftfleet.trainer",
+        "--config",
+        str(CONFIG),
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
 
 
-def run_plain(name: str, run_dir: Path, overrides: list[str], nproc: int,
-              timeout: float = 900) -> list[dict[str, Any]]:
+def run_plain(name: str, run_dir: Path, overrides: list[str], nproc: int, timeout: float = 900) -> list[dict[str, Any]]:
     """One uninterrupted run to completion; its events."""
     shutil.rmtree(run_dir, ignore_errors=True)
     node = Node(name, cmd(nproc, run_dir, overrides), env(), REPO, run_dir.parent / f"{name}.log").start()
@@ -107,8 +127,7 @@ def run_plain(name: str, run_dir: Path, overrides: list[str], nproc: int,
 
 def reference_step_s(work: Path, base: list[str], nproc: int) -> float | None:
     """Seconds per step of an uninterrupted run without checkpoints (steady state)."""
-    events = run_plain("reference", work / "reference", base + [
-        "train.steps=12", "checkpoint.enabled=false"], nproc)
+    events = run_plain("reference", work / "reference", base + ["train.steps=12", "checkpoint.enabled=false"], nproc)
     return steady_step_time(events)
 
 
@@ -138,9 +157,19 @@ class Calibration:
 
 def calibrate(work: Path, d_model: int, nproc: int) -> Calibration:
     run_dir = work / f"calibrate-{d_model}"
-    events = run_plain(f"calibrate-{d_model}", run_dir, model_overrides(d_model) + [
-        "train.steps=13", "checkpoint.async_save=false", "resilience.interval.mode=fixed",
-        "resilience.interval.fixed_steps=3", "checkpoint.enabled=true"], nproc)
+    events = run_plain(
+        f"calibrate-{d_model}",
+        run_dir,
+        model_overrides(d_model)
+        + [
+            "train.steps=13",
+            "checkpoint.async_save=false",
+            "resilience.interval.mode=fixed",
+            "resilience.interval.fixed_steps=3",
+            "checkpoint.enabled=true",
+        ],
+        nproc,
+    )
     saves = [e["blocked_s"] for e in events if e["event"] == "committed" and e.get("reason") == "interval"]
     steps = [e["seconds"] for e in events if e["event"] == "step"]
     size = max((dir_bytes(p) for p in (run_dir / "checkpoints").glob("step-*")), default=0)
@@ -150,8 +179,7 @@ def calibrate(work: Path, d_model: int, nproc: int) -> Calibration:
 
 def size_state(work: Path, target_s: float, nproc: int) -> Calibration:
     cal = calibrate(work, 512, nproc)
-    say(f"calibration: d_model 512, {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, "
-        f"step {cal.step_s:.3f}s")
+    say(f"calibration: d_model 512, {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, step {cal.step_s:.3f}s")
     for _ in range(2):
         want = state_bytes(cal.d_model) * target_s / max(cal.save_s, 1e-3)
         d = max(64, min(4096, cal.d_model))
@@ -162,8 +190,10 @@ def size_state(work: Path, target_s: float, nproc: int) -> Calibration:
         if d == cal.d_model:
             break
         cal = calibrate(work, d, nproc)
-        say(f"calibration: d_model {d}, {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s "
-            f"(target {target_s:.2f}s), step {cal.step_s:.3f}s")
+        say(
+            f"calibration: d_model {d}, {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s "
+            f"(target {target_s:.2f}s), step {cal.step_s:.3f}s"
+        )
         if abs(cal.save_s - target_s) < 0.25 * target_s:
             break
     return cal
@@ -185,8 +215,16 @@ class Failure:
 
 
 class FaultedRun:
-    def __init__(self, name: str, overrides: list[str], *, watch_notices: bool, args: Any,
-                 work: Path, metadata: FakeMetadataServer) -> None:
+    def __init__(
+        self,
+        name: str,
+        overrides: list[str],
+        *,
+        watch_notices: bool,
+        args: Any,
+        work: Path,
+        metadata: FakeMetadataServer,
+    ) -> None:
         self.name, self.overrides, self.watch = name, overrides, watch_notices
         self.args, self.metadata = args, metadata
         self.run_dir = work / name
@@ -197,8 +235,13 @@ class FaultedRun:
         extra = {"FTFLEET_NODE_ID": f"{self.name}-node-{len(self.nodes) + 1}"}
         if self.watch:
             extra.update(FTFLEET_CLOUD="aws", FTFLEET_METADATA_ENDPOINT=self.metadata.url)
-        node = Node(f"{self.name}-{len(self.nodes) + 1}", cmd(self.args.nproc, self.run_dir, self.overrides),
-                    env(extra), REPO, self.run_dir.parent / f"{self.name}-{len(self.nodes) + 1}.log").start()
+        node = Node(
+            f"{self.name}-{len(self.nodes) + 1}",
+            cmd(self.args.nproc, self.run_dir, self.overrides),
+            env(extra),
+            REPO,
+            self.run_dir.parent / f"{self.name}-{len(self.nodes) + 1}.log",
+        ).start()
         self.nodes.append(node)
         return node
 
@@ -241,8 +284,9 @@ class FaultedRun:
                 if marker or now >= notice.t + lead or rc is not None:
                     node.kill()  # the instance is gone
                     notice.t_end = time.time()
-                    notice.how = ("terminated once its commit marker was written" if marker
-                                  else "terminated at the deadline")
+                    notice.how = (
+                        "terminated once its commit marker was written" if marker else "terminated at the deadline"
+                    )
                     say(f"{self.name}: node {notice.how}; replacement launched")
                     self.metadata.reset()
                     notice, marker = None, False
@@ -252,8 +296,7 @@ class FaultedRun:
                     continue
             if rc is not None:
                 if rc != 0:
-                    raise SystemExit(f"{self.name}: torchrun exited {rc}; see {node.log_path}\n"
-                                     f"{node.log_tail(2000)}")
+                    raise SystemExit(f"{self.name}: torchrun exited {rc}; see {node.log_path}\n{node.log_tail(2000)}")
                 break
             if time.monotonic() > end:
                 node.kill()
@@ -268,18 +311,17 @@ class FaultedRun:
 # ---------------------------------------------------------------------------
 
 
-def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s: float,
-            steps: int) -> dict[str, Any]:
+def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s: float, steps: int) -> dict[str, Any]:
     lives = split_lives(events)
     first = lives[0].first_step["t"]
     last = max(e["t"] for e in events if e["event"] in ("step", "first_step"))
     wall = last - first
     commits = [e for e in events if e["event"] == "committed" and e.get("reason") == "interval"]
     intervals = [e["steps"] for e in events if e["event"] == "interval"]
-    fixed = next((int(o.split("=")[1]) for o in run.overrides
-                  if o.startswith("resilience.interval.fixed_steps=")), None)
-    interval_steps = (statistics.median(intervals) if intervals and "adaptive" in " ".join(run.overrides)
-                      else fixed)
+    fixed = next(
+        (int(o.split("=")[1]) for o in run.overrides if o.startswith("resilience.interval.fixed_steps=")), None
+    )
+    interval_steps = statistics.median(intervals) if intervals and "adaptive" in " ".join(run.overrides) else fixed
     # Useful seconds per step: the median step of this very run with no save in flight
     # (the machine's speed drifts between runs; a save's blocking and the slowdown of
     # steps under a background save are overhead, not useful work).
@@ -299,16 +341,26 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         own = after.first("step", after=first_step["t"] - 1e-3, step=first_step["step"])
         resumed_at = first_step["t"] - (float(own["seconds"]) if own else 0.0)
         start = after.first("start")
-        phases = {"process_start_s": _phase(t_end, start),
-                  "restore_s": _phase(start["t"] if start else None,
-                                      after.restored or after.first("fresh"))}
-        per_failure.append({"kind": f.kind, "how": f.how, "at": round(f.t - first, 1),
-                            "lost_steps": max(0, reached - after.resumed_from),
-                            "restart_s": round(resumed_at - t_end, 2), **phases})
+        phases = {
+            "process_start_s": _phase(t_end, start),
+            "restore_s": _phase(start["t"] if start else None, after.restored or after.first("fresh")),
+        }
+        per_failure.append(
+            {
+                "kind": f.kind,
+                "how": f.how,
+                "at": round(f.t - first, 1),
+                "lost_steps": max(0, reached - after.resumed_from),
+                "restart_s": round(resumed_at - t_end, 2),
+                **phases,
+            }
+        )
     restarts = [p["restart_s"] for p in per_failure]
     costs = [e["cost_s"] for e in events if e["event"] == "interval" and e.get("cost_s") is not None]
     return {
-        "name": name, "steps": steps, "wall_s": round(wall, 1),
+        "name": name,
+        "steps": steps,
+        "wall_s": round(wall, 1),
         "goodput": round(steps * useful_s / wall, 4) if wall > 0 and useful_s else None,
         "useful_step_s": round(useful_s, 4) if useful_s else None,
         "goodput_vs_reference": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
@@ -334,24 +386,38 @@ def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> st
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return ("matplotlib is not installed (pip install -c constraints.txt -e '.[bench]'): "
-                "no PNG (the curve is in the JSON)")
+        return (
+            "matplotlib is not installed (pip install -c constraints.txt -e '.[bench]'): "
+            "no PNG (the curve is in the JSON)"
+        )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p["interval_s"] for p in model["curve"]]
-    ax.plot(xs, [p["goodput"] for p in model["curve"]], label=f"Daly model (C={model['cost_s']:.2f}s, "
-            f"R={model['restart_s']:.1f}s, M={model['mtbf_s']:.0f}s)")
+    ax.plot(
+        xs,
+        [p["goodput"] for p in model["curve"]],
+        label=f"Daly model (C={model['cost_s']:.2f}s, R={model['restart_s']:.1f}s, M={model['mtbf_s']:.0f}s)",
+    )
     ax.axvline(model["daly_interval_s"], linestyle=":", color="grey")
     eff = model.get("adaptive_cost_s")
     if eff:
-        ax.plot(xs, [daly_goodput(x, eff, model["restart_s"], model["mtbf_s"]) for x in xs],
-                linestyle="--", label=f"Daly model, ftfleet's measured C={eff:.2f}s")
+        ax.plot(
+            xs,
+            [daly_goodput(x, eff, model["restart_s"], model["mtbf_s"]) for x in xs],
+            linestyle="--",
+            label=f"Daly model, ftfleet's measured C={eff:.2f}s",
+        )
     for i, r in enumerate(results):
         if r["interval_s"] and r["goodput"] is not None:
             ax.scatter([r["interval_s"]], [r["goodput"]], zorder=3)
             # Points often share an interval: labels go to alternating sides.
-            ax.annotate(f"{r['name']} {r['goodput']:.3f}", (r["interval_s"], r["goodput"]),
-                        textcoords="offset points", xytext=(8 if i % 2 == 0 else -8, -4),
-                        ha="left" if i % 2 == 0 else "right", fontsize=9)
+            ax.annotate(
+                f"{r['name']} {r['goodput']:.3f}",
+                (r["interval_s"], r["goodput"]),
+                textcoords="offset points",
+                xytext=(8 if i % 2 == 0 else -8, -4),
+                ha="left" if i % 2 == 0 else "right",
+                fontsize=9,
+            )
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (s of training)")
     ax.set_ylabel("goodput")
@@ -364,37 +430,46 @@ def plot(path: Path, model: dict[str, Any], results: list[dict[str, Any]]) -> st
 
 
 def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    lines = ["| configuration | interval | saves (blocked s each) | failures | work lost (steps) "
-             "| restart (s, mean) | wall (s) | goodput | useful s/step | goodput vs reference |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | interval | saves (blocked s each) | failures | work lost (steps) "
+        "| restart (s, mean) | wall (s) | goodput | useful s/step | goodput vs reference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         kinds = [f["kind"] for f in r["failures"]]
-        lines.append(f"| {r['name']} | {r['interval_steps']} steps ({r['interval_s']} s) | "
-                     f"{r['saves']} ({r['save_blocked_s']}) | {kinds.count('notice')} notices, "
-                     f"{kinds.count('sigkill')} SIGKILL | {r['lost_steps']} | {r['restart_s']} | "
-                     f"{r['wall_s']} | **{r['goodput']}** | {r['useful_step_s']} | "
-                     f"{r['goodput_vs_reference']} |")
-    lines += ["",
-              f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
-              f"model d_model {setup['d_model']} ({setup['state_mb']:.0f} MB of state), synchronous save "
-              f"{setup['sync_save_s']:.2f} s = T/{setup['mtbf_s'] / setup['sync_save_s']:.0f}; "
-              f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted (measured "
-              f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
-              f"{setup['nproc']} processes.",
-              "- goodput: steps x useful seconds per step over the wall time from the first step to "
-              "the last; useful s/step is the median step of the same run with no save in flight "
-              "(so saves, their slowdown of training, restarts and lost work are the overhead, and "
-              "the machine's drift between runs cancels). goodput vs reference uses the "
-              "uninterrupted reference's s/step instead.",
-              f"- Daly's model with the measured C = {model['cost_s']:.2f} s and R = {model['restart_s']:.1f} s, "
-              f"M = {model['mtbf_s']:.0f} s: best interval {model['daly_interval_s']:.1f} s, "
-              f"goodput {model['daly_goodput']:.3f} (Young's interval {model['young_interval_s']:.1f} s: "
-              f"{model['young_goodput']:.3f}); with R = 0 it would be {model['restart_free_goodput']:.3f}.",
-              f"- Restart phases (mean over all failures): {model['restart_phases']}; process start runs "
-              "from the failed group's end to the new process group being up.",
-              (f"- ftfleet's adaptive interval measured C = {model['adaptive_cost_s']:.2f} s (blocked + k x "
-               f"persist); Daly's optimum with that C and the same R: {model['adaptive_daly_goodput']:.3f}."
-               if model["adaptive_cost_s"] else "- (no adaptive cost measured)")]
+        lines.append(
+            f"| {r['name']} | {r['interval_steps']} steps ({r['interval_s']} s) | "
+            f"{r['saves']} ({r['save_blocked_s']}) | {kinds.count('notice')} notices, "
+            f"{kinds.count('sigkill')} SIGKILL | {r['lost_steps']} | {r['restart_s']} | "
+            f"{r['wall_s']} | **{r['goodput']}** | {r['useful_step_s']} | "
+            f"{r['goodput_vs_reference']} |"
+        )
+    lines += [
+        "",
+        f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
+        f"model d_model {setup['d_model']} ({setup['state_mb']:.0f} MB of state), synchronous save "
+        f"{setup['sync_save_s']:.2f} s = T/{setup['mtbf_s'] / setup['sync_save_s']:.0f}; "
+        f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted (measured "
+        f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
+        f"{setup['nproc']} processes.",
+        "- goodput: steps x useful seconds per step over the wall time from the first step to "
+        "the last; useful s/step is the median step of the same run with no save in flight "
+        "(so saves, their slowdown of training, restarts and lost work are the overhead, and "
+        "the machine's drift between runs cancels). goodput vs reference uses the "
+        "uninterrupted reference's s/step instead.",
+        f"- Daly's model with the measured C = {model['cost_s']:.2f} s and R = {model['restart_s']:.1f} s, "
+        f"M = {model['mtbf_s']:.0f} s: best interval {model['daly_interval_s']:.1f} s, "
+        f"goodput {model['daly_goodput']:.3f} (Young's interval {model['young_interval_s']:.1f} s: "
+        f"{model['young_goodput']:.3f}); with R = 0 it would be {model['restart_free_goodput']:.3f}.",
+        f"- Restart phases (mean over all failures): {model['restart_phases']}; process start runs "
+        "from the failed group's end to the new process group being up.",
+        (
+            f"- ftfleet's adaptive interval measured C = {model['adaptive_cost_s']:.2f} s (blocked + k x "
+            f"persist); Daly's optimum with that C and the same R: {model['adaptive_daly_goodput']:.3f}."
+            if model["adaptive_cost_s"]
+            else "- (no adaptive cost measured)"
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -409,29 +484,53 @@ def replot(json_path: Path, png: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mtbf", type=float, default=60.0, metavar="T",
-                   help="seconds of wall time between failures (default 60; the issue's 120 "
-                        "takes ~30 minutes)")
-    p.add_argument("--failures", type=int, default=4,
-                   help="size the run to about this many failures (default 4)")
-    p.add_argument("--ratio", type=float, default=72.0,
-                   help="T over the synchronous save cost (default 72: 5 min vs 6 h)")
-    p.add_argument("--notice-lead", type=float, default=None, metavar="S",
-                   help="seconds from a notice to the termination (default T/6)")
+    p.add_argument(
+        "--mtbf",
+        type=float,
+        default=60.0,
+        metavar="T",
+        help="seconds of wall time between failures (default 60; the issue's 120 takes ~30 minutes)",
+    )
+    p.add_argument("--failures", type=int, default=4, help="size the run to about this many failures (default 4)")
+    p.add_argument(
+        "--ratio", type=float, default=72.0, help="T over the synchronous save cost (default 72: 5 min vs 6 h)"
+    )
+    p.add_argument(
+        "--notice-lead",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds from a notice to the termination (default T/6)",
+    )
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--d-model", type=int, default=None,
-                   help="skip the calibration and use this model width")
-    p.add_argument("--configs", default="sync,async,ftfleet",
-                   help="which configurations (default sync,async,ftfleet)")
-    p.add_argument("--sweep", default="", metavar="FACTORS",
-                   help="extra synchronous runs at these multiples of Young's interval, e.g. 0.5,2")
-    p.add_argument("--ftfleet-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra trainer override for the ftfleet configuration")
+    p.add_argument("--d-model", type=int, default=None, help="skip the calibration and use this model width")
+    p.add_argument("--configs", default="sync,async,ftfleet", help="which configurations (default sync,async,ftfleet)")
+    p.add_argument(
+        "--sweep",
+        default="",
+        metavar="FACTORS",
+        help="extra synchronous runs at these multiples of Young's interval, e.g. 0.5,2",
+    )
+    p.add_argument(
+        "--ftfleet-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra trainer override for the ftfleet configuration",
+    )
     p.add_argument("--run-timeout", type=float, default=1800.0)
-    p.add_argument("--out", type=Path, default=Path("/tmp/ftfleet-goodput"),
-                   help="work directory; goodput.json, goodput.md and goodput.png land here")
-    p.add_argument("--replot", type=Path, metavar="GOODPUT_JSON",
-                   help="only draw goodput.png again (into --out) from a run's goodput.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("/tmp/ftfleet-goodput"),
+        help="work directory; goodput.json, goodput.md and goodput.png land here",
+    )
+    p.add_argument(
+        "--replot",
+        type=Path,
+        metavar="GOODPUT_JSON",
+        help="only draw goodput.png again (into --out) from a run's goodput.json",
+    )
     args = p.parse_args(argv)
     if args.replot:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -443,8 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
 
     target = T / args.ratio
-    cal = (calibrate(work, args.d_model, args.nproc) if args.d_model
-           else size_state(work, target, args.nproc))
+    cal = calibrate(work, args.d_model, args.nproc) if args.d_model else size_state(work, target, args.nproc)
     base = model_overrides(cal.d_model)
     ref_before = reference_step_s(work, base, args.nproc) or cal.step_s
     ref_step_s = ref_before
@@ -452,25 +550,55 @@ def main(argv: list[str] | None = None) -> int:
     steps = max(20, round(args.failures * T / min(ref_step_s, cal.step_s)))
     tau_young = young_interval(cal.save_s, T)
     young_steps = max(1, round(tau_young / ref_step_s))
-    say(f"state {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, {ref_step_s:.3f}s/step: "
-        f"{steps} steps; Young's interval {tau_young:.1f}s = {young_steps} steps")
+    say(
+        f"state {cal.bytes / 1e6:.0f} MB, sync save {cal.save_s:.2f}s, {ref_step_s:.3f}s/step: "
+        f"{steps} steps; Young's interval {tau_young:.1f}s = {young_steps} steps"
+    )
 
     common = base + [f"train.steps={steps}"]
     configs: dict[str, tuple[list[str], bool]] = {
-        "sync": (common + ["checkpoint.async_save=false", "resilience.interval.mode=fixed",
-                           f"resilience.interval.fixed_steps={young_steps}"], False),
-        "async": (common + ["checkpoint.async_save=true", "resilience.interval.mode=fixed",
-                            f"resilience.interval.fixed_steps={young_steps}"], False),
-        "ftfleet": (common + ["checkpoint.async_save=true", "resilience.interval.mode=adaptive",
-                              f"resilience.interval.fixed_steps={young_steps}",
-                              "resilience.interval.mtbf_source=config",
-                              f"resilience.interval.mtbf_s={T}",
-                              "resilience.watcher.poll_interval_s=1", *args.ftfleet_set], True),
+        "sync": (
+            common
+            + [
+                "checkpoint.async_save=false",
+                "resilience.interval.mode=fixed",
+                f"resilience.interval.fixed_steps={young_steps}",
+            ],
+            False,
+        ),
+        "async": (
+            common
+            + [
+                "checkpoint.async_save=true",
+                "resilience.interval.mode=fixed",
+                f"resilience.interval.fixed_steps={young_steps}",
+            ],
+            False,
+        ),
+        "ftfleet": (
+            common
+            + [
+                "checkpoint.async_save=true",
+                "resilience.interval.mode=adaptive",
+                f"resilience.interval.fixed_steps={young_steps}",
+                "resilience.interval.mtbf_source=config",
+                f"resilience.interval.mtbf_s={T}",
+                "resilience.watcher.poll_interval_s=1",
+                *args.ftfleet_set,
+            ],
+            True,
+        ),
     }
     for factor in [float(f) for f in args.sweep.split(",") if f.strip()]:
-        configs[f"sync x{factor:g}"] = (common + [
-            "checkpoint.async_save=false", "resilience.interval.mode=fixed",
-            f"resilience.interval.fixed_steps={max(1, round(factor * tau_young / ref_step_s))}"], False)
+        configs[f"sync x{factor:g}"] = (
+            common
+            + [
+                "checkpoint.async_save=false",
+                "resilience.interval.mode=fixed",
+                f"resilience.interval.fixed_steps={max(1, round(factor * tau_young / ref_step_s))}",
+            ],
+            False,
+        )
     wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     wanted += [n for n in configs if n.startswith("sync x")]
 
@@ -488,8 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_step_s = (ref_before + ref_after) / 2
     results = [measure(name, run, events, ref_step_s, steps) for name, run, events in runs]
     for r in results:
-        say(f"{r['name']}: goodput {r['goodput']} (vs reference {r['goodput_vs_reference']}), "
-            f"wall {r['wall_s']}s")
+        say(f"{r['name']}: goodput {r['goodput']} (vs reference {r['goodput_vs_reference']}), wall {r['wall_s']}s")
 
     restarts = [f["restart_s"] for r in results for f in r["failures"]]
     restart = statistics.mean(restarts) if restarts else 0.0
@@ -498,27 +625,44 @@ def main(argv: list[str] | None = None) -> int:
     tau_daly = daly_interval(cost, T)
     lo, hi = max(0.05, cost / 4), 4 * T
     curve = [lo * (hi / lo) ** (i / 80) for i in range(81)]
-    phases = {k: round(statistics.mean(v), 2) for k in ("process_start_s", "restore_s")
-              if (v := [f[k] for r in results for f in r["failures"] if f.get(k) is not None])}
+    phases = {
+        k: round(statistics.mean(v), 2)
+        for k in ("process_start_s", "restore_s")
+        if (v := [f[k] for r in results for f in r["failures"] if f.get(k) is not None])
+    }
     # ftfleet's own optimum: Daly with the cost its adaptive interval measured (blocked +
     # k x persist), the same R and M.
     eff = next((r["adaptive_cost_s"] for r in results if r["adaptive_cost_s"]), None)
-    model = {"mtbf_s": T, "cost_s": cost, "restart_s": restart, "daly_interval_s": tau_daly,
-             "restart_phases": phases, "adaptive_cost_s": eff,
-             "adaptive_daly_goodput": (daly_goodput(daly_interval(eff, T), eff, restart, T)
-                                       if eff else None),
-             "restart_free_goodput": daly_goodput(tau_daly, cost, 0.0, T),
-             "daly_goodput": daly_goodput(tau_daly, cost, restart, T),
-             "young_interval_s": young_interval(cost, T),
-             "young_goodput": daly_goodput(young_interval(cost, T), cost, restart, T),
-             "curve": [{"interval_s": round(x, 3), "goodput": round(daly_goodput(x, cost, restart, T), 4)}
-                       for x in curve]}
-    setup = {"mtbf_s": T, "notice_lead_s": args.notice_lead, "d_model": cal.d_model,
-             "state_mb": cal.bytes / 1e6, "sync_save_s": cal.save_s, "steps": steps,
-             "ref_step_s": ref_step_s, "ref_step_s_before": ref_before, "ref_step_s_after": ref_after,
-             "nproc": args.nproc, "calibration_step_s": cal.step_s}
-    (work / "goodput.json").write_text(json.dumps({"setup": setup, "model": model, "results": results},
-                                                  indent=1) + "\n")
+    model = {
+        "mtbf_s": T,
+        "cost_s": cost,
+        "restart_s": restart,
+        "daly_interval_s": tau_daly,
+        "restart_phases": phases,
+        "adaptive_cost_s": eff,
+        "adaptive_daly_goodput": (daly_goodput(daly_interval(eff, T), eff, restart, T) if eff else None),
+        "restart_free_goodput": daly_goodput(tau_daly, cost, 0.0, T),
+        "daly_goodput": daly_goodput(tau_daly, cost, restart, T),
+        "young_interval_s": young_interval(cost, T),
+        "young_goodput": daly_goodput(young_interval(cost, T), cost, restart, T),
+        "curve": [{"interval_s": round(x, 3), "goodput": round(daly_goodput(x, cost, restart, T), 4)} for x in curve],
+    }
+    setup = {
+        "mtbf_s": T,
+        "notice_lead_s": args.notice_lead,
+        "d_model": cal.d_model,
+        "state_mb": cal.bytes / 1e6,
+        "sync_save_s": cal.save_s,
+        "steps": steps,
+        "ref_step_s": ref_step_s,
+        "ref_step_s_before": ref_before,
+        "ref_step_s_after": ref_after,
+        "nproc": args.nproc,
+        "calibration_step_s": cal.step_s,
+    }
+    (work / "goodput.json").write_text(
+        json.dumps({"setup": setup, "model": model, "results": results}, indent=1) + "\n"
+    )
     md = markdown(setup, model, results)
     (work / "goodput.md").write_text(md)
     print(md, end="")

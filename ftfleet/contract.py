@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from ftfleet.errors import UserError
 
@@ -38,51 +38,83 @@ class EnvVar:
 
 
 TRAINER_ENV: tuple[EnvVar, ...] = (
-    EnvVar("FTFLEET_RUN_ID", True,
-           "Identifies the training run; checkpoints of another run are refused.",
-           "aws-prod-llm"),
+    EnvVar(
+        "FTFLEET_RUN_ID", True, "Identifies the training run; checkpoints of another run are refused.", "aws-prod-llm"
+    ),
     EnvVar("FTFLEET_CLOUD", True, "`aws` or `gcp`: which metadata service to watch.", "aws"),
-    EnvVar("FTFLEET_CONFIG", True,
-           "Trainer config file inside the image (YAML, see trainer/configs/).",
-           "/opt/ftfleet/trainer/configs/tiny.yaml"),
-    EnvVar("FTFLEET_CKPT_DIR", True,
-           "Fast checkpoint tier: a directory on the FSx / Parallelstore / Lustre mount "
-           "(or local NVMe). Checkpoints are committed here first.",
-           "/fsx/checkpoints/aws-prod-llm"),
-    EnvVar("FTFLEET_CKPT_URI", False,
-           "Durable tier in the primary region (`s3://` or `gs://`). Empty: no durable tier.",
-           "s3://ftfleet-prod-ckpt-use1/checkpoints/aws-prod-llm"),
-    EnvVar("FTFLEET_CKPT_REPLICA_URI", False,
-           "Replica of the durable tier in the other region; read-only for the trainer, "
-           "used to restore when the primary is gone.",
-           "s3://ftfleet-prod-ckpt-usw2/checkpoints/aws-prod-llm"),
-    EnvVar("FTFLEET_CKPT_UPLOAD", False,
-           "`trainer`: the trainer uploads each committed checkpoint to FTFLEET_CKPT_URI. "
-           "`fsx-export`: the fast tier is an FSx file system whose data repository "
-           "association exports to the same bucket, so the trainer does not upload twice. "
-           "`none`: no durable copy.",
-           "fsx-export"),
+    EnvVar(
+        "FTFLEET_CONFIG",
+        True,
+        "Trainer config file inside the image (YAML, see trainer/configs/).",
+        "/opt/ftfleet/trainer/configs/tiny.yaml",
+    ),
+    EnvVar(
+        "FTFLEET_CKPT_DIR",
+        True,
+        "Fast checkpoint tier: a directory on the FSx / Parallelstore / Lustre mount "
+        "(or local NVMe). Checkpoints are committed here first.",
+        "/fsx/checkpoints/aws-prod-llm",
+    ),
+    EnvVar(
+        "FTFLEET_CKPT_URI",
+        False,
+        "Durable tier in the primary region (`s3://` or `gs://`). Empty: no durable tier.",
+        "s3://ftfleet-prod-ckpt-use1/checkpoints/aws-prod-llm",
+    ),
+    EnvVar(
+        "FTFLEET_CKPT_REPLICA_URI",
+        False,
+        "Replica of the durable tier in the other region; read-only for the trainer, "
+        "used to restore when the primary is gone.",
+        "s3://ftfleet-prod-ckpt-usw2/checkpoints/aws-prod-llm",
+    ),
+    EnvVar(
+        "FTFLEET_CKPT_UPLOAD",
+        False,
+        "`trainer`: the trainer uploads each committed checkpoint to FTFLEET_CKPT_URI. "
+        "`fsx-export`: the fast tier is an FSx file system whose data repository "
+        "association exports to the same bucket, so the trainer does not upload twice. "
+        "`none`: no durable copy.",
+        "fsx-export",
+    ),
     EnvVar("FTFLEET_NNODES", True, "torchrun `--nnodes`, `MIN:MAX` for elastic runs.", "2:16"),
     EnvVar("FTFLEET_NPROC_PER_NODE", True, "torchrun `--nproc-per-node` (GPUs per node).", "8"),
-    EnvVar("FTFLEET_RDZV_ENDPOINT", True,
-           "host:port of the c10d rendezvous on the coordinator node.",
-           "coordinator.ftfleet.internal:29400"),
-    EnvVar("FTFLEET_MAX_RESTARTS", False,
-           "torchrun `--max-restarts` (default 100): how often a node's agent restarts its "
-           "workers after a failure. Every node's workers restart when any node is "
-           "preempted, so a spot job needs many; exits that a restart cannot fix (2, 77, "
-           "and 75 on the preempted node) stop the agent instead.", "100"),
-    EnvVar("FTFLEET_NODE_ID", True,
-           "This node's identity (EC2 instance id or GCE instance name); names its "
-           "commit marker.", "i-0123456789abcdef0"),
+    EnvVar(
+        "FTFLEET_RDZV_ENDPOINT",
+        True,
+        "host:port of the c10d rendezvous on the coordinator node.",
+        "coordinator.ftfleet.internal:29400",
+    ),
+    EnvVar(
+        "FTFLEET_MAX_RESTARTS",
+        False,
+        "torchrun `--max-restarts` (default 100): how often a node's agent restarts its "
+        "workers after a failure. Every node's workers restart when any node is "
+        "preempted, so a spot job needs many; exits that a restart cannot fix (2, 77, "
+        "and 75 on the preempted node) stop the agent instead.",
+        "100",
+    ),
+    EnvVar(
+        "FTFLEET_NODE_ID",
+        True,
+        "This node's identity (EC2 instance id or GCE instance name); names its commit marker.",
+        "i-0123456789abcdef0",
+    ),
     EnvVar("FTFLEET_REGION", True, "Primary region.", "us-east-1"),
     EnvVar("FTFLEET_REPLICA_REGION", False, "Replica region.", "us-west-2"),
-    EnvVar("FTFLEET_METADATA_ENDPOINT", False,
-           "Base URL of the instance metadata service; tests point it at a fake.",
-           "http://169.254.169.254"),
+    EnvVar(
+        "FTFLEET_METADATA_ENDPOINT",
+        False,
+        "Base URL of the instance metadata service; tests point it at a fake.",
+        "http://169.254.169.254",
+    ),
     EnvVar("FTFLEET_METRICS_PORT", False, "Port of the Prometheus exporter (0: off).", "9400"),
-    EnvVar("FTFLEET_LOG_FORMAT", False, "`json`: one JSON object per log line (the image's "
-           "default); `text`: plain lines.", "text"),
+    EnvVar(
+        "FTFLEET_LOG_FORMAT",
+        False,
+        "`json`: one JSON object per log line (the image's default); `text`: plain lines.",
+        "text",
+    ),
 )
 
 ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)
@@ -115,8 +147,9 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     environ = os.environ if environ is None else environ
     missing = missing_env(environ)
     if missing:
-        raise ContractError(f"trainer environment is missing {', '.join(missing)} "
-                            "(set by the fleet's user data; see docs/CONTRACT.md)")
+        raise ContractError(
+            f"trainer environment is missing {', '.join(missing)} (set by the fleet's user data; see docs/CONTRACT.md)"
+        )
     mode = environ.get("FTFLEET_CKPT_UPLOAD", "trainer")
     if mode not in UPLOAD_MODES:
         raise ContractError(f"FTFLEET_CKPT_UPLOAD={mode!r}: use one of {', '.join(UPLOAD_MODES)}")
@@ -187,7 +220,7 @@ def parse_step_dir(name: str) -> int | None:
     """The step of a `step-N` directory name, or None for anything else."""
     if not name.startswith(STEP_DIR_PREFIX):
         return None
-    digits = name[len(STEP_DIR_PREFIX):]
+    digits = name[len(STEP_DIR_PREFIX) :]
     return int(digits) if digits.isdigit() else None
 
 
@@ -220,18 +253,22 @@ class CommitMarker:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "CommitMarker":
+    def from_json(cls, text: str | bytes) -> CommitMarker:
         try:
             data = json.loads(text)
-            return cls(run_id=str(data["run_id"]), node_id=str(data["node_id"]),
-                       step=int(data["step"]), reason=str(data["reason"]),
-                       durable=bool(data["durable"]), written_at=float(data["written_at"]))
+            return cls(
+                run_id=str(data["run_id"]),
+                node_id=str(data["node_id"]),
+                step=int(data["step"]),
+                reason=str(data["reason"]),
+                durable=bool(data["durable"]),
+                written_at=float(data["written_at"]),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise ContractError(f"malformed commit marker: {exc}") from None
 
     @classmethod
-    def now(cls, run_id: str, node_id: str, step: int, reason: str,
-            durable: bool) -> "CommitMarker":
+    def now(cls, run_id: str, node_id: str, step: int, reason: str, durable: bool) -> CommitMarker:
         return cls(run_id, node_id, step, reason, durable, time.time())
 
 
@@ -294,8 +331,7 @@ def render_markdown() -> str:
         "Example:",
         "",
         "```json",
-        CommitMarker("aws-prod-llm", "i-0123456789abcdef0", 1200, "termination", False,
-                     1767225600.0).to_json(),
+        CommitMarker("aws-prod-llm", "i-0123456789abcdef0", 1200, "termination", False, 1767225600.0).to_json(),
         "```",
         "",
     ]

@@ -22,8 +22,7 @@ def _all_keys() -> set[str]:
 
 def load() -> settings.Settings:
     """Validated settings of the current stack; raises ConfigError with one line."""
-    raw = {key[len(_PREFIX):]: runtime_config.get_config(key)
-           for key in _all_keys() if key.startswith(_PREFIX)}
+    raw = {key[len(_PREFIX) :]: runtime_config.get_config(key) for key in _all_keys() if key.startswith(_PREFIX)}
     cloud = raw.get("cloud") or "aws"
     region = pulumi.Config(cloud).get("region") if cloud in settings.CLOUDS else None
     return settings.parse(raw, stack=pulumi.get_stack(), region=region)

@@ -26,8 +26,9 @@ def _res(r) -> policies.Res:
     provider = getattr(r, "provider", None)
     region = (r.props or {}).get("region") or (provider.props.get("region") if provider else None)
     deps = {k: [d.urn for d in v] for k, v in (getattr(r, "property_dependencies", None) or {}).items()}
-    return policies.Res(type=r.resource_type, name=r.name, urn=r.urn, props=r.props or {}, region=region,
-                        property_dependencies=deps)
+    return policies.Res(
+        type=r.resource_type, name=r.name, urn=r.urn, props=r.props or {}, region=region, property_dependencies=deps
+    )
 
 
 def _resource_policy(p: policies.Policy):
@@ -43,9 +44,13 @@ def _resource_policy(p: policies.Policy):
     schema = None
     if p.name == "spot-diversified":
         schema = PolicyConfigSchema(properties={"minTypes": {"type": "integer", "default": 3, "minimum": 1}})
-    return ResourceValidationPolicy(name=p.name, description=p.description, validate=validate,
-                                    config_schema=schema,
-                                    enforcement_level=EnforcementLevel.ADVISORY if p.advisory else None)
+    return ResourceValidationPolicy(
+        name=p.name,
+        description=p.description,
+        validate=validate,
+        config_schema=schema,
+        enforcement_level=EnforcementLevel.ADVISORY if p.advisory else None,
+    )
 
 
 def _stack_policy(p: policies.Policy):
@@ -55,8 +60,12 @@ def _stack_policy(p: policies.Policy):
         for name, message in p.check(resources):
             report(message, urns.get(name))
 
-    return StackValidationPolicy(name=p.name, description=p.description, validate=validate,
-                                 enforcement_level=EnforcementLevel.ADVISORY if p.advisory else None)
+    return StackValidationPolicy(
+        name=p.name,
+        description=p.description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.ADVISORY if p.advisory else None,
+    )
 
 
 def build_policies() -> list:

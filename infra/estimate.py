@@ -28,13 +28,24 @@ def estimate(s: Settings) -> dict:
     fsx_rate = prices["fsx_persistent2_gib_month"][str(s.storage.fsx_throughput_per_tib)]
     per_tib = 1024 * (2 * prices["s3_standard_gib_month"])  # primary + replica, before tiering
     return {
-        "label": (f"ESTIMATE from list prices recorded {catalog.prices_as_of()} for "
-                  f"{catalog.price_region(s.cloud)}; spot prices vary by zone and hour"),
+        "label": (
+            f"ESTIMATE from list prices recorded {catalog.prices_as_of()} for "
+            f"{catalog.price_region(s.cloud)}; spot prices vary by zone and hour"
+        ),
         "prices_as_of": catalog.prices_as_of(),
-        "nodes": {"coordinator_on_demand": 1, "workers_on_demand": od_workers, "workers_spot": spot_workers,
-                  "gpus": (1 + desired) * f.gpus_per_node},
-        "fleet_usd_per_hour": {"all_on_demand": round(all_on_demand, 2), "with_spot": round(mixed, 2),
-                               "savings_percent": round(100 * (1 - mixed / all_on_demand), 1)},
-        "storage_usd_per_month": {"fsx": round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2),
-                                  "buckets_per_tib_stored": round(per_tib, 2)},
+        "nodes": {
+            "coordinator_on_demand": 1,
+            "workers_on_demand": od_workers,
+            "workers_spot": spot_workers,
+            "gpus": (1 + desired) * f.gpus_per_node,
+        },
+        "fleet_usd_per_hour": {
+            "all_on_demand": round(all_on_demand, 2),
+            "with_spot": round(mixed, 2),
+            "savings_percent": round(100 * (1 - mixed / all_on_demand), 1),
+        },
+        "storage_usd_per_month": {
+            "fsx": round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2),
+            "buckets_per_tib_stored": round(per_tib, 2),
+        },
     }

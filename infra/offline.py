@@ -94,8 +94,9 @@ class _Mocks(pulumi.runtime.Mocks):
             rid = physical
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             rid = "fs-" + hashlib.sha256(args.name.encode()).hexdigest()[:17]
-            outs.update(dnsName=f"{rid}.fsx.{region}.amazonaws.com",
-                        mountName=hashlib.sha256(rid.encode()).hexdigest()[:8])
+            outs.update(
+                dnsName=f"{rid}.fsx.{region}.amazonaws.com", mountName=hashlib.sha256(rid.encode()).hexdigest()[:8]
+            )
         elif args.typ == "aws:ecr/repository:Repository":
             outs["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{physical}"
         elif args.typ == "aws:route53/zone:Zone":
@@ -110,8 +111,12 @@ class _Mocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/ftfleet-plan",
-                    "userId": "AIDAFTFLEETPLAN", "id": MOCK_ACCOUNT}
+            return {
+                "accountId": MOCK_ACCOUNT,
+                "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/ftfleet-plan",
+                "userId": "AIDAFTFLEETPLAN",
+                "id": MOCK_ACCOUNT,
+            }
         return {}
 
 
@@ -127,17 +132,21 @@ class _Monitor(pulumi_mocks.MockMonitor):
         if request.type == "pulumi:pulumi:Stack":
             return response
         is_stack_child = not request.parent or "::pulumi:pulumi:Stack::" in request.parent
-        self.recorded.append(Resource(
-            urn=response.urn, type=request.type, name=request.name,
-            parent=None if is_stack_child else request.parent,
-            provider=request.provider.rsplit("::", 1)[0] if request.provider else None,
-            custom=bool(request.custom),
-            inputs=rpc.deserialize_properties(request.object),
-            outputs=self.resources[response.urn].state if response.urn in self.resources else {},
-            id=response.id,
-            dependencies=list(request.dependencies),
-            property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
-        ))
+        self.recorded.append(
+            Resource(
+                urn=response.urn,
+                type=request.type,
+                name=request.name,
+                parent=None if is_stack_child else request.parent,
+                provider=request.provider.rsplit("::", 1)[0] if request.provider else None,
+                custom=bool(request.custom),
+                inputs=rpc.deserialize_properties(request.object),
+                outputs=self.resources[response.urn].state if response.urn in self.resources else {},
+                id=response.id,
+                dependencies=list(request.dependencies),
+                property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+            )
+        )
         return response
 
 
@@ -175,8 +184,7 @@ def run(stack: StackFile, validate_first: bool = True) -> Recording:
     pulumi_settings.ROOT.set(None)
     mocks = _Mocks(provider_regions, region)
     monitor = _Monitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False,
-                             monitor=monitor)
+    pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config)
     exports: dict[str, Any] = {}
 

@@ -9,8 +9,9 @@ Values unknown at preview time (not yet a str/number) are skipped, never guessed
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 WORLD = ("0.0.0.0/0", "::/0")
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
@@ -57,6 +58,7 @@ def _as_list(v: Any) -> list:
 
 
 # --- resource policies: (Res) -> list of messages ---------------------------------
+
 
 def versioning_enabled(r: Res) -> list[str]:
     if r.type != "aws:s3/bucketVersioning:BucketVersioning":
@@ -114,10 +116,15 @@ def no_world_ingress(r: Res) -> list[str]:
     return [f"ingress open to {c}" for c in cidrs if c in WORLD]
 
 
-IAM_DOCS = {"aws:iam/rolePolicy:RolePolicy": "policy", "aws:iam/policy:Policy": "policy",
-            "aws:iam/userPolicy:UserPolicy": "policy", "aws:iam/groupPolicy:GroupPolicy": "policy",
-            "aws:kms/key:Key": "policy", "aws:kms/replicaKey:ReplicaKey": "policy",
-            "aws:s3/bucketPolicy:BucketPolicy": "policy"}
+IAM_DOCS = {
+    "aws:iam/rolePolicy:RolePolicy": "policy",
+    "aws:iam/policy:Policy": "policy",
+    "aws:iam/userPolicy:UserPolicy": "policy",
+    "aws:iam/groupPolicy:GroupPolicy": "policy",
+    "aws:kms/key:Key": "policy",
+    "aws:kms/replicaKey:ReplicaKey": "policy",
+    "aws:s3/bucketPolicy:BucketPolicy": "policy",
+}
 
 
 def no_star_star(r: Res) -> list[str]:
@@ -163,8 +170,11 @@ def spot_diversified(r: Res, min_types: int = 3) -> list[str]:
     if dist.get("onDemandPercentageAboveBaseCapacity", 100) >= 100:
         return []
     types = {o.get("instanceType") for o in (mip.get("launchTemplate") or {}).get("overrides") or []}
-    return [] if len(types) >= min_types else [
-        f"spot spread over {len(types)} instance type(s); use at least {min_types} to survive a pool running dry"]
+    return (
+        []
+        if len(types) >= min_types
+        else [f"spot spread over {len(types)} instance type(s); use at least {min_types} to survive a pool running dry"]
+    )
 
 
 # --- stack policies: (list[Res]) -> list of (resource name, message) -------------
@@ -229,14 +239,22 @@ POLICIES: tuple[Policy, ...] = (
     Policy("no-world-ingress", "No security group admits traffic from 0.0.0.0/0 or ::/0.", no_world_ingress),
     Policy("iam-no-star-star", "No policy statement allows * actions on * resources.", no_star_star),
     Policy("fsx-valid", "FSx for Lustre is PERSISTENT_2 with a valid capacity and throughput.", fsx_valid),
-    Policy("spot-diversified", "Spot workers spread over at least 3 instance types.", spot_diversified,
-           advisory=True),
-    Policy("s3-buckets-guarded", "Every bucket has versioning, KMS, a public access block and a TLS policy.",
-           buckets_guarded, stack=True),
-    Policy("s3-replication-cross-region", "Replication targets a bucket in another region.",
-           replication_cross_region, stack=True),
-    Policy("coordinator-on-demand", "The coordinator runs on on-demand capacity only.",
-           coordinator_on_demand, stack=True),
+    Policy("spot-diversified", "Spot workers spread over at least 3 instance types.", spot_diversified, advisory=True),
+    Policy(
+        "s3-buckets-guarded",
+        "Every bucket has versioning, KMS, a public access block and a TLS policy.",
+        buckets_guarded,
+        stack=True,
+    ),
+    Policy(
+        "s3-replication-cross-region",
+        "Replication targets a bucket in another region.",
+        replication_cross_region,
+        stack=True,
+    ),
+    Policy(
+        "coordinator-on-demand", "The coordinator runs on on-demand capacity only.", coordinator_on_demand, stack=True
+    ),
 )
 
 

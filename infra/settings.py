@@ -13,8 +13,9 @@ import difflib
 import ipaddress
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -24,8 +25,7 @@ from ftfleet.infra import catalog
 PROJECT = "ftfleet"
 PULUMI_YAML = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 
-SPOT_STRATEGIES = ("price-capacity-optimized", "capacity-optimized",
-                   "capacity-optimized-prioritized", "lowest-price")
+SPOT_STRATEGIES = ("price-capacity-optimized", "capacity-optimized", "capacity-optimized-prioritized", "lowest-price")
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 FSX_COMPRESSIONS = ("LZ4", "NONE")
 CLOUDS = ("aws", "gcp")
@@ -140,8 +140,7 @@ class Settings:
         return f"{PROJECT}-{self.stack}"
 
     def all_tags(self) -> dict[str, str]:
-        return {"ftfleet:stack": self.stack, "ftfleet:run": self.trainer.run_id,
-                "managed-by": "pulumi", **self.tags}
+        return {"ftfleet:stack": self.stack, "ftfleet:run": self.trainer.run_id, "managed-by": "pulumi", **self.tags}
 
 
 # ---------------------------------------------------------------------------
@@ -161,8 +160,10 @@ class _Reader:
             return self.raw[key]
         spec = self.schema[key]
         if "default" not in spec:
-            raise ConfigError(f"{PROJECT}:{key} is required: {spec['description']} "
-                              f"Set it with `pulumi config set {PROJECT}:{key} ...`")
+            raise ConfigError(
+                f"{PROJECT}:{key} is required: {spec['description']} "
+                f"Set it with `pulumi config set {PROJECT}:{key} ...`"
+            )
         return spec["default"]
 
     def str(self, key: str) -> str:
@@ -217,8 +218,9 @@ def _err(key: str, message: str) -> ConfigError:
     return ConfigError(f"{PROJECT}:{key} {message}")
 
 
-def parse(raw: Mapping[str, Any], *, stack: str, region: str | None,
-          schema: Mapping[str, Mapping[str, Any]] | None = None) -> Settings:
+def parse(
+    raw: Mapping[str, Any], *, stack: str, region: str | None, schema: Mapping[str, Mapping[str, Any]] | None = None
+) -> Settings:
     """Validate one stack's project config.
 
     ``raw`` maps project keys without the ``ftfleet:`` namespace to values, either typed
@@ -238,8 +240,10 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None,
     if not replica_region:
         raise _err("replicaRegion", "is required: the region that holds the checkpoint replica")
     if replica_region == region:
-        raise _err("replicaRegion", f"equals the primary region {region}; pick another region "
-                   "so a regional outage cannot take both copies")
+        raise _err(
+            "replicaRegion",
+            f"equals the primary region {region}; pick another region so a regional outage cannot take both copies",
+        )
 
     network = _network(r, region)
     fleet = _fleet(r, cloud)
@@ -262,9 +266,19 @@ def parse(raw: Mapping[str, Any], *, stack: str, region: str | None,
     trainer = TrainerSettings(image_tag=image_tag, config=r.str("trainerConfig"), run_id=run_id)
     if not trainer.config.startswith("/"):
         raise _err("trainerConfig", f"is {trainer.config!r}; give an absolute path inside the image")
-    return Settings(stack=stack, cloud=cloud, region=region, replica_region=replica_region,
-                    network=network, fleet=fleet, storage=storage, buckets=buckets,
-                    remediation=remediation, trainer=trainer, tags=_tags(r))
+    return Settings(
+        stack=stack,
+        cloud=cloud,
+        region=region,
+        replica_region=replica_region,
+        network=network,
+        fleet=fleet,
+        storage=storage,
+        buckets=buckets,
+        remediation=remediation,
+        trainer=trainer,
+        tags=_tags(r),
+    )
 
 
 def _network(r: _Reader, region: str) -> NetworkSettings:
@@ -285,14 +299,16 @@ def _network(r: _Reader, region: str) -> NetworkSettings:
         if not vpc_id:
             raise _err("existingVpcId", "is required when existingSubnetIds adopts subnets")
         if len(subnets) != len(zones):
-            raise _err("existingSubnetIds", f"has {len(subnets)} ids for {len(zones)} zones; "
-                       "give one subnet per availability zone, in the same order")
+            raise _err(
+                "existingSubnetIds",
+                f"has {len(subnets)} ids for {len(zones)} zones; "
+                "give one subnet per availability zone, in the same order",
+            )
     elif vpc_id:
         raise _err("existingSubnetIds", "is required when existingVpcId is set")
     elif net.prefixlen > 20 - max(0, (len(zones) - 1).bit_length()):
         raise _err("vpcCidr", f"{cidr} is too small for one /20 subnet per zone; use a /16")
-    return NetworkSettings(availability_zones=zones, vpc_cidr=cidr, existing_vpc_id=vpc_id,
-                           existing_subnet_ids=subnets)
+    return NetworkSettings(availability_zones=zones, vpc_cidr=cidr, existing_vpc_id=vpc_id, existing_subnet_ids=subnets)
 
 
 def _fleet(r: _Reader, cloud: str) -> FleetSettings:
@@ -307,24 +323,32 @@ def _fleet(r: _Reader, cloud: str) -> FleetSettings:
         for name in names:
             spec = catalog.instance(cloud, name)
             if spec is None:
-                raise _err(key, f"contains unknown instance type {name!r}; known {cloud} types: "
-                           f"{', '.join(catalog.instance_names(cloud))} (add new ones to infra/catalog.json)")
+                raise _err(
+                    key,
+                    f"contains unknown instance type {name!r}; known {cloud} types: "
+                    f"{', '.join(catalog.instance_names(cloud))} (add new ones to infra/catalog.json)",
+                )
             gpus.add(spec.gpus)
     if len(gpus) != 1:
-        raise _err("workerInstanceTypes", "mixes types with different GPU counts; torchrun needs "
-                   "the same --nproc-per-node on every node")
+        raise _err(
+            "workerInstanceTypes",
+            "mixes types with different GPU counts; torchrun needs the same --nproc-per-node on every node",
+        )
     max_size = r.int("workerMaxSize", minimum=1)
     min_size = r.int("workerMinSize", minimum=0)
     desired = r.int("workerDesiredSize", minimum=0)
     if min_size > max_size:
         raise _err("workerMinSize", f"({min_size}) exceeds workerMaxSize ({max_size})")
     if not min_size <= desired <= max_size:
-        raise _err("workerDesiredSize", f"({desired}) must lie between workerMinSize ({min_size}) "
-                   f"and workerMaxSize ({max_size})")
+        raise _err(
+            "workerDesiredSize",
+            f"({desired}) must lie between workerMinSize ({min_size}) and workerMaxSize ({max_size})",
+        )
     base = r.int("onDemandBaseCapacity", minimum=0)
     if base > max_size:
-        raise _err("onDemandBaseCapacity", f"({base}) exceeds workerMaxSize ({max_size}); "
-                   "lower it or raise workerMaxSize")
+        raise _err(
+            "onDemandBaseCapacity", f"({base}) exceeds workerMaxSize ({max_size}); lower it or raise workerMaxSize"
+        )
     strategy = r.str("spotAllocationStrategy")
     if strategy not in SPOT_STRATEGIES:
         raise _err("spotAllocationStrategy", f"is {strategy!r}; use one of: {', '.join(SPOT_STRATEGIES)}")
@@ -332,8 +356,9 @@ def _fleet(r: _Reader, cloud: str) -> FleetSettings:
     if efa:
         for name in (coordinator, *types):
             if not catalog.instance(cloud, name).efa:
-                raise _err("efaEnabled", f"is true but {name} does not support EFA; "
-                           "disable EFA or use EFA-capable types")
+                raise _err(
+                    "efaEnabled", f"is true but {name} does not support EFA; disable EFA or use EFA-capable types"
+                )
     image_id = r.str("imageId")
     if image_id and not re.fullmatch(r"ami-[0-9a-f]{8,17}", image_id):
         raise _err("imageId", f"is {image_id!r}; give an AMI id (ami-...) or leave it empty")
@@ -341,23 +366,33 @@ def _fleet(r: _Reader, cloud: str) -> FleetSettings:
     if not image_id and not ssm.startswith("/"):
         raise _err("imageSsmParameter", "must be an SSM parameter path starting with / when imageId is empty")
     return FleetSettings(
-        coordinator_instance_type=coordinator, worker_instance_types=types,
-        worker_min_size=min_size, worker_max_size=max_size, worker_desired_size=desired,
+        coordinator_instance_type=coordinator,
+        worker_instance_types=types,
+        worker_min_size=min_size,
+        worker_max_size=max_size,
+        worker_desired_size=desired,
         on_demand_base_capacity=base,
         on_demand_percent_above_base=r.int("onDemandPercentAboveBase", minimum=0, maximum=100),
-        spot_allocation_strategy=strategy, efa_enabled=efa, placement_group=r.bool("placementGroup"),
-        image_id=image_id, image_ssm_parameter=ssm,
+        spot_allocation_strategy=strategy,
+        efa_enabled=efa,
+        placement_group=r.bool("placementGroup"),
+        image_id=image_id,
+        image_ssm_parameter=ssm,
         root_volume_gib=r.int("rootVolumeGiB", minimum=50, maximum=16384),
         termination_hook_seconds=r.int("terminationHookSeconds", minimum=120, maximum=7200),
-        gpus_per_node=gpus.pop())
+        gpus_per_node=gpus.pop(),
+    )
 
 
 def _storage(r: _Reader) -> StorageSettings:
     capacity = r.int("fsxStorageCapacityGiB", minimum=1)
     if capacity != 1200 and capacity % 2400:
         below = max(1200, capacity // 2400 * 2400)
-        raise _err("fsxStorageCapacityGiB", f"is {capacity}; PERSISTENT_2 SSD takes 1200 or a multiple "
-                   f"of 2400 GiB (nearest: {below} or {(capacity // 2400 + 1) * 2400})")
+        raise _err(
+            "fsxStorageCapacityGiB",
+            f"is {capacity}; PERSISTENT_2 SSD takes 1200 or a multiple "
+            f"of 2400 GiB (nearest: {below} or {(capacity // 2400 + 1) * 2400})",
+        )
     throughput = r.int("fsxThroughputPerTiB")
     if throughput not in FSX_THROUGHPUTS:
         raise _err("fsxThroughputPerTiB", f"is {throughput}; use one of {', '.join(map(str, FSX_THROUGHPUTS))}")
@@ -367,8 +402,12 @@ def _storage(r: _Reader) -> StorageSettings:
     mount = r.str("fsxMountPoint")
     if not re.fullmatch(r"/[A-Za-z0-9/_-]+", mount):
         raise _err("fsxMountPoint", f"is {mount!r}; give an absolute path such as /fsx")
-    return StorageSettings(fsx_storage_capacity_gib=capacity, fsx_throughput_per_tib=throughput,
-                           fsx_compression=compression, fsx_mount_point=mount.rstrip("/"))
+    return StorageSettings(
+        fsx_storage_capacity_gib=capacity,
+        fsx_throughput_per_tib=throughput,
+        fsx_compression=compression,
+        fsx_mount_point=mount.rstrip("/"),
+    )
 
 
 def _prefix(r: _Reader, key: str) -> str:
@@ -381,25 +420,33 @@ def _prefix(r: _Reader, key: str) -> str:
 def _buckets(r: _Reader) -> BucketSettings:
     ckpt, pinned = _prefix(r, "checkpointPrefix"), _prefix(r, "pinnedPrefix")
     if ckpt.startswith(pinned) or pinned.startswith(ckpt):
-        raise _err("pinnedPrefix", f"({pinned}) overlaps checkpointPrefix ({ckpt}); pinned objects "
-                   "must sit outside the prefix that lifecycle rules expire")
+        raise _err(
+            "pinnedPrefix",
+            f"({pinned}) overlaps checkpointPrefix ({ckpt}); pinned objects "
+            "must sit outside the prefix that lifecycle rules expire",
+        )
     ia = r.int("transitionToIaDays", minimum=0)
     glacier = r.int("transitionToGlacierDays", minimum=0)
     expire = r.int("expireCheckpointsDays", minimum=0)
     if ia and ia < 30:
         raise _err("transitionToIaDays", f"is {ia}; S3 requires at least 30 days before STANDARD_IA (or 0)")
     if ia and glacier and glacier < ia + 30:
-        raise _err("transitionToGlacierDays", f"is {glacier}; it must be at least transitionToIaDays + 30 "
-                   f"({ia + 30}) or 0")
+        raise _err(
+            "transitionToGlacierDays", f"is {glacier}; it must be at least transitionToIaDays + 30 ({ia + 30}) or 0"
+        )
     if expire and expire <= max(ia, glacier):
         raise _err("expireCheckpointsDays", f"is {expire}; it must exceed the transition days or be 0")
     return BucketSettings(
-        checkpoint_prefix=ckpt, pinned_prefix=pinned, transition_to_ia_days=ia,
-        transition_to_glacier_days=glacier, expire_checkpoints_days=expire,
+        checkpoint_prefix=ckpt,
+        pinned_prefix=pinned,
+        transition_to_ia_days=ia,
+        transition_to_glacier_days=glacier,
+        expire_checkpoints_days=expire,
         noncurrent_version_expiry_days=r.int("noncurrentVersionExpiryDays", minimum=1),
         replication_time_control=r.bool("replicationTimeControl"),
         object_lock=r.bool("objectLock"),
-        object_lock_retention_days=r.int("objectLockRetentionDays", minimum=1, maximum=36500))
+        object_lock_retention_days=r.int("objectLockRetentionDays", minimum=1, maximum=36500),
+    )
 
 
 def _tags(r: _Reader) -> dict[str, str]:

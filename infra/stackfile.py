@@ -24,7 +24,7 @@ class StackFile:
 
     def project_config(self) -> dict[str, Any]:
         prefix = f"{settings.PROJECT}:"
-        return {k[len(prefix):]: v for k, v in self.config.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in self.config.items() if k.startswith(prefix)}
 
     def region(self) -> str | None:
         cloud = self.project_config().get("cloud", "aws")
@@ -49,7 +49,7 @@ class StackFile:
 
 
 def stack_names(directory: Path = STACKS_DIR) -> list[str]:
-    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in directory.glob("Pulumi.*.yaml"))
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in directory.glob("Pulumi.*.yaml"))
 
 
 def load(target: str) -> StackFile:

@@ -21,12 +21,15 @@ from ftfleet.trainer.agent import stop_agent
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"),
-                        help="YAML config (default: $FTFLEET_CONFIG)")
-    parser.add_argument("--log-format", choices=("text", "json"),
-                        default=os.environ.get("FTFLEET_LOG_FORMAT") or "text",
-                        help="json: one JSON object per line (default: $FTFLEET_LOG_FORMAT, "
-                             "else text)")
+    parser.add_argument(
+        "--config", default=os.environ.get("FTFLEET_CONFIG"), help="YAML config (default: $FTFLEET_CONFIG)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=os.environ.get("FTFLEET_LOG_FORMAT") or "text",
+        help="json: one JSON object per line (default: $FTFLEET_LOG_FORMAT, else text)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args(argv)
     if args.log_format not in ("text", "json"):
@@ -36,11 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_format == "json":
         from ftfleet.trainer.resilience.metrics import configure_json_logging
 
-        configure_json_logging(level, static={"rank": rank,
-                                              "node": os.environ.get("FTFLEET_NODE_ID", "")})
+        configure_json_logging(level, static={"rank": rank, "node": os.environ.get("FTFLEET_NODE_ID", "")})
     else:
-        logging.basicConfig(level=level, stream=sys.stderr,
-                            format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
+        logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
     code = _run(args, rank)
     if code in NOT_RESTARTABLE:
         # torchrun would restart the workers into the same failure (trainer/agent.py).
@@ -79,9 +80,10 @@ def _failed_summary(cfg, rank: int, error: str) -> None:
     try:
         run_dir = Path(cfg.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "summary.json").write_text(json.dumps(
-            {"status": "failed", "error": error, "run_id": cfg.run_id, "state_sha256": None},
-            indent=1) + "\n")
+        (run_dir / "summary.json").write_text(
+            json.dumps({"status": "failed", "error": error, "run_id": cfg.run_id, "state_sha256": None}, indent=1)
+            + "\n"
+        )
     except OSError:
         pass
 

@@ -50,7 +50,11 @@ def stop_agent(exit_code: int, why: str) -> int | None:
             f.write(f"{exit_code}\n")
     except OSError as exc:
         log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
-    log.warning("%s: stopping this node's torchrun agent (pid %d) so that it does not "
-                "restart the workers; exit %d", why, pid, exit_code)
+    log.warning(
+        "%s: stopping this node's torchrun agent (pid %d) so that it does not restart the workers; exit %d",
+        why,
+        pid,
+        exit_code,
+    )
     os.kill(pid, signal.SIGTERM)
     return pid

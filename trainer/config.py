@@ -14,8 +14,9 @@ import json
 import os
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -47,8 +48,10 @@ class ModelConfig:
         for key in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "mlp_ratio"):
             _positive(f"model.{key}", getattr(self, key))
         if self.d_model % self.n_heads:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
-                              f"model.n_heads={self.n_heads}: choose n_heads dividing d_model")
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by "
+                f"model.n_heads={self.n_heads}: choose n_heads dividing d_model"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout}: use a probability in [0, 1)")
 
@@ -182,8 +185,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.keep < 2:
-            raise ConfigError(f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "
-                              "(the newest may still be uploading or fail verification)")
+            raise ConfigError(
+                f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "
+                "(the newest may still be uploading or fail verification)"
+            )
         if any(s < 0 for s in self.pinned_steps):
             raise ConfigError(f"checkpoint.pinned_steps={self.pinned_steps}: steps are >= 0")
         _positive("checkpoint.thread_count", self.thread_count)
@@ -191,19 +196,21 @@ class CheckpointConfig:
         _positive("checkpoint.retries", self.retries)
         _positive("checkpoint.timeout_s", self.timeout_s)
         if self.multipart_chunk_mb < 5:
-            raise ConfigError(f"checkpoint.multipart_chunk_mb={self.multipart_chunk_mb}: "
-                              "S3 parts are at least 5 MiB; use 5 or more")
+            raise ConfigError(
+                f"checkpoint.multipart_chunk_mb={self.multipart_chunk_mb}: S3 parts are at least 5 MiB; use 5 or more"
+            )
         if self.upload not in UPLOAD_MODES:
-            raise ConfigError(f"checkpoint.upload={self.upload!r}: use one of "
-                              f"{', '.join(UPLOAD_MODES)}")
+            raise ConfigError(f"checkpoint.upload={self.upload!r}: use one of {', '.join(UPLOAD_MODES)}")
         for key in ("uri", "replica_uri"):
             value = getattr(self, key)
             if value and not value.startswith(("s3://", "gs://")):
-                raise ConfigError(f"checkpoint.{key}={value!r}: use s3://bucket/prefix or "
-                                  "gs://bucket/prefix (or empty for none)")
+                raise ConfigError(
+                    f"checkpoint.{key}={value!r}: use s3://bucket/prefix or gs://bucket/prefix (or empty for none)"
+                )
         if self.replica_uri and not self.uri:
-            raise ConfigError("checkpoint.replica_uri is set but checkpoint.uri is empty: "
-                              "set the primary durable tier too")
+            raise ConfigError(
+                "checkpoint.replica_uri is set but checkpoint.uri is empty: set the primary durable tier too"
+            )
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -270,8 +277,10 @@ class JobConfig:
         data = dataclasses.asdict(self.data)
         data.pop("trace_samples")
         identity = {
-            "model": dataclasses.asdict(self.model), "data": data,
-            "optim": dataclasses.asdict(self.optim), "seed": self.seed,
+            "model": dataclasses.asdict(self.model),
+            "data": data,
+            "optim": dataclasses.asdict(self.optim),
+            "seed": self.seed,
             "global_batch_size": self.train.global_batch_size,
         }
         for key in ("nan_at_steps", "spike_at_steps"):  # bad batches change the trajectory
@@ -294,16 +303,16 @@ ENV_OVERRIDES = {
 }
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
-                environ: Mapping[str, str] | None = None) -> JobConfig:
+def load_config(
+    path: str | os.PathLike | None, overrides: list[str] = (), environ: Mapping[str, str] | None = None
+) -> JobConfig:
     """File, then environment (ENV_OVERRIDES), then ``key.sub=value`` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise ConfigError(f"--config {path}: cannot read ({exc.strerror}); "
-                              "pass an existing YAML file") from None
+            raise ConfigError(f"--config {path}: cannot read ({exc.strerror}); pass an existing YAML file") from None
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:

@@ -57,12 +57,20 @@ class Batch:
 class GlobalBatches:
     """This rank's share of each global batch, addressed by the global sample count."""
 
-    def __init__(self, dataset: SyntheticTokens, global_batch_size: int, rank: int,
-                 world_size: int, device: torch.device, trace_dir: Path | None = None):
+    def __init__(
+        self,
+        dataset: SyntheticTokens,
+        global_batch_size: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        trace_dir: Path | None = None,
+    ):
         if global_batch_size % world_size:
             raise ConfigError(
                 f"train.global_batch_size={global_batch_size} is not divisible by the world "
-                f"size {world_size}: choose a multiple of {world_size}")
+                f"size {world_size}: choose a multiple of {world_size}"
+            )
         self.dataset = dataset
         self.global_batch_size = global_batch_size
         self.micro_batch_size = global_batch_size // world_size
@@ -90,4 +98,3 @@ class GlobalBatches:
     def close(self) -> None:
         if self._trace is not None:
             self._trace.close()
-

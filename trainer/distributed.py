@@ -65,27 +65,36 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
 
     if "MASTER_ADDR" in os.environ:
         host_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                             world_size, is_master=host_store, timeout=STORE_TIMEOUT)
+        base = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world_size,
+            is_master=host_store,
+            timeout=STORE_TIMEOUT,
+        )
         attempt = agree_on_attempt(base, rank, world_size, STORE_TIMEOUT)
         if rank == 0:
-            log.info("process group: attempt %s (torchrun restart %s), %d ranks", attempt,
-                     os.environ.get("TORCHELASTIC_RESTART_COUNT", "-"), world_size)
+            log.info(
+                "process group: attempt %s (torchrun restart %s), %d ranks",
+                attempt,
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "-"),
+                world_size,
+            )
         store: dist.Store = dist.PrefixStore(f"ftfleet/{attempt}", base)
     else:
         if world_size != 1:
             raise RuntimeError("WORLD_SIZE > 1 without MASTER_ADDR: launch with torchrun")
         store = dist.HashStore()
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            device_id=device if use_cuda else None)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, device_id=device if use_cuda else None
+    )
     timeout = datetime.timedelta(seconds=ckpt_timeout_s)
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
     upload_group = dist.new_group(backend="gloo", timeout=timeout)
     return DistEnv(rank, world_size, local_rank, device, ckpt_group, upload_group)
 
 
-def agree_on_attempt(store: dist.Store, rank: int, world_size: int,
-                     timeout: datetime.timedelta) -> str:
+def agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> str:
     """A name that every rank of this attempt gets and that no earlier attempt used.
 
     torchrun's agent store lives as long as the job, so it holds the keys of every
@@ -121,8 +130,7 @@ def agree_on_attempt(store: dist.Store, rank: int, world_size: int,
             store.multi_set([f"ftfleet/answer/{t.decode()}" for t in fresh], [attempt] * len(fresh))
             answered.update(fresh)
         elif time.monotonic() > deadline:
-            raise TimeoutError(f"not every rank of {world_size} joined attempt {attempt} "
-                               f"within {timeout}")
+            raise TimeoutError(f"not every rank of {world_size} joined attempt {attempt} within {timeout}")
         else:
             time.sleep(0.01)
     return attempt
@@ -148,8 +156,7 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Modul
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda"
-                                   else None)
+    return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

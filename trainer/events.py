@@ -11,7 +11,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded |
 | ``fresh`` | | no checkpoint: step 0 |
 | ``first_step`` | step | the first step after start (or restore) finished |
-| ``step`` | step, loss, seconds, saving | each step, only with ``train.step_events`` (saving: a background save was in flight) |
+| ``step`` | step, loss, seconds, saving | each step, only with ``train.step_events`` (saving: a save in flight) |
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
 | ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |
@@ -31,8 +31,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 FILENAME = "events.jsonl"
 
@@ -52,8 +53,7 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> None:
         if self._file is None:
             return
-        record = {"t": round(time.time(), 4), "event": event, "attempt": self._attempt,
-                  "pid": os.getpid(), **fields}
+        record = {"t": round(time.time(), 4), "event": event, "attempt": self._attempt, "pid": os.getpid(), **fields}
         # One write per line, flushed: a killed process leaves whole lines behind.
         self._file.write(json.dumps(record, default=str) + "\n")
         self._file.flush()

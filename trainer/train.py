@@ -22,8 +22,9 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -62,10 +63,12 @@ class StepInfo:
 class Callback:
     """Base class of the hooks; override what you need."""
 
-    def on_train_start(self, run: "Run") -> None: ...
-    def on_step_end(self, run: "Run", info: StepInfo) -> None: ...
-    def should_stop(self, run: "Run") -> StopRequest | None: return None
-    def on_train_end(self, run: "Run", result: dict[str, Any]) -> None: ...
+    def on_train_start(self, run: Run) -> None: ...
+    def on_step_end(self, run: Run, info: StepInfo) -> None: ...
+    def should_stop(self, run: Run) -> StopRequest | None:
+        return None
+
+    def on_train_end(self, run: Run, result: dict[str, Any]) -> None: ...
 
 
 class StopAtStep(Callback):
@@ -74,7 +77,7 @@ class StopAtStep(Callback):
     def __init__(self, step: int):
         self.step = step
 
-    def should_stop(self, run: "Run") -> StopRequest | None:
+    def should_stop(self, run: Run) -> StopRequest | None:
         if run.progress.step >= self.step:
             return StopRequest(f"stop_at_step {self.step}")
         return None
@@ -99,18 +102,34 @@ def build(cfg: JobConfig) -> Run:
     env = distributed.init_distributed(cfg.parallel, cfg.checkpoint.timeout_s)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = distributed.parallelize(GPT(cfg.model), cfg.parallel, env)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
-                                  betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                                  weight_decay=cfg.optim.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     seed_rngs(cfg.seed, env.rank)  # distinct dropout streams per rank
     progress = TrainProgress()
     app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed)
-    ckpt = CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash(),
-                             ckpt_group=env.ckpt_group, upload_group=env.upload_group)
+    ckpt = CheckpointManager(
+        cfg.checkpoint,
+        app,
+        run_id=cfg.run_id,
+        config_hash=cfg.config_hash(),
+        ckpt_group=env.ckpt_group,
+        upload_group=env.upload_group,
+    )
     trace = Path(cfg.run_dir) / "samples" if cfg.data.trace_samples else None
-    data = GlobalBatches(SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.seed),
-                         cfg.train.global_batch_size, env.rank, env.world_size, env.device, trace)
+    data = GlobalBatches(
+        SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.seed),
+        cfg.train.global_batch_size,
+        env.rank,
+        env.world_size,
+        env.device,
+        trace,
+    )
     return Run(cfg, env, model, optimizer, scheduler, progress, ckpt, data)
 
 
@@ -138,11 +157,9 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
         events.close()
 
 
-def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
-           t_start: float) -> dict[str, Any]:
+def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback], t_start: float) -> dict[str, Any]:
     cfg = run.cfg
-    model, optimizer, scheduler, progress, ckpt = (run.model, run.optimizer, run.scheduler,
-                                                   run.progress, run.ckpt)
+    model, optimizer, scheduler, progress, ckpt = (run.model, run.optimizer, run.scheduler, run.progress, run.ckpt)
     if cfg.train.stop_at_step is not None:
         callbacks.append(StopAtStep(cfg.train.stop_at_step))
     events.emit("start", world_size=run.env.world_size)
@@ -154,7 +171,7 @@ def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
 
     loss_value, stop, t_log = float("nan"), None, time.monotonic()
     while progress.step < cfg.train.steps:
-        if (stop := _should_stop(run, callbacks) or guard.boundary(progress.step)):
+        if stop := _should_stop(run, callbacks) or guard.boundary(progress.step):
             break
         t0, step = time.monotonic(), progress.step + 1
         if guard.skip_batch(step):  # a rollback decided this batch is poison
@@ -165,8 +182,7 @@ def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
         loss = guard.poison(step, loss_fn(model(batch.inputs), batch.targets))
         loss.backward()
         # The norm is computed (not clipped) when clipping is off: the anomaly check uses it.
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                   cfg.optim.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
         decision = guard.judge(step, loss, _full(grad_norm))
         if decision.action is Action.ROLLBACK:
             optimizer.zero_grad(set_to_none=True)
@@ -186,18 +202,28 @@ def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
             cb.on_step_end(run, info)
         if progress.step % cfg.train.log_every == 0 and run.env.is_rank0:
             dt, t_log = time.monotonic() - t_log, time.monotonic()
-            log.info("step %d loss %.4f lr %.2e %.1f steps/s", progress.step, loss_value,
-                     scheduler.get_last_lr()[0], cfg.train.log_every / dt)
+            log.info(
+                "step %d loss %.4f lr %.2e %.1f steps/s",
+                progress.step,
+                loss_value,
+                scheduler.get_last_lr()[0],
+                cfg.train.log_every / dt,
+            )
         if guard.should_save(progress.step) and progress.step < cfg.train.steps:
             guard.save(progress.step, "interval")
 
     # The final (or emergency) checkpoint is synchronous: committed when this returns.
     ckpt.wait()
     resumed_here = run.restored is not None and run.restored.step == progress.step
-    if (cfg.checkpoint.enabled and (stop is None or stop.save)
-            and progress.step not in ckpt.committed and not resumed_here):
-        guard.save(progress.step, "emergency" if stop and stop.exit_code else
-                   "stop" if stop else "final", blocking=True)
+    if (
+        cfg.checkpoint.enabled
+        and (stop is None or stop.save)
+        and progress.step not in ckpt.committed
+        and not resumed_here
+    ):
+        guard.save(
+            progress.step, "emergency" if stop and stop.exit_code else "stop" if stop else "final", blocking=True
+        )
     if stop is not None and stop.exit_code == EXIT_PREEMPTED:
         # The checkpoint is safe on the fast tier: keep uploading while the notice
         # leaves time, then tell the fleet the node may go.
@@ -212,8 +238,7 @@ def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback],
     result.update(guard.summary())
     if run.env.is_rank0:
         write_summary(Path(run.cfg.run_dir), result)
-    events.emit("exit", code=result["exit_code"], reason=result["stop_reason"],
-                step=progress.step)
+    events.emit("exit", code=result["exit_code"], reason=result["stop_reason"], step=progress.step)
     for cb in callbacks:
         cb.on_train_end(run, result)
     if drained:  # an upload still in a collective would make the teardown hang
@@ -262,8 +287,7 @@ def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) ->
         "state_sha256": state_sha256(state) if state is not None else None,
         "resumed_from": run.restored.to_json() if run.restored else None,
         "committed": [{"step": s, "path": str(ckpt.local.step_dir(s))} for s in ckpt.committed],
-        "durable": [{"step": s, "uri": f"{ckpt.stores['primary'].uri}/step-{s}"}
-                    for s in ckpt.durable_steps],
+        "durable": [{"step": s, "uri": f"{ckpt.stores['primary'].uri}/step-{s}"} for s in ckpt.durable_steps],
         "checkpoint_blocked_s": round(ckpt.stats.blocked_s, 4),
         "wall_s": round(wall_s, 2),
     }

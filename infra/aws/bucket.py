@@ -20,78 +20,130 @@ s3 = aws.s3
 
 
 def tls_only_policy(bucket_arn: str) -> str:
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Sid": "DenyInsecureTransport",
-            "Effect": "Deny",
-            "Principal": "*",
-            "Action": "s3:*",
-            "Resource": [bucket_arn, f"{bucket_arn}/*"],
-            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-        }],
-    })
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "DenyInsecureTransport",
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:*",
+                    "Resource": [bucket_arn, f"{bucket_arn}/*"],
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                }
+            ],
+        }
+    )
 
 
 def lifecycle_rules(b: BucketSettings) -> list[s3.BucketLifecycleConfigurationRuleArgs]:
     """Rules for both buckets. Only `checkpoint_prefix` ages; `pinned_prefix` has no rule
     that transitions or expires anything, current or noncurrent."""
     ckpt = s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=b.checkpoint_prefix)
-    transitions = [s3.BucketLifecycleConfigurationRuleTransitionArgs(days=days, storage_class=cls)
-                   for days, cls in ((b.transition_to_ia_days, "STANDARD_IA"),
-                                     (b.transition_to_glacier_days, "GLACIER_IR")) if days]
+    transitions = [
+        s3.BucketLifecycleConfigurationRuleTransitionArgs(days=days, storage_class=cls)
+        for days, cls in ((b.transition_to_ia_days, "STANDARD_IA"), (b.transition_to_glacier_days, "GLACIER_IR"))
+        if days
+    ]
     rules = [
         s3.BucketLifecycleConfigurationRuleArgs(
-            id="abort-incomplete-multipart-uploads", status="Enabled",
+            id="abort-incomplete-multipart-uploads",
+            status="Enabled",
             filter=s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
             abort_incomplete_multipart_upload=s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
-                days_after_initiation=2)),
+                days_after_initiation=2
+            ),
+        ),
         s3.BucketLifecycleConfigurationRuleArgs(
-            id="checkpoints-age", status="Enabled", filter=ckpt,
+            id="checkpoints-age",
+            status="Enabled",
+            filter=ckpt,
             transitions=transitions or None,
-            expiration=(s3.BucketLifecycleConfigurationRuleExpirationArgs(days=b.expire_checkpoints_days)
-                        if b.expire_checkpoints_days else None),
+            expiration=(
+                s3.BucketLifecycleConfigurationRuleExpirationArgs(days=b.expire_checkpoints_days)
+                if b.expire_checkpoints_days
+                else None
+            ),
             noncurrent_version_expiration=s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                noncurrent_days=b.noncurrent_version_expiry_days)),
+                noncurrent_days=b.noncurrent_version_expiry_days
+            ),
+        ),
     ]
     if not b.expire_checkpoints_days:
         # Without a days-based expiration, remove delete markers left alone once their
         # noncurrent versions are gone (S3 forbids both in one rule).
-        rules.append(s3.BucketLifecycleConfigurationRuleArgs(
-            id="checkpoints-delete-markers", status="Enabled", filter=ckpt,
-            expiration=s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True)))
+        rules.append(
+            s3.BucketLifecycleConfigurationRuleArgs(
+                id="checkpoints-delete-markers",
+                status="Enabled",
+                filter=ckpt,
+                expiration=s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True),
+            )
+        )
     return rules
 
 
-def replication_policy(src_arn: str, dst_arn: str, src_key: str, dst_key: str,
-                       src_region: str, dst_region: str) -> str:
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ReadSourceConfig", "Effect": "Allow",
-             "Action": ["s3:GetReplicationConfiguration", "s3:ListBucket"], "Resource": [src_arn]},
-            {"Sid": "ReadSourceVersions", "Effect": "Allow",
-             "Action": ["s3:GetObjectVersionForReplication", "s3:GetObjectVersionAcl",
+def replication_policy(src_arn: str, dst_arn: str, src_key: str, dst_key: str, src_region: str, dst_region: str) -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "ReadSourceConfig",
+                    "Effect": "Allow",
+                    "Action": ["s3:GetReplicationConfiguration", "s3:ListBucket"],
+                    "Resource": [src_arn],
+                },
+                {
+                    "Sid": "ReadSourceVersions",
+                    "Effect": "Allow",
+                    "Action": [
+                        "s3:GetObjectVersionForReplication",
+                        "s3:GetObjectVersionAcl",
                         "s3:GetObjectVersionTagging",
                         # needed to replicate Object Lock retention and legal holds
-                        "s3:GetObjectRetention", "s3:GetObjectLegalHold"],
-             "Resource": [f"{src_arn}/*"]},
-            {"Sid": "WriteReplica", "Effect": "Allow",
-             "Action": ["s3:ReplicateObject", "s3:ReplicateDelete", "s3:ReplicateTags"],
-             "Resource": [f"{dst_arn}/*"]},
-            {"Sid": "DecryptSource", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": [src_key],
-             "Condition": {"StringLike": {"kms:ViaService": f"s3.{src_region}.amazonaws.com"}}},
-            {"Sid": "EncryptReplica", "Effect": "Allow", "Action": ["kms:Encrypt", "kms:GenerateDataKey"],
-             "Resource": [dst_key],
-             "Condition": {"StringLike": {"kms:ViaService": f"s3.{dst_region}.amazonaws.com"}}},
-        ],
-    })
+                        "s3:GetObjectRetention",
+                        "s3:GetObjectLegalHold",
+                    ],
+                    "Resource": [f"{src_arn}/*"],
+                },
+                {
+                    "Sid": "WriteReplica",
+                    "Effect": "Allow",
+                    "Action": ["s3:ReplicateObject", "s3:ReplicateDelete", "s3:ReplicateTags"],
+                    "Resource": [f"{dst_arn}/*"],
+                },
+                {
+                    "Sid": "DecryptSource",
+                    "Effect": "Allow",
+                    "Action": ["kms:Decrypt"],
+                    "Resource": [src_key],
+                    "Condition": {"StringLike": {"kms:ViaService": f"s3.{src_region}.amazonaws.com"}},
+                },
+                {
+                    "Sid": "EncryptReplica",
+                    "Effect": "Allow",
+                    "Action": ["kms:Encrypt", "kms:GenerateDataKey"],
+                    "Resource": [dst_key],
+                    "Condition": {"StringLike": {"kms:ViaService": f"s3.{dst_region}.amazonaws.com"}},
+                },
+            ],
+        }
+    )
 
 
 class ReplicatedBucket(pulumi.ComponentResource):
-    def __init__(self, name: str, settings: Settings, key: aws.kms.Key, replica_key: aws.kms.ReplicaKey,
-                 primary: aws.Provider, replica: aws.Provider,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        key: aws.kms.Key,
+        replica_key: aws.kms.ReplicaKey,
+        primary: aws.Provider,
+        replica: aws.Provider,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("ftfleet:aws:ReplicatedBucket", name, None, opts)
         b = settings.buckets
         self._versioning: list[s3.BucketVersioning] = []
@@ -101,80 +153,126 @@ class ReplicatedBucket(pulumi.ComponentResource):
         role = aws.iam.Role(
             f"{name}-replication",
             description=f"{settings.name}: S3 replicates checkpoints to {settings.replica_region}",
-            assume_role_policy=json.dumps({
-                "Version": "2012-10-17",
-                "Statement": [{"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"},
-                               "Action": "sts:AssumeRole"}]}),
-            opts=pulumi.ResourceOptions(parent=self))
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sts:AssumeRole"}
+                    ],
+                }
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         aws.iam.RolePolicy(
             f"{name}-replication",
             role=role.id,
             policy=pulumi.Output.all(self.primary.arn, self.replica.arn, key.arn, replica_key.arn).apply(
-                lambda a: replication_policy(*a, settings.region, settings.replica_region)),
-            opts=pulumi.ResourceOptions(parent=self))
+                lambda a: replication_policy(*a, settings.region, settings.replica_region)
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
         destination = dict(
-            bucket=self.replica.arn, storage_class="STANDARD",
+            bucket=self.replica.arn,
+            storage_class="STANDARD",
             encryption_configuration=s3.BucketReplicationConfigRuleDestinationEncryptionConfigurationArgs(
-                replica_kms_key_id=replica_key.arn),
+                replica_kms_key_id=replica_key.arn
+            ),
             metrics=s3.BucketReplicationConfigRuleDestinationMetricsArgs(
                 status="Enabled",
-                event_threshold=s3.BucketReplicationConfigRuleDestinationMetricsEventThresholdArgs(minutes=15)))
+                event_threshold=s3.BucketReplicationConfigRuleDestinationMetricsEventThresholdArgs(minutes=15),
+            ),
+        )
         if b.replication_time_control:
             destination["replication_time"] = s3.BucketReplicationConfigRuleDestinationReplicationTimeArgs(
-                status="Enabled",
-                time=s3.BucketReplicationConfigRuleDestinationReplicationTimeTimeArgs(minutes=15))
+                status="Enabled", time=s3.BucketReplicationConfigRuleDestinationReplicationTimeTimeArgs(minutes=15)
+            )
         self.replication = s3.BucketReplicationConfig(
             f"{name}-replication",
             bucket=self.primary.id,
             role=role.arn,
-            rules=[s3.BucketReplicationConfigRuleArgs(
-                id="everything", status="Enabled", priority=1,
-                filter=s3.BucketReplicationConfigRuleFilterArgs(prefix=""),
-                delete_marker_replication=s3.BucketReplicationConfigRuleDeleteMarkerReplicationArgs(status="Enabled"),
-                source_selection_criteria=s3.BucketReplicationConfigRuleSourceSelectionCriteriaArgs(
-                    sse_kms_encrypted_objects=s3.BucketReplicationConfigRuleSourceSelectionCriteriaSseKmsEncryptedObjectsArgs(
-                        status="Enabled")),
-                destination=s3.BucketReplicationConfigRuleDestinationArgs(**destination))],
+            rules=[
+                s3.BucketReplicationConfigRuleArgs(
+                    id="everything",
+                    status="Enabled",
+                    priority=1,
+                    filter=s3.BucketReplicationConfigRuleFilterArgs(prefix=""),
+                    delete_marker_replication=s3.BucketReplicationConfigRuleDeleteMarkerReplicationArgs(
+                        status="Enabled"
+                    ),
+                    source_selection_criteria=s3.BucketReplicationConfigRuleSourceSelectionCriteriaArgs(
+                        sse_kms_encrypted_objects=s3.BucketReplicationConfigRuleSourceSelectionCriteriaSseKmsEncryptedObjectsArgs(
+                            status="Enabled"
+                        )
+                    ),
+                    destination=s3.BucketReplicationConfigRuleDestinationArgs(**destination),
+                )
+            ],
             # S3 rejects replication until both buckets are versioned.
-            opts=pulumi.ResourceOptions(parent=self, provider=primary,
-                                        depends_on=self._versioning))
+            opts=pulumi.ResourceOptions(parent=self, provider=primary, depends_on=self._versioning),
+        )
         self.register_outputs({"primary": self.primary.bucket, "replica": self.replica.bucket})
 
-    def _bucket(self, name: str, b: BucketSettings, key_arn: pulumi.Output[str],
-                provider: aws.Provider) -> s3.Bucket:
+    def _bucket(self, name: str, b: BucketSettings, key_arn: pulumi.Output[str], provider: aws.Provider) -> s3.Bucket:
         o = pulumi.ResourceOptions(parent=self, provider=provider)
         # force_destroy off: `pulumi destroy` fails on a bucket that still holds checkpoints.
         bucket = s3.Bucket(name, object_lock_enabled=b.object_lock or None, force_destroy=False, opts=o)
         versioning = s3.BucketVersioning(
-            f"{name}-versioning", bucket=bucket.id,
+            f"{name}-versioning",
+            bucket=bucket.id,
             versioning_configuration=s3.BucketVersioningVersioningConfigurationArgs(status="Enabled"),
-            opts=o)
+            opts=o,
+        )
         self._versioning.append(versioning)
         s3.BucketServerSideEncryptionConfiguration(
-            f"{name}-sse", bucket=bucket.id,
-            rules=[s3.BucketServerSideEncryptionConfigurationRuleArgs(
-                apply_server_side_encryption_by_default=s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
-                    sse_algorithm="aws:kms", kms_master_key_id=key_arn),
-                bucket_key_enabled=True)],
-            opts=o)
+            f"{name}-sse",
+            bucket=bucket.id,
+            rules=[
+                s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                    apply_server_side_encryption_by_default=s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                        sse_algorithm="aws:kms", kms_master_key_id=key_arn
+                    ),
+                    bucket_key_enabled=True,
+                )
+            ],
+            opts=o,
+        )
         pab = s3.BucketPublicAccessBlock(
-            f"{name}-public-access", bucket=bucket.id, block_public_acls=True, block_public_policy=True,
-            ignore_public_acls=True, restrict_public_buckets=True, opts=o)
+            f"{name}-public-access",
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=o,
+        )
         s3.BucketOwnershipControls(
-            f"{name}-ownership", bucket=bucket.id,
-            rule=s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"), opts=o)
+            f"{name}-ownership",
+            bucket=bucket.id,
+            rule=s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
+            opts=o,
+        )
         s3.BucketPolicy(
-            f"{name}-tls-only", bucket=bucket.id, policy=bucket.arn.apply(tls_only_policy),
-            opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(depends_on=[pab])))
+            f"{name}-tls-only",
+            bucket=bucket.id,
+            policy=bucket.arn.apply(tls_only_policy),
+            opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(depends_on=[pab])),
+        )
         s3.BucketLifecycleConfiguration(
-            f"{name}-lifecycle", bucket=bucket.id, rules=lifecycle_rules(b),
-            opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(depends_on=[versioning])))
+            f"{name}-lifecycle",
+            bucket=bucket.id,
+            rules=lifecycle_rules(b),
+            opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(depends_on=[versioning])),
+        )
         if b.object_lock:
             s3.BucketObjectLockConfiguration(
-                f"{name}-object-lock", bucket=bucket.id,
+                f"{name}-object-lock",
+                bucket=bucket.id,
                 rule=s3.BucketObjectLockConfigurationRuleArgs(
                     default_retention=s3.BucketObjectLockConfigurationRuleDefaultRetentionArgs(
-                        mode="GOVERNANCE", days=b.object_lock_retention_days)),
-                opts=o)
+                        mode="GOVERNANCE", days=b.object_lock_retention_days
+                    )
+                ),
+                opts=o,
+            )
         return bucket

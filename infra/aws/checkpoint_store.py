@@ -16,10 +16,17 @@ from ftfleet.infra.settings import Settings
 
 
 class CheckpointStore(pulumi.ComponentResource):
-    def __init__(self, name: str, settings: Settings, subnet_id: pulumi.Input[str],
-                 security_group_id: pulumi.Input[str], key_arn: pulumi.Input[str],
-                 bucket: pulumi.Input[str], provider: aws.Provider,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        subnet_id: pulumi.Input[str],
+        security_group_id: pulumi.Input[str],
+        key_arn: pulumi.Input[str],
+        bucket: pulumi.Input[str],
+        provider: aws.Provider,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("ftfleet:aws:CheckpointStore", name, None, opts)
         o = pulumi.ResourceOptions(parent=self, provider=provider)
         st = settings.storage
@@ -38,7 +45,8 @@ class CheckpointStore(pulumi.ComponentResource):
             kms_key_id=key_arn,
             log_configuration=aws.fsx.LustreFileSystemLogConfigurationArgs(level="WARN_ERROR"),
             automatic_backup_retention_days=0,
-            opts=o)
+            opts=o,
+        )
         prefix = settings.buckets.checkpoint_prefix
         self.association = aws.fsx.DataRepositoryAssociation(
             f"{name}-export",
@@ -49,7 +57,8 @@ class CheckpointStore(pulumi.ComponentResource):
             delete_data_in_filesystem=False,
             s3=aws.fsx.DataRepositoryAssociationS3Args(
                 auto_export_policy=aws.fsx.DataRepositoryAssociationS3AutoExportPolicyArgs(events=["NEW", "CHANGED"]),
-                auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(events=["NEW", "CHANGED"])),
-            opts=o)
-        self.register_outputs({"dns_name": self.file_system.dns_name,
-                               "mount_name": self.file_system.mount_name})
+                auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(events=["NEW", "CHANGED"]),
+            ),
+            opts=o,
+        )
+        self.register_outputs({"dns_name": self.file_system.dns_name, "mount_name": self.file_system.mount_name})

@@ -18,22 +18,32 @@ def key_policy(account_id: str) -> str:
     # The account's IAM policies decide who may use the key; the key policy only
     # delegates to them (the shape of AWS's default key policy, written out so that it
     # is reviewable and identical in both regions).
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Sid": "DelegateToAccountIam",
-            "Effect": "Allow",
-            "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
-            "Action": "kms:*",
-            "Resource": "*",
-        }],
-    })
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "DelegateToAccountIam",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+                    "Action": "kms:*",
+                    "Resource": "*",
+                }
+            ],
+        }
+    )
 
 
 class StackKey(pulumi.ComponentResource):
-    def __init__(self, name: str, settings: Settings, account_id: pulumi.Input[str],
-                 primary: aws.Provider, replica: aws.Provider,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        account_id: pulumi.Input[str],
+        primary: aws.Provider,
+        replica: aws.Provider,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("ftfleet:aws:StackKey", name, None, opts)
         policy = pulumi.Output.from_input(account_id).apply(key_policy)
         self.key = aws.kms.Key(

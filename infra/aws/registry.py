@@ -10,18 +10,29 @@ import pulumi_aws as aws
 from ftfleet.infra.settings import Settings
 
 # Untagged layers pile up with every push; tagged releases are kept.
-EXPIRE_UNTAGGED = json.dumps({"rules": [{
-    "rulePriority": 1,
-    "description": "expire untagged images after 14 days",
-    "selection": {"tagStatus": "untagged", "countType": "sinceImagePushed",
-                  "countUnit": "days", "countNumber": 14},
-    "action": {"type": "expire"},
-}]})
+EXPIRE_UNTAGGED = json.dumps(
+    {
+        "rules": [
+            {
+                "rulePriority": 1,
+                "description": "expire untagged images after 14 days",
+                "selection": {
+                    "tagStatus": "untagged",
+                    "countType": "sinceImagePushed",
+                    "countUnit": "days",
+                    "countNumber": 14,
+                },
+                "action": {"type": "expire"},
+            }
+        ]
+    }
+)
 
 
 class Registry(pulumi.ComponentResource):
-    def __init__(self, name: str, settings: Settings, provider: aws.Provider,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, name: str, settings: Settings, provider: aws.Provider, opts: pulumi.ResourceOptions | None = None
+    ):
         super().__init__("ftfleet:aws:Registry", name, None, opts)
         o = pulumi.ResourceOptions(parent=self, provider=provider)
         self.repository = aws.ecr.Repository(
@@ -32,8 +43,10 @@ class Registry(pulumi.ComponentResource):
             image_tag_mutability="IMMUTABLE",
             image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
             encryption_configurations=[aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="AES256")],
-            opts=o)
-        aws.ecr.LifecyclePolicy(f"{name}-trainer-lifecycle", repository=self.repository.name,
-                                policy=EXPIRE_UNTAGGED, opts=o)
+            opts=o,
+        )
+        aws.ecr.LifecyclePolicy(
+            f"{name}-trainer-lifecycle", repository=self.repository.name, policy=EXPIRE_UNTAGGED, opts=o
+        )
         self.image_uri = pulumi.Output.concat(self.repository.repository_url, ":", settings.trainer.image_tag)
         self.register_outputs({"repository_url": self.repository.repository_url, "image_uri": self.image_uri})

@@ -26,25 +26,51 @@ def build(s: Settings) -> None:
     network = Network(f"{s.name}-net", s, primary)
     buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)
     registry = Registry(f"{s.name}-registry", s, primary)
-    store = CheckpointStore(f"{s.name}-fsx", s, network.subnet_ids[0], network.fsx_sg.id, key.key.arn,
-                            buckets.primary.bucket, primary)
+    store = CheckpointStore(
+        f"{s.name}-fsx", s, network.subnet_ids[0], network.fsx_sg.id, key.key.arn, buckets.primary.bucket, primary
+    )
 
-    grants = pulumi.Output.all(buckets.primary.arn, buckets.replica.arn, key.key.arn, key.replica.arn,
-                               registry.repository.arn).apply(
-        lambda a: NodeGrants(*a, checkpoint_prefix=f"{userdata.checkpoint_root(s)}/"))
+    grants = pulumi.Output.all(
+        buckets.primary.arn, buckets.replica.arn, key.key.arn, key.replica.arn, registry.repository.arn
+    ).apply(lambda a: NodeGrants(*a, checkpoint_prefix=f"{userdata.checkpoint_root(s)}/"))
     nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn)
 
     def node_user_data(role: str) -> pulumi.Output[str]:
         return pulumi.Output.all(
-            registry.image_uri, registry.repository.repository_url, store.file_system.dns_name,
-            store.file_system.mount_name, buckets.primary.bucket, buckets.replica.bucket,
-            network.zone.zone_id, network.zone.name,
-        ).apply(lambda a: userdata.render(s, userdata.NodeContext(
-            role=role, image_uri=a[0], registry_host=(a[1] or "").split("/")[0], fsx_dns_name=a[2],
-            fsx_mount_name=a[3], primary_bucket=a[4], replica_bucket=a[5], zone_id=a[6], zone_name=a[7])))
+            registry.image_uri,
+            registry.repository.repository_url,
+            store.file_system.dns_name,
+            store.file_system.mount_name,
+            buckets.primary.bucket,
+            buckets.replica.bucket,
+            network.zone.zone_id,
+            network.zone.name,
+        ).apply(
+            lambda a: userdata.render(
+                s,
+                userdata.NodeContext(
+                    role=role,
+                    image_uri=a[0],
+                    registry_host=(a[1] or "").split("/")[0],
+                    fsx_dns_name=a[2],
+                    fsx_mount_name=a[3],
+                    primary_bucket=a[4],
+                    replica_bucket=a[5],
+                    zone_id=a[6],
+                    zone_name=a[7],
+                ),
+            )
+        )
 
-    fleet = GpuFleet(f"{s.name}-fleet", s, network.subnet_ids, network.cluster_sg.id, nodes.profiles,
-                     {role: node_user_data(role) for role in ("coordinator", "worker")}, primary)
+    fleet = GpuFleet(
+        f"{s.name}-fleet",
+        s,
+        network.subnet_ids,
+        network.cluster_sg.id,
+        nodes.profiles,
+        {role: node_user_data(role) for role in ("coordinator", "worker")},
+        primary,
+    )
 
     # Remediation functions (lambdas/) plug in here: spot-interruption and rebalance
     # handoff, unhealthy-node replacement, storage drift repair, replication-lag watch.
@@ -53,16 +79,26 @@ def build(s: Settings) -> None:
 
     pulumi.export("primary_bucket", buckets.primary.bucket)
     pulumi.export("replica_bucket", buckets.replica.bucket)
-    pulumi.export("checkpoint_uri", pulumi.Output.concat("s3://", buckets.primary.bucket, "/",
-                                                         userdata.checkpoint_root(s)))
-    pulumi.export("replica_checkpoint_uri", pulumi.Output.concat("s3://", buckets.replica.bucket, "/",
-                                                                 userdata.checkpoint_root(s)))
+    pulumi.export(
+        "checkpoint_uri", pulumi.Output.concat("s3://", buckets.primary.bucket, "/", userdata.checkpoint_root(s))
+    )
+    pulumi.export(
+        "replica_checkpoint_uri",
+        pulumi.Output.concat("s3://", buckets.replica.bucket, "/", userdata.checkpoint_root(s)),
+    )
     pulumi.export("fsx_dns_name", store.file_system.dns_name)
     pulumi.export("fsx_mount_name", store.file_system.mount_name)
     pulumi.export("coordinator_group", fleet.coordinator.name)
     pulumi.export("worker_group", fleet.workers.name)
     pulumi.export("registry_url", registry.repository.repository_url)
     pulumi.export("trainer_image", registry.image_uri)
-    pulumi.export("coordinator_address", pulumi.Output.concat(
-        "coordinator.", network.zone.name, f":{userdata.RDZV_PORT} (Route 53 private zone ",
-        network.zone.zone_id, ", record written by the coordinator at boot)"))
+    pulumi.export(
+        "coordinator_address",
+        pulumi.Output.concat(
+            "coordinator.",
+            network.zone.name,
+            f":{userdata.RDZV_PORT} (Route 53 private zone ",
+            network.zone.zone_id,
+            ", record written by the coordinator at boot)",
+        ),
+    )

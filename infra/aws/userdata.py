@@ -53,6 +53,15 @@ def checkpoint_root(s: Settings) -> str:
     return f"{s.buckets.checkpoint_prefix}{s.trainer.run_id}"
 
 
+def fstab_line(ctx: NodeContext, mount: str) -> str:
+    """Adds the FSx mount to /etc/fstab once (the shell line that does it)."""
+    entry = (
+        f"{ctx.fsx_dns_name}@tcp:/{ctx.fsx_mount_name} {mount} lustre "
+        "defaults,noatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0"
+    )
+    return f'grep -q " {mount} " /etc/fstab || echo "{entry}" >> /etc/fstab'
+
+
 def trainer_env(s: Settings, ctx: NodeContext, node_id: str = "${INSTANCE_ID}") -> dict[str, str]:
     """The container environment (contract.TRAINER_ENV), as the env file writes it."""
     root = checkpoint_root(s)
@@ -83,8 +92,7 @@ def render(s: Settings, ctx: NodeContext) -> str:
     efa = "--device=/dev/infiniband" if s.fleet.efa_enabled else ""
     # Exit codes that mean "do not restart here" (contract): the node is going away,
     # or a human must look.
-    no_restart = " ".join(str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE,
-                                            contract.EXIT_CONFIG))
+    no_restart = " ".join(str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG))
     # systemd must give the trainer the whole lifecycle-hook window to checkpoint.
     stop_timeout = s.fleet.termination_hook_seconds - 10
     publish = ""
@@ -117,7 +125,7 @@ if ! command -v mount.lustre >/dev/null; then
   apt-get update -y && apt-get install -y "lustre-client-modules-$(uname -r)"
 fi
 mkdir -p {mount}
-grep -q " {mount} " /etc/fstab || echo "{ctx.fsx_dns_name}@tcp:/{ctx.fsx_mount_name} {mount} lustre defaults,noatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0" >> /etc/fstab
+{fstab_line(ctx, mount)}
 mount {mount} || mount -a
 mkdir -p {mount}/{checkpoint_root(s)}
 chown {contract.TRAINER_UID}:{contract.TRAINER_UID} {mount}/{checkpoint_root(s)}
@@ -135,7 +143,7 @@ ENV
 cat > /etc/systemd/system/{SERVICE}.service <<'UNIT'
 [Unit]
 Description=ftfleet trainer ({ctx.role})
-After=docker.service network-online.target {mount.strip('/').replace('/', '-')}.mount
+After=docker.service network-online.target {mount.strip("/").replace("/", "-")}.mount
 Requires=docker.service
 
 [Service]

@@ -47,10 +47,12 @@ def test_restart_cost_lost_work_and_goodput(bench):
     # Life 1 trains steps 1-10 (t = 101..110); SIGKILL at t = 110.5, the group is down
     # at 111; life 2 starts at 114 (3 s of process start), restores step 8 in 0.8 s and
     # runs steps 9-20.
-    events = (life(1, 100.0, range(1, 11), restore_s=0.0, costs=[None, 0.4])
-              + life(2, 114.0, range(9, 21), restored=8, costs=[0.5, 0.6]))
-    run = SimpleNamespace(failures=[bench.Failure("sigkill", 110.5, t_end=111.0)],
-                          overrides=["resilience.interval.mode=adaptive"])
+    events = life(1, 100.0, range(1, 11), restore_s=0.0, costs=[None, 0.4]) + life(
+        2, 114.0, range(9, 21), restored=8, costs=[0.5, 0.6]
+    )
+    run = SimpleNamespace(
+        failures=[bench.Failure("sigkill", 110.5, t_end=111.0)], overrides=["resilience.interval.mode=adaptive"]
+    )
     r = bench.measure("ftfleet", run, events, ref_step_s=1.0, steps=20)
     (f,) = r["failures"]
     assert f["lost_steps"] == 2  # reached 10, resumed from 8
@@ -79,20 +81,48 @@ def test_useful_step_time_is_the_median_step_without_a_save_in_flight(bench):
 
 def test_markdown_and_plot(bench, tmp_path):
     T, C, R = 120.0, 1.6, 8.0
-    model = {"mtbf_s": T, "cost_s": C, "restart_s": R, "daly_interval_s": 20.0,
-             "daly_goodput": daly_goodput(20.0, C, R, T), "young_interval_s": 19.6,
-             "young_goodput": daly_goodput(19.6, C, R, T), "restart_free_goodput": 0.9,
-             "restart_phases": {"process_start_s": 5.0, "restore_s": 1.2},
-             "adaptive_cost_s": 0.4, "adaptive_daly_goodput": 0.85,
-             "curve": [{"interval_s": x, "goodput": daly_goodput(x, C, R, T)}
-                       for x in (1.0, 5.0, 20.0, 80.0, 400.0)]}
-    results = [{"name": "sync", "interval_steps": 10, "interval_s": 20.0, "saves": 5,
-                "save_blocked_s": 1.6, "failures": [{"kind": "notice"}, {"kind": "sigkill"}],
-                "lost_steps": 7, "restart_s": 8.0, "wall_s": 500.0, "goodput": 0.8,
-                "useful_step_s": 1.6, "goodput_vs_reference": 0.82}]
-    setup = {"mtbf_s": T, "notice_lead_s": 20.0, "d_model": 960, "state_mb": 455.0,
-             "sync_save_s": C, "steps": 300, "ref_step_s": 1.6, "ref_step_s_before": 1.5,
-             "ref_step_s_after": 1.7, "nproc": 2}
+    model = {
+        "mtbf_s": T,
+        "cost_s": C,
+        "restart_s": R,
+        "daly_interval_s": 20.0,
+        "daly_goodput": daly_goodput(20.0, C, R, T),
+        "young_interval_s": 19.6,
+        "young_goodput": daly_goodput(19.6, C, R, T),
+        "restart_free_goodput": 0.9,
+        "restart_phases": {"process_start_s": 5.0, "restore_s": 1.2},
+        "adaptive_cost_s": 0.4,
+        "adaptive_daly_goodput": 0.85,
+        "curve": [{"interval_s": x, "goodput": daly_goodput(x, C, R, T)} for x in (1.0, 5.0, 20.0, 80.0, 400.0)],
+    }
+    results = [
+        {
+            "name": "sync",
+            "interval_steps": 10,
+            "interval_s": 20.0,
+            "saves": 5,
+            "save_blocked_s": 1.6,
+            "failures": [{"kind": "notice"}, {"kind": "sigkill"}],
+            "lost_steps": 7,
+            "restart_s": 8.0,
+            "wall_s": 500.0,
+            "goodput": 0.8,
+            "useful_step_s": 1.6,
+            "goodput_vs_reference": 0.82,
+        }
+    ]
+    setup = {
+        "mtbf_s": T,
+        "notice_lead_s": 20.0,
+        "d_model": 960,
+        "state_mb": 455.0,
+        "sync_save_s": C,
+        "steps": 300,
+        "ref_step_s": 1.6,
+        "ref_step_s_before": 1.5,
+        "ref_step_s_after": 1.7,
+        "nproc": 2,
+    }
     md = bench.markdown(setup, model, results)
     assert "| sync | 10 steps (20.0 s) |" in md and "process_start_s" in md
     assert "C = 0.40 s" in md

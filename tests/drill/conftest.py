@@ -15,8 +15,9 @@ def cloud():
 
 
 def client(cloud):
-    return boto3.client("s3", endpoint_url=cloud.endpoint_url, region_name="us-east-1",
-                        aws_access_key_id="x", aws_secret_access_key="x")
+    return boto3.client(
+        "s3", endpoint_url=cloud.endpoint_url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
 
 
 @pytest.fixture

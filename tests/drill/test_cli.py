@@ -7,12 +7,15 @@ import pytest
 from ftfleet.trainer.drill.cli import main
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--faults", "meteor"], "unknown fault meteor"),
-    (["--interval", "0"], "--interval 0: use adaptive or a positive number of steps"),
-    (["--faults", "sigkill", "--nproc", "1"], "needs --nproc 2 or more"),
-    (["--spacing", "1"], "at least 2 steps"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--faults", "meteor"], "unknown fault meteor"),
+        (["--interval", "0"], "--interval 0: use adaptive or a positive number of steps"),
+        (["--faults", "sigkill", "--nproc", "1"], "needs --nproc 2 or more"),
+        (["--spacing", "1"], "at least 2 steps"),
+    ],
+)
 def test_bad_options_exit_2_with_one_line_naming_the_fix(argv, message, capsys, tmp_path):
     assert main([*argv, "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err

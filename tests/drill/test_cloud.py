@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from ftfleet.trainer.drill.cloud import flip_middle
-
-
 from tests.drill.conftest import client, put_step
 
 
@@ -17,8 +15,12 @@ def test_replication_copies_new_objects_and_mirrors_deletions(cloud, s3):
     put_step(s3, cloud, 10)
     put_step(s3, cloud, 20)
     assert cloud.replicate() == 4
-    assert replica_keys(s3, cloud) == ["step-10/__0_0.distcp", "step-10/manifest.json",
-                                       "step-20/__0_0.distcp", "step-20/manifest.json"]
+    assert replica_keys(s3, cloud) == [
+        "step-10/__0_0.distcp",
+        "step-10/manifest.json",
+        "step-20/__0_0.distcp",
+        "step-20/manifest.json",
+    ]
     assert cloud.replicate() == 0
     s3.delete_object(Bucket=cloud.primary, Key=f"{cloud.prefix}/step-10/manifest.json")
     s3.delete_object(Bucket=cloud.primary, Key=f"{cloud.prefix}/step-10/__0_0.distcp")

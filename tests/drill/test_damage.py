@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.drill.conftest import client, put_step
 from ftfleet.trainer.drill.damage import committed_steps, corrupt_newest, lose_primary
+from tests.drill.conftest import client, put_step
 
 SHARD = b"0123456789" * 100
 

@@ -18,10 +18,30 @@ def test_a_short_drill_recovers_from_a_notice_and_a_sigkill_and_matches_the_refe
     env["PYTHONPATH"] = str(REPO)
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "ftfleet.trainer.drill", "--faults", "notice,sigkill", "--first-step", "8",
-         "--spacing", "8", "--step-delay", "0.02", "--no-progress", "--workdir", str(tmp_path / "w"),
-         "--json", str(report)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "ftfleet.trainer.drill",
+            "--faults",
+            "notice,sigkill",
+            "--first-step",
+            "8",
+            "--spacing",
+            "8",
+            "--step-delay",
+            "0.02",
+            "--no-progress",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(report),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     data = json.loads(report.read_text())
     assert [f["kind"] for f in data["faults"]] == ["notice", "sigkill"]

@@ -13,13 +13,31 @@ from tests.drill.events import ev, life, restart_run, t_of
 
 def notice_run(exit_code=75, within=True):
     a = life(100, 0.0, last=31)  # step 31 at t=4.0
-    a += [ev(4.05, "notice", kind="termination", source="aws-spot-instance-action",
-             received_at=3.9, deadline=123.8, terminal=True, step=31),
-          ev(4.06, "save", step=31, reason="notice", blocking=True),
-          ev(4.3, "committed", step=31, reason="notice", blocked_s=0.2, commit_s=0.24,
-             deadline=123.8, within_deadline=within),
-          ev(4.35, "marker", step=31, reason="termination", path="x", uploaded=False),
-          ev(4.4, "exit", code=exit_code, reason="preempted", step=31)]
+    a += [
+        ev(
+            4.05,
+            "notice",
+            kind="termination",
+            source="aws-spot-instance-action",
+            received_at=3.9,
+            deadline=123.8,
+            terminal=True,
+            step=31,
+        ),
+        ev(4.06, "save", step=31, reason="notice", blocking=True),
+        ev(
+            4.3,
+            "committed",
+            step=31,
+            reason="notice",
+            blocked_s=0.2,
+            commit_s=0.24,
+            deadline=123.8,
+            within_deadline=within,
+        ),
+        ev(4.35, "marker", step=31, reason="termination", path="x", uploaded=False),
+        ev(4.4, "exit", code=exit_code, reason="preempted", step=31),
+    ]
     b = life(200, 6.0, restored=31, first=32, last=40)
     return a + b
 
@@ -60,10 +78,30 @@ def test_a_notice_nobody_acted_on_fails():
 
 def rebalance_run(exit_after=False):
     a = life(100, 0.0, last=60)  # step 40 at t=4.9
-    a.append(ev(4.95, "notice", kind="rebalance", source="aws-rebalance-recommendation",
-                received_at=4.9, deadline=124.9, terminal=False, step=40))
-    a.append(ev(5.2, "committed", step=40, reason="rebalance", blocked_s=0.1, commit_s=0.3,
-                deadline=124.9, within_deadline=True))
+    a.append(
+        ev(
+            4.95,
+            "notice",
+            kind="rebalance",
+            source="aws-rebalance-recommendation",
+            received_at=4.9,
+            deadline=124.9,
+            terminal=False,
+            step=40,
+        )
+    )
+    a.append(
+        ev(
+            5.2,
+            "committed",
+            step=40,
+            reason="rebalance",
+            blocked_s=0.1,
+            commit_s=0.3,
+            deadline=124.9,
+            within_deadline=True,
+        )
+    )
     if exit_after:
         a.append(ev(5.3, "exit", code=75, reason="preempted", step=40))
     return sorted(a, key=lambda e: e["t"])
@@ -86,8 +124,7 @@ def test_a_rebalance_recommendation_that_stops_the_run_fails():
 
 
 def test_a_sigkill_loses_the_steps_since_the_last_checkpoint():
-    r = measure(FaultRecord("sigkill", 5.45, at_step=45, t_group_exit=5.45, t_group_down=5.7),
-                restart_run())
+    r = measure(FaultRecord("sigkill", 5.45, at_step=45, t_group_exit=5.45, t_group_down=5.7), restart_run())
     assert r.ok, r.reason
     assert r.detect_s == pytest.approx(0.25)
     assert r.lost_steps == 5
@@ -107,8 +144,12 @@ def test_a_sigkill_torchrun_never_noticed_fails():
 def test_a_hang_is_detected_when_the_watchdog_ends_a_worker():
     events = restart_run()
     last_progress = t_of(events, 45)
-    r = measure(FaultRecord("hang", last_progress, at_step=46, t_group_exit=last_progress + 5.1,
-                            t_group_down=last_progress + 5.3), events)
+    r = measure(
+        FaultRecord(
+            "hang", last_progress, at_step=46, t_group_exit=last_progress + 5.1, t_group_down=last_progress + 5.3
+        ),
+        events,
+    )
     assert r.ok, r.reason
     assert r.detect_s == pytest.approx(5.1)
     assert r.lost_steps == 5
@@ -134,9 +175,11 @@ def test_a_skipped_nan_batch_loses_no_work():
 
 def test_a_rolled_back_nan_batch_loses_the_steps_since_the_checkpoint():
     events = life(100, 0.0, last=104)
-    events += [ev(11.35, "anomaly", step=105, action="rollback", reason="non-finite loss"),
-               ev(11.6, "rollback", from_step=105, to_step=100),
-               ev(11.7, "step", step=101, loss=1.0, seconds=0.1)]
+    events += [
+        ev(11.35, "anomaly", step=105, action="rollback", reason="non-finite loss"),
+        ev(11.6, "rollback", from_step=105, to_step=100),
+        ev(11.7, "step", step=101, loss=1.0, seconds=0.1),
+    ]
     r = measure(FaultRecord("nan", 0.0, at_step=105), events)
     assert r.ok, r.reason
     assert r.lost_steps == 5

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from tests.drill.events import life, restart_run
 from ftfleet.trainer.drill.faults import FaultResult
 from ftfleet.trainer.drill.lives import split_lives, steady_step_time
 from ftfleet.trainer.drill.report import DrillReport, Goodput, daly_goodput
 from ftfleet.trainer.resilience.interval import daly_interval
-
+from tests.drill.events import life, restart_run
 
 # -- lives, goodput and the report ----------------------------------------------------------
 
@@ -51,10 +50,11 @@ def test_free_saves_and_restarts_with_rare_failures_approach_full_goodput():
 
 
 def report(sha="abc", ok=True):
-    faults = [FaultResult("notice", True, "fine", 0.3, 0, 3.1, 20),
-              FaultResult("sigkill", ok, "fine" if ok else "no restarted group", 0.2, 4, 5.0, 40)]
-    return DrillReport(faults, Goodput(60, 40.0, 0.5, 35.0), sha, "abc", True,
-                       "the faulted run completed", ["a note"])
+    faults = [
+        FaultResult("notice", True, "fine", 0.3, 0, 3.1, 20),
+        FaultResult("sigkill", ok, "fine" if ok else "no restarted group", 0.2, 4, 5.0, 40),
+    ]
+    return DrillReport(faults, Goodput(60, 40.0, 0.5, 35.0), sha, "abc", True, "the faulted run completed", ["a note"])
 
 
 def test_the_drill_passes_only_when_every_recovery_worked_and_the_state_matches():

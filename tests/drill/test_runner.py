@@ -42,11 +42,13 @@ def wait_until(predicate, timeout=20.0):
 
 
 def test_a_killed_worker_ends_its_group_and_the_restarted_group_is_seen(tmp_path):
-    node = Node("node-x", [sys.executable, "-c", FAKE_TORCHRUN], dict(os.environ), tmp_path,
-                tmp_path / "node.log").start()
+    node = Node(
+        "node-x", [sys.executable, "-c", FAKE_TORCHRUN], dict(os.environ), tmp_path, tmp_path / "node.log"
+    ).start()
     try:
-        assert wait_until(lambda: node.poll() is None and node.group is not None
-                          and len(node.group.pids) == 2), node.log_tail()
+        assert wait_until(lambda: node.poll() is None and node.group is not None and len(node.group.pids) == 2), (
+            node.log_tail()
+        )
         first = node.group
         t_kill = time.time()
         node.kill_worker(1)
@@ -61,10 +63,10 @@ def test_a_killed_worker_ends_its_group_and_the_restarted_group_is_seen(tmp_path
 
 
 def test_killing_a_node_takes_torchrun_and_every_worker(tmp_path):
-    node = Node("node-y", [sys.executable, "-c", FAKE_TORCHRUN], dict(os.environ), tmp_path,
-                tmp_path / "node.log").start()
-    assert wait_until(lambda: node.poll() is None and node.group is not None
-                      and len(node.group.pids) == 2)
+    node = Node(
+        "node-y", [sys.executable, "-c", FAKE_TORCHRUN], dict(os.environ), tmp_path, tmp_path / "node.log"
+    ).start()
+    assert wait_until(lambda: node.poll() is None and node.group is not None and len(node.group.pids) == 2)
     pids = list(node.group.pids.values())
     node.kill()
     assert node.proc.returncode == -signal.SIGKILL

@@ -24,7 +24,9 @@ def test_every_fault_gets_its_own_step_and_nodes_change_where_a_node_must_go():
 def test_a_short_drill_runs_on_as_many_nodes_as_its_faults_need():
     plan = build_plan(["notice", "sigkill"], first_step=10, spacing=15)
     assert [(s.triggers, s.stop_at_step) for s in plan.segments] == [
-        ([("notice", 10)], None), ([("sigkill", 25)], None)]
+        ([("notice", 10)], None),
+        ([("sigkill", 25)], None),
+    ]
     assert plan.steps == 40
 
 

@@ -36,8 +36,7 @@ def test_network_adopts_existing_subnets_without_creating_a_vpc(variant):
 def test_lustre_ports_are_open_only_from_the_cluster_and_the_file_servers():
     rec = recording("aws-dev")
     sgs = {r.id: r.name for r in rec.of_type("aws:ec2/securityGroup:SecurityGroup")}
-    rules = [r for r in rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
-             if "-fsx-" in r.name]
+    rules = [r for r in rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule") if "-fsx-" in r.name]
     ports = {(r.inputs["fromPort"], r.inputs["toPort"]) for r in rules}
     assert ports == {(988, 988), (1018, 1023)}
     for r in rules:
@@ -110,8 +109,10 @@ def test_node_role_reaches_only_the_run_checkpoint_prefix():
         assert resource.endswith("/checkpoints/llm-prod/*")
     assert statements["PutTrainerMetrics"]["Condition"]["StringEquals"]["cloudwatch:namespace"] == "ftfleet"
     assert not rec.of_type("aws:iam/rolePolicy:RolePolicy") or all(
-        "route53" not in r.inputs["policy"] for r in rec.of_type("aws:iam/rolePolicy:RolePolicy")
-        if "-worker-" in r.name)
+        "route53" not in r.inputs["policy"]
+        for r in rec.of_type("aws:iam/rolePolicy:RolePolicy")
+        if "-worker-" in r.name
+    )
 
 
 def test_coordinator_is_one_on_demand_node_and_workers_mix_spot_above_the_base():
@@ -121,9 +122,12 @@ def test_coordinator_is_one_on_demand_node_and_workers_mix_spot_above_the_base()
     assert "mixedInstancesPolicy" not in coord.inputs
     workers = one(rec, "aws:autoscaling/group:Group", "-workers")
     dist = workers.inputs["mixedInstancesPolicy"]["instancesDistribution"]
-    assert dist == {"onDemandBaseCapacity": 2, "onDemandPercentageAboveBaseCapacity": 10,
-                    "onDemandAllocationStrategy": "prioritized",
-                    "spotAllocationStrategy": "price-capacity-optimized"}
+    assert dist == {
+        "onDemandBaseCapacity": 2,
+        "onDemandPercentageAboveBaseCapacity": 10,
+        "onDemandAllocationStrategy": "prioritized",
+        "spotAllocationStrategy": "price-capacity-optimized",
+    }
     assert workers.inputs["capacityRebalance"] is True
     assert workers.inputs["instanceRefresh"]["strategy"] == "Rolling"
     # A pinned version (not $Latest) so that an instance refresh starts on change.
@@ -171,8 +175,11 @@ def test_user_data_gives_the_trainer_the_whole_contract():
         assert env["FTFLEET_CKPT_DIR"] == "/fsx/checkpoints/llm-prod"
         assert env["FTFLEET_NPROC_PER_NODE"] == "8" and env["FTFLEET_NNODES"] == "3:33"
         assert "--device=/dev/infiniband" in script
-        assert "RestartPreventExitStatus=" + " ".join(
-            str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG)) in script
+        assert (
+            "RestartPreventExitStatus="
+            + " ".join(str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG))
+            in script
+        )
         assert f"chown {contract.TRAINER_UID}:{contract.TRAINER_UID} /fsx/checkpoints/llm-prod" in script
         publishes = "change-resource-record-sets" in script
         assert publishes == lt.name.endswith("-coordinator")
@@ -181,6 +188,7 @@ def test_user_data_gives_the_trainer_the_whole_contract():
 def test_the_image_entrypoint_reads_only_contract_variables():
     import re
     from pathlib import Path
+
     script = (Path(__file__).resolve().parents[2] / "trainer" / "docker-entrypoint").read_text()
     names = set(re.findall(r"\$\{?(FTFLEET_\w+)", script))
     assert {"FTFLEET_NNODES", "FTFLEET_RDZV_ENDPOINT"} <= names <= contract.ENV_NAMES

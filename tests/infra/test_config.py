@@ -17,24 +17,41 @@ DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.aws-dev.yaml"))["config
 BAD = {
     "unknown cloud": ({"ftfleet:cloud": "azure"}, "ftfleet:cloud is 'azure'; use one of: aws, gcp"),
     "replica equals primary": ({"ftfleet:replicaRegion": "us-east-1"}, "ftfleet:replicaRegion equals the primary"),
-    "fsx capacity not an increment": ({"ftfleet:fsxStorageCapacityGiB": 3000},
-                                      "ftfleet:fsxStorageCapacityGiB is 3000; PERSISTENT_2 SSD takes 1200 or a multiple of 2400"),
+    "fsx capacity not an increment": (
+        {"ftfleet:fsxStorageCapacityGiB": 3000},
+        "ftfleet:fsxStorageCapacityGiB is 3000; PERSISTENT_2 SSD takes 1200 or a multiple of 2400",
+    ),
     "fsx throughput": ({"ftfleet:fsxThroughputPerTiB": 200}, "ftfleet:fsxThroughputPerTiB is 200; use one of"),
-    "on-demand base above max": ({"ftfleet:onDemandBaseCapacity": 9},
-                                 "ftfleet:onDemandBaseCapacity (9) exceeds workerMaxSize (4)"),
+    "on-demand base above max": (
+        {"ftfleet:onDemandBaseCapacity": 9},
+        "ftfleet:onDemandBaseCapacity (9) exceeds workerMaxSize (4)",
+    ),
     "empty instance types": ({"ftfleet:workerInstanceTypes": []}, "ftfleet:workerInstanceTypes is empty"),
     "unknown instance type": ({"ftfleet:workerInstanceTypes": ["g5.2xlarg"]}, "unknown instance type 'g5.2xlarg'"),
-    "mixed gpu counts": ({"ftfleet:workerInstanceTypes": ["g5.2xlarge", "g5.12xlarge"]},
-                         "mixes types with different GPU counts"),
-    "unknown allocation strategy": ({"ftfleet:spotAllocationStrategy": "cheapest"},
-                                    "ftfleet:spotAllocationStrategy is 'cheapest'; use one of"),
-    "negative retention": ({"ftfleet:noncurrentVersionExpiryDays": -3},
-                           "ftfleet:noncurrentVersionExpiryDays is -3; it must be at least 1"),
-    "non-integer retention": ({"ftfleet:transitionToIaDays": 30.5},
-                              "ftfleet:transitionToIaDays must be a whole number"),
-    "glacier before ia": ({"ftfleet:transitionToIaDays": 30, "ftfleet:transitionToGlacierDays": 40},
-                          "ftfleet:transitionToGlacierDays is 40; it must be at least transitionToIaDays + 30"),
-    "unknown key": ({"ftfleet:workerMaxSise": 4}, "unknown config key ftfleet:workerMaxSise: did you mean ftfleet:workerMaxSize?"),
+    "mixed gpu counts": (
+        {"ftfleet:workerInstanceTypes": ["g5.2xlarge", "g5.12xlarge"]},
+        "mixes types with different GPU counts",
+    ),
+    "unknown allocation strategy": (
+        {"ftfleet:spotAllocationStrategy": "cheapest"},
+        "ftfleet:spotAllocationStrategy is 'cheapest'; use one of",
+    ),
+    "negative retention": (
+        {"ftfleet:noncurrentVersionExpiryDays": -3},
+        "ftfleet:noncurrentVersionExpiryDays is -3; it must be at least 1",
+    ),
+    "non-integer retention": (
+        {"ftfleet:transitionToIaDays": 30.5},
+        "ftfleet:transitionToIaDays must be a whole number",
+    ),
+    "glacier before ia": (
+        {"ftfleet:transitionToIaDays": 30, "ftfleet:transitionToGlacierDays": 40},
+        "ftfleet:transitionToGlacierDays is 40; it must be at least transitionToIaDays + 30",
+    ),
+    "unknown key": (
+        {"ftfleet:workerMaxSise": 4},
+        "unknown config key ftfleet:workerMaxSise: did you mean ftfleet:workerMaxSize?",
+    ),
     "desired outside bounds": ({"ftfleet:workerDesiredSize": 7}, "ftfleet:workerDesiredSize (7) must lie between"),
     "efa on a type without it": ({"ftfleet:efaEnabled": True}, "does not support EFA"),
     "pinned inside checkpoints": ({"ftfleet:pinnedPrefix": "checkpoints/keep/"}, "overlaps checkpointPrefix"),
@@ -67,9 +84,12 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(case, tmp_path, capsys)
 
 
 def test_the_cli_prints_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ftfleet.cli", "plan",
-                           bad_stack(tmp_path, {"ftfleet:cloud": "azure"})],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftfleet.cli", "plan", bad_stack(tmp_path, {"ftfleet:cloud": "azure"})],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: ftfleet:cloud is 'azure'; use one of: aws, gcp"]
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -89,8 +109,12 @@ def test_pulumi_strings_parse_like_yaml_values():
 
 
 def test_defaults_come_from_pulumi_yaml_and_fill_a_minimal_stack():
-    minimal = {"cloud": "aws", "replicaRegion": "us-west-2", "availabilityZones": ["us-east-1a"],
-               "workerInstanceTypes": ["g5.xlarge"]}
+    minimal = {
+        "cloud": "aws",
+        "replicaRegion": "us-west-2",
+        "availabilityZones": ["us-east-1a"],
+        "workerInstanceTypes": ["g5.xlarge"],
+    }
     s = settings.parse(minimal, stack="mini", region="us-east-1")
     schema = settings.load_schema()
     assert s.fleet.worker_max_size == schema["workerMaxSize"]["default"]

@@ -5,15 +5,27 @@ from __future__ import annotations
 import json
 
 import pytest
-from pulumi_policy import (PolicyCustomTimeouts, PolicyProviderResource, PolicyResource,
-                           PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs)
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyProviderResource,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
 
 from ftfleet.infra import policies
 from ftfleet.infra.crossguard import build_policies
 from tests.infra.conftest import recording, res_view
 
-OPTS = PolicyResourceOptions(protect=False, ignore_changes=[], delete_before_replace=None, aliases=[],
-                             custom_timeouts=PolicyCustomTimeouts(0, 0, 0), additional_secret_outputs=[])
+OPTS = PolicyResourceOptions(
+    protect=False,
+    ignore_changes=[],
+    delete_before_replace=None,
+    aliases=[],
+    custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
+    additional_secret_outputs=[],
+)
 
 
 def res(type_token, props, name="r", **kw):
@@ -21,26 +33,50 @@ def res(type_token, props, name="r", **kw):
 
 
 BAD_RESOURCES = {
-    "s3-versioning-enabled": res("aws:s3/bucketVersioning:BucketVersioning",
-                                 {"versioningConfiguration": {"status": "Suspended"}}),
-    "s3-kms-encrypted": res("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-                            {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}),
-    "s3-public-access-blocked": res("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
-                                    {"blockPublicAcls": True, "blockPublicPolicy": False,
-                                     "ignorePublicAcls": True, "restrictPublicBuckets": True}),
-    "s3-tls-only": res("aws:s3/bucketPolicy:BucketPolicy", {"policy": json.dumps(
-        {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:DeleteBucket", "Resource": "*"}]})}),
-    "ec2-imdsv2-required": res("aws:ec2/launchTemplate:LaunchTemplate", {"metadataOptions": {"httpTokens": "optional"}}),
-    "no-world-ingress": res("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
-                            {"cidrIpv4": "0.0.0.0/0", "ipProtocol": "tcp", "fromPort": 22, "toPort": 22}),
-    "iam-no-star-star": res("aws:iam/rolePolicy:RolePolicy", {"policy": json.dumps(
-        {"Statement": [{"Sid": "Admin", "Effect": "Allow", "Action": "*", "Resource": "*"}]})}),
-    "fsx-valid": res("aws:fsx/lustreFileSystem:LustreFileSystem",
-                     {"deploymentType": "PERSISTENT_2", "storageCapacity": 3000, "perUnitStorageThroughput": 125}),
-    "spot-diversified": res("aws:autoscaling/group:Group", {
-        "tags": [{"key": "ftfleet:role", "value": "worker"}],
-        "mixedInstancesPolicy": {"instancesDistribution": {"onDemandPercentageAboveBaseCapacity": 0},
-                                 "launchTemplate": {"overrides": [{"instanceType": "p5.48xlarge"}]}}}),
+    "s3-versioning-enabled": res(
+        "aws:s3/bucketVersioning:BucketVersioning", {"versioningConfiguration": {"status": "Suspended"}}
+    ),
+    "s3-kms-encrypted": res(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]},
+    ),
+    "s3-public-access-blocked": res(
+        "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+        {"blockPublicAcls": True, "blockPublicPolicy": False, "ignorePublicAcls": True, "restrictPublicBuckets": True},
+    ),
+    "s3-tls-only": res(
+        "aws:s3/bucketPolicy:BucketPolicy",
+        {
+            "policy": json.dumps(
+                {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:DeleteBucket", "Resource": "*"}]}
+            )
+        },
+    ),
+    "ec2-imdsv2-required": res(
+        "aws:ec2/launchTemplate:LaunchTemplate", {"metadataOptions": {"httpTokens": "optional"}}
+    ),
+    "no-world-ingress": res(
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+        {"cidrIpv4": "0.0.0.0/0", "ipProtocol": "tcp", "fromPort": 22, "toPort": 22},
+    ),
+    "iam-no-star-star": res(
+        "aws:iam/rolePolicy:RolePolicy",
+        {"policy": json.dumps({"Statement": [{"Sid": "Admin", "Effect": "Allow", "Action": "*", "Resource": "*"}]})},
+    ),
+    "fsx-valid": res(
+        "aws:fsx/lustreFileSystem:LustreFileSystem",
+        {"deploymentType": "PERSISTENT_2", "storageCapacity": 3000, "perUnitStorageThroughput": 125},
+    ),
+    "spot-diversified": res(
+        "aws:autoscaling/group:Group",
+        {
+            "tags": [{"key": "ftfleet:role", "value": "worker"}],
+            "mixedInstancesPolicy": {
+                "instancesDistribution": {"onDemandPercentageAboveBaseCapacity": 0},
+                "launchTemplate": {"overrides": [{"instanceType": "p5.48xlarge"}]},
+            },
+        },
+    ),
 }
 
 
@@ -59,17 +95,25 @@ def test_world_ingress_is_caught_in_inline_security_group_rules_too():
 def test_a_bucket_without_guards_and_a_same_region_replica_are_caught():
     b1 = res("aws:s3/bucket:Bucket", {}, name="b1", region="us-east-1")
     b2 = res("aws:s3/bucket:Bucket", {}, name="b2", region="us-east-1")
-    repl = res("aws:s3/bucketReplicationConfig:BucketReplicationConfig", {}, name="repl",
-               property_dependencies={"bucket": ["urn:b1"], "rules": ["urn:b2"]})
+    repl = res(
+        "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
+        {},
+        name="repl",
+        property_dependencies={"bucket": ["urn:b1"], "rules": ["urn:b2"]},
+    )
     found = policies.evaluate([b1, b2, repl])
     assert ("s3-replication-cross-region", "repl", "replica b2 is in the source's region us-east-1") in found
     assert sum(1 for v in found if v[0] == "s3-buckets-guarded") == 8
 
 
 def test_a_coordinator_that_may_run_on_spot_is_caught():
-    coord = res("aws:autoscaling/group:Group", {
-        "tags": [{"key": "ftfleet:role", "value": "coordinator"}],
-        "mixedInstancesPolicy": {"instancesDistribution": {"onDemandPercentageAboveBaseCapacity": 0}}})
+    coord = res(
+        "aws:autoscaling/group:Group",
+        {
+            "tags": [{"key": "ftfleet:role", "value": "coordinator"}],
+            "mixedInstancesPolicy": {"instancesDistribution": {"onDemandPercentageAboveBaseCapacity": 0}},
+        },
+    )
     assert [v[0] for v in policies.evaluate([coord])] == ["coordinator-on-demand"]
 
 
@@ -79,9 +123,17 @@ def test_dev_stack_is_only_advised_about_spot_diversity():
 
 
 def _policy_resource(rec, r, providers):
-    return PolicyResource(resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name, opts=OPTS,
-                          provider=providers.get(r.provider), parent=None, dependencies=[],
-                          property_dependencies={})
+    return PolicyResource(
+        resource_type=r.type,
+        props=r.inputs,
+        urn=r.urn,
+        name=r.name,
+        opts=OPTS,
+        provider=providers.get(r.provider),
+        parent=None,
+        dependencies=[],
+        property_dependencies={},
+    )
 
 
 @pytest.mark.parametrize("stack", ["aws-dev", "aws-prod"])
@@ -91,18 +143,23 @@ def test_crossguard_pack_passes_the_recorded_stack_and_rejects_a_bad_resource(st
     assert set(pack) == {p.name for p in policies.POLICIES}
     violations = []
     for r in rec.resources:
-        args = ResourceValidationArgs(resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name,
-                                      opts=OPTS, provider=None, config={})
+        args = ResourceValidationArgs(
+            resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name, opts=OPTS, provider=None, config={}
+        )
         for p in pack.values():
             if hasattr(p, "validate") and type(p).__name__ == "ResourceValidationPolicy":
-                p.validate(args, lambda msg, urn=None, _p=p.name: violations.append((_p, r.name, msg)))
+                p.validate(args, lambda msg, urn=None, _p=p.name, _r=r.name: violations.append((_p, _r, msg)))
     # Stack policies, with property dependencies resolved to PolicyResources.
-    providers = {r.urn: PolicyProviderResource(resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name)
-                 for r in rec.resources if r.type.startswith("pulumi:providers:")}
+    providers = {
+        r.urn: PolicyProviderResource(resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name)
+        for r in rec.resources
+        if r.type.startswith("pulumi:providers:")
+    }
     base = {r.urn: _policy_resource(rec, r, providers) for r in rec.resources}
     for r in rec.resources:
-        base[r.urn].property_dependencies = {k: [base[u] for u in v if u in base]
-                                             for k, v in r.property_dependencies.items()}
+        base[r.urn].property_dependencies = {
+            k: [base[u] for u in v if u in base] for k, v in r.property_dependencies.items()
+        }
     stack_args = StackValidationArgs(resources=list(base.values()), config={})
     for p in pack.values():
         if type(p).__name__ == "StackValidationPolicy":
@@ -112,6 +169,9 @@ def test_crossguard_pack_passes_the_recorded_stack_and_rejects_a_bad_resource(st
     bad = BAD_RESOURCES["ec2-imdsv2-required"]
     reported = []
     pack["ec2-imdsv2-required"].validate(
-        ResourceValidationArgs(resource_type=bad.type, props=bad.props, urn=bad.urn, name=bad.name, opts=OPTS,
-                               provider=None, config={}), lambda msg, urn=None: reported.append(msg))
+        ResourceValidationArgs(
+            resource_type=bad.type, props=bad.props, urn=bad.urn, name=bad.name, opts=OPTS, provider=None, config={}
+        ),
+        lambda msg, urn=None: reported.append(msg),
+    )
     assert reported == ["metadata httpTokens is 'optional'; require IMDSv2"]

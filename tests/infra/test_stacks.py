@@ -13,14 +13,29 @@ from tests.infra.conftest import recording, res_view
 STACKS = stackfile.stack_names()
 
 CORE_TYPES = {
-    "aws:s3/bucket:Bucket", "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
-    "aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey", "aws:fsx/lustreFileSystem:LustreFileSystem",
-    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation", "aws:ec2/launchTemplate:LaunchTemplate",
-    "aws:autoscaling/group:Group", "aws:autoscaling/lifecycleHook:LifecycleHook",
-    "aws:ecr/repository:Repository", "aws:iam/instanceProfile:InstanceProfile",
+    "aws:s3/bucket:Bucket",
+    "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
+    "aws:kms/key:Key",
+    "aws:kms/replicaKey:ReplicaKey",
+    "aws:fsx/lustreFileSystem:LustreFileSystem",
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
+    "aws:ec2/launchTemplate:LaunchTemplate",
+    "aws:autoscaling/group:Group",
+    "aws:autoscaling/lifecycleHook:LifecycleHook",
+    "aws:ecr/repository:Repository",
+    "aws:iam/instanceProfile:InstanceProfile",
 }
-OUTPUTS = {"primary_bucket", "replica_bucket", "fsx_dns_name", "fsx_mount_name", "coordinator_group",
-           "worker_group", "registry_url", "coordinator_address", "checkpoint_uri"}
+OUTPUTS = {
+    "primary_bucket",
+    "replica_bucket",
+    "fsx_dns_name",
+    "fsx_mount_name",
+    "coordinator_group",
+    "worker_group",
+    "registry_url",
+    "coordinator_address",
+    "checkpoint_uri",
+}
 
 
 def test_there_are_aws_dev_and_aws_prod_stacks():

@@ -3,7 +3,7 @@ Helpers for subprocesses and polling live in helpers.py."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,5 +20,4 @@ def fake_metadata() -> Iterator[FakeMetadataServer]:
 @pytest.fixture
 def fast_config() -> WatcherConfig:
     """Polls every 50 ms; long polls and backoff stay short so tests end quickly."""
-    return WatcherConfig(poll_interval_s=0.05, gcp_wait_timeout_s=2.0,
-                         request_timeout_s=2.0, max_backoff_s=0.2)
+    return WatcherConfig(poll_interval_s=0.05, gcp_wait_timeout_s=2.0, request_timeout_s=2.0, max_backoff_s=0.2)

@@ -36,16 +36,17 @@ SCENARIOS = {
 
 def main() -> None:
     rank, world, init_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     side_group = dist.new_group(backend="gloo")
     out = {}
     for i, (name, notices) in enumerate(SCENARIOS.items()):
         group = side_group if i % 2 else None
         agreed = agree(notices[rank], group)
-        out[name] = None if agreed is None else {
-            k: (v.value if hasattr(v, "value") else v)
-            for k, v in dataclasses.asdict(agreed).items()}
+        out[name] = (
+            None
+            if agreed is None
+            else {k: (v.value if hasattr(v, "value") else v) for k, v in dataclasses.asdict(agreed).items()}
+        )
     dist.destroy_process_group()
     print(json.dumps(out))
 

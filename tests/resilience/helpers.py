@@ -8,16 +8,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0,
-             what: str = "condition") -> object:
+def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0, what: str = "condition") -> object:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``.
     The bound only keeps a broken test from hanging; nothing asserts how long it took."""
     end = time.monotonic() + timeout_s
@@ -30,16 +29,21 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 15.0,
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FTFLEET_", "TORCHELASTIC_", "TORCH_ELASTIC_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "TORCHELASTIC_", "TORCH_ELASTIC_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 
 
-def run_python(code: str, *, timeout_s: float = 60.0,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_python(
+    code: str, *, timeout_s: float = 60.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter from the repository root."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                          env=env or subprocess_env(), capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )

@@ -15,10 +15,17 @@ from .helpers import REPO, subprocess_env
 def agreed(tmp_path_factory):
     """Run the scenarios on two gloo processes; {rank: {scenario: notice dict}}."""
     init_file = tmp_path_factory.mktemp("dist") / "store"
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tests/resilience/dist_worker.py"),
-                               str(rank), "2", str(init_file)], cwd=REPO,
-                              env=subprocess_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "tests/resilience/dist_worker.py"), str(rank), "2", str(init_file)],
+            cwd=REPO,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     results = {}
     for rank, proc in enumerate(procs):
         out, err = proc.communicate(timeout=120)
@@ -28,9 +35,13 @@ def agreed(tmp_path_factory):
 
 
 def as_dict(notice):
-    return {"kind": notice.kind.value, "source": notice.source.value,
-            "received_at": notice.received_at, "deadline": notice.deadline,
-            "terminal": notice.terminal}
+    return {
+        "kind": notice.kind.value,
+        "source": notice.source.value,
+        "received_at": notice.received_at,
+        "deadline": notice.deadline,
+        "terminal": notice.terminal,
+    }
 
 
 def test_every_rank_gets_the_same_answer_in_every_scenario(agreed):

@@ -5,8 +5,7 @@ import torch
 
 from ftfleet.contract import EXIT_UNRECOVERABLE
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector,
-                                        RepeatedAnomalyError)
+from ftfleet.trainer.resilience.anomaly import Action, AnomalyConfig, AnomalyDetector, RepeatedAnomalyError
 
 
 def warmed(policy="skip", steps=20, loss=2.0, **kw):
@@ -16,8 +15,7 @@ def warmed(policy="skip", steps=20, loss=2.0, **kw):
     return det
 
 
-@pytest.mark.parametrize("loss, grad", [(math.nan, 1.0), (math.inf, 1.0), (2.0, math.nan),
-                                        (2.0, -math.inf)])
+@pytest.mark.parametrize("loss, grad", [(math.nan, 1.0), (math.inf, 1.0), (2.0, math.nan), (2.0, -math.inf)])
 def test_a_non_finite_loss_or_gradient_norm_is_skipped(loss, grad):
     det = AnomalyDetector()
     decision = det.check(0, loss, grad)
@@ -70,8 +68,7 @@ def test_repeated_rollbacks_at_the_same_step_stop_the_run_with_a_clear_message()
     det = warmed(policy="rollback", max_rollbacks_per_step=2)
     assert det.check(25, math.inf).action is Action.ROLLBACK
     assert det.check(25, math.inf).action is Action.ROLLBACK
-    with pytest.raises(RepeatedAnomalyError, match="step 25 is anomalous again after 2 "
-                                                   "rollbacks") as exc:
+    with pytest.raises(RepeatedAnomalyError, match="step 25 is anomalous again after 2 rollbacks") as exc:
         det.check(25, math.inf)
     assert exc.value.exit_code == EXIT_UNRECOVERABLE == 77
 
@@ -106,13 +103,16 @@ def test_state_survives_a_restart():
     assert fresh.check(26, 1000.0).action is Action.ROLLBACK  # the median came along
 
 
-@pytest.mark.parametrize("field, value, fix", [
-    ("policy", "retry", "skip or rollback"),
-    ("spike_factor", 0.5, "factor above 1"),
-    ("window", 2, "at least 3"),
-    ("min_history", 500, "1 to resilience.anomaly.window"),
-    ("max_rollbacks_per_step", 0, "1 or more"),
-])
+@pytest.mark.parametrize(
+    "field, value, fix",
+    [
+        ("policy", "retry", "skip or rollback"),
+        ("spike_factor", 0.5, "factor above 1"),
+        ("window", 2, "at least 3"),
+        ("min_history", 500, "1 to resilience.anomaly.window"),
+        ("max_rollbacks_per_step", 0, "1 or more"),
+    ],
+)
 def test_bad_anomaly_settings_name_the_field_and_the_fix(field, value, fix):
     with pytest.raises(ConfigError, match=fix) as exc:
         AnomalyConfig(**{field: value})

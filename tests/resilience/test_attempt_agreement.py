@@ -27,8 +27,7 @@ def client(server: dist.TCPStore) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False)
 
 
-def attempt(server: dist.TCPStore, ranks: range, seed: int,
-            timeout: datetime.timedelta = TIMEOUT) -> list[str]:
+def attempt(server: dist.TCPStore, ranks: range, seed: int, timeout: datetime.timedelta = TIMEOUT) -> list[str]:
     """Each rank in a thread of its own, starting after a random delay."""
     rng = random.Random(seed)
     delays = {r: rng.uniform(0, 0.3) for r in ranks}

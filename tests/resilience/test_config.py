@@ -17,13 +17,14 @@ def test_an_empty_block_gives_the_defaults():
 
 
 def test_yaml_sections_reach_their_building_blocks():
-    config = load({
-        "watcher": {"poll_interval_s": 1, "signals": ["SIGTERM", "SIGUSR1"],
-                    "signal_grace_s": None},
-        "anomaly": {"policy": "rollback", "spike_factor": "4"},
-        "watchdog": {"timeout_s": 120, "first_step_timeout_s": 900},
-        "interval": {"mode": "fixed", "fixed_steps": 50, "mtbf_s": 7200},
-    })
+    config = load(
+        {
+            "watcher": {"poll_interval_s": 1, "signals": ["SIGTERM", "SIGUSR1"], "signal_grace_s": None},
+            "anomaly": {"policy": "rollback", "spike_factor": "4"},
+            "watchdog": {"timeout_s": 120, "first_step_timeout_s": 900},
+            "interval": {"mode": "fixed", "fixed_steps": 50, "mtbf_s": 7200},
+        }
+    )
     assert config.watcher.signals == ["SIGTERM", "SIGUSR1"]
     assert config.watcher.poll_interval_s == 1.0
     assert (config.anomaly.policy, config.anomaly.spike_factor) == ("rollback", 4.0)

@@ -19,8 +19,7 @@ from .helpers import REPO, subprocess_env
 DOCKERFILE = REPO / "trainer" / "Dockerfile"
 ENTRYPOINT = REPO / "trainer" / "docker-entrypoint"
 #: Variables of the tools in the image, set by the Dockerfile itself.
-TOOL_ENV = {"PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_NO_CACHE_DIR",
-            "PIP_DISABLE_PIP_VERSION_CHECK"}
+TOOL_ENV = {"PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK"}
 
 
 def instructions():
@@ -79,13 +78,13 @@ def test_the_entrypoint_checks_the_contract_then_runs_torchrun():
 
 def test_every_variable_the_image_relies_on_is_a_contract_name():
     # Lower-case names are the entrypoint's own shell variables; TMPDIR is the system's.
-    referenced = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)",
-                                DOCKERFILE.read_text() + ENTRYPOINT.read_text())) - {"TMPDIR"}
+    referenced = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", DOCKERFILE.read_text() + ENTRYPOINT.read_text())) - {
+        "TMPDIR"
+    }
     assert referenced <= ENV_NAMES, referenced - ENV_NAMES
     set_here = env_names_set()
     assert set_here <= ENV_NAMES | TOOL_ENV, set_here - ENV_NAMES - TOOL_ENV
-    contract_like = {n for n in re.findall(r"FTFLEET_[A-Z0-9_]+",
-                                           DOCKERFILE.read_text() + ENTRYPOINT.read_text())}
+    contract_like = {n for n in re.findall(r"FTFLEET_[A-Z0-9_]+", DOCKERFILE.read_text() + ENTRYPOINT.read_text())}
     assert contract_like <= ENV_NAMES, contract_like - ENV_NAMES
 
 
@@ -118,9 +117,14 @@ def contract_env(fake_bin, **overrides):
 
 
 def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
-    result = subprocess.run([str(ENTRYPOINT), "--module", "ftfleet.trainer"], cwd=REPO,
-                            env=contract_env(fake_bin), capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [str(ENTRYPOINT), "--module", "ftfleet.trainer"],
+        cwd=REPO,
+        env=contract_env(fake_bin),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     args = result.stdout.split()
     assert "--nnodes=2:16" in args and "--nproc-per-node=8" in args
@@ -131,9 +135,14 @@ def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
 
 
 def test_the_entrypoint_refuses_an_incomplete_environment(fake_bin):
-    result = subprocess.run([str(ENTRYPOINT)], cwd=REPO,
-                            env=contract_env(fake_bin, FTFLEET_RDZV_ENDPOINT=None),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(ENTRYPOINT)],
+        cwd=REPO,
+        env=contract_env(fake_bin, FTFLEET_RDZV_ENDPOINT=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == EXIT_CONFIG
     assert "FTFLEET_RDZV_ENDPOINT" in result.stderr and result.stdout == ""
 
@@ -146,8 +155,15 @@ def fake_torchrun(fake_bin, body):
 
 def run_entrypoint(fake_bin, tmp_path, **kw):
     env = contract_env(fake_bin, TMPDIR=str(tmp_path))
-    return subprocess.run([str(ENTRYPOINT), "--module", "ftfleet.trainer"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60, **kw)
+    return subprocess.run(
+        [str(ENTRYPOINT), "--module", "ftfleet.trainer"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kw,
+    )
 
 
 def test_a_preempted_node_exits_with_the_code_its_trainer_left(fake_bin, tmp_path):
@@ -166,11 +182,14 @@ def test_otherwise_the_entrypoint_exits_with_torchruns_status(fake_bin, tmp_path
 
 def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
     got = tmp_path / "got-term"
-    fake_torchrun(fake_bin, f"trap 'touch {got}; exit 143' TERM\n"
-                            f"touch {tmp_path}/up\nwhile :; do sleep 0.05; done\n")
-    proc = subprocess.Popen([str(ENTRYPOINT), "--module", "ftfleet.trainer"], cwd=REPO,
-                            env=contract_env(fake_bin, TMPDIR=str(tmp_path)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fake_torchrun(fake_bin, f"trap 'touch {got}; exit 143' TERM\ntouch {tmp_path}/up\nwhile :; do sleep 0.05; done\n")
+    proc = subprocess.Popen(
+        [str(ENTRYPOINT), "--module", "ftfleet.trainer"],
+        cwd=REPO,
+        env=contract_env(fake_bin, TMPDIR=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         for _ in range(600):
             if (tmp_path / "up").exists():
@@ -184,11 +203,21 @@ def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
 
 
 def test_max_restarts_defaults_to_100_and_must_be_a_number(fake_bin):
-    result = subprocess.run([str(ENTRYPOINT)], cwd=REPO,
-                            env=contract_env(fake_bin, FTFLEET_MAX_RESTARTS=None),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(ENTRYPOINT)],
+        cwd=REPO,
+        env=contract_env(fake_bin, FTFLEET_MAX_RESTARTS=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0 and "--max-restarts=100" in result.stdout.split()
-    result = subprocess.run([str(ENTRYPOINT)], cwd=REPO,
-                            env=contract_env(fake_bin, FTFLEET_MAX_RESTARTS="lots"),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(ENTRYPOINT)],
+        cwd=REPO,
+        env=contract_env(fake_bin, FTFLEET_MAX_RESTARTS="lots"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == EXIT_CONFIG and "FTFLEET_MAX_RESTARTS" in result.stderr

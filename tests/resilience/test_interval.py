@@ -3,8 +3,7 @@ import math
 import pytest
 
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
-                                         young_interval)
+from ftfleet.trainer.resilience.interval import AdaptiveInterval, IntervalConfig, daly_interval, young_interval
 
 
 class Clock:
@@ -58,8 +57,7 @@ def test_adaptive_mode_uses_daly_with_the_measured_cost_and_configured_mtbf():
 
 
 def test_background_persist_time_counts_as_configured():
-    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=3600.0,
-                                              persist_overhead=0.5))
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=3600.0, persist_overhead=0.5))
     chooser.record_save(blocked_s=2.0, persist_s=10.0)
     seconds, _ = chooser.interval_s()
     assert seconds == pytest.approx(daly_interval(7.0, 3600.0))
@@ -96,8 +94,7 @@ def test_the_overhead_counts_fully_until_measured_and_is_clipped_to_0_1():
 
 
 def test_a_save_that_slows_training_lengthens_the_interval():
-    gpu, cpu = (AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=600.0))
-                for _ in range(2))
+    gpu, cpu = (AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=600.0)) for _ in range(2))
     for chooser, busy in ((gpu, 1.01), (cpu, 1.8)):
         chooser.record_save(blocked_s=0.05, persist_s=2.0)
         _steps(chooser, quiet=[1.0] * 5, busy=[busy] * 3)
@@ -118,8 +115,7 @@ def test_costs_are_an_ewma_of_recent_saves():
 
 
 def test_the_interval_is_never_shorter_than_one_save():
-    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=60.0,
-                                              persist_overhead=0.0))
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=60.0, persist_overhead=0.0))
     chooser.record_save(blocked_s=0.01, persist_s=30.0)  # Daly says ~1 s
     steps, reason = chooser.interval_steps(0.1)
     assert steps == 301  # 30.01 s of save at 0.1 s/step, rounded up
@@ -151,8 +147,7 @@ def test_a_long_quiet_run_lengthens_the_interval():
 
 
 def test_max_steps_caps_the_interval_but_not_below_one_save():
-    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=36000.0,
-                                              max_steps=100))
+    chooser = AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=36000.0, max_steps=100))
     chooser.record_save(2.0, 8.0)
     assert chooser.interval_steps(1.0)[0] == 100
     assert chooser.interval_steps(0.01)[0] == math.ceil(10.0 / 0.01)
@@ -177,14 +172,17 @@ def test_step_time_must_be_measured():
         AdaptiveInterval().interval_steps(0.0)
 
 
-@pytest.mark.parametrize("field, value, fix", [
-    ("mode", "auto", "adaptive or fixed"),
-    ("mtbf_source", "fleet", "observed or config"),
-    ("mtbf_s", 0.0, "positive number of seconds"),
-    ("ewma_alpha", 0.0, "0 < alpha <= 1"),
-    ("persist_overhead", 2.0, "fraction from 0 to 1"),
-    ("fixed_steps", 0, "1 or more"),
-])
+@pytest.mark.parametrize(
+    "field, value, fix",
+    [
+        ("mode", "auto", "adaptive or fixed"),
+        ("mtbf_source", "fleet", "observed or config"),
+        ("mtbf_s", 0.0, "positive number of seconds"),
+        ("ewma_alpha", 0.0, "0 < alpha <= 1"),
+        ("persist_overhead", 2.0, "fraction from 0 to 1"),
+        ("fixed_steps", 0, "1 or more"),
+    ],
+)
 def test_bad_interval_settings_name_the_field_and_the_fix(field, value, fix):
     with pytest.raises(ConfigError, match=fix) as exc:
         IntervalConfig(**{field: value})

@@ -35,6 +35,7 @@ def test_a_failed_write_leaves_the_old_marker_intact(tmp_path, monkeypatch):
 
     def broken_fsync(fd):
         raise OSError("disk full")
+
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
         write_local_marker(tmp_path, marker(step=200))
@@ -64,20 +65,20 @@ def test_a_failing_upload_is_retried_until_the_deadline_then_reported(tmp_path):
         attempts.append(key)
         if len(attempts) < 3:
             raise ConnectionError("throttled")
-    result = publish_marker(marker(), fast_root=tmp_path, put=flaky,
-                            deadline=time.time() + 30, retry_s=0.01)
+
+    result = publish_marker(marker(), fast_root=tmp_path, put=flaky, deadline=time.time() + 30, retry_s=0.01)
     assert result.uploaded and len(attempts) == 3
 
     def down(key, data):
         raise ConnectionError("bucket unreachable")
+
     result = publish_marker(marker(), fast_root=tmp_path, put=down, deadline=None)
     assert not result.uploaded and "bucket unreachable" in result.error
     assert result.local_path.exists()
 
 
 @mock_aws
-def test_an_s3_uploader_puts_the_marker_where_the_lifecycle_handoff_polls(tmp_path,
-                                                                           monkeypatch):
+def test_an_s3_uploader_puts_the_marker_where_the_lifecycle_handoff_polls(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     s3 = boto3.client("s3", region_name="us-east-1")
@@ -86,7 +87,7 @@ def test_an_s3_uploader_puts_the_marker_where_the_lifecycle_handoff_polls(tmp_pa
 
     def put(key, data):
         s3.put_object(Bucket="ftfleet-ckpt", Key=f"{prefix}/{key}", Body=data)
+
     publish_marker(marker(step=77), fast_root=tmp_path, put=put)
-    body = s3.get_object(Bucket="ftfleet-ckpt",
-                         Key=f"{prefix}/markers/i-0abc.json")["Body"].read()
+    body = s3.get_object(Bucket="ftfleet-ckpt", Key=f"{prefix}/markers/i-0abc.json")["Body"].read()
     assert json.loads(body)["step"] == 77

@@ -8,14 +8,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.resilience.metrics import (JsonFormatter, Metrics, configure_json_logging,
-                                        metrics_port)
+from ftfleet.trainer.resilience.metrics import JsonFormatter, Metrics, configure_json_logging, metrics_port
 
-NAMES = ("ftfleet_steps_total", "ftfleet_step_seconds_bucket",
-         "ftfleet_checkpoint_blocked_seconds_sum", "ftfleet_checkpoint_persist_seconds_count",
-         "ftfleet_last_committed_step", "ftfleet_notices_total", "ftfleet_rollbacks_total",
-         "ftfleet_skipped_steps_total", "ftfleet_restarts",
-         "ftfleet_checkpoint_interval_steps")
+NAMES = (
+    "ftfleet_steps_total",
+    "ftfleet_step_seconds_bucket",
+    "ftfleet_checkpoint_blocked_seconds_sum",
+    "ftfleet_checkpoint_persist_seconds_count",
+    "ftfleet_last_committed_step",
+    "ftfleet_notices_total",
+    "ftfleet_rollbacks_total",
+    "ftfleet_skipped_steps_total",
+    "ftfleet_restarts",
+    "ftfleet_checkpoint_interval_steps",
+)
 
 
 def free_port():
@@ -25,8 +31,7 @@ def free_port():
 
 
 def test_the_exporter_serves_every_metric_with_node_and_rank_labels():
-    metrics = Metrics.from_env({"FTFLEET_NODE_ID": "i-0abc", "RANK": "3",
-                                "TORCHELASTIC_RESTART_COUNT": "2"})
+    metrics = Metrics.from_env({"FTFLEET_NODE_ID": "i-0abc", "RANK": "3", "TORCHELASTIC_RESTART_COUNT": "2"})
     metrics.step(0.2)
     metrics.step(0.3)
     metrics.checkpoint_saved(blocked_s=0.5, persist_s=4.0)
@@ -40,8 +45,11 @@ def test_the_exporter_serves_every_metric_with_node_and_rank_labels():
         metrics.close()
     for name in NAMES:
         assert name in text, name
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     labels = (("node", "i-0abc"), ("rank", "3"))
     assert samples[("ftfleet_steps_total", labels)] == 2.0
     assert samples[("ftfleet_step_seconds_sum", labels)] == pytest.approx(0.5)
@@ -75,8 +83,7 @@ def test_port_zero_means_no_exporter():
 def test_metrics_objects_do_not_share_a_registry():
     a, b = Metrics(), Metrics()
     a.steps.inc()
-    assert b.registry.get_sample_value("ftfleet_steps_total",
-                                       {"node": "", "rank": "0"}) == 0.0
+    assert b.registry.get_sample_value("ftfleet_steps_total", {"node": "", "rank": "0"}) == 0.0
 
 
 def test_log_lines_are_json_with_static_and_extra_fields():

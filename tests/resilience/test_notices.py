@@ -1,7 +1,13 @@
 import pytest
 
-from ftfleet.trainer.resilience.notices import (AWS_TERMINATION_NOTICE_S, GCP_PREEMPTION_NOTICE_S,
-                                        Notice, NoticeKind, NoticeSource, most_urgent)
+from ftfleet.trainer.resilience.notices import (
+    AWS_TERMINATION_NOTICE_S,
+    GCP_PREEMPTION_NOTICE_S,
+    Notice,
+    NoticeKind,
+    NoticeSource,
+    most_urgent,
+)
 
 
 def test_defaults_are_the_clouds_documented_notice_periods():
@@ -10,27 +16,23 @@ def test_defaults_are_the_clouds_documented_notice_periods():
 
 
 def test_a_notice_gets_its_budget_when_the_cloud_names_no_moment():
-    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.GCP_PREEMPTED, 30.0,
-                      received_at=1000.0)
+    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.GCP_PREEMPTED, 30.0, received_at=1000.0)
     assert (n.received_at, n.deadline, n.terminal) == (1000.0, 1030.0, True)
     assert n.remaining(now=1010.0) == 20.0
 
 
 def test_the_moment_the_cloud_names_wins_when_it_is_earlier_than_the_budget():
-    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT, 120.0,
-                      received_at=1000.0, deadline=1090.0)
+    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT, 120.0, received_at=1000.0, deadline=1090.0)
     assert n.deadline == 1090.0
 
 
 def test_a_named_moment_later_than_the_budget_is_not_believed():
-    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT, 120.0,
-                      received_at=1000.0, deadline=5000.0)
+    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT, 120.0, received_at=1000.0, deadline=5000.0)
     assert n.deadline == 1120.0
 
 
 def test_a_named_moment_in_the_past_means_no_time_left():
-    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT, 120.0,
-                      received_at=1000.0, deadline=900.0)
+    n = Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT, 120.0, received_at=1000.0, deadline=900.0)
     assert n.deadline == 1000.0 and n.remaining(now=1000.0) == 0.0
 
 
@@ -47,8 +49,7 @@ def test_a_deadline_before_receipt_is_rejected():
 
 
 def test_kind_values_are_the_commit_marker_reasons():
-    assert {k.value for k in NoticeKind} == {"termination", "rebalance", "maintenance",
-                                             "signal"}
+    assert {k.value for k in NoticeKind} == {"termination", "rebalance", "maintenance", "signal"}
 
 
 def test_terminal_notices_outrank_advisory_ones_even_with_a_later_deadline():

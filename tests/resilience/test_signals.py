@@ -35,8 +35,14 @@ def test_sigterm_becomes_a_signal_notice_chains_and_restores_the_previous_handle
     result = run_python(CHAINING, env=subprocess_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="45"))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert out == {"kind": "signal", "source": "signal", "budget": 45.0, "terminal": True,
-                   "previous_called": True, "restored": True}
+    assert out == {
+        "kind": "signal",
+        "source": "signal",
+        "budget": 45.0,
+        "terminal": True,
+        "previous_called": True,
+        "restored": True,
+    }
 
 
 TRAINING_LOOP = """
@@ -56,9 +62,14 @@ TRAINING_LOOP = """
 
 
 def test_an_external_sigterm_does_not_kill_the_process_but_reaches_the_loop():
-    proc = subprocess.Popen([sys.executable, "-c", TRAINING_LOOP.replace("\n    ", "\n")],
-                            cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINING_LOOP.replace("\n    ", "\n")],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGTERM)

@@ -64,8 +64,13 @@ def plan(rng: random.Random) -> list[Kill]:
     kills = []
     for _ in range(KILLS):
         at_startup = rng.random() < 1 / 3
-        kills.append(Kill(rng.randrange(2), 0 if at_startup else next(steps),
-                          rng.uniform(0, 2.5) if at_startup else rng.uniform(0, 0.2)))
+        kills.append(
+            Kill(
+                rng.randrange(2),
+                0 if at_startup else next(steps),
+                rng.uniform(0, 2.5) if at_startup else rng.uniform(0, 0.2),
+            )
+        )
     return kills
 
 
@@ -103,8 +108,9 @@ def test_workers_killed_at_random_moments_restart_and_end_bit_identical(ref2, tm
     cmd.insert(1, f"--max-restarts={KILLS}")  # one each: any other failure fails the run
     log_path = tmp_path / "torchrun.log"
     with open(log_path, "w") as log:
-        agent = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        agent = subprocess.Popen(
+            cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     attempts: list[list[int]] = []
     deadline = time.monotonic() + 240
 
@@ -127,8 +133,7 @@ def test_workers_killed_at_random_moments_restart_and_end_bit_identical(ref2, tm
             ws = next_attempt()
             while trained_step(run_dir, list(ws.values())) < kill.after_step:
                 if agent.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(report(f"attempt {len(attempts) - 1} never started "
-                                                f"step {kill.after_step}"))
+                    raise AssertionError(report(f"attempt {len(attempts) - 1} never started step {kill.after_step}"))
                 time.sleep(0.005)
             time.sleep(kill.delay_s)
             try:
@@ -156,23 +161,23 @@ def test_workers_killed_at_random_moments_restart_and_end_bit_identical(ref2, tm
 @pytest.fixture
 def rendezvous_endpoint():
     """The elastic job's c10d rendezvous store, on a 'machine' that outlives the nodes."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
-                          wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
     yield f"127.0.0.1:{store.port}"
     del store
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("lost", [
-    pytest.param(0, marks=pytest.mark.chaos, id="node-hosting-the-worker-store"),
-    pytest.param(1, id="other-node")])
-def test_a_run_that_loses_a_node_continues_alone_from_the_newest_checkpoint(
-        rendezvous_endpoint, ref2, tmp_path, lost):
+@pytest.mark.parametrize(
+    "lost",
+    [pytest.param(0, marks=pytest.mark.chaos, id="node-hosting-the-worker-store"), pytest.param(1, id="other-node")],
+)
+def test_a_run_that_loses_a_node_continues_alone_from_the_newest_checkpoint(rendezvous_endpoint, ref2, tmp_path, lost):
     run_dir = tmp_path / "run"
     nodes = ElasticNodes(rendezvous_endpoint, run_dir, tmp_path, "checkpoint.keep=100", SLOW)
     try:
-        by_rank = nodes.wait_for(lambda: nodes.training_together(past_step=10), 150,
-                                 "both nodes training in one world past step 10")
+        by_rank = nodes.wait_for(
+            lambda: nodes.training_together(past_step=10), 150, "both nodes training in one world past step 10"
+        )
         survivor = by_rank[1 - lost]
         two_node_workers = [p for p in nodes.workers() if p]
         at_loss = max(committed(run_dir))
@@ -202,8 +207,7 @@ def test_a_run_that_loses_a_node_continues_alone_from_the_newest_checkpoint(
 
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
-def test_a_worker_crash_the_other_node_does_not_notice_restarts_both_nodes_in_step(
-        rendezvous_endpoint, ref2, tmp_path):
+def test_a_worker_crash_the_other_node_does_not_notice_restarts_both_nodes_in_step(rendezvous_endpoint, ref2, tmp_path):
     """With NCCL a worker whose peer died blocks in its collective instead of failing, so
     its agent restarts it for the membership change, which torchrun does not count as a
     restart: the nodes' TORCHELASTIC_RESTART_COUNT differ from then on. Simulated by
@@ -211,17 +215,21 @@ def test_a_worker_crash_the_other_node_does_not_notice_restarts_both_nodes_in_st
     run_dir = tmp_path / "run"
     nodes = ElasticNodes(rendezvous_endpoint, run_dir, tmp_path, SLOW)
     try:
-        by_rank = nodes.wait_for(lambda: nodes.training_together(past_step=6), 150,
-                                 "both nodes training in one world past step 6")
+        by_rank = nodes.wait_for(
+            lambda: nodes.training_together(past_step=6), 150, "both nodes training in one world past step 6"
+        )
         crashed, unaware = (workers(by_rank[r].pid)[0] for r in (0, 1))
         os.kill(unaware, signal.SIGSTOP)
         os.kill(crashed, signal.SIGKILL)
-        nodes.wait_for(lambda: signal.SIGTERM in pending_signals(unaware), 60,
-                       "the unaware node's agent to stop its worker")
+        nodes.wait_for(
+            lambda: signal.SIGTERM in pending_signals(unaware), 60, "the unaware node's agent to stop its worker"
+        )
         os.kill(unaware, signal.SIGCONT)
         restarted = nodes.wait_for(
             lambda: None if {None, crashed, unaware} & set(ps := nodes.workers()) else ps,
-            120, "new workers on both nodes")
+            120,
+            "new workers on both nodes",
+        )
         counts = sorted(environ(p).get("TORCHELASTIC_RESTART_COUNT") for p in restarted)
         rcs = [a.wait(timeout=180) for a in nodes.agents]
     finally:

@@ -42,7 +42,7 @@ def test_a_hung_process_dumps_every_threads_stack_and_exits_hung():
     assert "hang watchdog: no step progress" in result.stderr
     assert "after step 2" in result.stderr
     assert "stuck_in_a_collective" in result.stderr  # the main thread's stack
-    assert "data_loader_worker" in result.stderr     # and the others'
+    assert "data_loader_worker" in result.stderr  # and the others'
 
 
 def test_a_process_that_keeps_beating_is_left_alone():

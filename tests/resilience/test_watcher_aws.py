@@ -35,20 +35,19 @@ def test_the_fake_refuses_metadata_without_an_imdsv2_token(fake_metadata):
 
 
 def test_no_notice_while_the_instance_is_not_interrupted(fake_metadata, aws_watcher):
-    wait_for(lambda: fake_metadata.requests.count(
-        ("GET", "/latest/meta-data/spot/instance-action")) >= 3, what="three polls")
+    wait_for(
+        lambda: fake_metadata.requests.count(("GET", "/latest/meta-data/spot/instance-action")) >= 3, what="three polls"
+    )
     assert aws_watcher.pending() is None
 
 
-def test_the_watcher_fetches_a_token_with_a_ttl_before_reading_metadata(fake_metadata,
-                                                                        aws_watcher):
+def test_the_watcher_fetches_a_token_with_a_ttl_before_reading_metadata(fake_metadata, aws_watcher):
     wait_for(lambda: len(fake_metadata.requests) >= 3, what="first poll")
     assert fake_metadata.requests[0] == ("PUT", "/latest/api/token")
     assert fake_metadata.state()["tokens_issued"] == 1  # reused, not one per request
 
 
-def test_a_spot_interruption_becomes_a_terminal_notice_with_the_clouds_deadline(
-        fake_metadata, aws_watcher):
+def test_a_spot_interruption_becomes_a_terminal_notice_with_the_clouds_deadline(fake_metadata, aws_watcher):
     before = time.time()
     item = fake_metadata.schedule_spot_interruption("terminate", in_seconds=40)
     notice = wait_for(aws_watcher.pending, what="termination notice")
@@ -60,8 +59,7 @@ def test_a_spot_interruption_becomes_a_terminal_notice_with_the_clouds_deadline(
     assert notice.deadline < notice.received_at + 120
 
 
-def test_a_spot_interruption_further_away_than_two_minutes_gets_the_aws_budget(
-        fake_metadata, aws_watcher):
+def test_a_spot_interruption_further_away_than_two_minutes_gets_the_aws_budget(fake_metadata, aws_watcher):
     fake_metadata.schedule_spot_interruption("stop", in_seconds=600)
     notice = wait_for(aws_watcher.pending, what="termination notice")
     assert notice.deadline == pytest.approx(notice.received_at + 120.0)
@@ -81,11 +79,13 @@ def test_a_rebalance_recommendation_is_advisory_and_handled_once(fake_metadata, 
     assert notice.kind is NoticeKind.REBALANCE and not notice.terminal
     assert notice.deadline == pytest.approx(notice.received_at + 120.0)
     aws_watcher.acknowledge(notice)
-    polls = fake_metadata.requests.count(("GET", "/latest/meta-data/events/recommendations/"
-                                                 "rebalance"))
-    wait_for(lambda: fake_metadata.requests.count(
-        ("GET", "/latest/meta-data/events/recommendations/rebalance")) >= polls + 3,
-        what="more polls")
+    polls = fake_metadata.requests.count(("GET", "/latest/meta-data/events/recommendations/rebalance"))
+    wait_for(
+        lambda: (
+            fake_metadata.requests.count(("GET", "/latest/meta-data/events/recommendations/rebalance")) >= polls + 3
+        ),
+        what="more polls",
+    )
     assert aws_watcher.pending() is None
 
 
@@ -120,8 +120,7 @@ def test_pending_answers_while_a_poll_is_stuck_on_a_silent_endpoint():
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         config = WatcherConfig(poll_interval_s=0.05, request_timeout_s=30.0)
-        watcher = NoticeWatcher("aws", f"http://127.0.0.1:{silent.getsockname()[1]}",
-                                config).start()
+        watcher = NoticeWatcher("aws", f"http://127.0.0.1:{silent.getsockname()[1]}", config).start()
         try:
             time.sleep(0.2)  # let the poller block in its request
             assert watcher.pending() is None
@@ -131,8 +130,7 @@ def test_pending_answers_while_a_poll_is_stuck_on_a_silent_endpoint():
 
 
 def test_from_env_reads_the_contract_names(fake_metadata):
-    watcher = NoticeWatcher.from_env(environ={"FTFLEET_CLOUD": "gcp",
-                                              "FTFLEET_METADATA_ENDPOINT": fake_metadata.url})
+    watcher = NoticeWatcher.from_env(environ={"FTFLEET_CLOUD": "gcp", "FTFLEET_METADATA_ENDPOINT": fake_metadata.url})
     assert (watcher.cloud, watcher.endpoint) == ("gcp", fake_metadata.url)
     default = NoticeWatcher.from_env(environ={"FTFLEET_CLOUD": "aws"})
     assert default.endpoint == "http://169.254.169.254"
@@ -141,12 +139,15 @@ def test_from_env_reads_the_contract_names(fake_metadata):
         NoticeWatcher.from_env(environ={"FTFLEET_CLOUD": "azure"})
 
 
-@pytest.mark.parametrize("field, value, fix", [
-    ("poll_interval_s", 0, "positive number of seconds"),
-    ("aws_token_ttl_s", 50000, "1 to 21600"),
-    ("signals", ("SIGKILL",), "cannot be caught"),
-    ("signals", ("SIGNOPE",), "not a signal name"),
-])
+@pytest.mark.parametrize(
+    "field, value, fix",
+    [
+        ("poll_interval_s", 0, "positive number of seconds"),
+        ("aws_token_ttl_s", 50000, "1 to 21600"),
+        ("signals", ("SIGKILL",), "cannot be caught"),
+        ("signals", ("SIGNOPE",), "not a signal name"),
+    ],
+)
 def test_bad_watcher_settings_name_the_field_and_the_fix(field, value, fix):
     with pytest.raises(ConfigError, match=fix) as exc:
         WatcherConfig(**{field: value})
@@ -155,12 +156,13 @@ def test_bad_watcher_settings_name_the_field_and_the_fix(field, value, fix):
 
 def test_fake_serves_instance_action_as_json(fake_metadata):
     token_req = urllib.request.Request(
-        fake_metadata.url + "/latest/api/token", method="PUT",
-        headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        fake_metadata.url + "/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+    )
     token = urllib.request.urlopen(token_req, timeout=5).read().decode()
     fake_metadata.schedule_spot_interruption("hibernate", in_seconds=10)
-    get = urllib.request.Request(fake_metadata.url + "/latest/meta-data/spot/instance-action",
-                                 headers={"X-aws-ec2-metadata-token": token})
+    get = urllib.request.Request(
+        fake_metadata.url + "/latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": token}
+    )
     body = json.loads(urllib.request.urlopen(get, timeout=5).read())
     assert body["action"] == "hibernate" and body["time"].endswith("Z")
 

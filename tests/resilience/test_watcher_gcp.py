@@ -24,8 +24,9 @@ def _get(url, headers=None, timeout=10):
 def gcp_watcher(fake_metadata, fast_config):
     watcher = NoticeWatcher("gcp", fake_metadata.url, fast_config).start()
     # Both pollers have read the current values and are long-polling.
-    wait_for(lambda: all(fake_metadata.requests.count(("GET", p)) >= 2
-                         for p in (PREEMPTED, MAINTENANCE)), what="long polls")
+    wait_for(
+        lambda: all(fake_metadata.requests.count(("GET", p)) >= 2 for p in (PREEMPTED, MAINTENANCE)), what="long polls"
+    )
     yield watcher
     watcher.stop()
 
@@ -41,9 +42,11 @@ def test_the_fake_requires_the_metadata_flavor_header(fake_metadata):
 def test_the_fakes_wait_for_change_returns_when_the_value_changes(fake_metadata):
     _, etag = _get(fake_metadata.url + PREEMPTED)
     answers = []
-    poll = threading.Thread(target=lambda: answers.append(_get(
-        f"{fake_metadata.url}{PREEMPTED}?wait_for_change=true&last_etag={etag}"
-        "&timeout_sec=20", timeout=30)))
+    poll = threading.Thread(
+        target=lambda: answers.append(
+            _get(f"{fake_metadata.url}{PREEMPTED}?wait_for_change=true&last_etag={etag}&timeout_sec=20", timeout=30)
+        )
+    )
     poll.start()
     wait_for(lambda: fake_metadata.requests.count(("GET", PREEMPTED)) >= 2, what="long poll")
     fake_metadata.preempt()
@@ -53,8 +56,7 @@ def test_the_fakes_wait_for_change_returns_when_the_value_changes(fake_metadata)
 
 def test_the_fakes_wait_for_change_times_out_with_the_unchanged_value(fake_metadata):
     value, etag = _get(f"{fake_metadata.url}{MAINTENANCE}")
-    again = _get(f"{fake_metadata.url}{MAINTENANCE}?wait_for_change=true&last_etag={etag}"
-                 "&timeout_sec=0.1")
+    again = _get(f"{fake_metadata.url}{MAINTENANCE}?wait_for_change=true&last_etag={etag}&timeout_sec=0.1")
     assert again == (value, etag)
 
 
@@ -65,8 +67,7 @@ def test_preemption_becomes_a_terminal_notice_with_thirty_seconds(fake_metadata,
     fake_metadata.preempt()
     notice = wait_for(gcp_watcher.pending, what="preemption notice")
     assert notice.received_at >= before  # the answer's time, not the request's
-    assert (notice.kind, notice.source, notice.terminal) == (
-        NoticeKind.TERMINATION, NoticeSource.GCP_PREEMPTED, True)
+    assert (notice.kind, notice.source, notice.terminal) == (NoticeKind.TERMINATION, NoticeSource.GCP_PREEMPTED, True)
     assert notice.deadline == pytest.approx(notice.received_at + 30.0)
 
 
@@ -77,8 +78,7 @@ def test_terminate_on_host_maintenance_is_terminal(fake_metadata, gcp_watcher):
     assert notice.deadline == pytest.approx(notice.received_at + 60.0)
 
 
-def test_a_live_migration_is_advisory_and_withdrawn_when_maintenance_ends(
-        fake_metadata, gcp_watcher):
+def test_a_live_migration_is_advisory_and_withdrawn_when_maintenance_ends(fake_metadata, gcp_watcher):
     fake_metadata.maintenance("MIGRATE_ON_HOST_MAINTENANCE")
     notice = wait_for(gcp_watcher.pending, what="maintenance notice")
     assert notice.kind is NoticeKind.MAINTENANCE and not notice.terminal
@@ -96,7 +96,8 @@ def test_stop_cuts_a_long_poll_in_flight(fake_metadata, fast_config):
     config = type(fast_config)(poll_interval_s=0.05, gcp_wait_timeout_s=60.0)
     watcher = NoticeWatcher("gcp", fake_metadata.url, config).start()
     threads = list(watcher._threads)
-    wait_for(lambda: all(fake_metadata.requests.count(("GET", p)) >= 2
-                         for p in (PREEMPTED, MAINTENANCE)), what="long polls")
+    wait_for(
+        lambda: all(fake_metadata.requests.count(("GET", p)) >= 2 for p in (PREEMPTED, MAINTENANCE)), what="long polls"
+    )
     watcher.stop(timeout_s=2.0)  # the fake would hold each poll for 5 s
     assert not any(t.is_alive() for t in threads)

@@ -12,8 +12,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from tests.trainer.conftest import BIN, REPO, child_env, trainer_cmd
 
@@ -35,8 +36,7 @@ def environ(pid: int) -> dict[str, str]:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
-                if "=" in item)
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
 def workers(agent_pid: int) -> dict[int, int]:
@@ -112,24 +112,36 @@ class ElasticNodes:
     #: agents start at once and joined 0.3 s apart on a loaded 2-core machine); a round
     #: after a node is lost waits as long for it to come back.
     LAST_CALL_S = 5
-    RDZV_CONF = (f"is_host=false,last_call_timeout={LAST_CALL_S},join_timeout=120,"
-                 # A node without a keep-alive for 5 s is dropped (default 15 s). An agent
-                 # writes one only when its last is a full interval old, so they come 1 to
-                 # 2 s apart: a 2 s limit dropped live nodes.
-                 "keep_alive_interval=1,keep_alive_max_attempt=5")
+    RDZV_CONF = (
+        f"is_host=false,last_call_timeout={LAST_CALL_S},join_timeout=120,"
+        # A node without a keep-alive for 5 s is dropped (default 15 s). An agent
+        # writes one only when its last is a full interval old, so they come 1 to
+        # 2 s apart: a 2 s limit dropped live nodes.
+        "keep_alive_interval=1,keep_alive_max_attempt=5"
+    )
 
     def __init__(self, endpoint: str, run_dir: Path, logs: Path, *overrides: str):
         self.run_dir, self.logs = run_dir, logs
         self.agents: list[subprocess.Popen] = []
         for n in range(2):
-            cmd = [str(BIN / "torchrun"), "--nnodes=1:2", "--nproc-per-node=1",
-                   "--max-restarts=1", "--monitor-interval=0.1", "--rdzv-backend=c10d",
-                   f"--rdzv-endpoint={endpoint}", "--rdzv-id=elastic",
-                   f"--rdzv-conf={self.RDZV_CONF}", *trainer_cmd(1, run_dir, *overrides)[1:]]
+            cmd = [
+                str(BIN / "torchrun"),
+                "--nnodes=1:2",
+                "--nproc-per-node=1",
+                "--max-restarts=1",
+                "--monitor-interval=0.1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                "--rdzv-id=elastic",
+                f"--rdzv-conf={self.RDZV_CONF}",
+                *trainer_cmd(1, run_dir, *overrides)[1:],
+            ]
             with open(logs / f"node{n}.log", "w") as log:
-                self.agents.append(subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=log,
-                                                    stderr=subprocess.STDOUT,
-                                                    start_new_session=True))
+                self.agents.append(
+                    subprocess.Popen(
+                        cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
 
     def workers(self) -> list[int | None]:
         return [workers(a.pid).get(0) for a in self.agents]
@@ -141,8 +153,7 @@ class ElasticNodes:
             if value := predicate():
                 return value
             rcs = [a.poll() for a in self.agents]
-            assert rcs == [None, None], \
-                f"agents exited ({rcs}) while waiting for {what}\n{self.log_tail()}"
+            assert rcs == [None, None], f"agents exited ({rcs}) while waiting for {what}\n{self.log_tail()}"
             time.sleep(0.01)
         raise AssertionError(f"timed out waiting for {what}\n{self.log_tail()}")
 
@@ -155,11 +166,10 @@ class ElasticNodes:
         envs = [environ(p) for p in pids]
         if not committed(self.run_dir) or any(e.get("WORLD_SIZE") != "2" for e in envs):
             return None
-        return {int(e["GROUP_RANK"]): a for e, a in zip(envs, self.agents)}
+        return {int(e["GROUP_RANK"]): a for e, a in zip(envs, self.agents, strict=True)}
 
     def log_tail(self) -> str:
-        return "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}"
-                         for p in sorted(self.logs.glob("node*.log")))
+        return "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}" for p in sorted(self.logs.glob("node*.log")))
 
     def stop(self) -> None:
         for agent in self.agents:

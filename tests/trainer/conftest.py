@@ -21,10 +21,22 @@ BIN = Path(sys.executable).parent
 #: A model and run small enough for a few seconds per torchrun, with dropout so that a
 #: resume that loses the RNG state shows in the hash. Global batch 6: 1, 2 and 3 ranks.
 BASE = [
-    "run_id=t", "seed=7", "model.vocab_size=64", "model.seq_len=16", "model.d_model=32",
-    "model.n_layers=2", "model.n_heads=2", "model.dropout=0.1", "optim.warmup_steps=4",
-    "train.steps=24", "train.global_batch_size=6", "train.log_every=1000",
-    "resilience.interval.mode=fixed", "resilience.interval.fixed_steps=4", "checkpoint.keep=3", "data.trace_samples=true",
+    "run_id=t",
+    "seed=7",
+    "model.vocab_size=64",
+    "model.seq_len=16",
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.dropout=0.1",
+    "optim.warmup_steps=4",
+    "train.steps=24",
+    "train.global_batch_size=6",
+    "train.log_every=1000",
+    "resilience.interval.mode=fixed",
+    "resilience.interval.fixed_steps=4",
+    "checkpoint.keep=3",
+    "data.trace_samples=true",
 ]
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
@@ -38,21 +50,40 @@ def trainer_cmd(nproc: int, run_dir: Path, *overrides: str) -> list[str]:
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_ENDPOINT"))}
-    env.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                "AWS_DEFAULT_REGION": "us-east-1", "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": str(REPO)})
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+        }
+    )
     env.update(extra or {})
     return env
 
 
-def run_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str] | None = None,
-                expect_rc: int | None = 0, timeout: float = 120) -> dict:
+def run_trainer(
+    nproc: int,
+    run_dir: Path,
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    expect_rc: int | None = 0,
+    timeout: float = 120,
+) -> dict:
     """Run to completion; return summary.json."""
-    proc = subprocess.run(trainer_cmd(nproc, run_dir, *overrides), cwd=REPO, env=child_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        trainer_cmd(nproc, run_dir, *overrides),
+        cwd=REPO,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if expect_rc is not None and proc.returncode != expect_rc:
-        raise AssertionError(f"trainer exited {proc.returncode}, expected {expect_rc}\n"
-                             f"--- stderr ---\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"trainer exited {proc.returncode}, expected {expect_rc}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
     summary = run_dir / "summary.json"
     out = json.loads(summary.read_text()) if summary.exists() else {}
     out["_stderr"] = proc.stderr
@@ -64,8 +95,14 @@ def start_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str
     """Start in its own process group (so a kill reaches torchrun and every worker)."""
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     run_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(trainer_cmd(nproc, run_dir, *overrides), cwd=REPO, env=child_env(env),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        trainer_cmd(nproc, run_dir, *overrides),
+        cwd=REPO,
+        env=child_env(env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def kill9(proc: subprocess.Popen) -> None:
@@ -120,11 +157,12 @@ def assert_each_sample_once(trace: dict[int, list[tuple[int, int]]], steps: int,
     for step in range(1, steps + 1):
         assert step in trace, f"no rank trained step {step}"
         ids = sorted(i for first, last in trace[step] for i in range(first, last + 1))
-        assert ids == list(range((step - 1) * batch, step * batch)), \
-            f"step {step} consumed samples {ids}"
+        assert ids == list(range((step - 1) * batch, step * batch)), f"step {step} consumed samples {ids}"
         seen += ids
     assert sorted(seen) == list(range(steps * batch))
-    assert set(trace) == set(range(1, steps + 1)), f"extra steps traced: {sorted(set(trace) - set(range(1, steps + 1)))}"
+    assert set(trace) == set(range(1, steps + 1)), (
+        f"extra steps traced: {sorted(set(trace) - set(range(1, steps + 1)))}"
+    )
 
 
 def ckpt_hash(step_dir: Path) -> str:
@@ -152,8 +190,7 @@ def copy_steps(src: Path, dst: Path, steps: list[int]) -> Path:
 def moto_url():
     from moto.server import ThreadedMotoServer
 
-    for k, v in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
-                 ("AWS_DEFAULT_REGION", "us-east-1")):
+    for k, v in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_DEFAULT_REGION", "us-east-1")):
         os.environ.setdefault(k, v)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import http.client
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import urlsplit
 
 Rule = Callable[[str, str], "tuple | None"]  # (method, path) -> action or None
@@ -56,9 +56,11 @@ class FaultProxy:
                 action = proxy._action(self.command, self.path)
                 if action and action[0] == "error":
                     status = action[1]
-                    payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
-                               f"{'SlowDown' if status == 503 else 'InternalError'}</Code>"
-                               f"<Message>injected by the test proxy</Message></Error>").encode()
+                    payload = (
+                        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
+                        f"{'SlowDown' if status == 503 else 'InternalError'}</Code>"
+                        f"<Message>injected by the test proxy</Message></Error>"
+                    ).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
@@ -67,21 +69,21 @@ class FaultProxy:
                     proxy._record(self.command, self.path, status)
                     return
                 if action and action[0] == "hold":
-                    action[1].set()            # tell the test; it will kill the client
-                    time.sleep(action[2])      # the client is gone before this returns
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("transfer-encoding", "expect", "connection",
-                                                "content-length")}
+                    action[1].set()  # tell the test; it will kill the client
+                    time.sleep(action[2])  # the client is gone before this returns
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("transfer-encoding", "expect", "connection", "content-length")
+                }
                 headers["Content-Length"] = str(len(body))
-                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
-                                                  timeout=60)
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length",
-                                         "server", "date"):
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -129,8 +131,7 @@ class FaultProxy:
 
         self.rules.append(rule)
 
-    def hold_first(self, match: Callable[[str, str], bool], event: threading.Event,
-                   seconds: float = 30) -> None:
+    def hold_first(self, match: Callable[[str, str], bool], event: threading.Event, seconds: float = 30) -> None:
         fired = [False]
 
         def rule(method: str, path: str):
@@ -143,6 +144,8 @@ class FaultProxy:
 
     def writes(self, status: int = 200) -> list[str]:
         """Paths of successful object writes (PUT, and POST completing a multipart)."""
-        return [p.split("?")[0] for m, p, s in self.log
-                if s == status and (m == "PUT" and "uploadId=" not in p or
-                                    m == "POST" and "uploadId=" in p)]
+        return [
+            p.split("?")[0]
+            for m, p, s in self.log
+            if s == status and (m == "PUT" and "uploadId=" not in p or m == "POST" and "uploadId=" in p)
+        ]

@@ -58,8 +58,7 @@ def test_ckpt_cli_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from ftfleet.cli import main; main(['ckpt', 'list', '.']);"
-            "print('torch' in sys.modules)")
+    code = "import sys; from ftfleet.cli import main; main(['ckpt', 'list', '.']);print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "False"
 
@@ -97,7 +96,8 @@ def flip_first_byte(data: bytes) -> bytes:
 
 
 def test_bucket_target_on_s3_lists_verifies_and_inspects_then_names_the_bad_object(
-        tmp_path, ref2, moto_url, s3, bucket, capsys):
+    tmp_path, ref2, moto_url, s3, bucket, capsys
+):
     from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
 
     root = copy_steps(ref2["run_dir"] / "checkpoints", tmp_path / "ck", [20, 24])
@@ -126,8 +126,8 @@ def test_bucket_target_on_s3_lists_verifies_and_inspects_then_names_the_bad_obje
 
 
 def test_bucket_target_on_gcs_names_the_corrupt_object(tmp_path, ref1, monkeypatch, capsys):
-    from tests.trainer.test_gcs import FakeClient
     from ftfleet.trainer.checkpoint.tiers import gcs
+    from tests.trainer.test_gcs import FakeClient
 
     client = FakeClient("b")
     monkeypatch.setattr(gcs, "make_client", lambda: client)

@@ -82,5 +82,5 @@ def test_trainer_resumes_from_the_previous_checkpoint_and_still_ends_bit_identic
     flip_bit(bad)
     out = run_trainer(1, d, "resilience.interval.fixed_steps=2")
     assert out["resumed_from"]["step"] == 20
-    assert f"step-22" in out["_stderr"] and bad.name in out["_stderr"]
+    assert "step-22" in out["_stderr"] and bad.name in out["_stderr"]
     assert out["state_sha256"] == ref1["state_sha256"]

@@ -142,11 +142,10 @@ def test_a_corrupt_or_partial_bucket_copy_falls_back_to_the_previous_step(tmp_pa
     upload_all(store, local)
     objects = client.buckets["b"]
     shard = sorted(k for k in objects if k.startswith("run/step-24/__"))[0]
-    objects[shard] = objects[shard][:-1] + bytes([objects[shard][-1] ^ 1])   # bit flip
+    objects[shard] = objects[shard][:-1] + bytes([objects[shard][-1] ^ 1])  # bit flip
     del objects[sorted(k for k in objects if k.startswith("run/step-22/__"))[0]]  # exported early
     with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
-        found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"),
-                                 [("primary", store)], identity(local))
+        found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"), [("primary", store)], identity(local))
     assert found.step == 20
     text = caplog.text
     assert "step-24" in text and shard.split("/")[-1] in text and "crc32c" in text
@@ -159,6 +158,7 @@ def test_a_missing_gcs_bucket_is_unavailable_and_restore_goes_on(tmp_path, local
         missing.committed_steps()
     replica = GCSStore("gs://rep/run", client=FakeClient("rep"))
     upload_all(replica, local)
-    found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"),
-                             [("primary", missing), ("replica", replica)], identity(local))
+    found = find_and_prepare(
+        LocalComm(), LocalTier(tmp_path / "fresh"), [("primary", missing), ("replica", replica)], identity(local)
+    )
     assert (found.tier, found.step) == ("replica", 24)

@@ -25,8 +25,7 @@ def make_step(tmp_path, files: dict[str, bytes], step: int = 3) -> tuple:
     for name, data in files.items():
         (d / name).write_bytes(data)
     entries = {name: checksum_file(d / name) for name in files}
-    m = Manifest(step=step, run_id="r", config_hash="c", world_size=2, files=entries,
-                 torch_version="t")
+    m = Manifest(step=step, run_id="r", config_hash="c", world_size=2, files=entries, torch_version="t")
     write_manifest(d, m)
     return d, m
 
@@ -37,8 +36,7 @@ def test_manifest_round_trips_and_lists_every_file_with_size_and_crc(tmp_path):
     assert back == m
     data = json.loads((d / "manifest.json").read_text())
     assert data["files"]["__0_0.distcp"]["size"] == 1000
-    assert set(data) >= {"step", "world_size", "run_id", "config_hash", "torch_version",
-                         "ftfleet_version", "files"}
+    assert set(data) >= {"step", "world_size", "run_id", "config_hash", "torch_version", "ftfleet_version", "files"}
     assert not list(d.glob(".*tmp")), "no temporary file is left behind"
 
 
@@ -56,16 +54,19 @@ def test_a_step_without_manifest_does_not_exist(tmp_path):
     assert read_manifest(tmp_path / "step-1") is None
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda d: "{not json",
-    lambda d: json.dumps({**d, "format": "other/9"}),
-    lambda d: json.dumps({k: v for k, v in d.items() if k != "world_size"}),
-    lambda d: json.dumps({**d, "files": {}}),
-    lambda d: json.dumps({**d, "files": {"../escape": {"size": 1, "crc32c": "00000000"}}}),
-    lambda d: json.dumps({**d, "files": {"x": {"size": -1, "crc32c": "00000000"}}}),
-    lambda d: json.dumps({**d, "files": {"a\0b": {"size": 1, "crc32c": "00000000"}}}),
-    lambda d: json.dumps({**d, "step": "7"}),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: "{not json",
+        lambda d: json.dumps({**d, "format": "other/9"}),
+        lambda d: json.dumps({k: v for k, v in d.items() if k != "world_size"}),
+        lambda d: json.dumps({**d, "files": {}}),
+        lambda d: json.dumps({**d, "files": {"../escape": {"size": 1, "crc32c": "00000000"}}}),
+        lambda d: json.dumps({**d, "files": {"x": {"size": -1, "crc32c": "00000000"}}}),
+        lambda d: json.dumps({**d, "files": {"a\0b": {"size": 1, "crc32c": "00000000"}}}),
+        lambda d: json.dumps({**d, "step": "7"}),
+    ],
+)
 def test_malformed_manifests_are_rejected(tmp_path, mutate):
     d, m = make_step(tmp_path, {"f": b"x"})
     (d / "manifest.json").write_text(mutate(json.loads(m.to_json())))

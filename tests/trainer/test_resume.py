@@ -43,8 +43,9 @@ def test_two_process_run_stopped_twice_ends_bit_identical(session_dir, ref2):
     # The asynchronous saves after the second resume hold the same state as those of the
     # uninterrupted run: the copy was taken before the next optimizer step on both ranks.
     for step in (16, 20):
-        assert ckpt_hash(d / "checkpoints" / f"step-{step}") == \
-            ckpt_hash(ref2["run_dir"] / "checkpoints" / f"step-{step}"), f"step-{step} differs"
+        assert ckpt_hash(d / "checkpoints" / f"step-{step}") == ckpt_hash(
+            ref2["run_dir"] / "checkpoints" / f"step-{step}"
+        ), f"step-{step} differs"
 
 
 def test_the_uninterrupted_runs_differ_from_their_initial_state(ref1, ref2):
@@ -65,8 +66,7 @@ def test_kill_9_during_a_local_save_leaves_nothing_wrong_and_resume_is_bit_exact
 
     def mid_save():
         committed = [p for p in ckpt.glob("step-*") if (p / "manifest.json").exists()]
-        partial = [p for p in ckpt.glob("step-*")
-                   if not (p / "manifest.json").exists() and any(p.glob("*.distcp"))]
+        partial = [p for p in ckpt.glob("step-*") if not (p / "manifest.json").exists() and any(p.glob("*.distcp"))]
         return len(committed) >= 2 and partial
 
     try:
@@ -93,14 +93,12 @@ def test_kill_9_during_a_local_save_leaves_nothing_wrong_and_resume_is_bit_exact
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("src, dst, at", [(2, 1, 8), (2, 3, 12), (1, 2, 10)])
-def test_checkpoint_reshards_and_continues_at_the_next_global_sample(session_dir, ref1, ref2,
-                                                                    src, dst, at):
+def test_checkpoint_reshards_and_continues_at_the_next_global_sample(session_dir, ref1, ref2, src, dst, at):
     ref = ref2 if src == 2 else ref1
     d = session_dir / f"reshard-{src}to{dst}"
     copy_steps(ref["run_dir"] / "checkpoints", d / "checkpoints", [at])
     out = run_trainer(dst, d, "checkpoint.enabled=false")
-    assert out["resumed_from"] == {"step": at, "tier": "local", "world_size": src,
-                                   "location": str(d / "checkpoints")}
+    assert out["resumed_from"] == {"step": at, "tier": "local", "world_size": src, "location": str(d / "checkpoints")}
     assert (out["step"], out["world_size"], out["samples_seen"]) == (STEPS, dst, STEPS * BATCH)
     trace = sample_trace(ref["run_dir"], d, max_step={ref["run_dir"]: at})
     assert_each_sample_once(trace, STEPS, BATCH)

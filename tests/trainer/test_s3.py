@@ -12,7 +12,7 @@ from ftfleet.trainer.checkpoint.manifest import read_manifest
 from ftfleet.trainer.checkpoint.tiers import LocalTier
 from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
 from ftfleet.trainer.checkpoint.upload import Uploader
-from tests.trainer.conftest import copy_steps, kill9, run_trainer, start_trainer, wait_for
+from tests.trainer.conftest import copy_steps, kill9, run_trainer, start_trainer
 
 
 def manifests(s3, bucket, prefix="run/"):
@@ -21,11 +21,15 @@ def manifests(s3, bucket, prefix="run/"):
 
 
 @pytest.mark.timeout(180)
-def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(
-        tmp_path, s3proxy, s3, bucket, capsys):
+def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(tmp_path, s3proxy, s3, bucket, capsys):
     s3proxy.fail_every(3, status=503)  # every third write is refused once
-    out = run_trainer(2, tmp_path / "run", f"checkpoint.uri=s3://{bucket}/run",
-                      f"checkpoint.s3_endpoint_url={s3proxy.url}", "resilience.interval.fixed_steps=8")
+    out = run_trainer(
+        2,
+        tmp_path / "run",
+        f"checkpoint.uri=s3://{bucket}/run",
+        f"checkpoint.s3_endpoint_url={s3proxy.url}",
+        "resilience.interval.fixed_steps=8",
+    )
     assert s3proxy.injected > 0
     durable = [d["step"] for d in out["durable"]]
     assert durable[-1] == 24, "the final checkpoint is durable before the trainer exits"
@@ -43,20 +47,23 @@ def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(
 
 
 @pytest.mark.timeout(180)
-def test_restore_comes_from_the_replica_when_the_primary_bucket_is_missing(tmp_path, moto_url,
-                                                                          bucket, ref1):
+def test_restore_comes_from_the_replica_when_the_primary_bucket_is_missing(tmp_path, moto_url, bucket, ref1):
     # The replica bucket holds what cross-region replication copied there: step-12 of the
     # reference run, uploaded the way the trainer uploads (the trainer's own upload is
     # tested above).
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "a", [12])
-    up = Uploader(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), LocalTier(root),
-                  LocalComm(), workers=2, keep=2)
+    up = Uploader(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), LocalTier(root), LocalComm(), workers=2, keep=2)
     up.submit(read_manifest(root / "step-12"))
     assert up.close(wait=True, timeout=60) and up.durable_steps == [12]
     # A new job in the other region: empty fast tier, primary bucket gone.
-    out = run_trainer(1, tmp_path / "b", "checkpoint.uri=s3://gone-primary/run",
-                      f"checkpoint.replica_uri=s3://{bucket}/run", "checkpoint.upload=none",
-                      f"checkpoint.s3_endpoint_url={moto_url}")
+    out = run_trainer(
+        1,
+        tmp_path / "b",
+        "checkpoint.uri=s3://gone-primary/run",
+        f"checkpoint.replica_uri=s3://{bucket}/run",
+        "checkpoint.upload=none",
+        f"checkpoint.s3_endpoint_url={moto_url}",
+    )
     assert out["resumed_from"]["tier"] == "replica" and out["resumed_from"]["step"] == 12
     assert "gone-primary" in out["_stderr"] and "unavailable" in out["_stderr"]
     assert "restore step-12 from replica" in out["_stderr"]  # the progress bar
@@ -66,11 +73,13 @@ def test_restore_comes_from_the_replica_when_the_primary_bucket_is_missing(tmp_p
 
 @pytest.mark.timeout(180)
 def test_kill_9_during_upload_leaves_no_manifest_and_restore_uses_an_earlier_durable_step(
-        tmp_path, s3proxy, s3, bucket, ref1):
+    tmp_path, s3proxy, s3, bucket, ref1
+):
     held = threading.Event()
     s3proxy.hold_first(lambda m, p: m == "PUT" and "/run/step-16/" in p, held, seconds=20)
-    proc = start_trainer(1, tmp_path / "a", f"checkpoint.uri=s3://{bucket}/run",
-                         f"checkpoint.s3_endpoint_url={s3proxy.url}")
+    proc = start_trainer(
+        1, tmp_path / "a", f"checkpoint.uri=s3://{bucket}/run", f"checkpoint.s3_endpoint_url={s3proxy.url}"
+    )
     try:
         assert held.wait(120), "the upload of step-16 never started"
     finally:
@@ -81,8 +90,9 @@ def test_kill_9_during_upload_leaves_no_manifest_and_restore_uses_an_earlier_dur
     durable = manifests(s3, bucket)
     assert durable and max(durable) < 16
     # A fresh node restores from the bucket alone and ends where the reference run ends.
-    out = run_trainer(1, tmp_path / "b", f"checkpoint.uri=s3://{bucket}/run",
-                      f"checkpoint.s3_endpoint_url={s3proxy.url}")
+    out = run_trainer(
+        1, tmp_path / "b", f"checkpoint.uri=s3://{bucket}/run", f"checkpoint.s3_endpoint_url={s3proxy.url}"
+    )
     assert out["resumed_from"]["tier"] == "primary"
     assert out["resumed_from"]["step"] == max(durable)
     assert out["state_sha256"] == ref1["state_sha256"]
@@ -118,8 +128,9 @@ def test_a_missing_bucket_is_reported_as_unavailable(moto_url):
 
 
 @pytest.mark.parametrize("failing", ["listing", "manifest read"])
-def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(tmp_path, moto_url, s3proxy, s3,
-                                                                 bucket, ref1, failing):
+def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(
+    tmp_path, moto_url, s3proxy, s3, bucket, ref1, failing
+):
     """Retries exhausted on the primary is an error of that tier, not of the restore: rank 0
     raising there would leave the other ranks waiting in a collective until its timeout."""
     from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
@@ -129,33 +140,36 @@ def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(tmp_path, moto_
     replica_bucket = f"{bucket}-r"
     s3.create_bucket(Bucket=replica_bucket)
     for name in (bucket, replica_bucket):
-        up = Uploader(S3Store(f"s3://{name}/run", endpoint_url=moto_url), LocalTier(root),
-                      LocalComm(), workers=2, keep=2)
+        up = Uploader(
+            S3Store(f"s3://{name}/run", endpoint_url=moto_url), LocalTier(root), LocalComm(), workers=2, keep=2
+        )
         up.submit(manifest)
         assert up.close(wait=True, timeout=60) and up.durable_steps == [24]
     if failing == "listing":
         s3proxy.fail_every(1, status=500, methods=("GET",))
     else:
-        s3proxy.rules.append(lambda m, p: ("error", 500) if p.split("?")[0].endswith(
-            "/manifest.json") and bucket + "/" in p else None)
+        s3proxy.rules.append(
+            lambda m, p: ("error", 500) if p.split("?")[0].endswith("/manifest.json") and bucket + "/" in p else None
+        )
     primary = S3Store(f"s3://{bucket}/run", endpoint_url=s3proxy.url, retries=2)
     replica = S3Store(f"s3://{replica_bucket}/run", endpoint_url=moto_url)
-    found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"),
-                             [("primary", primary), ("replica", replica)],
-                             Identity(manifest.run_id, manifest.config_hash))
+    found = find_and_prepare(
+        LocalComm(),
+        LocalTier(tmp_path / "fresh"),
+        [("primary", primary), ("replica", replica)],
+        Identity(manifest.run_id, manifest.config_hash),
+    )
     assert s3proxy.injected > 0
     assert (found.tier, found.step) == ("replica", 24)
 
 
-def test_a_local_commit_whose_upload_was_killed_is_uploaded_when_the_run_restarts(
-        tmp_path, moto_url, s3, bucket, ref1):
+def test_a_local_commit_whose_upload_was_killed_is_uploaded_when_the_run_restarts(tmp_path, moto_url, s3, bucket, ref1):
     """The upload phase of step-24 died with the process: the restarted run restores the
     local copy and makes it durable."""
     from tests.trainer.conftest import in_process_manager
 
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [22, 24])
-    mgr = in_process_manager(root, f"checkpoint.uri=s3://{bucket}/run",
-                             f"checkpoint.s3_endpoint_url={moto_url}")
+    mgr = in_process_manager(root, f"checkpoint.uri=s3://{bucket}/run", f"checkpoint.s3_endpoint_url={moto_url}")
     restored = mgr.restore()
     mgr.close(wait_for_upload=True)
     assert (restored.tier, restored.step, mgr.app_state.progress.step) == ("local", 24, 24)

@@ -50,25 +50,33 @@ def test_metadata_with_a_code_gadget_is_refused_even_with_a_matching_manifest(tm
 def dotted_global_call(module: str, name: str, arg: str) -> bytes:
     """A protocol-4 pickle of ``module.<name>(arg)``: STACK_GLOBAL resolves a dotted name
     attribute by attribute, so an allowed module leads to whatever it imports."""
+
     def text(value: str) -> bytes:
         raw = value.encode()
         return pickle.BINUNICODE + struct.pack("<I", len(raw)) + raw
 
-    return (pickle.PROTO + b"\x04" + text(module) + text(name) + pickle.STACK_GLOBAL
-            + text(arg) + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
+    return (
+        pickle.PROTO
+        + b"\x04"
+        + text(module)
+        + text(name)
+        + pickle.STACK_GLOBAL
+        + text(arg)
+        + pickle.TUPLE1
+        + pickle.REDUCE
+        + pickle.STOP
+    )
 
 
 @pytest.mark.parametrize("name", ["os.mkdir", "torch.os.mkdir"])
-def test_metadata_reaching_through_dcp_metadata_module_by_dotted_name_is_refused(tmp_path, ref1,
-                                                                                 name):
+def test_metadata_reaching_through_dcp_metadata_module_by_dotted_name_is_refused(tmp_path, ref1, name):
     """torch.distributed.checkpoint.metadata imports os and torch; the restore path
     (load_into) must not let a dotted name walk from it to os.mkdir."""
     import torch
 
     step_dir = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24]) / "step-24"
     marker = tmp_path / "pwned"
-    (step_dir / ".metadata").write_bytes(
-        dotted_global_call("torch.distributed.checkpoint.metadata", name, str(marker)))
+    (step_dir / ".metadata").write_bytes(dotted_global_call("torch.distributed.checkpoint.metadata", name, str(marker)))
     with pytest.raises(CheckpointLoadError, match="refusing to unpickle"):
         load_into({"app": {"progress": {"step": torch.tensor(0)}}}, step_dir)
     assert not marker.exists()
@@ -90,8 +98,9 @@ def test_non_tensor_entries_are_loaded_weights_only(tmp_path):
 def test_a_checkpoint_of_another_run_or_config_is_refused_unless_forced(tmp_path, ref1, field):
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [22, 24])
     m = read_manifest(root / "step-24")
-    mine = Identity("other-run" if field == "run_id" else m.run_id,
-                    "0123456789abcdef" if field == "config_hash" else m.config_hash)
+    mine = Identity(
+        "other-run" if field == "run_id" else m.run_id, "0123456789abcdef" if field == "config_hash" else m.config_hash
+    )
     with pytest.raises(CheckpointRefused) as err:
         find_and_prepare(LocalComm(), LocalTier(root), [], mine)
     msg = str(err.value)

@@ -36,9 +36,13 @@ def realistic_state() -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.arange(10)).sum().backward()
     opt.step()
-    return {"model": model.state_dict(), "optim": opt.state_dict(),
-            "half": torch.randn(1000, dtype=torch.float16), "ints": torch.arange(77),
-            "extra": {"name": "run", "n": 3, "list": [1, 2.5, "x"], "blob": io.BytesIO(os.urandom(3000))}}
+    return {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "half": torch.randn(1000, dtype=torch.float16),
+        "ints": torch.arange(77),
+        "extra": {"name": "run", "n": 3, "list": [1, 2.5, "x"], "blob": io.BytesIO(os.urandom(3000))},
+    }
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -60,17 +64,14 @@ def test_the_writer_crc_equals_the_file_read_back_for_a_real_dcp_save(tmp_path, 
 def test_a_commit_reads_back_only_the_metadata(tmp_path, monkeypatch, caplog, async_save, threads):
     reread = []
     real = commit_module.checksum_files
-    monkeypatch.setattr(commit_module, "checksum_files",
-                        lambda d, names: (reread.extend(names), real(d, names))[1])
-    mgr = in_process_manager(tmp_path, f"checkpoint.async_save={async_save}",
-                             f"checkpoint.thread_count={threads}")
+    monkeypatch.setattr(commit_module, "checksum_files", lambda d, names: (reread.extend(names), real(d, names))[1])
+    mgr = in_process_manager(tmp_path, f"checkpoint.async_save={async_save}", f"checkpoint.thread_count={threads}")
     try:
         with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
             for step in (2, 4):
                 mgr.app_state.progress.step = step
                 manifest = mgr.save(step, blocking=True)
-                assert sorted(manifest.files) == sorted(
-                    [".metadata", *(f"__0_{i}.distcp" for i in range(threads))])
+                assert sorted(manifest.files) == sorted([".metadata", *(f"__0_{i}.distcp" for i in range(threads))])
                 for name, entry in manifest.files.items():
                     assert checksum_file(tmp_path / f"step-{step}" / name) == entry, name
     finally:
@@ -105,8 +106,7 @@ def test_a_shard_corrupted_after_the_write_is_caught_on_restore(tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     shard.write_bytes(raw)
-    found = find_and_prepare(LocalComm(), LocalTier(tmp_path), [],
-                             Identity(manifest.run_id, manifest.config_hash))
+    found = find_and_prepare(LocalComm(), LocalTier(tmp_path), [], Identity(manifest.run_id, manifest.config_hash))
     assert found is not None and found.step == 2
 
 
@@ -119,7 +119,7 @@ def write_through(path, *chunks):
     with fs.create_stream(path, "wb") as stream:
         for i, chunk in enumerate(chunks):
             stream.write(chunk)
-            assert stream.tell() == sum(memoryview(c).nbytes for c in chunks[:i + 1])
+            assert stream.tell() == sum(memoryview(c).nbytes for c in chunks[: i + 1])
         stream.flush()
         os.fsync(stream.fileno())
         stream.close()
@@ -134,13 +134,16 @@ def test_appends_of_any_buffer_give_the_crc_of_the_file(tmp_path):
     assert entry.size == 6 + 1000 + 400_000
 
 
-@pytest.mark.parametrize("meddle,why", [
-    (lambda s: s.seek(0), "seek"),
-    (lambda s: s.seek(0, os.SEEK_END), "seek"),
-    (lambda s: s.truncate(2), "truncate"),
-    (lambda s: s.writelines([b"zz"]), "writelines"),
-    (lambda s: os.write(s.fileno(), b"behind the stream's back"), "bytes in the file"),
-])
+@pytest.mark.parametrize(
+    "meddle,why",
+    [
+        (lambda s: s.seek(0), "seek"),
+        (lambda s: s.seek(0, os.SEEK_END), "seek"),
+        (lambda s: s.truncate(2), "truncate"),
+        (lambda s: s.writelines([b"zz"]), "writelines"),
+        (lambda s: os.write(s.fileno(), b"behind the stream's back"), "bytes in the file"),
+    ],
+)
 def test_a_stream_used_otherwise_than_appending_gives_no_entry(tmp_path, meddle, why):
     fs = ChecksummingFileSystem()
     with fs.create_stream(tmp_path / "f", "wb") as stream:
@@ -192,7 +195,7 @@ def test_records_of_concurrent_writer_threads(tmp_path):
     def write(name):
         with fs.create_stream(tmp_path / name, "wb") as stream:
             for k in range(0, len(payloads[name]), 30_000):
-                stream.write(memoryview(payloads[name])[k:k + 30_000])
+                stream.write(memoryview(payloads[name])[k : k + 30_000])
 
     threads = [threading.Thread(target=write, args=(n,)) for n in payloads]
     for t in threads:
@@ -217,7 +220,8 @@ def test_the_commit_reads_back_what_the_stream_did_not_vouch_for(tmp_path, caplo
     # an empty file DCP's metadata does not name is not reported.
     assert entries == {n: checksum_file(tmp_path / n) for n in ("__0_0.distcp", "__0_1.distcp", ".metadata")}
     assert [r.getMessage() for r in caplog.records] == [
-        f"{tmp_path.name}/__0_1.distcp: no CRC from the write (seek()); reading the file back"]
+        f"{tmp_path.name}/__0_1.distcp: no CRC from the write (seek()); reading the file back"
+    ]
     # Rank 1 had no records: its prefix's file is read back, quietly.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
@@ -242,8 +246,9 @@ def test_the_commit_refuses_a_file_reported_by_two_ranks(tmp_path):
         storage_data = {"k": Info()}
 
     with pytest.raises(CommitError, match="reported by ranks 0 and 1"):
-        commit_step(TwoRanks(), tmp_path, 1, Metadata(), None, run_id="r", config_hash="c",
-                    torch_version="t", streamed={})
+        commit_step(
+            TwoRanks(), tmp_path, 1, Metadata(), None, run_id="r", config_hash="c", torch_version="t", streamed={}
+        )
     assert not (tmp_path / "manifest.json").exists()
 
 
@@ -252,6 +257,6 @@ def test_crc32c_extend_takes_any_buffer_in_pieces():
     whole = crc32c_extend(0, data)
     crc = 0
     for k in range(0, len(data), 70_000):
-        crc = crc32c_extend(crc, memoryview(bytearray(data))[k:k + 70_000])
+        crc = crc32c_extend(crc, memoryview(bytearray(data))[k : k + 70_000])
     assert crc == whole
     assert crc32c_extend(0, b"123456789") == 0xE3069283

@@ -26,21 +26,30 @@ from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_st
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("ckpt", help="list, verify or inspect checkpoints",
-                                   description=__doc__.split("\n\n")[1])
+    parser = subparsers.add_parser(
+        "ckpt", help="list, verify or inspect checkpoints", description=__doc__.split("\n\n")[1]
+    )
     sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
-    for name, fn, text in (("list", cmd_list, "steps, sizes, world size, quick check"),
-                           ("verify", cmd_verify, "check every file's size and CRC32C"),
-                           ("inspect", cmd_inspect, "one checkpoint's manifest and contents")):
+    for name, fn, text in (
+        ("list", cmd_list, "steps, sizes, world size, quick check"),
+        ("verify", cmd_verify, "check every file's size and CRC32C"),
+        ("inspect", cmd_inspect, "one checkpoint's manifest and contents"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("target", metavar="TARGET", help="directory, step directory or bucket URI")
         p.add_argument("--step", type=int, help="only this step")
-        p.add_argument("--endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL"),
-                       help="S3 endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
+        p.add_argument(
+            "--endpoint-url",
+            default=os.environ.get("AWS_ENDPOINT_URL"),
+            help="S3 endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
+        )
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "inspect":
-            p.add_argument("--tensors", action="store_true",
-                           help="load the checkpoint (safely) and list its entries and state_sha256")
+            p.add_argument(
+                "--tensors",
+                action="store_true",
+                help="load the checkpoint (safely) and list its entries and state_sha256",
+            )
         p.set_defaults(func=fn)
 
 
@@ -120,20 +129,26 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
         if manifest.step != step:
             problems.insert(0, f"manifest.json: describes step {manifest.step}")
         bad += bool(problems)
-        row.update(status="CORRUPT" if problems else ("ok" if full else "ok (sizes)"),
-                   problems=problems, files=len(manifest.files), bytes=manifest.total_bytes,
-                   world_size=manifest.world_size, run_id=manifest.run_id,
-                   created=_when(manifest.created_at))
+        row.update(
+            status="CORRUPT" if problems else ("ok" if full else "ok (sizes)"),
+            problems=problems,
+            files=len(manifest.files),
+            bytes=manifest.total_bytes,
+            world_size=manifest.world_size,
+            run_id=manifest.run_id,
+            created=_when(manifest.created_at),
+        )
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"{'step':>8}  {'status':<11} {'files':>5} {'size':>10}  {'ranks':>5}  "
-              f"{'created':<19}  run")
+        print(f"{'step':>8}  {'status':<11} {'files':>5} {'size':>10}  {'ranks':>5}  {'created':<19}  run")
         for r in rows:
-            print(f"{r['step']:>8}  {r['status']:<11} {r.get('files', '-'):>5} "
-                  f"{_size(r.get('bytes')):>10}  {r.get('world_size', '-'):>5}  "
-                  f"{r.get('created', '-'):<19}  {r.get('run_id', '-')}")
+            print(
+                f"{r['step']:>8}  {r['status']:<11} {r.get('files', '-'):>5} "
+                f"{_size(r.get('bytes')):>10}  {r.get('world_size', '-'):>5}  "
+                f"{r.get('created', '-'):<19}  {r.get('run_id', '-')}"
+            )
             for p in r["problems"]:
                 print(f"{'':>10}{'!' if r['status'] == 'CORRUPT' else '-'} {p}")
     if not steps:
@@ -158,8 +173,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     # The newest step with a manifest: a malformed one is reported below, by name.
     committed = target.steps(committed=True)
     if not committed:
-        raise UserError(f"no committed checkpoint in {target.tier.describe()}"
-                        + (f" for step {args.step}" if args.step is not None else ""))
+        raise UserError(
+            f"no committed checkpoint in {target.tier.describe()}"
+            + (f" for step {args.step}" if args.step is not None else "")
+        )
     step = committed[-1]
     try:
         manifest = target.manifest(step)
@@ -167,16 +184,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"step-{step}: CORRUPT manifest.json: malformed ({exc})", file=sys.stderr)
         return 1
     if manifest is None:  # deleted since it was listed
-        raise UserError(f"step-{step} of {target.tier.describe()} lost its manifest.json "
-                        "while being inspected; run the command again")
+        raise UserError(
+            f"step-{step} of {target.tier.describe()} lost its manifest.json "
+            "while being inspected; run the command again"
+        )
     problems = target.problems(manifest, full=True)
     out: dict[str, Any] = {
-        "location": target.describe(step), "step": step, "run_id": manifest.run_id,
-        "config_hash": manifest.config_hash, "world_size": manifest.world_size,
-        "torch_version": manifest.torch_version, "ftfleet_version": manifest.ftfleet_version,
-        "created": _when(manifest.created_at), "bytes": manifest.total_bytes,
+        "location": target.describe(step),
+        "step": step,
+        "run_id": manifest.run_id,
+        "config_hash": manifest.config_hash,
+        "world_size": manifest.world_size,
+        "torch_version": manifest.torch_version,
+        "ftfleet_version": manifest.ftfleet_version,
+        "created": _when(manifest.created_at),
+        "bytes": manifest.total_bytes,
         "files": {n: {"size": e.size, "crc32c": e.crc32c} for n, e in sorted(manifest.files.items())},
-        "verified": not problems, "problems": problems,
+        "verified": not problems,
+        "problems": problems,
     }
     if args.tensors and not problems:
         out.update(_tensors(target, manifest))
@@ -218,9 +243,11 @@ def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:
     app = state.get("app", state)
     entries = {}
     _describe(app, "", entries)
-    return {"entries": entries,
-            "progress": {k: int(v) for k, v in app.get("progress", {}).items()},
-            "state_sha256": state_sha256({"model": app.get("model"), "optim": app.get("optim")})}
+    return {
+        "entries": entries,
+        "progress": {k: int(v) for k, v in app.get("progress", {}).items()},
+        "state_sha256": state_sha256({"model": app.get("model"), "optim": app.get("optim")}),
+    }
 
 
 def _describe(node: Any, prefix: str, out: dict[str, str]) -> None:
@@ -246,4 +273,4 @@ def _size(n: int | None) -> str:
 
 
 def _when(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -49,8 +49,9 @@ def storage_files(metadata: Any) -> dict[str, int]:
     return sizes
 
 
-def own_entries(step_dir: Path, rank: int, shards: dict[str, int],
-                streamed: dict[str, FileEntry | str] | None) -> dict[str, FileEntry]:
+def own_entries(
+    step_dir: Path, rank: int, shards: dict[str, int], streamed: dict[str, FileEntry | str] | None
+) -> dict[str, FileEntry]:
     """The entries this rank reports for the shards DCP's metadata names: those its
     writer recorded, and those with its rank's prefix (DCP names a rank's files after
     its rank in the checkpoint group, which spans the world). A trusted streamed entry
@@ -69,17 +70,30 @@ def own_entries(step_dir: Path, rank: int, shards: dict[str, int],
             continue
         reread.append(name)
         if streamed is not None:
-            log.warning("%s/%s: no CRC from the write (%s); reading the file back",
-                        step_dir.name, name, record or "not written through this rank's writer")
+            log.warning(
+                "%s/%s: no CRC from the write (%s); reading the file back",
+                step_dir.name,
+                name,
+                record or "not written through this rank's writer",
+            )
     if rank == 0:
         reread.append(DCP_METADATA)
     entries.update(checksum_files(step_dir, reread))
     return entries
 
 
-def commit_step(comm: Any, step_dir: Path, step: int, metadata: Any, dcp_error: str | None,
-                *, run_id: str, config_hash: str, torch_version: str,
-                streamed: dict[str, FileEntry | str] | None = None) -> Manifest:
+def commit_step(
+    comm: Any,
+    step_dir: Path,
+    step: int,
+    metadata: Any,
+    dcp_error: str | None,
+    *,
+    run_id: str,
+    config_hash: str,
+    torch_version: str,
+    streamed: dict[str, FileEntry | str] | None = None,
+) -> Manifest:
     """Collective: returns the committed manifest on every rank, or raises CommitError on
     every rank. ``streamed``: this rank's writer's records (file name -> entry, or the
     reason there is none); without them this rank reads back the files of its prefix."""
@@ -116,9 +130,14 @@ def commit_step(comm: Any, step_dir: Path, step: int, metadata: Any, dcp_error: 
             extra = {p.name for p in step_dir.iterdir()} - set(files) - {MANIFEST_NAME}
             if extra:
                 log.warning("step-%d: ignoring files DCP did not report: %s", step, sorted(extra))
-            manifest = Manifest(step=step, run_id=run_id, config_hash=config_hash,
-                                world_size=comm.world_size, files=files,
-                                torch_version=torch_version)
+            manifest = Manifest(
+                step=step,
+                run_id=run_id,
+                config_hash=config_hash,
+                world_size=comm.world_size,
+                files=files,
+                torch_version=torch_version,
+            )
             try:
                 write_manifest(step_dir, manifest)
                 verdict = (True, manifest.to_json())

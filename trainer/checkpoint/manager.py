@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -70,14 +71,23 @@ def staging_options(cuda: bool) -> StagingOptions:
     those options fail ("Non-blocking copy requires ... accelerator") and pinning means
     nothing, so plain buffers and blocking copies, still in a background thread. Shared
     memory only serves DCP's process mode; saves here run in a thread."""
-    return StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                          use_async_staging=True, use_non_blocking_copy=cuda)
+    return StagingOptions(
+        use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+    )
 
 
 class CheckpointManager:
-    def __init__(self, cfg: CheckpointConfig, app_state: AppState, *, run_id: str,
-                 config_hash: str, ckpt_group: Any = None, upload_group: Any = None,
-                 stores: dict[str, ObjectStore] | None = None):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        app_state: AppState,
+        *,
+        run_id: str,
+        config_hash: str,
+        ckpt_group: Any = None,
+        upload_group: Any = None,
+        stores: dict[str, ObjectStore] | None = None,
+    ):
         self.cfg = cfg
         self.app_state = app_state
         self.identity = Identity(run_id, config_hash)
@@ -88,9 +98,13 @@ class CheckpointManager:
             stores = {}
             for name, uri in (("primary", cfg.uri), ("replica", cfg.replica_uri)):
                 if uri:
-                    stores[name] = open_store(uri, endpoint_url=cfg.s3_endpoint_url or None,
-                                              retries=cfg.retries, chunk_mb=cfg.multipart_chunk_mb,
-                                              workers=cfg.transfer_workers)
+                    stores[name] = open_store(
+                        uri,
+                        endpoint_url=cfg.s3_endpoint_url or None,
+                        retries=cfg.retries,
+                        chunk_mb=cfg.multipart_chunk_mb,
+                        workers=cfg.transfer_workers,
+                    )
         self.stores = stores
         self.stats = SaveStats()
         self.committed: list[int] = []
@@ -104,9 +118,14 @@ class CheckpointManager:
         self.uploader: Uploader | None = None
         if cfg.enabled and cfg.upload == "trainer" and "primary" in stores:
             up_comm = DistComm(upload_group) if upload_group is not None else LocalComm()
-            self.uploader = Uploader(stores["primary"], self.local, up_comm,
-                                     workers=cfg.transfer_workers, keep=cfg.keep,
-                                     pinned=cfg.pinned_steps)
+            self.uploader = Uploader(
+                stores["primary"],
+                self.local,
+                up_comm,
+                workers=cfg.transfer_workers,
+                keep=cfg.keep,
+                pinned=cfg.pinned_steps,
+            )
 
     # --- restore -------------------------------------------------------------
     def restore(self) -> Restored | None:
@@ -124,9 +143,15 @@ class CheckpointManager:
 
     def _load(self, load_step: int | None) -> Restored | None:
         stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
-        found = find_and_prepare(self.comm, self.local, stores, self.identity,
-                                 force=self.cfg.force_load, load_step=load_step,
-                                 workers=self.cfg.transfer_workers)
+        found = find_and_prepare(
+            self.comm,
+            self.local,
+            stores,
+            self.identity,
+            force=self.cfg.force_load,
+            load_step=load_step,
+            workers=self.cfg.transfer_workers,
+        )
         if found is None:
             if self.comm.rank == 0:
                 log.info("restore: no checkpoint in any tier; starting from step 0")
@@ -139,12 +164,15 @@ class CheckpointManager:
         finally:
             self.app_state.include_rng = True
         if self.app_state.progress.step != found.step:
-            raise CommitError(f"step-{found.step} holds the state of step "
-                              f"{self.app_state.progress.step}")
+            raise CommitError(f"step-{found.step} holds the state of step {self.app_state.progress.step}")
         if self.comm.rank == 0:
-            log.info("restore: loaded step-%d (written by %d ranks, %d now) in %.2f s",
-                     found.step, found.manifest.world_size, self.comm.world_size,
-                     time.monotonic() - t0)
+            log.info(
+                "restore: loaded step-%d (written by %d ranks, %d now) in %.2f s",
+                found.step,
+                found.manifest.world_size,
+                self.comm.world_size,
+                time.monotonic() - t0,
+            )
         self._resubmit_if_not_durable(found)
         return found
 
@@ -157,8 +185,10 @@ class CheckpointManager:
         if self.comm.rank == 0:
             try:
                 # (A rollback may find a step the uploader still has queued.)
-                missing = (found.step not in self.uploader.pending_steps()
-                           and found.step not in self.stores["primary"].committed_steps())
+                missing = (
+                    found.step not in self.uploader.pending_steps()
+                    and found.step not in self.stores["primary"].committed_steps()
+                )
             except Exception as exc:  # noqa: BLE001
                 log.warning("cannot list %s: %s", self.stores["primary"].uri, exc)
                 missing = False
@@ -180,18 +210,19 @@ class CheckpointManager:
             self.local.remove_step(step)
             step_dir.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
-        writer = ChecksummingWriter(step_dir, single_file_per_rank=True, sync_files=True,
-                                    thread_count=self.cfg.thread_count, overwrite=True)
+        writer = ChecksummingWriter(
+            step_dir, single_file_per_rank=True, sync_files=True, thread_count=self.cfg.thread_count, overwrite=True
+        )
         state = {"app": self.app_state}
         if self._stager is not None:
-            response = dcp.async_save(state, storage_writer=writer, process_group=self.ckpt_group,
-                                      async_stager=self._stager)
+            response = dcp.async_save(
+                state, storage_writer=writer, process_group=self.ckpt_group, async_stager=self._stager
+            )
             self._staging, written = response.staging_completion, response.upload_completion
         else:
             written = Future()
             try:
-                written.set_result(dcp.save(state, storage_writer=writer,
-                                            process_group=self.ckpt_group))
+                written.set_result(dcp.save(state, storage_writer=writer, process_group=self.ckpt_group))
             except (Exception, CheckpointException) as exc:  # a CommitError on every rank
                 written.set_exception(exc)
         self._inflight = self._commit_pool.submit(self._commit, step, written, writer, t0)
@@ -236,8 +267,7 @@ class CheckpointManager:
             log.error("%s", exc)
             return None
 
-    def _commit(self, step: int, written: Future, writer: ChecksummingWriter,
-                t0: float) -> Manifest:
+    def _commit(self, step: int, written: Future, writer: ChecksummingWriter, t0: float) -> Manifest:
         metadata, error = None, None
         try:
             metadata = written.result()
@@ -245,14 +275,27 @@ class CheckpointManager:
             error = f"DCP save failed: {type(exc).__name__}: {exc}"
         # DCP's writes (all its writer threads) are done once ``written`` is: the
         # writer's records are complete.
-        manifest = commit_step(self.comm, self.local.step_dir(step), step, metadata, error,
-                               run_id=self.identity.run_id, config_hash=self.identity.config_hash,
-                               torch_version=torch.__version__, streamed=writer.streamed())
+        manifest = commit_step(
+            self.comm,
+            self.local.step_dir(step),
+            step,
+            metadata,
+            error,
+            run_id=self.identity.run_id,
+            config_hash=self.identity.config_hash,
+            torch_version=torch.__version__,
+            streamed=writer.streamed(),
+        )
         self.stats.last_commit_s = time.monotonic() - t0
         self.committed.append(step)
         if self.comm.rank == 0:
-            log.info("committed step-%d: %d files, %.1f MB, %.2f s after save()", step,
-                     len(manifest.files), manifest.total_bytes / 1e6, self.stats.last_commit_s)
+            log.info(
+                "committed step-%d: %d files, %.1f MB, %.2f s after save()",
+                step,
+                len(manifest.files),
+                manifest.total_bytes / 1e6,
+                self.stats.last_commit_s,
+            )
             protected = {step} | (self.uploader.pending_steps() if self.uploader else set())
             retention.prune(self.local, self.cfg.keep, self.cfg.pinned_steps, protected)
         if self.uploader is not None:
@@ -278,9 +321,11 @@ class CheckpointManager:
                 left = max(0.0, upload_deadline - time.time())
                 drained = self.uploader.close(wait=True, timeout=left)
                 if not drained:
-                    log.warning("upload not finished %.0f s before the notice's deadline: "
-                                "the checkpoint is committed on the fast tier only",
-                                DEADLINE_MARGIN_S)
+                    log.warning(
+                        "upload not finished %.0f s before the notice's deadline: "
+                        "the checkpoint is committed on the fast tier only",
+                        DEADLINE_MARGIN_S,
+                    )
             else:
                 drained = self.uploader.close(wait=wait_for_upload)
                 if not drained and wait_for_upload:

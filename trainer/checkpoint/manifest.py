@@ -20,9 +20,9 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import google_crc32c
 
@@ -67,7 +67,7 @@ class Manifest:
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Manifest":
+    def from_json(cls, text: str | bytes) -> Manifest:
         try:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -88,12 +88,16 @@ class Manifest:
                 files[name] = FileEntry(size, crc)
             if not files:
                 raise ManifestError("lists no files")
-            manifest = cls(step=_int(data["step"]), run_id=str(data["run_id"]),
-                           config_hash=str(data["config_hash"]),
-                           world_size=_int(data["world_size"]), files=files,
-                           torch_version=str(data["torch_version"]),
-                           ftfleet_version=str(data["ftfleet_version"]),
-                           created_at=float(data["created_at"]))
+            manifest = cls(
+                step=_int(data["step"]),
+                run_id=str(data["run_id"]),
+                config_hash=str(data["config_hash"]),
+                world_size=_int(data["world_size"]),
+                files=files,
+                torch_version=str(data["torch_version"]),
+                ftfleet_version=str(data["ftfleet_version"]),
+                created_at=float(data["created_at"]),
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"missing or mistyped field {exc}") from None
         if manifest.world_size < 1 or manifest.step < 0:
@@ -114,8 +118,7 @@ def _is_crc(value: object) -> bool:
 def _check_name(name: str) -> None:
     """File names are plain names inside the step directory; never a path out of it, nor
     one the OS refuses (a NUL would raise in the verifier instead of failing the check)."""
-    if (not name or "/" in name or "\\" in name or "\0" in name or name in (".", "..")
-            or name == MANIFEST_NAME):
+    if not name or "/" in name or "\\" in name or "\0" in name or name in (".", "..") or name == MANIFEST_NAME:
         raise ManifestError(f"illegal file name {name!r}")
 
 
@@ -217,7 +220,7 @@ def checksum_files(directory: Path, names: Iterable[str], workers: int = 4) -> d
     """Checksums of several files in parallel (the CRC releases the GIL)."""
     names = list(names)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
-        return dict(zip(names, pool.map(lambda n: checksum_file(directory / n), names)))
+        return dict(zip(names, pool.map(lambda n: checksum_file(directory / n), names), strict=True))
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -277,8 +280,9 @@ def check_file(path: Path, expected: FileEntry, full: bool = True) -> str | None
     return None
 
 
-def verify_dir(step_dir: Path, manifest: Manifest, names: Iterable[str] | None = None,
-               full: bool = True, workers: int = 4) -> list[str]:
+def verify_dir(
+    step_dir: Path, manifest: Manifest, names: Iterable[str] | None = None, full: bool = True, workers: int = 4
+) -> list[str]:
     """Problems with the files of ``manifest`` (or the subset ``names``) in ``step_dir``."""
     names = sorted(manifest.files) if names is None else list(names)
     if not names:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Sequence
+from typing import Any
 
 from ftfleet.contract import step_dir_name
 from ftfleet.errors import UserError
@@ -52,8 +53,7 @@ class Restored:
     manifest: Manifest
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "tier": self.tier, "location": self.location,
-                "world_size": self.manifest.world_size}
+        return {"step": self.step, "tier": self.tier, "location": self.location, "world_size": self.manifest.world_size}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +69,9 @@ class Identity:
         return None
 
 
-def list_candidates(local: LocalTier, stores: Sequence[tuple[str, ObjectStore]],
-                    load_step: int | None = None) -> list[tuple[int, int]]:
+def list_candidates(
+    local: LocalTier, stores: Sequence[tuple[str, ObjectStore]], load_step: int | None = None
+) -> list[tuple[int, int]]:
     """(step, tier index) newest first; tier 0 is local, then ``stores`` in order."""
     found = [(s, 0) for s in local.committed_steps()]
     for i, (name, store) in enumerate(stores, start=1):
@@ -82,16 +83,22 @@ def list_candidates(local: LocalTier, stores: Sequence[tuple[str, ObjectStore]],
         except TierUnavailable as exc:
             log.warning("restore: %s tier unavailable, skipping it: %s", name, exc)
         except Exception as exc:  # noqa: BLE001
-            log.warning("restore: cannot list the %s tier, skipping it: %s: %s", name,
-                        type(exc).__name__, exc)
+            log.warning("restore: cannot list the %s tier, skipping it: %s: %s", name, type(exc).__name__, exc)
     if load_step is not None:
         found = [c for c in found if c[0] == load_step]
     return sorted(found, key=lambda c: (-c[0], c[1]))
 
 
-def find_and_prepare(comm: Any, local: LocalTier, stores: Sequence[tuple[str, ObjectStore]],
-                     identity: Identity, *, force: bool = False, load_step: int | None = None,
-                     workers: int = 8) -> Restored | None:
+def find_and_prepare(
+    comm: Any,
+    local: LocalTier,
+    stores: Sequence[tuple[str, ObjectStore]],
+    identity: Identity,
+    *,
+    force: bool = False,
+    load_step: int | None = None,
+    workers: int = 8,
+) -> Restored | None:
     """Collective. The newest valid checkpoint, present and verified in the local tier,
     or None when there is none."""
     tiers: list[tuple[str, Any]] = [("local", local), *stores]
@@ -105,9 +112,11 @@ def find_and_prepare(comm: Any, local: LocalTier, stores: Sequence[tuple[str, Ob
             raise CheckpointRefused(decision[1])
         if decision[0] == "none":
             if load_step is not None:
-                raise UserError(f"checkpoint.load_step={load_step}: no valid copy of "
-                                f"step-{load_step} in any tier; pick a listed step "
-                                "(`ftfleet ckpt list`) or unset it")
+                raise UserError(
+                    f"checkpoint.load_step={load_step}: no valid copy of "
+                    f"step-{load_step} in any tier; pick a listed step "
+                    "(`ftfleet ckpt list`) or unset it"
+                )
             return None
         _, tier_index, payload = decision
         manifest = Manifest.from_json(payload)
@@ -123,8 +132,9 @@ def find_and_prepare(comm: Any, local: LocalTier, stores: Sequence[tuple[str, Ob
                 except OSError as exc:
                     bad.append(f"writing the local manifest: {exc}")
             for problem in bad:
-                log.warning("restore: step-%d in %s is invalid, skipping it: %s",
-                            manifest.step, tier.describe(), problem)
+                log.warning(
+                    "restore: step-%d in %s is invalid, skipping it: %s", manifest.step, tier.describe(), problem
+                )
             verdict = not bad
         if comm.broadcast(verdict):
             where = tier.describe()
@@ -133,40 +143,48 @@ def find_and_prepare(comm: Any, local: LocalTier, stores: Sequence[tuple[str, Ob
             return Restored(manifest.step, name, where, manifest)
 
 
-def _next_candidate(candidates: list[tuple[int, int]], tiers: list[tuple[str, Any]],
-                    identity: Identity, force: bool) -> tuple:
+def _next_candidate(
+    candidates: list[tuple[int, int]], tiers: list[tuple[str, Any]], identity: Identity, force: bool
+) -> tuple:
     while candidates:
         step, index = candidates.pop(0)
         name, tier = tiers[index]
         try:
             manifest = tier.read_manifest(step)
         except ManifestError as exc:
-            log.warning("restore: step-%d in %s has a malformed manifest, skipping it: %s",
-                        step, tier.describe(), exc)
+            log.warning("restore: step-%d in %s has a malformed manifest, skipping it: %s", step, tier.describe(), exc)
             continue
         except Exception as exc:  # noqa: BLE001 - unreachable, 5xx after retries: rank 0 only
-            log.warning("restore: cannot read step-%d manifest from %s, skipping it: %s: %s",
-                        step, tier.describe(), type(exc).__name__, exc)
+            log.warning(
+                "restore: cannot read step-%d manifest from %s, skipping it: %s: %s",
+                step,
+                tier.describe(),
+                type(exc).__name__,
+                exc,
+            )
             continue
         if manifest is None:  # deleted since listing
             continue
         if manifest.step != step:
-            log.warning("restore: step-%d in %s has the manifest of step %d, skipping it",
-                        step, tier.describe(), manifest.step)
+            log.warning(
+                "restore: step-%d in %s has the manifest of step %d, skipping it", step, tier.describe(), manifest.step
+            )
             continue
         mismatch = identity.mismatch(manifest)
         if mismatch and not force:
-            return ("refuse", f"checkpoint step-{step} in {tier.describe()} has {mismatch}: "
-                              "point checkpoint.dir/uri at this run's checkpoints, or set "
-                              "checkpoint.force_load=true to load it anyway")
+            return (
+                "refuse",
+                f"checkpoint step-{step} in {tier.describe()} has {mismatch}: "
+                "point checkpoint.dir/uri at this run's checkpoints, or set "
+                "checkpoint.force_load=true to load it anyway",
+            )
         if mismatch:
             log.warning("restore: loading step-%d despite %s (checkpoint.force_load)", step, mismatch)
         return ("try", index, manifest.to_json())
     return ("none",)
 
 
-def _fetch_and_check(comm: Any, local: LocalTier, name: str, tier: Any, manifest: Manifest,
-                     workers: int) -> list[str]:
+def _fetch_and_check(comm: Any, local: LocalTier, name: str, tier: Any, manifest: Manifest, workers: int) -> list[str]:
     """This rank's share: check local files, or download then check. Problems found."""
     step_dir = local.step_dir(manifest.step)
     mine = assign_files({n: e.size for n, e in manifest.files.items()}, comm.world_size)[comm.rank]
@@ -182,8 +200,15 @@ def _fetch_and_check(comm: Any, local: LocalTier, name: str, tier: Any, manifest
     total = sum(manifest.files[n].size for n in mine)
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, mininterval=0.5,
-               desc=f"restore step-{manifest.step} from {name}", disable=comm.rank != 0)
+    bar = tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        file=sys.stderr,
+        mininterval=0.5,
+        desc=f"restore step-{manifest.step} from {name}",
+        disable=comm.rank != 0,
+    )
 
     def fetch(n: str) -> str | None:
         try:
@@ -199,4 +224,3 @@ def _fetch_and_check(comm: Any, local: LocalTier, name: str, tier: Any, manifest
                 problems.append(problem)
             bar.update(manifest.files[futures[fut]].size)
     return problems
-

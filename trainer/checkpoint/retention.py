@@ -8,7 +8,8 @@ logged and the run goes on: retention must never cost training.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -20,8 +21,9 @@ class Tier(Protocol):
     def describe(self) -> str: ...
 
 
-def steps_to_delete(committed: Iterable[int], keep: int, pinned: Iterable[int] = (),
-                    protected: Iterable[int] = ()) -> list[int]:
+def steps_to_delete(
+    committed: Iterable[int], keep: int, pinned: Iterable[int] = (), protected: Iterable[int] = ()
+) -> list[int]:
     committed = sorted(set(committed))
     keep_set = set(committed[-keep:]) | set(pinned) | set(protected)
     return [s for s in committed if s not in keep_set]
@@ -53,6 +55,5 @@ def prune(tier: Tier, keep: int, pinned: Iterable[int] = (), protected: Iterable
         except Exception as exc:  # noqa: BLE001
             log.warning("retention: cannot delete step-%d from %s: %s", step, tier.describe(), exc)
     if deleted:
-        log.info("retention: deleted %s from %s", ", ".join(f"step-{s}" for s in deleted),
-                 tier.describe())
+        log.info("retention: deleted %s from %s", ", ".join(f"step-{s}" for s in deleted), tier.describe())
     return deleted

@@ -71,7 +71,8 @@ class _MetadataUnpickler(pickle.Unpickler):
                     return obj
         raise UnsafeCheckpointError(
             f"checkpoint metadata references {module}.{name}, which a DCP checkpoint never "
-            "needs; refusing to unpickle it")
+            "needs; refusing to unpickle it"
+        )
 
 
 def read_metadata_file(path: str | Path) -> Metadata:
@@ -111,8 +112,13 @@ class _SafeEmptyLoadPlanner(_EmptyStateDictLoadPlanner):
 
 def load_into(state: dict[str, Any], step_dir: Path, process_group: Any = None) -> None:
     """Load ``step_dir`` into ``state`` in place (collective over ``process_group``)."""
-    _loading(dcp.load, state, storage_reader=SafeFileSystemReader(step_dir),
-             planner=SafeLoadPlanner(), process_group=process_group)
+    _loading(
+        dcp.load,
+        state,
+        storage_reader=SafeFileSystemReader(step_dir),
+        planner=SafeLoadPlanner(),
+        process_group=process_group,
+    )
 
 
 def load_offline(step_dir: Path, keys: set[str] | None = None) -> dict[str, Any]:
@@ -124,6 +130,11 @@ def load_offline(step_dir: Path, keys: set[str] | None = None) -> dict[str, Any]
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _loading(_load_state_dict, state, storage_reader=SafeFileSystemReader(step_dir),
-             planner=_SafeEmptyLoadPlanner(keys=keys), no_dist=True)
+    _loading(
+        _load_state_dict,
+        state,
+        storage_reader=SafeFileSystemReader(step_dir),
+        planner=_SafeEmptyLoadPlanner(keys=keys),
+        no_dist=True,
+    )
     return state

@@ -55,13 +55,18 @@ def capture_rng() -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": torch.tensor(pos),
-                  "has_gauss": torch.tensor(has_gauss),
-                  "gauss": torch.tensor(gauss, dtype=torch.float64)},
-        "python": {"state": torch.tensor(internal, dtype=torch.int64),
-                   "version": torch.tensor(version),
-                   "has_gauss": torch.tensor(gauss_next is not None),
-                   "gauss": torch.tensor(gauss_next or 0.0, dtype=torch.float64)},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": torch.tensor(pos),
+            "has_gauss": torch.tensor(has_gauss),
+            "gauss": torch.tensor(gauss, dtype=torch.float64),
+        },
+        "python": {
+            "state": torch.tensor(internal, dtype=torch.int64),
+            "version": torch.tensor(version),
+            "has_gauss": torch.tensor(gauss_next is not None),
+            "gauss": torch.tensor(gauss_next or 0.0, dtype=torch.float64),
+        },
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -71,8 +76,15 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     npst = state["numpy"]
-    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), int(npst["pos"]),
-                         int(npst["has_gauss"]), float(npst["gauss"])))
+    np.random.set_state(
+        (
+            "MT19937",
+            npst["keys"].numpy().astype(np.uint32),
+            int(npst["pos"]),
+            int(npst["has_gauss"]),
+            float(npst["gauss"]),
+        )
+    )
     pyst = state["python"]
     gauss = float(pyst["gauss"]) if bool(pyst["has_gauss"]) else None
     random.setstate((int(pyst["version"]), tuple(int(x) for x in pyst["state"].tolist()), gauss))
@@ -89,9 +101,16 @@ class AppState:
     value rank 0 saved.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, progress: TrainProgress,
-                 rank: int, seed: int, extras: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        progress: TrainProgress,
+        rank: int,
+        seed: int,
+        extras: dict[str, Any] | None = None,
+    ):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -109,8 +128,10 @@ class AppState:
             "model": model_sd,
             "optim": optim_sd,
             "lr_schedule": self.scheduler.state_dict(),
-            "progress": {"step": torch.tensor(self.progress.step),
-                         "samples_seen": torch.tensor(self.progress.samples_seen)},
+            "progress": {
+                "step": torch.tensor(self.progress.step),
+                "samples_seen": torch.tensor(self.progress.samples_seen),
+            },
         }
         if self.extras:
             sd["extras"] = {name: obj.state_tensor() for name, obj in self.extras.items()}
@@ -119,8 +140,7 @@ class AppState:
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"],
-                       optim_state_dict=sd["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         self.scheduler.load_state_dict(sd["lr_schedule"])
         self.progress.step = int(sd["progress"]["step"])
         self.progress.samples_seen = int(sd["progress"]["samples_seen"])
@@ -129,8 +149,10 @@ class AppState:
         if rng_key(self.rank) in sd:
             restore_rng(sd[rng_key(self.rank)])
         else:
-            log.info("rank %d has no RNG state in the checkpoint (it had fewer ranks): "
-                     "seeding from (seed, rank, step)", self.rank)
+            log.info(
+                "rank %d has no RNG state in the checkpoint (it had fewer ranks): seeding from (seed, rank, step)",
+                self.rank,
+            )
             seed_rngs(self.seed, self.rank, self.progress.step)
 
 

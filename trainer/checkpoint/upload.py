@@ -18,8 +18,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ftfleet.contract import MANIFEST_NAME, step_dir_name
 from ftfleet.trainer.checkpoint import retention
@@ -30,9 +31,17 @@ log = logging.getLogger("ftfleet.ckpt")
 
 
 class Uploader:
-    def __init__(self, store: ObjectStore, local: LocalTier, comm: Any, *, workers: int,
-                 keep: int, pinned: Iterable[int] = (),
-                 on_durable: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        store: ObjectStore,
+        local: LocalTier,
+        comm: Any,
+        *,
+        workers: int,
+        keep: int,
+        pinned: Iterable[int] = (),
+        on_durable: Callable[[int], None] | None = None,
+    ):
         self.store = store
         self.local = local
         self.comm = comm
@@ -94,8 +103,7 @@ class Uploader:
             if self.comm.rank == 0:
                 with self._cv:
                     while item is not None and self._items:
-                        log.info("upload: skipping step-%d, step-%d is newer", item.step,
-                                 self._items[-1].step)
+                        log.info("upload: skipping step-%d, step-%d is newer", item.step, self._items[-1].step)
                         item = self._items.popleft()
                         self._current = item.step
             chosen = self.comm.broadcast(item.step if item is not None else None)
@@ -137,8 +145,7 @@ class Uploader:
                     present = self.store.step_objects(step)
                     for name, entry in manifest.files.items():
                         if present.get(name) != entry.size:
-                            problems.append(f"{name}: {present.get(name)} bytes in the bucket, "
-                                            f"expected {entry.size}")
+                            problems.append(f"{name}: {present.get(name)} bytes in the bucket, expected {entry.size}")
                     if not problems:
                         self.store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())
                 except Exception as exc:  # noqa: BLE001
@@ -150,8 +157,13 @@ class Uploader:
             return
         self.durable_steps.append(step)
         if self.comm.rank == 0:
-            log.info("step-%d durable in %s (%.1f MB in %.2f s)", step, self.store.uri,
-                     manifest.total_bytes / 1e6, time.monotonic() - t0)
+            log.info(
+                "step-%d durable in %s (%.1f MB in %.2f s)",
+                step,
+                self.store.uri,
+                manifest.total_bytes / 1e6,
+                time.monotonic() - t0,
+            )
             retention.prune(self.store, self.keep, self.pinned, protected=[step])
         if self.on_durable is not None:
             self.on_durable(step)

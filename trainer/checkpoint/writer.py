@@ -28,9 +28,10 @@ from __future__ import annotations
 import io
 import os
 import threading
+from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -134,7 +135,7 @@ class CrcStream:
             return "not closed"
         return self._problem or self._crc.entry()
 
-    def __enter__(self) -> "CrcStream":
+    def __enter__(self) -> CrcStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -176,8 +177,7 @@ class ChecksummingFileSystem(FileSystem):
                     stream.close()
                 finally:
                     with self._lock:
-                        self._records[name] = ("opened more than once" if name in self._reopened
-                                               else stream.entry())
+                        self._records[name] = "opened more than once" if name in self._reopened else stream.entry()
 
     def clear(self) -> None:
         with self._lock:

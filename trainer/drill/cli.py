@@ -31,42 +31,75 @@ examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ftfleet.trainer.drill.scenario import FAULTS
 
-    parser.add_argument("--faults", default="all", metavar="LIST",
-                        help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} "
-                             "(always injected in that order)")
-    parser.add_argument("--workdir", type=Path,
-                        help="keep the runs, logs and checkpoints here (default: a temporary "
-                             "directory, deleted afterwards)")
+    parser.add_argument(
+        "--faults",
+        default="all",
+        metavar="LIST",
+        help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} (always injected in that order)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the runs, logs and checkpoints here (default: a temporary directory, deleted afterwards)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the report as JSON")
-    parser.add_argument("--markdown", type=Path, metavar="PATH",
-                        help="write the report as a Markdown table (for docs/BENCHMARKS.md)")
+    parser.add_argument(
+        "--markdown", type=Path, metavar="PATH", help="write the report as a Markdown table (for docs/BENCHMARKS.md)"
+    )
     parser.add_argument("--nproc", type=int, default=2, help="processes per node (default 2)")
-    parser.add_argument("--spacing", type=int, default=20, metavar="STEPS",
-                        help="steps between two faults (default 20)")
-    parser.add_argument("--first-step", type=int, default=20, metavar="STEP",
-                        help="step of the first fault (default 20)")
-    parser.add_argument("--step-delay", type=float, default=0.05, metavar="S",
-                        help="seconds added to every step, pacing the tiny model like a real "
-                             "one (default 0.05; does not change the trajectory)")
-    parser.add_argument("--nan-policy", choices=("skip", "rollback"), default="rollback",
-                        help="what the trainer does with the NaN batch (default rollback)")
-    parser.add_argument("--interval", default="adaptive", metavar="adaptive|STEPS",
-                        help="checkpoint interval: adaptive (Daly, capped at half the "
-                             "spacing) or a fixed number of steps (default adaptive)")
-    parser.add_argument("--watchdog", type=float, default=5.0, metavar="S",
-                        help="hang watchdog timeout of the faulted run (default 5)")
-    parser.add_argument("--node-timeout", type=float, default=180.0, metavar="S",
-                        help="give up on a node after this long (default 180)")
+    parser.add_argument(
+        "--spacing", type=int, default=20, metavar="STEPS", help="steps between two faults (default 20)"
+    )
+    parser.add_argument(
+        "--first-step", type=int, default=20, metavar="STEP", help="step of the first fault (default 20)"
+    )
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.05,
+        metavar="S",
+        help="seconds added to every step, pacing the tiny model like a real "
+        "one (default 0.05; does not change the trajectory)",
+    )
+    parser.add_argument(
+        "--nan-policy",
+        choices=("skip", "rollback"),
+        default="rollback",
+        help="what the trainer does with the NaN batch (default rollback)",
+    )
+    parser.add_argument(
+        "--interval",
+        default="adaptive",
+        metavar="adaptive|STEPS",
+        help="checkpoint interval: adaptive (Daly, capped at half the "
+        "spacing) or a fixed number of steps (default adaptive)",
+    )
+    parser.add_argument(
+        "--watchdog", type=float, default=5.0, metavar="S", help="hang watchdog timeout of the faulted run (default 5)"
+    )
+    parser.add_argument(
+        "--node-timeout", type=float, default=180.0, metavar="S", help="give up on a node after this long (default 180)"
+    )
     parser.add_argument("--config", type=Path, help="trainer config (default: the package's tiny.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="extra trainer override, repeatable")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra trainer override, repeatable",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("drill", help="inject every failure into a local training run",
-                                   description=__doc__.split("\n\n")[1], epilog=EPILOG,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "drill",
+        help="inject every failure into a local training run",
+        description=__doc__.split("\n\n")[1],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -84,12 +117,20 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
     if "sigkill" in faults and args.nproc < 2:
         raise UserError("--faults sigkill needs --nproc 2 or more (one worker dies, one survives)")
     build_plan(faults, first_step=args.first_step, spacing=args.spacing)  # raises on a bad plan
-    return DrillOptions(faults=faults, workdir=workdir, nproc=args.nproc,
-                        first_step=args.first_step, spacing=args.spacing,
-                        step_delay_s=args.step_delay, nan_policy=args.nan_policy,
-                        interval=interval, watchdog_s=args.watchdog,
-                        node_timeout_s=args.node_timeout, config=args.config or DEFAULT_CONFIG,
-                        overrides=list(args.overrides))
+    return DrillOptions(
+        faults=faults,
+        workdir=workdir,
+        nproc=args.nproc,
+        first_step=args.first_step,
+        spacing=args.spacing,
+        step_delay_s=args.step_delay,
+        nan_policy=args.nan_policy,
+        interval=interval,
+        watchdog_s=args.watchdog,
+        node_timeout_s=args.node_timeout,
+        config=args.config or DEFAULT_CONFIG,
+        overrides=list(args.overrides),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,9 +146,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         opts.workdir = args.workdir.resolve()
         opts.workdir.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=0, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True,
-               disable=True if args.no_progress else None,
-               bar_format="{desc}: step {n}/{total} {bar} {elapsed}")
+    bar = tqdm(
+        total=0,
+        unit="step",
+        file=sys.stderr,
+        leave=False,
+        dynamic_ncols=True,
+        disable=True if args.no_progress else None,
+        bar_format="{desc}: step {n}/{total} {bar} {elapsed}",
+    )
 
     def say(line: str) -> None:
         tqdm.write(line, file=sys.stderr)
@@ -132,9 +179,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.drill",
-                                     description=__doc__.split("\n\n")[1], epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ftfleet.trainer.drill",
+        description=__doc__.split("\n\n")[1],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -22,16 +22,20 @@ log = logging.getLogger("ftfleet.drill")
 
 REGION = "us-east-1"
 #: Dummy credentials: moto accepts anything, and nothing may reach a real account.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "drill", "AWS_SECRET_ACCESS_KEY": "drill",
-               "AWS_DEFAULT_REGION": REGION}
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "drill", "AWS_SECRET_ACCESS_KEY": "drill", "AWS_DEFAULT_REGION": REGION}
 
 
 class LocalCloud:
     """Start with :meth:`start` (or ``with``); everything listens on 127.0.0.1 on free ports."""
 
-    def __init__(self, *, primary: str = "ftfleet-drill-primary",
-                 replica: str = "ftfleet-drill-replica", prefix: str = "checkpoints/drill",
-                 replication_lag_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        primary: str = "ftfleet-drill-primary",
+        replica: str = "ftfleet-drill-replica",
+        prefix: str = "checkpoints/drill",
+        replication_lag_s: float = 1.0,
+    ) -> None:
         self.primary, self.replica, self.prefix = primary, replica, prefix
         self.replication_lag_s = replication_lag_s
         self.metadata = FakeMetadataServer(instance_id="i-0drill000000000000")
@@ -46,24 +50,30 @@ class LocalCloud:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def start(self) -> "LocalCloud":
+    def start(self) -> LocalCloud:
         try:
             import boto3
             from moto.server import ThreadedMotoServer
         except ImportError as exc:
-            raise UserError(f"the drill needs {exc.name} (moto[server], boto3): install the "
-                            "dev extra, `pip install -e '.[dev]'` (or `make setup`)") from None
+            raise UserError(
+                f"the drill needs {exc.name} (moto[server], boto3): install the "
+                "dev extra, `pip install -e '.[dev]'` (or `make setup`)"
+            ) from None
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request lines
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()
         self.endpoint_url = f"http://{host}:{port}"
-        self._s3 = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION,
-                                aws_access_key_id="drill", aws_secret_access_key="drill")
+        self._s3 = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id="drill",
+            aws_secret_access_key="drill",
+        )
         for bucket in (self.primary, self.replica):
             self._s3.create_bucket(Bucket=bucket)
-            self._s3.put_bucket_versioning(Bucket=bucket,
-                                           VersioningConfiguration={"Status": "Enabled"})
+            self._s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         self.metadata.start()
         return self
 
@@ -74,7 +84,7 @@ class LocalCloud:
             self._moto.stop()
             self._moto = None
 
-    def __enter__(self) -> "LocalCloud":
+    def __enter__(self) -> LocalCloud:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -96,8 +106,7 @@ class LocalCloud:
 
     def _objects(self, bucket: str) -> dict[str, tuple[int, str]]:
         out: dict[str, tuple[int, str]] = {}
-        for page in self._s3.get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=self.prefix + "/"):
+        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=self.prefix + "/"):
             for obj in page.get("Contents", []):
                 out[obj["Key"]] = (obj["Size"], obj["ETag"])
         return out
@@ -112,8 +121,7 @@ class LocalCloud:
             todo = [k for k, v in src.items() if dst.get(k) != v]
             todo.sort(key=lambda k: k.endswith("/" + MANIFEST_NAME))  # manifests last
             for key in todo:
-                self._s3.copy_object(Bucket=self.replica, Key=key,
-                                     CopySource={"Bucket": self.primary, "Key": key})
+                self._s3.copy_object(Bucket=self.replica, Key=key, CopySource={"Bucket": self.primary, "Key": key})
             gone = [k for k in dst if k not in src]
             gone.sort(key=lambda k: not k.endswith("/" + MANIFEST_NAME))  # manifests first
             for key in gone:
@@ -125,8 +133,7 @@ class LocalCloud:
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._replicate_forever, name="drill-replication",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._replicate_forever, name="drill-replication", daemon=True)
         self._thread.start()
 
     def stop_replication(self) -> None:
@@ -169,11 +176,14 @@ class LocalCloud:
             self.primary_lost = True
             deleted = 0
             for page in self._s3.get_paginator("list_object_versions").paginate(Bucket=self.primary):
-                doomed = [{"Key": v["Key"], "VersionId": v["VersionId"]}
-                          for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+                doomed = [
+                    {"Key": v["Key"], "VersionId": v["VersionId"]}
+                    for v in page.get("Versions", []) + page.get("DeleteMarkers", [])
+                ]
                 for i in range(0, len(doomed), 1000):
-                    self._s3.delete_objects(Bucket=self.primary,
-                                            Delete={"Objects": doomed[i:i + 1000], "Quiet": True})
+                    self._s3.delete_objects(
+                        Bucket=self.primary, Delete={"Objects": doomed[i : i + 1000], "Quiet": True}
+                    )
                 deleted += len(doomed)
             self._s3.delete_bucket(Bucket=self.primary)
             return deleted

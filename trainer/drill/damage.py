@@ -50,11 +50,17 @@ def corrupt_newest(cloud: LocalCloud, fast_dir: Path) -> tuple[FaultRecord, str]
     for name, bucket in (("primary", cloud.primary), ("replica", cloud.replica)):
         if newest in tiers[name] and (key := cloud.corrupt_step(bucket, newest)):
             damaged.append(f"{name} {key.rsplit('/', 1)[-1]}")
-    record = FaultRecord("corrupt", 0.0, newest, newest_step=newest,
-                         previous_step=older[-1] if older else None,
-                         error=None if damaged else f"no copy of step {newest} to corrupt")
-    return record, (f"corrupted step {newest} while stopped: flipped bytes in "
-                    f"{', '.join(damaged) or 'nothing (no copy found)'}")
+    record = FaultRecord(
+        "corrupt",
+        0.0,
+        newest,
+        newest_step=newest,
+        previous_step=older[-1] if older else None,
+        error=None if damaged else f"no copy of step {newest} to corrupt",
+    )
+    return record, (
+        f"corrupted step {newest} while stopped: flipped bytes in {', '.join(damaged) or 'nothing (no copy found)'}"
+    )
 
 
 def lose_primary(cloud: LocalCloud, fast_dir: Path) -> tuple[FaultRecord, str]:
@@ -64,7 +70,14 @@ def lose_primary(cloud: LocalCloud, fast_dir: Path) -> tuple[FaultRecord, str]:
     newest = max(committed_steps(cloud, fast_dir)["replica"], default=None)
     deleted = cloud.lose_primary()
     shutil.rmtree(fast_dir, ignore_errors=True)
-    record = FaultRecord("bucket_loss", 0.0, newest, newest_step=newest,
-                         error=None if newest is not None else "the replica holds no checkpoint")
-    return record, (f"primary bucket deleted ({deleted} object versions) and the fast tier wiped: "
-                    f"the next node is in the other region; the replica's newest step is {newest}")
+    record = FaultRecord(
+        "bucket_loss",
+        0.0,
+        newest,
+        newest_step=newest,
+        error=None if newest is not None else "the replica holds no checkpoint",
+    )
+    return record, (
+        f"primary bucket deleted ({deleted} object versions) and the fast tier wiped: "
+        f"the next node is in the other region; the replica's newest step is {newest}"
+    )

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ftfleet.trainer.drill.lives import STEP_EVENTS, Life, life_after, life_at, split_lives
 
@@ -78,9 +79,16 @@ class FaultResult:
         return KINDS[self.kind]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "ok": self.ok, "reason": self.reason,
-                "at_step": self.at_step, "detect_s": _round(self.detect_s),
-                "lost_steps": self.lost_steps, "resume_s": _round(self.resume_s)}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "ok": self.ok,
+            "reason": self.reason,
+            "at_step": self.at_step,
+            "detect_s": _round(self.detect_s),
+            "lost_steps": self.lost_steps,
+            "resume_s": _round(self.resume_s),
+        }
 
 
 def _round(x: float | None, nd: int = 2) -> float | None:
@@ -104,8 +112,7 @@ def _breakdown(nxt: Life, since: float) -> str:
 def _replacement(rec: FaultRecord, lives: Sequence[Life], after: float) -> Life | None:
     """The first life started after ``after`` that trained a step (a group torchrun
     started and that died before training, e.g. on a node being terminated, is skipped)."""
-    return next((life for life in lives if life.t_start > after and life.first_step is not None),
-                None)
+    return next((life for life in lives if life.t_start > after and life.first_step is not None), None)
 
 
 def measure(rec: FaultRecord, events: Sequence[dict[str, Any]]) -> FaultResult:
@@ -120,8 +127,9 @@ def measure(rec: FaultRecord, events: Sequence[dict[str, Any]]) -> FaultResult:
 def _commit_of(life: Life, notice: dict[str, Any]) -> dict[str, Any] | None:
     """The checkpoint taken for a notice: the commit of the step the ranks agreed at (a
     save of an earlier step still in flight may land first), else the next commit."""
-    return (life.first("committed", after=notice["t"], step=notice.get("step"))
-            or life.first("committed", after=notice["t"]))
+    return life.first("committed", after=notice["t"], step=notice.get("step")) or life.first(
+        "committed", after=notice["t"]
+    )
 
 
 def _notice(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
@@ -136,25 +144,30 @@ def _notice(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
     deadline = float(notice.get("deadline") or commit.get("deadline") or math.inf)
     within = bool(commit.get("within_deadline", commit["t"] <= deadline))
     if not within:
-        return _fail(rec, f"emergency checkpoint of step {commit['step']} committed after "
-                          "the deadline", detect_s=detect)
+        return _fail(
+            rec, f"emergency checkpoint of step {commit['step']} committed after the deadline", detect_s=detect
+        )
     if life.exit_code != 75:
-        return _fail(rec, f"the node did not exit 75 after the notice (exit event: "
-                          f"{life.exit_code})", detect_s=detect)
+        return _fail(rec, f"the node did not exit 75 after the notice (exit event: {life.exit_code})", detect_s=detect)
     nxt = _replacement(rec, lives, life.t_end)
     if nxt is None:
         return _fail(rec, "the replacement node never trained a step", detect_s=detect)
     reached, _ = life.progress()
     lost = max(0, reached - nxt.resumed_from)
     left = deadline - commit["t"]
-    return FaultResult(rec.kind, True,
-                       f"emergency checkpoint step {commit['step']} committed "
-                       f"{commit['t'] - notice['t']:.2f}s after agreement, {left:.0f}s before "
-                       f"the deadline; exit 75; replacement resumed from step {nxt.resumed_from}"
-                       f" ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'}; "
-                       f"{_breakdown(nxt, life.t_end)})",
-                       detect_s=detect, lost_steps=lost,
-                       resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
+    return FaultResult(
+        rec.kind,
+        True,
+        f"emergency checkpoint step {commit['step']} committed "
+        f"{commit['t'] - notice['t']:.2f}s after agreement, {left:.0f}s before "
+        f"the deadline; exit 75; replacement resumed from step {nxt.resumed_from}"
+        f" ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'}; "
+        f"{_breakdown(nxt, life.t_end)})",
+        detect_s=detect,
+        lost_steps=lost,
+        resume_s=nxt.first_step["t"] - rec.t_fault,
+        at_step=rec.at_step,
+    )
 
 
 def _rebalance(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
@@ -165,19 +178,21 @@ def _rebalance(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
     detect = notice["t"] - rec.t_fault
     commit = _commit_of(life, notice)
     if commit is None:
-        return _fail(rec, "no early checkpoint was committed after the recommendation",
-                     detect_s=detect)
+        return _fail(rec, "no early checkpoint was committed after the recommendation", detect_s=detect)
     if life.first("exit", after=notice["t"], code=75) is not None:
-        return _fail(rec, "the run exited after a rebalance recommendation (it is not a "
-                          "termination)", detect_s=detect)
+        return _fail(rec, "the run exited after a rebalance recommendation (it is not a termination)", detect_s=detect)
     nxt_step = life.step_after(notice["t"], min_step=int(notice.get("step") or 0) + 1)
     if nxt_step is None:
-        return _fail(rec, "training did not continue after the early checkpoint",
-                     detect_s=detect)
-    return FaultResult(rec.kind, True,
-                       f"early checkpoint step {commit['step']} committed, training went on",
-                       detect_s=detect, lost_steps=0, resume_s=nxt_step["t"] - rec.t_fault,
-                       at_step=rec.at_step)
+        return _fail(rec, "training did not continue after the early checkpoint", detect_s=detect)
+    return FaultResult(
+        rec.kind,
+        True,
+        f"early checkpoint step {commit['step']} committed, training went on",
+        detect_s=detect,
+        lost_steps=0,
+        resume_s=nxt_step["t"] - rec.t_fault,
+        at_step=rec.at_step,
+    )
 
 
 def _group_failure(rec: FaultRecord, lives: Sequence[Life], what: str) -> FaultResult:
@@ -198,12 +213,17 @@ def _group_failure(rec: FaultRecord, lives: Sequence[Life], what: str) -> FaultR
     if nxt is None:
         return _fail(rec, f"no restarted group trained a step after the {what}", detect_s=detect)
     reached, _ = life.progress(before=seen)
-    return FaultResult(rec.kind, True,
-                       f"group restarted (attempt {nxt.attempt}), resumed from step "
-                       f"{nxt.resumed_from} ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'}; "
-                       f"{_breakdown(nxt, rec.t_group_down or seen)})",
-                       detect_s=detect, lost_steps=max(0, reached - nxt.resumed_from),
-                       resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
+    return FaultResult(
+        rec.kind,
+        True,
+        f"group restarted (attempt {nxt.attempt}), resumed from step "
+        f"{nxt.resumed_from} ({nxt.restored.get('tier', '?') if nxt.restored else 'fresh'}; "
+        f"{_breakdown(nxt, rec.t_group_down or seen)})",
+        detect_s=detect,
+        lost_steps=max(0, reached - nxt.resumed_from),
+        resume_s=nxt.first_step["t"] - rec.t_fault,
+        at_step=rec.at_step,
+    )
 
 
 def _sigkill(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
@@ -223,8 +243,11 @@ def _nan(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
             break
     if anomaly is None or life is None:
         return _fail(rec, f"no anomaly was reported at step {rec.at_step}")
-    before = [e for e in life.events if e["event"] in STEP_EVENTS and e["t"] <= anomaly["t"]
-              and int(e["step"]) < int(rec.at_step or 0)]
+    before = [
+        e
+        for e in life.events
+        if e["event"] in STEP_EVENTS and e["t"] <= anomaly["t"] and int(e["step"]) < int(rec.at_step or 0)
+    ]
     t0 = before[-1]["t"] if before else anomaly["t"]
     detect = anomaly["t"] - t0
     action = anomaly.get("action")
@@ -246,11 +269,16 @@ def _nan(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
         nxt_life = life_after(lives, after)
         nxt = nxt_life.first_step if nxt_life else None
     if nxt is None:
-        return _fail(rec, f"training did not continue after the NaN batch ({how})",
-                     detect_s=detect, lost_steps=lost)
-    return FaultResult(rec.kind, True, f"non-finite loss at step {rec.at_step}: {how}",
-                       detect_s=detect, lost_steps=lost, resume_s=nxt["t"] - t0,
-                       at_step=rec.at_step)
+        return _fail(rec, f"training did not continue after the NaN batch ({how})", detect_s=detect, lost_steps=lost)
+    return FaultResult(
+        rec.kind,
+        True,
+        f"non-finite loss at step {rec.at_step}: {how}",
+        detect_s=detect,
+        lost_steps=lost,
+        resume_s=nxt["t"] - t0,
+        at_step=rec.at_step,
+    )
 
 
 def _restart_from_stopped(rec: FaultRecord, lives: Sequence[Life]) -> tuple[Life | None, str | None]:
@@ -270,18 +298,24 @@ def _corrupt(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
     detect = restored["t"] - nxt.t_start if restored else None
     got = nxt.resumed_from
     if rec.newest_step is not None and got >= rec.newest_step:
-        return _fail(rec, f"resumed from step {got}: the corrupted step {rec.newest_step} "
-                          "was not skipped", detect_s=detect)
+        return _fail(
+            rec, f"resumed from step {got}: the corrupted step {rec.newest_step} was not skipped", detect_s=detect
+        )
     if rec.previous_step is not None and got != rec.previous_step:
-        return _fail(rec, f"resumed from step {got}, expected the previous checkpoint "
-                          f"{rec.previous_step}", detect_s=detect)
-    return FaultResult(rec.kind, True,
-                       f"step {rec.newest_step} skipped in every tier, resumed from step {got}"
-                       f" ({restored.get('tier', '?') if restored else 'fresh'}; "
-                       f"{_breakdown(nxt, rec.t_fault)})",
-                       detect_s=detect,
-                       lost_steps=max(0, (rec.newest_step or got) - got),
-                       resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
+        return _fail(
+            rec, f"resumed from step {got}, expected the previous checkpoint {rec.previous_step}", detect_s=detect
+        )
+    return FaultResult(
+        rec.kind,
+        True,
+        f"step {rec.newest_step} skipped in every tier, resumed from step {got}"
+        f" ({restored.get('tier', '?') if restored else 'fresh'}; "
+        f"{_breakdown(nxt, rec.t_fault)})",
+        detect_s=detect,
+        lost_steps=max(0, (rec.newest_step or got) - got),
+        resume_s=nxt.first_step["t"] - rec.t_fault,
+        at_step=rec.at_step,
+    )
 
 
 def _bucket_loss(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
@@ -293,14 +327,25 @@ def _bucket_loss(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
         return _fail(rec, "the new node started from step 0: the replica was not used")
     detect = restored["t"] - nxt.t_start
     if restored.get("tier") != "replica":
-        return _fail(rec, f"restored from the {restored.get('tier')} tier, expected the replica",
-                     detect_s=detect)
+        return _fail(rec, f"restored from the {restored.get('tier')} tier, expected the replica", detect_s=detect)
     got = nxt.resumed_from
-    return FaultResult(rec.kind, True, f"restored step {got} from the replica bucket "
-                                       f"({_breakdown(nxt, rec.t_fault)})",
-                       detect_s=detect, lost_steps=max(0, (rec.newest_step or got) - got),
-                       resume_s=nxt.first_step["t"] - rec.t_fault, at_step=rec.at_step)
+    return FaultResult(
+        rec.kind,
+        True,
+        f"restored step {got} from the replica bucket ({_breakdown(nxt, rec.t_fault)})",
+        detect_s=detect,
+        lost_steps=max(0, (rec.newest_step or got) - got),
+        resume_s=nxt.first_step["t"] - rec.t_fault,
+        at_step=rec.at_step,
+    )
 
 
-_MEASURES = {"notice": _notice, "rebalance": _rebalance, "sigkill": _sigkill,
-             "corrupt": _corrupt, "nan": _nan, "hang": _hang, "bucket_loss": _bucket_loss}
+_MEASURES = {
+    "notice": _notice,
+    "rebalance": _rebalance,
+    "sigkill": _sigkill,
+    "corrupt": _corrupt,
+    "nan": _nan,
+    "hang": _hang,
+    "bucket_loss": _bucket_loss,
+}

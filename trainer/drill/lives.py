@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 #: The events that mark a finished training step.
 STEP_EVENTS = ("first_step", "step")
@@ -63,8 +64,9 @@ class Life:
 
     def step_after(self, t: float, min_step: int = 0) -> dict[str, Any] | None:
         """The first step event after ``t`` whose step is at least ``min_step``."""
-        return next((e for e in self.events if e["event"] in STEP_EVENTS and e["t"] > t
-                     and int(e["step"]) >= min_step), None)
+        return next(
+            (e for e in self.events if e["event"] in STEP_EVENTS and e["t"] > t and int(e["step"]) >= min_step), None
+        )
 
     @property
     def exit_code(self) -> int | None:

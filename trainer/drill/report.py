@@ -16,6 +16,7 @@ from typing import Any
 
 from ftfleet.trainer.drill.faults import FaultResult
 
+
 def daly_goodput(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:
     """Daly's (2006) model under exponential failures of mean ``mtbf_s``: a save costing
     ``cost_s`` after every ``interval_s`` seconds of work, ``restart_s`` lost per failure
@@ -52,10 +53,15 @@ class Goodput:
         return self.ref_wall_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"final_step": self.final_step, "wall_s": round(self.wall_s, 2),
-                "ref_step_s": round(self.ref_step_s, 5), "ref_wall_s": round(self.ref_wall_s, 2),
-                "useful_s": round(self.useful_s, 2), "goodput": round(self.goodput, 4),
-                "relative_to_reference": round(self.relative, 4)}
+        return {
+            "final_step": self.final_step,
+            "wall_s": round(self.wall_s, 2),
+            "ref_step_s": round(self.ref_step_s, 5),
+            "ref_wall_s": round(self.ref_wall_s, 2),
+            "useful_s": round(self.useful_s, 2),
+            "goodput": round(self.goodput, 4),
+            "relative_to_reference": round(self.relative, 4),
+        }
 
 
 @dataclasses.dataclass
@@ -86,18 +92,26 @@ class DrillReport:
         if not self.final_ok:
             return self.final_reason
         if not self.sha_match:
-            return (f"final state_sha256 {str(self.state_sha256)[:12]} differs from the "
-                    f"reference's {str(self.reference_sha256)[:12]}")
+            return (
+                f"final state_sha256 {str(self.state_sha256)[:12]} differs from the "
+                f"reference's {str(self.reference_sha256)[:12]}"
+            )
         return f"all {len(self.faults)} recoveries succeeded; final state equals the reference"
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "reason": self.reason,
-                "faults": [f.to_json() for f in self.faults],
-                "goodput": self.goodput.to_json() if self.goodput else None,
-                "state_sha256": self.state_sha256, "reference_sha256": self.reference_sha256,
-                "state_matches_reference": self.sha_match, "final_ok": self.final_ok,
-                "final_reason": self.final_reason, "notes": self.notes,
-                "settings": self.settings}
+        return {
+            "ok": self.ok,
+            "reason": self.reason,
+            "faults": [f.to_json() for f in self.faults],
+            "goodput": self.goodput.to_json() if self.goodput else None,
+            "state_sha256": self.state_sha256,
+            "reference_sha256": self.reference_sha256,
+            "state_matches_reference": self.sha_match,
+            "final_ok": self.final_ok,
+            "final_reason": self.final_reason,
+            "notes": self.notes,
+            "settings": self.settings,
+        }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
@@ -105,16 +119,23 @@ class DrillReport:
     def table_rows(self) -> list[list[str]]:
         rows = []
         for f in self.faults:
-            rows.append([f.name, "-" if f.at_step is None else str(f.at_step), _fmt_s(f.detect_s),
-                         "-" if f.lost_steps is None else str(f.lost_steps), _fmt_s(f.resume_s),
-                         "ok" if f.ok else "FAILED", f.reason])
+            rows.append(
+                [
+                    f.name,
+                    "-" if f.at_step is None else str(f.at_step),
+                    _fmt_s(f.detect_s),
+                    "-" if f.lost_steps is None else str(f.lost_steps),
+                    _fmt_s(f.resume_s),
+                    "ok" if f.ok else "FAILED",
+                    f.reason,
+                ]
+            )
         return rows
 
     def to_markdown(self) -> str:
         head = ["fault", "at step", "detect", "work lost (steps)", "resume", "result", "what happened"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
-                  for row in self.table_rows()]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in self.table_rows()]
         lines += ["", f"- {LEGEND}."] + [f"- {line}" for line in self.summary_lines()]
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines) + "\n"
@@ -135,21 +156,26 @@ class DrillReport:
         lines = []
         g = self.goodput
         if g is not None:
-            lines.append(f"goodput {g.goodput:.3f}: {g.final_step} steps x {g.ref_step_s:.3f} s/step "
-                         f"(reference, steady state) = {g.useful_s:.1f} s useful in {g.wall_s:.1f} s "
-                         f"wall; the uninterrupted reference took {g.ref_wall_s:.1f} s "
-                         f"({g.relative:.2f} of the faulted run's wall time)")
+            lines.append(
+                f"goodput {g.goodput:.3f}: {g.final_step} steps x {g.ref_step_s:.3f} s/step "
+                f"(reference, steady state) = {g.useful_s:.1f} s useful in {g.wall_s:.1f} s "
+                f"wall; the uninterrupted reference took {g.ref_wall_s:.1f} s "
+                f"({g.relative:.2f} of the faulted run's wall time)"
+            )
         same = "equals" if self.sha_match else "DIFFERS FROM"
-        lines.append(f"final state_sha256 {str(self.state_sha256)[:16]} {same} the reference's "
-                     f"{str(self.reference_sha256)[:16]}")
+        lines.append(
+            f"final state_sha256 {str(self.state_sha256)[:16]} {same} the reference's {str(self.reference_sha256)[:16]}"
+        )
         return lines
 
 
 #: How to read the table; printed under it.
-LEGEND = ("detect: from the fault to the trainer acting on it (notice agreed, group torn down, "
-          "watchdog fired, anomaly flagged; for damage done while stopped, the restore's search); "
-          "lost: steps computed again; resume: from the fault (for damage done while stopped, the "
-          "replacement's launch) to the first step after recovery, start-up and restore included")
+LEGEND = (
+    "detect: from the fault to the trainer acting on it (notice agreed, group torn down, "
+    "watchdog fired, anomaly flagged; for damage done while stopped, the restore's search); "
+    "lost: steps computed again; resume: from the fault (for damage done while stopped, the "
+    "replacement's launch) to the first step after recovery, start-up and restore included"
+)
 
 
 def _fmt_s(x: float | None) -> str:

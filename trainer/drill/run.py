@@ -11,8 +11,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
 from ftfleet.trainer.drill import damage
@@ -55,8 +56,9 @@ class DrillError(Exception):
 
 
 class Drill:
-    def __init__(self, opts: DrillOptions, cloud: LocalCloud,
-                 say: Callable[[str], None] = print, bar: Any = None) -> None:
+    def __init__(
+        self, opts: DrillOptions, cloud: LocalCloud, say: Callable[[str], None] = print, bar: Any = None
+    ) -> None:
         self.opts = opts
         self.cloud = cloud
         self.plan: Plan = build_plan(opts.faults, first_step=opts.first_step, spacing=opts.spacing)
@@ -78,37 +80,61 @@ class Drill:
 
     def common_overrides(self) -> list[str]:
         o, plan = self.opts, self.plan
-        out = ["run_id=drill", f"train.steps={plan.steps}", "train.step_events=true",
-               f"train.log_every={max(plan.steps, 1)}", f"faults.step_delay_s={o.step_delay_s}",
-               f"resilience.anomaly.policy={o.nan_policy}",
-               f"resilience.watcher.poll_interval_s={o.poll_interval_s}",
-               "checkpoint.keep=3"]
+        out = [
+            "run_id=drill",
+            f"train.steps={plan.steps}",
+            "train.step_events=true",
+            f"train.log_every={max(plan.steps, 1)}",
+            f"faults.step_delay_s={o.step_delay_s}",
+            f"resilience.anomaly.policy={o.nan_policy}",
+            f"resilience.watcher.poll_interval_s={o.poll_interval_s}",
+            "checkpoint.keep=3",
+        ]
         if plan.nan_step:
             out.append(f"faults.nan_at_steps=[{plan.nan_step}]")
         if o.interval == "adaptive":
             # Never fewer than one checkpoint between two faults, whatever Daly says with
             # this drill's unrealistically frequent interruptions.
             cap = max(2, o.spacing // 2)
-            out += ["resilience.interval.mode=adaptive", f"resilience.interval.fixed_steps={cap}",
-                    f"resilience.interval.max_steps={cap}"]
+            out += [
+                "resilience.interval.mode=adaptive",
+                f"resilience.interval.fixed_steps={cap}",
+                f"resilience.interval.max_steps={cap}",
+            ]
         else:
             out += ["resilience.interval.mode=fixed", f"resilience.interval.fixed_steps={int(o.interval)}"]
         return out + list(o.overrides)
 
     def cmd(self, run_dir: Path, ckpt_dir: Path, overrides: list[str]) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={self.opts.nproc}", f"--max-restarts={self.opts.max_restarts}",
-                "-m", "ftfleet.trainer", "--config", str(self.opts.config), *self.common_overrides(),
-                f"run_dir={run_dir}", f"checkpoint.dir={ckpt_dir}", *overrides]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={self.opts.nproc}",
+            f"--max-restarts={self.opts.max_restarts}",
+            "-m",
+            "ftfleet.trainer",
+            "--config",
+            str(self.opts.config),
+            *self.common_overrides(),
+            f"run_dir={run_dir}",
+            f"checkpoint.dir={ckpt_dir}",
+            *overrides,
+        ]
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("FTFLEET_", "AWS_", "TORCHELASTIC_"))
-               and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("FTFLEET_", "AWS_", "TORCHELASTIC_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
         env.update(CREDENTIALS)
         env["OMP_NUM_THREADS"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+            [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         env.update(extra or {})
         return env
 
@@ -129,9 +155,17 @@ class Drill:
         NaN batch, no faults, no buckets, no metadata service)."""
         self.say(f"reference: {self.plan.steps} steps on {self.opts.nproc} processes, no faults")
         shutil.rmtree(self.ref_dir, ignore_errors=True)
-        node = Node("reference", self.cmd(self.ref_dir, self.ref_dir / "ckpt", [
-            f"resilience.watchdog.timeout_s={max(60.0, self.opts.watchdog_s)}"]),
-            self.env(), SOURCE_ROOT, self.logs / "reference.log").start()
+        node = Node(
+            "reference",
+            self.cmd(
+                self.ref_dir,
+                self.ref_dir / "ckpt",
+                [f"resilience.watchdog.timeout_s={max(60.0, self.opts.watchdog_s)}"],
+            ),
+            self.env(),
+            SOURCE_ROOT,
+            self.logs / "reference.log",
+        ).start()
         tail = EventTail(self.ref_dir)
         self._progress("reference")
         deadline = time.monotonic() + self.opts.node_timeout_s * 2
@@ -146,8 +180,9 @@ class Drill:
         tail.poll()
         summary = _read_summary(self.ref_dir)
         if rc != 0 or summary.get("status") != "completed":
-            raise DrillError(f"the reference run failed (torchrun exit {rc}); see {node.log_path}:\n"
-                             + node.log_tail(1500))
+            raise DrillError(
+                f"the reference run failed (torchrun exit {rc}); see {node.log_path}:\n" + node.log_tail(1500)
+            )
         wall = (node.t_exit or time.time()) - (node.t_launch or 0)
         self.say(f"reference: done in {wall:.1f}s, state_sha256 {summary['state_sha256'][:16]}")
         return summary, tail.events, wall
@@ -180,21 +215,24 @@ class Drill:
         return summary, tail.events, t_begin, t_end, problem
 
     def _launch(self, seg: SegmentPlan) -> Node:
-        extra = [f"resilience.watchdog.timeout_s={self.opts.watchdog_s}",
-                 "resilience.watchdog.first_step_timeout_s=120",
-                 f"checkpoint.uri={self.cloud.primary_uri}",
-                 f"checkpoint.replica_uri={self.cloud.replica_uri}",
-                 f"checkpoint.s3_endpoint_url={self.cloud.endpoint_url}"]
+        extra = [
+            f"resilience.watchdog.timeout_s={self.opts.watchdog_s}",
+            "resilience.watchdog.first_step_timeout_s=120",
+            f"checkpoint.uri={self.cloud.primary_uri}",
+            f"checkpoint.replica_uri={self.cloud.replica_uri}",
+            f"checkpoint.s3_endpoint_url={self.cloud.endpoint_url}",
+        ]
         if self.plan.hang_step:
             extra += [f"faults.hang_at_step={self.plan.hang_step}", "faults.hang_rank=1"]
         if seg.stop_at_step:
             extra.append(f"train.stop_at_step={seg.stop_at_step}")
-        env = self.env({"FTFLEET_CLOUD": "aws", "FTFLEET_METADATA_ENDPOINT": self.cloud.metadata.url,
-                        "FTFLEET_NODE_ID": seg.node})
-        node = Node(seg.node, self.cmd(self.run_dir, self.fast_dir, extra), env, SOURCE_ROOT,
-                    self.logs / f"{seg.node}.log").start()
-        self.say(f"{seg.node}: torchrun launched ({self.opts.nproc} workers, "
-                 f"--max-restarts={self.opts.max_restarts})")
+        env = self.env(
+            {"FTFLEET_CLOUD": "aws", "FTFLEET_METADATA_ENDPOINT": self.cloud.metadata.url, "FTFLEET_NODE_ID": seg.node}
+        )
+        node = Node(
+            seg.node, self.cmd(self.run_dir, self.fast_dir, extra), env, SOURCE_ROOT, self.logs / f"{seg.node}.log"
+        ).start()
+        self.say(f"{seg.node}: torchrun launched ({self.opts.nproc} workers, --max-restarts={self.opts.max_restarts})")
         for rec in self.records:
             if rec.kind in seg.before and rec.t_fault == 0:
                 rec.t_fault = node.t_launch or time.time()
@@ -241,19 +279,22 @@ class Drill:
                 break
             if time.monotonic() > deadline:
                 node.kill()
-                return (f"{seg.node} did not finish within {self.opts.node_timeout_s:.0f}s; "
-                        f"see {node.log_path}")
+                return f"{seg.node} did not finish within {self.opts.node_timeout_s:.0f}s; see {node.log_path}"
             time.sleep(0.02)
         for group, rec in killed:
             rec.t_group_exit, rec.t_group_down = group.t_first_exit, group.t_down
         for kind, at in pending:
-            self.records.append(FaultRecord(kind, time.time(), at, error=(
-                f"the run never reached step {at} on {seg.node} to inject it")))
+            self.records.append(
+                FaultRecord(
+                    kind, time.time(), at, error=(f"the run never reached step {at} on {seg.node} to inject it")
+                )
+            )
         if preempted:
             return ""
         if rc != EXIT_OK:
-            return (f"{seg.node}: torchrun exited {rc} (restarts exhausted?); see {node.log_path}:"
-                    f"\n{node.log_tail(1500)}")
+            return (
+                f"{seg.node}: torchrun exited {rc} (restarts exhausted?); see {node.log_path}:\n{node.log_tail(1500)}"
+            )
         summary = _read_summary(self.run_dir)
         if seg.stop_at_step and summary.get("step") != seg.stop_at_step:
             return f"{seg.node} should have stopped at step {seg.stop_at_step}, stopped at {summary.get('step')}"
@@ -270,8 +311,10 @@ class Drill:
         elif kind == "restored":
             step = int(e["step"])
             took = float(e["t"]) - self._group_up if self._group_up else float(e.get("seconds") or 0)
-            self.say(f"{seg.node}: restored step {e['step']} from the {e.get('tier')} tier "
-                     f"({took:.1f}s after the process group was up)")
+            self.say(
+                f"{seg.node}: restored step {e['step']} from the {e.get('tier')} tier "
+                f"({took:.1f}s after the process group was up)"
+            )
         elif kind == "fresh":
             step = 0
             self.say(f"{seg.node}: no checkpoint, starting at step 0")
@@ -280,8 +323,9 @@ class Drill:
             if e.get("kind") == "rebalance":
                 self.cloud.metadata.reset()  # the recommendation was acted on
         elif kind == "committed" and e.get("reason") not in ("interval", None):
-            self.say(f"{seg.node}: committed step {e.get('step')} ({e.get('reason')}, "
-                     f"{float(e.get('commit_s') or 0):.2f}s)")
+            self.say(
+                f"{seg.node}: committed step {e.get('step')} ({e.get('reason')}, {float(e.get('commit_s') or 0):.2f}s)"
+            )
         elif kind == "anomaly":
             self.say(f"{seg.node}: anomaly at step {e.get('step')}: {e.get('reason')} -> {e.get('action')}")
         elif kind == "rollback":
@@ -306,8 +350,7 @@ class Drill:
         self.say(f"{node.name}: step {step}: {what}")
         return rec
 
-    def _check_groups(self, seg: SegmentPlan, node: Node, tail: EventTail,
-                      expected_down: set[int]) -> None:
+    def _check_groups(self, seg: SegmentPlan, node: Node, tail: EventTail, expected_down: set[int]) -> None:
         """A group that went down on its own: the hang (once), or an unexpected failure."""
         for group in node.groups:
             if group.t_down is None or id(group) in expected_down:
@@ -315,17 +358,25 @@ class Drill:
             expected_down.add(id(group))
             if node.proc is not None and node.proc.poll() is not None:
                 continue  # torchrun itself ended; judged by its exit status
-            progress = [e for e in tail.events if e["event"] in ("step", "first_step")
-                        and e["t"] <= (group.t_first_exit or group.t_down)]
+            progress = [
+                e
+                for e in tail.events
+                if e["event"] in ("step", "first_step") and e["t"] <= (group.t_first_exit or group.t_down)
+            ]
             last = progress[-1] if progress else None
             hang = self.plan.hang_step
-            if hang and not any(r.kind == "hang" for r in self.records) and last is not None \
-                    and int(last["step"]) == hang - 1:
-                rec = FaultRecord("hang", last["t"], hang, t_group_exit=group.t_first_exit,
-                                  t_group_down=group.t_down)
+            if (
+                hang
+                and not any(r.kind == "hang" for r in self.records)
+                and last is not None
+                and int(last["step"]) == hang - 1
+            ):
+                rec = FaultRecord("hang", last["t"], hang, t_group_exit=group.t_first_exit, t_group_down=group.t_down)
                 self.records.append(rec)
-                self.say(f"{node.name}: a worker exited {group.t_first_exit - last['t']:.1f}s after "
-                         f"the last progress at step {last['step']} (the hang watchdog)")
+                self.say(
+                    f"{node.name}: a worker exited {group.t_first_exit - last['t']:.1f}s after "
+                    f"the last progress at step {last['step']} (the hang watchdog)"
+                )
             else:
                 where = last["step"] if last else "start-up"
                 self.notes.append(f"unexpected: a worker group of {node.name} failed at step {where}")
@@ -371,18 +422,35 @@ class Drill:
         if ref_step_s and summary.get("step"):
             goodput = Goodput(int(summary["step"]), t_end - t_begin, ref_step_s, ref_wall)
         final_ok = not problem and not missing
-        final_reason = problem or (f"not injected: {', '.join(KINDS[k] for k in missing)}"
-                                   if missing else "the faulted run completed")
-        notes = [f"moto has no bucket replication: the drill copies the primary's objects "
-                 f"to the replica every {self.cloud.replication_lag_s:g}s (manifests last)",
-                 *self.notes]
-        settings = {"faults": self.plan.faults, "steps": self.plan.steps, "nproc": self.opts.nproc,
-                    "fault_steps": {k: self.plan.step_of(k) for k in self.plan.faults},
-                    "step_delay_s": self.opts.step_delay_s, "interval": self.opts.interval,
-                    "nan_policy": self.opts.nan_policy, "watchdog_s": self.opts.watchdog_s,
-                    "workdir": str(self.opts.workdir)}
-        return DrillReport(results, goodput, summary.get("state_sha256"),
-                           ref_summary.get("state_sha256"), final_ok, final_reason, notes, settings)
+        final_reason = problem or (
+            f"not injected: {', '.join(KINDS[k] for k in missing)}" if missing else "the faulted run completed"
+        )
+        notes = [
+            f"moto has no bucket replication: the drill copies the primary's objects "
+            f"to the replica every {self.cloud.replication_lag_s:g}s (manifests last)",
+            *self.notes,
+        ]
+        settings = {
+            "faults": self.plan.faults,
+            "steps": self.plan.steps,
+            "nproc": self.opts.nproc,
+            "fault_steps": {k: self.plan.step_of(k) for k in self.plan.faults},
+            "step_delay_s": self.opts.step_delay_s,
+            "interval": self.opts.interval,
+            "nan_policy": self.opts.nan_policy,
+            "watchdog_s": self.opts.watchdog_s,
+            "workdir": str(self.opts.workdir),
+        }
+        return DrillReport(
+            results,
+            goodput,
+            summary.get("state_sha256"),
+            ref_summary.get("state_sha256"),
+            final_ok,
+            final_reason,
+            notes,
+            settings,
+        )
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:

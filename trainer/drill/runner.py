@@ -16,8 +16,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ftfleet.trainer.events import FILENAME as EVENTS_FILENAME
 
@@ -108,8 +109,9 @@ def _alive(pid: int, parent: int) -> bool:
 class Node:
     """One torchrun process and its worker groups, started in a session of its own."""
 
-    def __init__(self, name: str, cmd: Sequence[str], env: dict[str, str], cwd: str | os.PathLike,
-                 log_path: Path) -> None:
+    def __init__(
+        self, name: str, cmd: Sequence[str], env: dict[str, str], cwd: str | os.PathLike, log_path: Path
+    ) -> None:
         self.name = name
         self.cmd = list(cmd)
         self.env = env
@@ -121,14 +123,20 @@ class Node:
         self.t_exit: float | None = None
         self.killed = False
 
-    def start(self) -> "Node":
+    def start(self) -> Node:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.t_launch = time.time()
         try:
-            self.proc = subprocess.Popen(self.cmd, cwd=self.cwd, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
         return self
@@ -162,8 +170,7 @@ class Node:
                     if rank is not None:
                         fresh[rank] = child
             if fresh:
-                if (group is not None and group.t_down is None
-                        and not fresh.keys() & group.pids.keys()):
+                if group is not None and group.t_down is None and not fresh.keys() & group.pids.keys():
                     group.pids.update(fresh)  # a worker still exec'ing at the last poll
                 else:
                     # torchrun starts a new group only once the last one is gone.
@@ -209,8 +216,7 @@ class Node:
             pass
         self.proc.wait(30)
         end = time.monotonic() + 10
-        while time.monotonic() < end and any(_stat(p) and _stat(p)[0] not in ("Z", "X")
-                                             for p in workers):
+        while time.monotonic() < end and any(_stat(p) and _stat(p)[0] not in ("Z", "X") for p in workers):
             time.sleep(0.02)
         self.poll()
 

@@ -19,6 +19,7 @@ Faults are ``spacing`` steps apart, in the order of :data:`FAULTS`, the first at
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from ftfleet.errors import UserError
 from ftfleet.trainer.drill.faults import KINDS
@@ -68,7 +69,7 @@ class Plan:
             for k, step in seg.triggers:
                 if k == kind:
                     return step
-        for prev, seg in zip(self.segments, self.segments[1:]):
+        for prev, seg in itertools.pairwise(self.segments):
             if kind in seg.before:
                 return prev.stop_at_step
         return None
@@ -87,8 +88,9 @@ def parse_faults(text: str) -> list[str]:
     wanted = [t.strip().replace("-", "_") for t in text.split(",") if t.strip()]
     unknown = [w for w in wanted if w not in FAULTS]
     if unknown:
-        raise UserError(f"--faults: unknown fault {', '.join(unknown)}; use all or a "
-                        f"comma-separated list of {', '.join(FAULTS)}")
+        raise UserError(
+            f"--faults: unknown fault {', '.join(unknown)}; use all or a comma-separated list of {', '.join(FAULTS)}"
+        )
     return [f for f in FAULTS if f in wanted]
 
 
@@ -96,8 +98,9 @@ def build_plan(faults: list[str], *, first_step: int = 20, spacing: int = 20) ->
     if not faults:
         raise UserError("--faults: choose at least one fault")
     if first_step < 2 or spacing < 2:
-        raise UserError("the first fault and the spacing must be at least 2 steps, so that a "
-                        "checkpoint precedes each fault")
+        raise UserError(
+            "the first fault and the spacing must be at least 2 steps, so that a checkpoint precedes each fault"
+        )
     segments = [SegmentPlan(1)]
     plan = Plan(list(faults), 0, segments)
     step = first_step

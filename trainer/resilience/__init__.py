@@ -9,30 +9,48 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftfleet.trainer.resilience.anomaly import (Action, AnomalyConfig, AnomalyDetector, Decision,
-                                        RepeatedAnomalyError)
+from ftfleet.trainer.resilience.anomaly import Action, AnomalyConfig, AnomalyDetector, Decision, RepeatedAnomalyError
 from ftfleet.trainer.resilience.config import ResilienceConfig
-from ftfleet.trainer.resilience.interval import (AdaptiveInterval, IntervalConfig, daly_interval,
-                                         young_interval)
-from ftfleet.trainer.resilience.markers import (MarkerWrite, publish_marker, read_local_marker,
-                                        write_local_marker)
+from ftfleet.trainer.resilience.interval import AdaptiveInterval, IntervalConfig, daly_interval, young_interval
+from ftfleet.trainer.resilience.markers import MarkerWrite, publish_marker, read_local_marker, write_local_marker
 from ftfleet.trainer.resilience.metrics import JsonFormatter, Metrics, configure_json_logging
 from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
 from ftfleet.trainer.resilience.watchdog import Watchdog, WatchdogConfig
 from ftfleet.trainer.resilience.watcher import NoticeWatcher, WatcherConfig
 
 __all__ = [
-    "Action", "AdaptiveInterval", "AnomalyConfig", "AnomalyDetector", "Decision",
-    "IntervalConfig", "JsonFormatter", "MarkerWrite", "Metrics", "Notice", "NoticeKind",
-    "NoticeSource", "NoticeWatcher", "RepeatedAnomalyError", "ResilienceConfig",
-    "Watchdog", "WatchdogConfig", "WatcherConfig", "agree", "configure_json_logging",
-    "daly_interval", "most_urgent", "publish_marker", "read_local_marker",
-    "write_local_marker", "young_interval",
+    "Action",
+    "AdaptiveInterval",
+    "AnomalyConfig",
+    "AnomalyDetector",
+    "Decision",
+    "IntervalConfig",
+    "JsonFormatter",
+    "MarkerWrite",
+    "Metrics",
+    "Notice",
+    "NoticeKind",
+    "NoticeSource",
+    "NoticeWatcher",
+    "RepeatedAnomalyError",
+    "ResilienceConfig",
+    "Watchdog",
+    "WatchdogConfig",
+    "WatcherConfig",
+    "agree",
+    "configure_json_logging",
+    "daly_interval",
+    "most_urgent",
+    "publish_marker",
+    "read_local_marker",
+    "write_local_marker",
+    "young_interval",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name == "agree":
         from ftfleet.trainer.resilience.agreement import agree
+
         return agree
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,13 +45,18 @@ def decode(table: torch.Tensor) -> Notice | None:
     """The most urgent notice in a (reduced) table."""
     rows = table.detach().to("cpu", torch.float64).tolist()
     notices = []
-    for kind, row in zip(_KINDS, rows):
+    for kind, row in zip(_KINDS, rows, strict=True):
         if math.isinf(row[_DEADLINE]):
             continue
-        notices.append(Notice(kind=kind, source=_SOURCES[int(row[_SOURCE])],
-                              received_at=row[_RECEIVED],
-                              deadline=max(row[_DEADLINE], row[_RECEIVED]),
-                              terminal=row[_TERMINAL] < 0 and kind != NoticeKind.REBALANCE))
+        notices.append(
+            Notice(
+                kind=kind,
+                source=_SOURCES[int(row[_SOURCE])],
+                received_at=row[_RECEIVED],
+                deadline=max(row[_DEADLINE], row[_RECEIVED]),
+                terminal=row[_TERMINAL] < 0 and kind != NoticeKind.REBALANCE,
+            )
+        )
     return most_urgent(notices)
 
 

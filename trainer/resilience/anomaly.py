@@ -74,19 +74,15 @@ class AnomalyConfig:
         for name in ("spike_factor", "grad_norm_spike_factor"):
             value = getattr(self, name)
             if not (value == 0 or value > 1):
-                raise ConfigError(f"{_KEY}.{name}={value!r}: use a factor above 1, or 0 "
-                                  "to disable")
+                raise ConfigError(f"{_KEY}.{name}={value!r}: use a factor above 1, or 0 to disable")
         if self.window < 3:
             raise ConfigError(f"{_KEY}.window={self.window}: use at least 3 steps")
         if not 1 <= self.min_history <= self.window:
-            raise ConfigError(f"{_KEY}.min_history={self.min_history}: use 1 to "
-                              f"{_KEY}.window ({self.window})")
+            raise ConfigError(f"{_KEY}.min_history={self.min_history}: use 1 to {_KEY}.window ({self.window})")
         if self.max_rollbacks_per_step < 1:
-            raise ConfigError(f"{_KEY}.max_rollbacks_per_step="
-                              f"{self.max_rollbacks_per_step}: use 1 or more")
+            raise ConfigError(f"{_KEY}.max_rollbacks_per_step={self.max_rollbacks_per_step}: use 1 or more")
         if self.max_consecutive_skips < 1:
-            raise ConfigError(f"{_KEY}.max_consecutive_skips="
-                              f"{self.max_consecutive_skips}: use 1 or more")
+            raise ConfigError(f"{_KEY}.max_consecutive_skips={self.max_consecutive_skips}: use 1 or more")
 
 
 class Action(enum.StrEnum):
@@ -145,17 +141,20 @@ class AnomalyDetector:
         if not math.isfinite(loss) or (grad is not None and not math.isfinite(grad)):
             self.counters.nonfinite += 1
             return f"non-finite loss={loss} grad_norm={grad}"
-        for name, value, history, factor in (("loss", loss, self._loss, cfg.spike_factor),
-                                             ("grad_norm", grad, self._grad,
-                                              cfg.grad_norm_spike_factor)):
+        for name, value, history, factor in (
+            ("loss", loss, self._loss, cfg.spike_factor),
+            ("grad_norm", grad, self._grad, cfg.grad_norm_spike_factor),
+        ):
             if value is None or not factor or len(history) < cfg.min_history:
                 continue
             median = statistics.median(history)
             if median > 0 and value > factor * median:
                 self.counters.spikes += 1
-                return (f"{name}={value:.6g} is {value / median:.1f}x the rolling median "
-                        f"{median:.6g} of the last {len(history)} good steps "
-                        f"(limit {factor:g}x)")
+                return (
+                    f"{name}={value:.6g} is {value / median:.1f}x the rolling median "
+                    f"{median:.6g} of the last {len(history)} good steps "
+                    f"(limit {factor:g}x)"
+                )
         return ""
 
     def _skip(self, step: int, reason: str) -> Decision:
@@ -165,7 +164,8 @@ class AnomalyDetector:
             raise RepeatedAnomalyError(
                 f"{self._consecutive_skips} anomalous steps in a row, the last at step "
                 f"{step}: {reason}. Skipping does not help; lower the learning rate, "
-                "check the data at these steps, or resume from an earlier checkpoint.")
+                "check the data at these steps, or resume from an earlier checkpoint."
+            )
         log.warning("step %d skipped: %s", step, reason)
         return Decision(Action.SKIP, step, reason)
 
@@ -176,25 +176,32 @@ class AnomalyDetector:
             raise RepeatedAnomalyError(
                 f"step {step} is anomalous again after {count - 1} rollbacks: {reason}. "
                 "Rolling back again would loop; lower the learning rate, check the "
-                "data around this step, or resume from an earlier checkpoint.")
+                "data around this step, or resume from an earlier checkpoint."
+            )
         self.counters.rollbacks += 1
-        log.warning("step %d: %s; rolling back to the last good checkpoint "
-                    "(rollback %d of %d at this step)", step, reason, count,
-                    self.config.max_rollbacks_per_step)
+        log.warning(
+            "step %d: %s; rolling back to the last good checkpoint (rollback %d of %d at this step)",
+            step,
+            reason,
+            count,
+            self.config.max_rollbacks_per_step,
+        )
         return Decision(Action.ROLLBACK, step, reason)
 
     # -- persistence across restarts (not across rollbacks: see the module doc) ----
 
     def state_dict(self) -> dict[str, Any]:
-        return {"loss": list(self._loss), "grad": list(self._grad),
-                "rollbacks_at": dict(self._rollbacks_at),
-                "counters": dataclasses.asdict(self.counters)}
+        return {
+            "loss": list(self._loss),
+            "grad": list(self._grad),
+            "rollbacks_at": dict(self._rollbacks_at),
+            "counters": dataclasses.asdict(self.counters),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._loss.clear()
         self._loss.extend(float(v) for v in state.get("loss", []))
         self._grad.clear()
         self._grad.extend(float(v) for v in state.get("grad", []))
-        self._rollbacks_at = collections.Counter(
-            {int(k): int(v) for k, v in state.get("rollbacks_at", {}).items()})
+        self._rollbacks_at = collections.Counter({int(k): int(v) for k, v in state.get("rollbacks_at", {}).items()})
         self.counters = AnomalyCounters(**state.get("counters", {}))

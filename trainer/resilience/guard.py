@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftfleet.guard")
 
 
-
 class IntervalState:
     """The adaptive interval's history as one tensor in the checkpoint (AppState
     ``extras``), so that a replacement node continues the run's interruption count."""
@@ -66,17 +65,18 @@ class IntervalState:
 
     def state_tensor(self) -> torch.Tensor:
         state = self.interval.state_dict()
-        return torch.tensor([math.nan if state[k] is None else float(state[k])
-                             for k in self._FIELDS], dtype=torch.float64)
+        return torch.tensor(
+            [math.nan if state[k] is None else float(state[k]) for k in self._FIELDS], dtype=torch.float64
+        )
 
     def load_tensor(self, tensor: torch.Tensor) -> None:
         values = tensor.tolist()
-        state = {k: (None if math.isnan(v) else v) for k, v in zip(self._FIELDS, values)}
+        state = {k: (None if math.isnan(v) else v) for k, v in zip(self._FIELDS, values, strict=True)}
         self.interval.load_state_dict(state)
 
 
 class Guard:
-    def __init__(self, run: "Run", events: EventLog, environ: dict[str, str] | None = None):
+    def __init__(self, run: Run, events: EventLog, environ: dict[str, str] | None = None):
         environ = dict(os.environ if environ is None else environ)
         cfg = run.cfg
         self.run = run
@@ -130,14 +130,18 @@ class Guard:
             self.events.emit("fresh")
         else:
             self.interval.record_interruption()
-            self.events.emit("restored", step=restored.step, tier=restored.tier,
-                             source=restored.location,
-                             world_size_written=restored.manifest.world_size)
+            self.events.emit(
+                "restored",
+                step=restored.step,
+                tier=restored.tier,
+                source=restored.location,
+                world_size_written=restored.manifest.world_size,
+            )
         self._schedule_next(progress.step)
 
     # -- the step boundary -------------------------------------------------------
 
-    def boundary(self, step: int) -> "StopRequest | None":
+    def boundary(self, step: int) -> StopRequest | None:
         """Collective. The agreed notice, if any: a terminal one stops the run (the
         loop then takes the emergency checkpoint); an advisory one starts an early
         checkpoint here and training carries on."""
@@ -148,28 +152,39 @@ class Guard:
         if notice is None:
             return None
         self.metrics.notice(notice.kind)
-        record = {"kind": str(notice.kind), "source": str(notice.source),
-                  "received_at": notice.received_at, "deadline": notice.deadline,
-                  "terminal": notice.terminal, "step": step, "agreed_at": time.time()}
+        record = {
+            "kind": str(notice.kind),
+            "source": str(notice.source),
+            "received_at": notice.received_at,
+            "deadline": notice.deadline,
+            "terminal": notice.terminal,
+            "step": step,
+            "agreed_at": time.time(),
+        }
         self.notices.append(record)
         self.events.emit("notice", **record)
         self.interval.record_interruption(notice.received_at)
         if notice.terminal:
             # Whether this node's own watcher saw a termination (this machine is the one
             # going away), or only agreed to another node's.
-            self._emergency = {"notice": notice, "step": step,
-                               "local": mine is not None and mine.terminal}
-            log.warning("%s: emergency checkpoint of step %d, %.1fs before the deadline",
-                        notice.describe(), step, notice.remaining())
-            return StopRequest(f"notice: {notice.kind} from {notice.source}", EXIT_PREEMPTED,
-                               save=True)
+            self._emergency = {"notice": notice, "step": step, "local": mine is not None and mine.terminal}
+            log.warning(
+                "%s: emergency checkpoint of step %d, %.1fs before the deadline",
+                notice.describe(),
+                step,
+                notice.remaining(),
+            )
+            return StopRequest(f"notice: {notice.kind} from {notice.source}", EXIT_PREEMPTED, save=True)
         self.watcher.acknowledge(notice)
         ckpt = self.run.ckpt
-        if (self.run.cfg.checkpoint.enabled and step > 0 and step not in ckpt.committed
-                and step != ckpt.last_saved_step  # an interval save of it may be in flight
-                and step < self.run.cfg.train.steps):
-            log.warning("%s: early checkpoint of step %d, then carrying on",
-                        notice.describe(), step)
+        if (
+            self.run.cfg.checkpoint.enabled
+            and step > 0
+            and step not in ckpt.committed
+            and step != ckpt.last_saved_step  # an interval save of it may be in flight
+            and step < self.run.cfg.train.steps
+        ):
+            log.warning("%s: early checkpoint of step %d, then carrying on", notice.describe(), step)
             self.save(step, f"notice:{notice.kind}")
         return None
 
@@ -184,8 +199,7 @@ class Guard:
         f = self.faults
         if f.step_delay_s:
             time.sleep(f.step_delay_s)
-        if (f.hang_at_step == step and self.run.env.rank == f.hang_rank
-                and not self._hang_flag.exists()):
+        if f.hang_at_step == step and self.run.env.rank == f.hang_rank and not self._hang_flag.exists():
             self._hang_flag.parent.mkdir(parents=True, exist_ok=True)
             self._hang_flag.write_text(f"{time.time()}\n")
             log.warning("fault injection: rank %d hangs before step %d", f.hang_rank, step)
@@ -208,8 +222,9 @@ class Guard:
     def judge(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> Decision:
         """Collective. The anomaly decision for this step, from the mean loss and the
         gradient norm over all ranks (a NaN anywhere makes the mean NaN everywhere)."""
-        values = torch.stack([loss.detach().float().reshape(()),
-                              grad_norm.detach().float().reshape(())]).to(torch.float64)
+        values = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float().reshape(())]).to(
+            torch.float64
+        )
         if dist.is_initialized():
             values = values.to(self.run.env.device)
             dist.all_reduce(values)
@@ -217,8 +232,7 @@ class Guard:
         mean_loss, norm = values.cpu().tolist()
         decision = self.detector.check(step, mean_loss, norm)
         if not decision.ok:
-            self.events.emit("anomaly", step=step, action=str(decision.action),
-                             reason=decision.reason)
+            self.events.emit("anomaly", step=step, action=str(decision.action), reason=decision.reason)
             if decision.action is Action.SKIP:
                 self.metrics.skipped_steps.inc()
         return decision
@@ -251,8 +265,7 @@ class Guard:
             self._first_step_logged = True
             self.events.emit("first_step", step=step)
         if self.run.cfg.train.step_events:
-            self.events.emit("step", step=step, loss=loss, seconds=round(seconds, 5),
-                             saving=saving)
+            self.events.emit("step", step=step, loss=loss, seconds=round(seconds, 5), saving=saving)
 
     # -- the save schedule -------------------------------------------------------
 
@@ -292,8 +305,7 @@ class Guard:
             self.interval_reason = why
             log.info("checkpoint interval: %d steps (%s)", steps, why)
         cost = self.interval.cost()  # rank 0's, the one that chose (events are rank 0's)
-        self.events.emit("interval", steps=steps, why=why,
-                         cost_s=round(cost[0], 4) if cost else None)
+        self.events.emit("interval", steps=steps, why=why, cost_s=round(cost[0], 4) if cost else None)
 
     def _on_commit(self, manifest: Any) -> None:
         """On the commit thread of every rank, after ``step-N``'s manifest landed."""
@@ -303,9 +315,12 @@ class Guard:
         self.metrics.checkpoint_saved(stats.last_blocked_s, persist)
         self.metrics.last_committed_step.set(manifest.step)
         reason = self._save_reason.pop(manifest.step, "")
-        record: dict[str, Any] = {"step": manifest.step, "reason": reason,
-                                  "blocked_s": round(stats.last_blocked_s, 4),
-                                  "commit_s": round(stats.last_commit_s, 4)}
+        record: dict[str, Any] = {
+            "step": manifest.step,
+            "reason": reason,
+            "blocked_s": round(stats.last_blocked_s, 4),
+            "commit_s": round(stats.last_commit_s, 4),
+        }
         if self._emergency is not None and manifest.step == self._emergency["step"]:
             notice: Notice = self._emergency["notice"]
             record.update(deadline=notice.deadline, within_deadline=time.time() <= notice.deadline)
@@ -327,14 +342,23 @@ class Guard:
             return None
         ckpt = self.run.ckpt
         notice: Notice = self._emergency["notice"]
-        marker = CommitMarker.now(self.run.cfg.run_id, self.node_id, step, str(notice.kind),
-                                  durable=step in ckpt.durable_steps)
+        marker = CommitMarker.now(
+            self.run.cfg.run_id, self.node_id, step, str(notice.kind), durable=step in ckpt.durable_steps
+        )
         primary = ckpt.stores.get("primary")
-        written = publish_marker(marker, fast_root=ckpt.local.root,
-                                 put=primary.put_bytes if primary is not None else None,
-                                 deadline=notice.deadline)
-        result = {"step": step, "reason": str(notice.kind), "path": str(written.local_path),
-                  "uploaded": written.uploaded, "durable": marker.durable}
+        written = publish_marker(
+            marker,
+            fast_root=ckpt.local.root,
+            put=primary.put_bytes if primary is not None else None,
+            deadline=notice.deadline,
+        )
+        result = {
+            "step": step,
+            "reason": str(notice.kind),
+            "path": str(written.local_path),
+            "uploaded": written.uploaded,
+            "durable": marker.durable,
+        }
         self.events.emit("marker", **result)
         return result
 
@@ -356,18 +380,25 @@ class Guard:
             return None
         notice: Notice = self._emergency["notice"]
         committed_at = self._emergency.get("committed_at")
-        return {"kind": str(notice.kind), "source": str(notice.source),
-                "step": self._emergency["step"], "received_at": notice.received_at,
-                "deadline": notice.deadline, "committed_at": committed_at,
-                "seconds_to_commit": (None if committed_at is None
-                                      else round(committed_at - notice.received_at, 3)),
-                "within_deadline": committed_at is not None and committed_at <= notice.deadline}
+        return {
+            "kind": str(notice.kind),
+            "source": str(notice.source),
+            "step": self._emergency["step"],
+            "received_at": notice.received_at,
+            "deadline": notice.deadline,
+            "committed_at": committed_at,
+            "seconds_to_commit": (None if committed_at is None else round(committed_at - notice.received_at, 3)),
+            "within_deadline": committed_at is not None and committed_at <= notice.deadline,
+        }
 
     def summary(self) -> dict[str, Any]:
         c = self.detector.counters
-        return {"notices": self.notices, "emergency": self.emergency(),
-                "anomalies": {"nonfinite": c.nonfinite, "spikes": c.spikes,
-                              "skipped": c.skipped, "rollbacks": c.rollbacks},
-                "rollbacks": self.rollbacks, "skipped_batches": sorted(self.skipped_batches),
-                "checkpoint_interval": self.interval_reason,
-                "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)}
+        return {
+            "notices": self.notices,
+            "emergency": self.emergency(),
+            "anomalies": {"nonfinite": c.nonfinite, "spikes": c.spikes, "skipped": c.skipped, "rollbacks": c.rollbacks},
+            "rollbacks": self.rollbacks,
+            "skipped_batches": sorted(self.skipped_batches),
+            "checkpoint_interval": self.interval_reason,
+            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        }

@@ -33,7 +33,8 @@ import math
 import statistics
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ftfleet.errors import ConfigError
 
@@ -99,23 +100,26 @@ class IntervalConfig:
         if self.mode not in MODES:
             raise ConfigError(f"{_KEY}.mode={self.mode!r}: use adaptive or fixed")
         if self.mtbf_source not in MTBF_SOURCES:
-            raise ConfigError(f"{_KEY}.mtbf_source={self.mtbf_source!r}: use observed "
-                              "or config")
+            raise ConfigError(f"{_KEY}.mtbf_source={self.mtbf_source!r}: use observed or config")
         if self.fixed_steps < 1:
             raise ConfigError(f"{_KEY}.fixed_steps={self.fixed_steps}: use 1 or more")
         if not (self.mtbf_s > 0 and math.isfinite(self.mtbf_s)):
-            raise ConfigError(f"{_KEY}.mtbf_s={self.mtbf_s!r}: use a positive number "
-                              "of seconds (the job's mean time between interruptions)")
+            raise ConfigError(
+                f"{_KEY}.mtbf_s={self.mtbf_s!r}: use a positive number "
+                "of seconds (the job's mean time between interruptions)"
+            )
         if not 0 < self.ewma_alpha <= 1:
             raise ConfigError(f"{_KEY}.ewma_alpha={self.ewma_alpha}: use 0 < alpha <= 1")
         if self.persist_overhead is not None and not 0 <= self.persist_overhead <= 1:
-            raise ConfigError(f"{_KEY}.persist_overhead={self.persist_overhead}: use a "
-                              "fraction from 0 to 1, or null to measure it")
+            raise ConfigError(
+                f"{_KEY}.persist_overhead={self.persist_overhead}: use a fraction from 0 to 1, or null to measure it"
+            )
         if self.min_steps < 1:
             raise ConfigError(f"{_KEY}.min_steps={self.min_steps}: use 1 or more")
         if self.max_steps and self.max_steps < self.min_steps:
-            raise ConfigError(f"{_KEY}.max_steps={self.max_steps}: use 0 (no bound) or "
-                              f"at least min_steps ({self.min_steps})")
+            raise ConfigError(
+                f"{_KEY}.max_steps={self.max_steps}: use 0 (no bound) or at least min_steps ({self.min_steps})"
+            )
 
 
 class AdaptiveInterval:
@@ -125,8 +129,7 @@ class AdaptiveInterval:
     :meth:`state_dict`); ``clock`` is injectable for tests.
     """
 
-    def __init__(self, config: IntervalConfig | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: IntervalConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or IntervalConfig()
         self._clock = clock
         self._started = clock()
@@ -147,8 +150,7 @@ class AdaptiveInterval:
         """One save: seconds training was blocked, then seconds until it was committed
         in the background."""
         if not (blocked_s >= 0 and persist_s >= 0):
-            raise ValueError(f"save durations must be >= 0 (blocked={blocked_s!r}, "
-                             f"persist={persist_s!r})")
+            raise ValueError(f"save durations must be >= 0 (blocked={blocked_s!r}, persist={persist_s!r})")
         self.blocked_s = self._ewma(self.blocked_s, blocked_s)
         self.persist_s = self._ewma(self.persist_s, persist_s)
         self.saves += 1
@@ -190,16 +192,17 @@ class AdaptiveInterval:
             return cfg.mtbf_s, f"M={cfg.mtbf_s:.0f}s (configured)"
         n, observed = self._interruptions, self.run_time_s()
         m = (observed + cfg.mtbf_s) / (n + 1)
-        return m, (f"M={m:.0f}s ({n} interruptions in {observed / 3600:.2f}h observed, "
-                   f"prior {cfg.mtbf_s:.0f}s)")
+        return m, (f"M={m:.0f}s ({n} interruptions in {observed / 3600:.2f}h observed, prior {cfg.mtbf_s:.0f}s)")
 
     def cost(self) -> tuple[float, str] | None:
         if self.blocked_s is None or self.persist_s is None:
             return None
         k, k_why = self.overhead()
         c = self.blocked_s + k * self.persist_s
-        return c, (f"C={c:.2f}s (blocked {self.blocked_s:.2f}s + k x persist "
-                   f"{self.persist_s:.2f}s, k={k_why}, EWMA of {self.saves} saves)")
+        return c, (
+            f"C={c:.2f}s (blocked {self.blocked_s:.2f}s + k x persist "
+            f"{self.persist_s:.2f}s, k={k_why}, EWMA of {self.saves} saves)"
+        )
 
     # -- outputs -----------------------------------------------------------------
 
@@ -210,8 +213,7 @@ class AdaptiveInterval:
             return None, f"fixed: every {self.config.fixed_steps} steps (interval.mode=fixed)"
         cost = self.cost()
         if cost is None:
-            return None, (f"adaptive: no save measured yet, every "
-                          f"{self.config.fixed_steps} steps until one is")
+            return None, (f"adaptive: no save measured yet, every {self.config.fixed_steps} steps until one is")
         (c, c_why), (m, m_why) = cost, self.mtbf()
         t = daly_interval(c, m)
         why = f"Daly: {c_why}, {m_why} -> T={t:.1f}s"
@@ -223,8 +225,7 @@ class AdaptiveInterval:
     def interval_steps(self, step_time_s: float) -> tuple[int, str]:
         """The interval in steps of ``step_time_s`` seconds, and a line for the log."""
         if not step_time_s > 0:
-            raise ValueError(f"step_time_s={step_time_s!r}: use the measured seconds per "
-                             "step (> 0)")
+            raise ValueError(f"step_time_s={step_time_s!r}: use the measured seconds per step (> 0)")
         cfg = self.config
         seconds, why = self.interval_s()
         if seconds is None:
@@ -245,8 +246,13 @@ class AdaptiveInterval:
     # -- persistence -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"elapsed_s": self.run_time_s(), "interruptions": self._interruptions,
-                "blocked_s": self.blocked_s, "persist_s": self.persist_s, "saves": self.saves}
+        return {
+            "elapsed_s": self.run_time_s(),
+            "interruptions": self._interruptions,
+            "blocked_s": self.blocked_s,
+            "persist_s": self.persist_s,
+            "saves": self.saves,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a run's history; the time since this object was built is added."""

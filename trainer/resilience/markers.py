@@ -20,8 +20,8 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ftfleet.contract import CommitMarker, marker_key
 
@@ -73,9 +73,14 @@ def read_local_marker(root: str | os.PathLike[str], node_id: str) -> CommitMarke
     return CommitMarker.from_json(text)
 
 
-def publish_marker(marker: CommitMarker, *, fast_root: str | os.PathLike[str],
-                   put: PutObject | None = None, deadline: float | None = None,
-                   retry_s: float = 1.0) -> MarkerWrite:
+def publish_marker(
+    marker: CommitMarker,
+    *,
+    fast_root: str | os.PathLike[str],
+    put: PutObject | None = None,
+    deadline: float | None = None,
+    retry_s: float = 1.0,
+) -> MarkerWrite:
     """Write ``marker`` to the fast tier, then upload it with ``put`` if given.
 
     The upload is retried every ``retry_s`` seconds until epoch ``deadline`` (None:
@@ -96,12 +101,15 @@ def publish_marker(marker: CommitMarker, *, fast_root: str | os.PathLike[str],
             left = None if deadline is None else deadline - time.time()
             if left is None or left < retry_s:
                 break
-            log.warning("commit marker upload attempt %d failed (%s); retrying, %.0fs left",
-                        attempt, error, left)
+            log.warning("commit marker upload attempt %d failed (%s); retrying, %.0fs left", attempt, error, left)
             time.sleep(retry_s)
             continue
         log.info("commit marker uploaded to the durable tier: %s", key)
         return MarkerWrite(local, uploaded=True)
-    log.error("commit marker not uploaded after %d attempts: %s; the lifecycle handoff "
-              "will time out instead of completing early", attempt, error)
+    log.error(
+        "commit marker not uploaded after %d attempts: %s; the lifecycle handoff "
+        "will time out instead of completing early",
+        attempt,
+        error,
+    )
     return MarkerWrite(local, uploaded=False, error=error)

@@ -22,7 +22,8 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource
 
@@ -50,8 +51,9 @@ class Poller(threading.Thread):
     """A daemon thread that calls ``poll_once`` until stopped, backing off
     exponentially (and logging once) while the endpoint is unreachable."""
 
-    def __init__(self, name: str, url: str, config: WatcherConfig,
-                 report: Callable[[Notice], None], stop: threading.Event) -> None:
+    def __init__(
+        self, name: str, url: str, config: WatcherConfig, report: Callable[[Notice], None], stop: threading.Event
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self.url = url
         self.config = config
@@ -65,8 +67,9 @@ class Poller(threading.Thread):
         """One round; returns the seconds to wait before the next."""
         raise NotImplementedError
 
-    def http(self, method: str, path_and_query: str, headers: Mapping[str, str],
-             timeout_s: float) -> tuple[int, Mapping[str, str], bytes]:
+    def http(
+        self, method: str, path_and_query: str, headers: Mapping[str, str], timeout_s: float
+    ) -> tuple[int, Mapping[str, str], bytes]:
         """One request, on a connection :meth:`abort` can cut. http.client, not urllib:
         metadata services are link-local and must never go through an HTTP proxy."""
         url = urllib.parse.urlsplit(self.url + path_and_query)
@@ -111,9 +114,14 @@ class Poller(threading.Thread):
                 if self.stop_event.is_set():
                     return
                 if self._failures == 0:
-                    log.warning("%s: metadata endpoint %s unreachable (%s); retrying with "
-                                "backoff up to %.0fs, notices are missed meanwhile",
-                                self.name, self.url, exc, self.config.max_backoff_s)
+                    log.warning(
+                        "%s: metadata endpoint %s unreachable (%s); retrying with "
+                        "backoff up to %.0fs, notices are missed meanwhile",
+                        self.name,
+                        self.url,
+                        exc,
+                        self.config.max_backoff_s,
+                    )
                 self._failures += 1
                 delay = backoff
                 backoff = min(backoff * 2, self.config.max_backoff_s)
@@ -123,15 +131,20 @@ class Poller(threading.Thread):
                 delay = self.config.max_backoff_s
                 continue
             if self._failures:
-                log.info("%s: metadata endpoint %s answers again after %d failed "
-                         "attempts", self.name, self.url, self._failures)
+                log.info(
+                    "%s: metadata endpoint %s answers again after %d failed attempts",
+                    self.name,
+                    self.url,
+                    self._failures,
+                )
                 self._failures = 0
             backoff = self.config.poll_interval_s
 
 
 class AwsPoller(Poller):
-    def __init__(self, endpoint: str, config: WatcherConfig,
-                 report: Callable[[Notice], None], stop: threading.Event) -> None:
+    def __init__(
+        self, endpoint: str, config: WatcherConfig, report: Callable[[Notice], None], stop: threading.Event
+    ) -> None:
         super().__init__("notice-watcher-aws", endpoint, config, report, stop)
         self._token: str | None = None
         self._token_expires = 0.0
@@ -140,9 +153,9 @@ class AwsPoller(Poller):
     def _get_token(self) -> str:
         if self._token is None or time.monotonic() >= self._token_expires:
             ttl = self.config.aws_token_ttl_s
-            status, _, body = self.http("PUT", AWS_TOKEN_PATH,
-                                        {AWS_TOKEN_TTL_HEADER: str(ttl)},
-                                        self.config.request_timeout_s)
+            status, _, body = self.http(
+                "PUT", AWS_TOKEN_PATH, {AWS_TOKEN_TTL_HEADER: str(ttl)}, self.config.request_timeout_s
+            )
             if status != 200 or not body.strip():
                 raise Unreachable(f"IMDSv2 token request returned HTTP {status}")
             self._token = body.decode().strip()
@@ -153,9 +166,9 @@ class AwsPoller(Poller):
     def _get(self, path: str) -> bytes | None:
         """The body of a metadata item, or None for 404 (item absent)."""
         for _ in range(2):
-            status, _, body = self.http("GET", path,
-                                        {AWS_TOKEN_HEADER: self._get_token()},
-                                        self.config.request_timeout_s)
+            status, _, body = self.http(
+                "GET", path, {AWS_TOKEN_HEADER: self._get_token()}, self.config.request_timeout_s
+            )
             if status == 401:  # token expired or revoked: fetch a new one, once
                 self._token = None
                 continue
@@ -174,9 +187,15 @@ class AwsPoller(Poller):
         rebalance = self._get(AWS_REBALANCE_PATH)
         if rebalance is not None and (AWS_REBALANCE_PATH, rebalance) not in self._seen:
             self._seen.add((AWS_REBALANCE_PATH, rebalance))
-            self.report(Notice.create(NoticeKind.REBALANCE, NoticeSource.AWS_REBALANCE,
-                                      self.config.rebalance_budget_s, terminal=False,
-                                      received_at=time.time()))
+            self.report(
+                Notice.create(
+                    NoticeKind.REBALANCE,
+                    NoticeSource.AWS_REBALANCE,
+                    self.config.rebalance_budget_s,
+                    terminal=False,
+                    received_at=time.time(),
+                )
+            )
         return self.config.poll_interval_s
 
     def _termination(self, body: bytes, received: float) -> Notice:
@@ -186,15 +205,22 @@ class AwsPoller(Poller):
             data = json.loads(body)
             moment = datetime.datetime.fromisoformat(str(data["time"]))
             if moment.tzinfo is None:  # IMDS writes UTC ("...Z"); never local time
-                moment = moment.replace(tzinfo=datetime.timezone.utc)
+                moment = moment.replace(tzinfo=datetime.UTC)
             when = moment.timestamp()
             log.warning("spot instance-action: %s at %s", data.get("action"), data["time"])
         except (ValueError, KeyError, TypeError):
-            log.warning("spot instance-action with an unreadable body %r: assuming %.0fs",
-                        body[:200], self.config.aws_termination_notice_s)
-        return Notice.create(NoticeKind.TERMINATION, NoticeSource.AWS_SPOT,
-                             self.config.aws_termination_notice_s,
-                             received_at=received, deadline=when)
+            log.warning(
+                "spot instance-action with an unreadable body %r: assuming %.0fs",
+                body[:200],
+                self.config.aws_termination_notice_s,
+            )
+        return Notice.create(
+            NoticeKind.TERMINATION,
+            NoticeSource.AWS_SPOT,
+            self.config.aws_termination_notice_s,
+            received_at=received,
+            deadline=when,
+        )
 
 
 class GcpPoller(Poller):
@@ -202,11 +228,16 @@ class GcpPoller(Poller):
     server answers at once when the value differs from ``last_etag``, otherwise when
     it changes or after ``timeout_sec``."""
 
-    def __init__(self, endpoint: str, path: str, config: WatcherConfig,
-                 report: Callable[[Notice], None],
-                 clear: Callable[[NoticeSource], None], stop: threading.Event) -> None:
-        super().__init__(f"notice-watcher-gcp-{path.rsplit('/', 1)[-1]}", endpoint,
-                         config, report, stop)
+    def __init__(
+        self,
+        endpoint: str,
+        path: str,
+        config: WatcherConfig,
+        report: Callable[[Notice], None],
+        clear: Callable[[NoticeSource], None],
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(f"notice-watcher-gcp-{path.rsplit('/', 1)[-1]}", endpoint, config, report, stop)
         self.path = path
         self.clear = clear
         self._etag: str | None = None
@@ -216,8 +247,11 @@ class GcpPoller(Poller):
         url = self.path
         timeout = self.config.request_timeout_s
         if self._etag is not None:
-            query = {"wait_for_change": "true", "last_etag": self._etag,
-                     "timeout_sec": str(int(self.config.gcp_wait_timeout_s))}
+            query = {
+                "wait_for_change": "true",
+                "last_etag": self._etag,
+                "timeout_sec": str(int(self.config.gcp_wait_timeout_s)),
+            }
             url += "?" + urllib.parse.urlencode(query)
             timeout += self.config.gcp_wait_timeout_s
         status, headers, body = self.http("GET", url, GCP_HEADERS, timeout)
@@ -237,8 +271,14 @@ class GcpPoller(Poller):
         cfg = self.config
         if self.path == GCP_PREEMPTED_PATH:
             if value.upper() == "TRUE":
-                self.report(Notice.create(NoticeKind.TERMINATION, NoticeSource.GCP_PREEMPTED,
-                                          cfg.gcp_preemption_notice_s, received_at=received))
+                self.report(
+                    Notice.create(
+                        NoticeKind.TERMINATION,
+                        NoticeSource.GCP_PREEMPTED,
+                        cfg.gcp_preemption_notice_s,
+                        received_at=received,
+                    )
+                )
             return
         if value.upper() in ("", "NONE"):
             self.clear(NoticeSource.GCP_MAINTENANCE)
@@ -248,6 +288,12 @@ class GcpPoller(Poller):
         # the word they contain.
         terminal = "TERMINATE" in value.upper()
         log.warning("maintenance-event: %s", value)
-        self.report(Notice.create(NoticeKind.MAINTENANCE, NoticeSource.GCP_MAINTENANCE,
-                                  cfg.gcp_maintenance_notice_s, terminal=terminal,
-                                  received_at=received))
+        self.report(
+            Notice.create(
+                NoticeKind.MAINTENANCE,
+                NoticeSource.GCP_MAINTENANCE,
+                cfg.gcp_maintenance_notice_s,
+                terminal=terminal,
+                received_at=received,
+            )
+        )

@@ -25,7 +25,8 @@ import json
 import logging
 import os
 import sys
-from typing import IO, Any, Mapping
+from collections.abc import Mapping
+from typing import IO, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -34,53 +35,61 @@ from ftfleet.trainer.resilience.notices import NoticeKind
 
 _LABELS = ("node", "rank")
 _STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
-_SAVE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900,
-                 float("inf"))
+_SAVE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, float("inf"))
 
 
 class Metrics:
     """The trainer's metrics, in a registry of their own (tests can build many)."""
 
-    def __init__(self, *, node: str = "", rank: int = 0,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, *, node: str = "", rank: int = 0, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self._values = (node, str(rank))
         r, v = self.registry, self._values
-        self.steps = Counter("ftfleet_steps", "Optimizer steps completed.", _LABELS,
-                             registry=r).labels(*v)
-        self.step_seconds = Histogram("ftfleet_step_seconds", "Wall time of one step.",
-                                      _LABELS, buckets=_STEP_BUCKETS, registry=r).labels(*v)
+        self.steps = Counter("ftfleet_steps", "Optimizer steps completed.", _LABELS, registry=r).labels(*v)
+        self.step_seconds = Histogram(
+            "ftfleet_step_seconds", "Wall time of one step.", _LABELS, buckets=_STEP_BUCKETS, registry=r
+        ).labels(*v)
         self.checkpoint_blocked_seconds = Histogram(
-            "ftfleet_checkpoint_blocked_seconds", "Seconds a checkpoint save blocked training.",
-            _LABELS, buckets=_SAVE_BUCKETS, registry=r).labels(*v)
+            "ftfleet_checkpoint_blocked_seconds",
+            "Seconds a checkpoint save blocked training.",
+            _LABELS,
+            buckets=_SAVE_BUCKETS,
+            registry=r,
+        ).labels(*v)
         self.checkpoint_persist_seconds = Histogram(
             "ftfleet_checkpoint_persist_seconds",
             "Seconds from the end of the blocking part of a save to its commit.",
-            _LABELS, buckets=_SAVE_BUCKETS, registry=r).labels(*v)
-        self.last_committed_step = Gauge("ftfleet_last_committed_step",
-                                         "Step of the newest committed checkpoint.",
-                                         _LABELS, registry=r).labels(*v)
-        self.checkpoint_interval_steps = Gauge("ftfleet_checkpoint_interval_steps",
-                                               "Checkpoint interval currently chosen, steps.",
-                                               _LABELS, registry=r).labels(*v)
-        self._notices = Counter("ftfleet_notices", "Agreed interruption notices by kind.",
-                                (*_LABELS, "kind"), registry=r)
+            _LABELS,
+            buckets=_SAVE_BUCKETS,
+            registry=r,
+        ).labels(*v)
+        self.last_committed_step = Gauge(
+            "ftfleet_last_committed_step", "Step of the newest committed checkpoint.", _LABELS, registry=r
+        ).labels(*v)
+        self.checkpoint_interval_steps = Gauge(
+            "ftfleet_checkpoint_interval_steps", "Checkpoint interval currently chosen, steps.", _LABELS, registry=r
+        ).labels(*v)
+        self._notices = Counter(
+            "ftfleet_notices", "Agreed interruption notices by kind.", (*_LABELS, "kind"), registry=r
+        )
         for kind in NoticeKind:  # every kind is exported from the start, at 0
             self._notices.labels(*v, kind.value)
-        self.rollbacks = Counter("ftfleet_rollbacks", "Rollbacks after an anomalous step.",
-                                 _LABELS, registry=r).labels(*v)
-        self.skipped_steps = Counter("ftfleet_skipped_steps", "Steps skipped as anomalous.",
-                                     _LABELS, registry=r).labels(*v)
-        self.restarts = Gauge("ftfleet_restarts", "Restarts of the worker group so far.",
-                              _LABELS, registry=r).labels(*v)
+        self.rollbacks = Counter("ftfleet_rollbacks", "Rollbacks after an anomalous step.", _LABELS, registry=r).labels(
+            *v
+        )
+        self.skipped_steps = Counter(
+            "ftfleet_skipped_steps", "Steps skipped as anomalous.", _LABELS, registry=r
+        ).labels(*v)
+        self.restarts = Gauge("ftfleet_restarts", "Restarts of the worker group so far.", _LABELS, registry=r).labels(
+            *v
+        )
         self._server: Any = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Metrics":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Metrics:
         """Labels from FTFLEET_NODE_ID and RANK; restarts from TORCHELASTIC_RESTART_COUNT."""
         environ = os.environ if environ is None else environ
-        metrics = cls(node=environ.get("FTFLEET_NODE_ID", ""),
-                      rank=int(environ.get("RANK", "0") or 0))
+        metrics = cls(node=environ.get("FTFLEET_NODE_ID", ""), rank=int(environ.get("RANK", "0") or 0))
         metrics.restarts.set(int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
         return metrics
 
@@ -104,12 +113,12 @@ class Metrics:
         if port == 0:
             return None
         if not 0 < port + local_rank < 65536:
-            raise ConfigError(f"FTFLEET_METRICS_PORT={port}: use 1 to 65535 (plus the "
-                              "local rank), or 0 to turn the exporter off")
+            raise ConfigError(
+                f"FTFLEET_METRICS_PORT={port}: use 1 to 65535 (plus the local rank), or 0 to turn the exporter off"
+            )
         if self._server is not None:
             raise RuntimeError("metrics exporter already serving")
-        self._server, _ = start_http_server(port + local_rank, addr=addr,
-                                            registry=self.registry)
+        self._server, _ = start_http_server(port + local_rank, addr=addr, registry=self.registry)
         return int(self._server.server_port)
 
     def close(self) -> None:
@@ -132,8 +141,7 @@ def metrics_port(environ: Mapping[str, str] | None = None) -> int:
 # JSON log lines
 # ---------------------------------------------------------------------------
 
-_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
-    "message", "asctime", "taskName"}
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -145,7 +153,7 @@ class JsonFormatter(logging.Formatter):
         self.static = dict(static or {})
 
     def format(self, record: logging.LogRecord) -> str:
-        ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        ts = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
         line: dict[str, Any] = {
             "ts": ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
@@ -163,9 +171,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def configure_json_logging(level: int | str = logging.INFO, *,
-                           static: Mapping[str, Any] | None = None,
-                           stream: IO[str] | None = None) -> logging.Handler:
+def configure_json_logging(
+    level: int | str = logging.INFO, *, static: Mapping[str, Any] | None = None, stream: IO[str] | None = None
+) -> logging.Handler:
     """Route the root logger to ``stream`` (stderr) as JSON lines; returns the handler."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(static))

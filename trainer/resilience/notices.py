@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 #: AWS posts spot/instance-action two minutes before it stops or terminates a Spot
 #: Instance.
@@ -80,15 +80,21 @@ class Notice:
         object.__setattr__(self, "kind", NoticeKind(self.kind))
         object.__setattr__(self, "source", NoticeSource(self.source))
         if self.deadline < self.received_at:
-            raise ValueError(f"notice deadline {self.deadline} is before its "
-                             f"received_at {self.received_at}")
+            raise ValueError(f"notice deadline {self.deadline} is before its received_at {self.received_at}")
         if self.terminal and self.kind in _ADVISORY_KINDS:
             raise ValueError(f"a {self.kind} notice cannot be terminal")
 
     @classmethod
-    def create(cls, kind: NoticeKind, source: NoticeSource, budget_s: float, *,
-               terminal: bool = True, received_at: float | None = None,
-               deadline: float | None = None) -> "Notice":
+    def create(
+        cls,
+        kind: NoticeKind,
+        source: NoticeSource,
+        budget_s: float,
+        *,
+        terminal: bool = True,
+        received_at: float | None = None,
+        deadline: float | None = None,
+    ) -> Notice:
         """A notice received now (or at ``received_at``) with ``budget_s`` to act.
 
         ``deadline``, when the notice itself names the moment of interruption (AWS's
@@ -99,8 +105,9 @@ class Notice:
         limit = now + budget_s
         if deadline is not None:
             limit = min(limit, max(deadline, now))
-        return cls(kind=kind, source=source, received_at=now, deadline=limit,
-                   terminal=terminal and kind not in _ADVISORY_KINDS)
+        return cls(
+            kind=kind, source=source, received_at=now, deadline=limit, terminal=terminal and kind not in _ADVISORY_KINDS
+        )
 
     def remaining(self, now: float | None = None) -> float:
         """Seconds left until the deadline (negative when it has passed)."""
@@ -108,15 +115,18 @@ class Notice:
 
     def describe(self) -> str:
         what = "terminal" if self.terminal else "advisory"
-        return (f"{self.kind} notice from {self.source} ({what}), "
-                f"{self.remaining():.1f}s left")
+        return f"{self.kind} notice from {self.source} ({what}), {self.remaining():.1f}s left"
 
 
 def urgency(notice: Notice) -> tuple[int, float, int, int]:
     """Sort key: terminal before advisory, then earliest deadline, then a fixed
     order of kinds and sources so that ties break the same way on every rank."""
-    return (0 if notice.terminal else 1, notice.deadline,
-            list(NoticeKind).index(notice.kind), list(NoticeSource).index(notice.source))
+    return (
+        0 if notice.terminal else 1,
+        notice.deadline,
+        list(NoticeKind).index(notice.kind),
+        list(NoticeSource).index(notice.source),
+    )
 
 
 def most_urgent(notices: Iterable[Notice | None]) -> Notice | None:

@@ -24,7 +24,6 @@ from typing import IO
 from ftfleet.contract import EXIT_HUNG
 from ftfleet.errors import ConfigError
 
-
 #: Where the trainer config nests this block (ResilienceConfig), for error messages.
 _KEY = "resilience.watchdog"
 
@@ -41,13 +40,14 @@ class WatchdogConfig:
 
     def __post_init__(self) -> None:
         if self.timeout_s < 0:
-            raise ConfigError(f"{_KEY}.timeout_s={self.timeout_s}: use seconds > 0, "
-                              "or 0 to turn the watchdog off")
+            raise ConfigError(f"{_KEY}.timeout_s={self.timeout_s}: use seconds > 0, or 0 to turn the watchdog off")
         if self.first_step_timeout_s is not None and self.first_step_timeout_s <= 0:
-            raise ConfigError(f"{_KEY}.first_step_timeout_s={self.first_step_timeout_s}: "
-                              "use seconds > 0, or leave it unset to use timeout_s")
+            raise ConfigError(
+                f"{_KEY}.first_step_timeout_s={self.first_step_timeout_s}: "
+                "use seconds > 0, or leave it unset to use timeout_s"
+            )
 
-    def build(self) -> "Watchdog | None":
+    def build(self) -> Watchdog | None:
         """The configured watchdog, or None when it is off."""
         if not self.timeout_s:
             return None
@@ -55,8 +55,14 @@ class WatchdogConfig:
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, *, first_step_timeout_s: float | None = None,
-                 stream: IO[str] | None = None, exit_code: int = EXIT_HUNG) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        *,
+        first_step_timeout_s: float | None = None,
+        stream: IO[str] | None = None,
+        exit_code: int = EXIT_HUNG,
+    ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: use a positive number of seconds")
         self.timeout_s = float(timeout_s)
@@ -68,7 +74,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         if self._thread is not None:
             raise RuntimeError("Watchdog.start() called twice")
         self._stop.clear()
@@ -88,7 +94,7 @@ class Watchdog:
             self._thread.join(5)
         self._thread = None
 
-    def __enter__(self) -> "Watchdog":
+    def __enter__(self) -> Watchdog:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -110,11 +116,12 @@ class Watchdog:
 
     def _fire(self, silent_s: float) -> None:
         stream = self._stream or sys.stderr
-        where = (f"after step {self._step}" if self._step is not None
-                 else "before the first step")
-        message = (f"hang watchdog: no step progress for {silent_s:.1f}s {where} "
-                   f"(limit {self._limit():g}s); dumping all threads' stacks and "
-                   f"exiting with {self.exit_code} so that torchrun restarts the group\n")
+        where = f"after step {self._step}" if self._step is not None else "before the first step"
+        message = (
+            f"hang watchdog: no step progress for {silent_s:.1f}s {where} "
+            f"(limit {self._limit():g}s); dumping all threads' stacks and "
+            f"exiting with {self.exit_code} so that torchrun restarts the group\n"
+        )
         try:
             stream.flush()
             fd = stream.fileno()

@@ -22,15 +22,22 @@ import os
 import signal
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from ftfleet.contract import DEFAULT_METADATA_ENDPOINT
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.resilience.metadata import (GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH,
-                                         AwsPoller, GcpPoller, Poller)
+from ftfleet.trainer.resilience.metadata import GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH, AwsPoller, GcpPoller, Poller
 from ftfleet.trainer.resilience.notices import (
-    AWS_TERMINATION_NOTICE_S, GCP_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S,
-    REBALANCE_BUDGET_S, SIGNAL_GRACE_S, Notice, NoticeKind, NoticeSource, most_urgent)
+    AWS_TERMINATION_NOTICE_S,
+    GCP_MAINTENANCE_NOTICE_S,
+    GCP_PREEMPTION_NOTICE_S,
+    REBALANCE_BUDGET_S,
+    SIGNAL_GRACE_S,
+    Notice,
+    NoticeKind,
+    NoticeSource,
+    most_urgent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,31 +86,37 @@ class WatcherConfig:
     checkpoint)."""
 
     def __post_init__(self) -> None:
-        positive = ("poll_interval_s", "gcp_wait_timeout_s", "request_timeout_s",
-                    "max_backoff_s", "aws_termination_notice_s", "gcp_preemption_notice_s",
-                    "gcp_maintenance_notice_s", "rebalance_budget_s")
+        positive = (
+            "poll_interval_s",
+            "gcp_wait_timeout_s",
+            "request_timeout_s",
+            "max_backoff_s",
+            "aws_termination_notice_s",
+            "gcp_preemption_notice_s",
+            "gcp_maintenance_notice_s",
+            "rebalance_budget_s",
+        )
         for name in positive:
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{_KEY}.{name}={getattr(self, name)!r}: use a "
-                                  "positive number of seconds")
+                raise ConfigError(f"{_KEY}.{name}={getattr(self, name)!r}: use a positive number of seconds")
         if self.max_backoff_s < self.poll_interval_s:
-            raise ConfigError(f"{_KEY}.max_backoff_s={self.max_backoff_s}: use at least "
-                              f"poll_interval_s ({self.poll_interval_s})")
+            raise ConfigError(
+                f"{_KEY}.max_backoff_s={self.max_backoff_s}: use at least poll_interval_s ({self.poll_interval_s})"
+            )
         if not 1 <= self.aws_token_ttl_s <= 21600:
-            raise ConfigError(f"{_KEY}.aws_token_ttl_s={self.aws_token_ttl_s}: IMDSv2 "
-                              "accepts 1 to 21600 seconds")
+            raise ConfigError(f"{_KEY}.aws_token_ttl_s={self.aws_token_ttl_s}: IMDSv2 accepts 1 to 21600 seconds")
         if self.advisory_cooldown_s < 0:
-            raise ConfigError(f"{_KEY}.advisory_cooldown_s={self.advisory_cooldown_s}: "
-                              "use 0 or more seconds")
+            raise ConfigError(f"{_KEY}.advisory_cooldown_s={self.advisory_cooldown_s}: use 0 or more seconds")
         if self.signal_grace_s is not None and not self.signal_grace_s > 0:
-            raise ConfigError(f"{_KEY}.signal_grace_s={self.signal_grace_s!r}: use a "
-                              "positive number of seconds, or leave it unset to follow "
-                              "torchrun's shutdown timeout")
+            raise ConfigError(
+                f"{_KEY}.signal_grace_s={self.signal_grace_s!r}: use a "
+                "positive number of seconds, or leave it unset to follow "
+                "torchrun's shutdown timeout"
+            )
         self.signals = list(self.signals)
         for name in self.signals:
             if not isinstance(getattr(signal, str(name), None), signal.Signals):
-                raise ConfigError(f"{_KEY}.signals: {name!r} is not a signal name "
-                                  "(use e.g. SIGTERM, SIGUSR1)")
+                raise ConfigError(f"{_KEY}.signals: {name!r} is not a signal name (use e.g. SIGTERM, SIGUSR1)")
             if name in ("SIGKILL", "SIGSTOP"):
                 raise ConfigError(f"{_KEY}.signals: {name} cannot be caught; remove it")
 
@@ -125,17 +138,14 @@ class NoticeWatcher:
     metadata service's base URL (default: the cloud's link-local address).
     """
 
-    def __init__(self, cloud: str, endpoint: str | None = None,
-                 config: WatcherConfig | None = None) -> None:
+    def __init__(self, cloud: str, endpoint: str | None = None, config: WatcherConfig | None = None) -> None:
         if cloud not in CLOUDS:
-            raise ConfigError(f"cloud={cloud!r}: use one of {', '.join(CLOUDS)} "
-                              "(FTFLEET_CLOUD)")
+            raise ConfigError(f"cloud={cloud!r}: use one of {', '.join(CLOUDS)} (FTFLEET_CLOUD)")
         self.cloud = cloud
         self.config = config or WatcherConfig()
         self.endpoint = (endpoint or DEFAULT_METADATA_ENDPOINT.get(cloud, "")).rstrip("/")
         if cloud != "none" and not self.endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"metadata endpoint {endpoint!r}: use an http:// URL "
-                              "(FTFLEET_METADATA_ENDPOINT)")
+            raise ConfigError(f"metadata endpoint {endpoint!r}: use an http:// URL (FTFLEET_METADATA_ENDPOINT)")
         self._signal_grace_s = self.config.resolved_signal_grace_s()
         self._lock = threading.Lock()
         self._notices: dict[NoticeSource, Notice] = {}
@@ -150,9 +160,13 @@ class NoticeWatcher:
         self._signum: int | None = None
 
     @classmethod
-    def from_env(cls, config: WatcherConfig | None = None,
-                 environ: Mapping[str, str] | None = None, *,
-                 poll_metadata: bool | None = None) -> "NoticeWatcher":
+    def from_env(
+        cls,
+        config: WatcherConfig | None = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        poll_metadata: bool | None = None,
+    ) -> NoticeWatcher:
         """A watcher for FTFLEET_CLOUD (unset: signals only) and
         FTFLEET_METADATA_ENDPOINT (unset: the cloud's default address).
 
@@ -163,16 +177,14 @@ class NoticeWatcher:
         environ = os.environ if environ is None else environ
         cloud = environ.get("FTFLEET_CLOUD") or "none"
         if cloud not in CLOUDS:
-            raise ConfigError(f"FTFLEET_CLOUD={cloud!r}: use aws or gcp "
-                              "(or leave it unset to watch signals only)")
+            raise ConfigError(f"FTFLEET_CLOUD={cloud!r}: use aws or gcp (or leave it unset to watch signals only)")
         if poll_metadata is None:
             poll_metadata = (environ.get("LOCAL_RANK") or "0") == "0"
-        return cls(cloud if poll_metadata else "none",
-                   environ.get("FTFLEET_METADATA_ENDPOINT") or None, config)
+        return cls(cloud if poll_metadata else "none", environ.get("FTFLEET_METADATA_ENDPOINT") or None, config)
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def start(self) -> "NoticeWatcher":
+    def start(self) -> NoticeWatcher:
         """Install the signal handlers (main thread only) and start the pollers."""
         if self._started:
             raise RuntimeError("NoticeWatcher.start() called twice")
@@ -184,15 +196,17 @@ class NoticeWatcher:
             self._threads.append(AwsPoller(self.endpoint, cfg, self._report, self._stop))
         elif self.cloud == "gcp":
             self._threads += [
-                GcpPoller(self.endpoint, GCP_PREEMPTED_PATH, cfg, self._report,
-                           self._clear, self._stop),
-                GcpPoller(self.endpoint, GCP_MAINTENANCE_PATH, cfg, self._report,
-                           self._clear, self._stop),
+                GcpPoller(self.endpoint, GCP_PREEMPTED_PATH, cfg, self._report, self._clear, self._stop),
+                GcpPoller(self.endpoint, GCP_MAINTENANCE_PATH, cfg, self._report, self._clear, self._stop),
             ]
         for thread in self._threads:
             thread.start()
-        log.info("notice watcher started: cloud=%s endpoint=%s signals=%s",
-                 self.cloud, self.endpoint or "-", ",".join(cfg.signals))
+        log.info(
+            "notice watcher started: cloud=%s endpoint=%s signals=%s",
+            self.cloud,
+            self.endpoint or "-",
+            ",".join(cfg.signals),
+        )
         return self
 
     def stop(self, timeout_s: float = 1.0) -> None:
@@ -209,7 +223,7 @@ class NoticeWatcher:
         self._restore_signal_handlers()
         self._started = False
 
-    def __enter__(self) -> "NoticeWatcher":
+    def __enter__(self) -> NoticeWatcher:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -223,10 +237,13 @@ class NoticeWatcher:
         with self._lock:
             if signal_at is not None and NoticeSource.SIGNAL not in self._notices:
                 self._notices[NoticeSource.SIGNAL] = Notice.create(
-                    NoticeKind.SIGNAL, NoticeSource.SIGNAL, self._signal_grace_s,
-                    received_at=signal_at)
-                log.warning("received %s: %s", signal.Signals(self._signum or 15).name,
-                            self._notices[NoticeSource.SIGNAL].describe())
+                    NoticeKind.SIGNAL, NoticeSource.SIGNAL, self._signal_grace_s, received_at=signal_at
+                )
+                log.warning(
+                    "received %s: %s",
+                    signal.Signals(self._signum or 15).name,
+                    self._notices[NoticeSource.SIGNAL].describe(),
+                )
             return most_urgent(self._notices.values())
 
     def acknowledge(self, notice: Notice) -> None:
@@ -238,8 +255,7 @@ class NoticeWatcher:
                 if held.kind == notice.kind and (notice.terminal or not held.terminal):
                     del self._notices[source]
             if not notice.terminal:
-                self._cooldown_until[notice.kind] = (
-                    time.time() + self.config.advisory_cooldown_s)
+                self._cooldown_until[notice.kind] = time.time() + self.config.advisory_cooldown_s
             if notice.kind == NoticeKind.SIGNAL:
                 self._signal_at = None
 
@@ -251,10 +267,12 @@ class NoticeWatcher:
 
     def _report(self, notice: Notice) -> None:
         with self._lock:
-            if (not notice.terminal
-                    and self._cooldown_until.get(notice.kind, 0.0) > notice.received_at):
-                log.info("ignoring %s: one was handled less than %.0fs ago",
-                         notice.describe(), self.config.advisory_cooldown_s)
+            if not notice.terminal and self._cooldown_until.get(notice.kind, 0.0) > notice.received_at:
+                log.info(
+                    "ignoring %s: one was handled less than %.0fs ago",
+                    notice.describe(),
+                    self.config.advisory_cooldown_s,
+                )
                 return
             held = self._notices.get(notice.source)
             chosen = most_urgent([held, notice])
@@ -280,8 +298,7 @@ class NoticeWatcher:
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
-            log.warning("notice watcher started outside the main thread: %s not "
-                        "handled", ",".join(self.config.signals))
+            log.warning("notice watcher started outside the main thread: %s not handled", ",".join(self.config.signals))
             return
         for name in self.config.signals:
             signum = getattr(signal, name)

@@ -51,8 +51,7 @@ MAINTENANCE_EVENTS = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", "TERMINATE_ON_HOST_
 
 
 def _iso(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _etag(value: str) -> str:
@@ -76,8 +75,7 @@ class _State:
         with self.cond:
             self.instance_action: dict[str, str] | None = None
             self.rebalance: dict[str, str] | None = None
-            self.gcp = {"preempted": "FALSE", "maintenance-event": "NONE",
-                        "name": self.instance_id}
+            self.gcp = {"preempted": "FALSE", "maintenance-event": "NONE", "name": self.instance_id}
             self.tokens.clear()
             self.cond.notify_all()
 
@@ -88,9 +86,13 @@ class _State:
 
     def snapshot(self) -> dict[str, Any]:
         with self.cond:
-            return {"instance_action": self.instance_action, "rebalance": self.rebalance,
-                    "gcp": dict(self.gcp), "tokens_issued": len(self.tokens),
-                    "requests": len(self.requests)}
+            return {
+                "instance_action": self.instance_action,
+                "rebalance": self.rebalance,
+                "gcp": dict(self.gcp),
+                "tokens_issued": len(self.tokens),
+                "requests": len(self.requests),
+            }
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -102,8 +104,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not self.quiet:
             super().log_message(format, *args)
 
-    def _send(self, status: int, body: str | bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "text/plain") -> None:
+    def _send(
+        self,
+        status: int,
+        body: str | bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "text/plain",
+    ) -> None:
         data = body.encode() if isinstance(body, str) else body
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -138,9 +145,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         token = self.headers.get("X-aws-ec2-metadata-token", "")
         with st.cond:
             expiry = st.tokens.get(token)
-            items = {"spot/instance-action": st.instance_action,
-                     "events/recommendations/rebalance": st.rebalance,
-                     "instance-id": st.instance_id}
+            items = {
+                "spot/instance-action": st.instance_action,
+                "events/recommendations/rebalance": st.rebalance,
+                "instance-id": st.instance_id,
+            }
         if expiry is None or expiry < time.monotonic():
             return self._send(401, "Unauthorized")
         item = items.get(path)
@@ -166,23 +175,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 except ValueError:
                     return self._send(400, "Bad Request: timeout_sec")
                 end = time.monotonic() + min(max(wait, 0.0), st.max_wait_s)
-                while (_etag(st.gcp[key]) == baseline and not st.closing
-                       and time.monotonic() < end):
+                while _etag(st.gcp[key]) == baseline and not st.closing and time.monotonic() < end:
                     st.cond.wait(max(0.0, end - time.monotonic()))
             value = st.gcp[key]
-        self._send(200, value, {"ETag": _etag(value), "Metadata-Flavor": "Google"},
-                   content_type="application/text")
+        self._send(200, value, {"ETag": _etag(value), "Metadata-Flavor": "Google"}, content_type="application/text")
 
     def do_GET(self) -> None:  # noqa: N802
         url = self._record()
         if url.path.startswith(_AWS_META):
-            return self._aws_get(url.path[len(_AWS_META):])
+            return self._aws_get(url.path[len(_AWS_META) :])
         if url.path.startswith(_GCP_INSTANCE):
-            return self._gcp_get(url.path[len(_GCP_INSTANCE):],
-                                 urllib.parse.parse_qs(url.query))
+            return self._gcp_get(url.path[len(_GCP_INSTANCE) :], urllib.parse.parse_qs(url.query))
         if url.path == CONTROL_PREFIX + "state":
-            return self._send(200, json.dumps(self.state.snapshot()),
-                              content_type="application/json")
+            return self._send(200, json.dumps(self.state.snapshot()), content_type="application/json")
         self._send(404, "Not Found")
 
     # -- control -------------------------------------------------------------------
@@ -195,13 +200,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             args = json.loads(self.rfile.read(length) or b"{}")
             fake = self.server.fake  # type: ignore[attr-defined]
-            result = _control(fake, url.path[len(CONTROL_PREFIX):], args)
+            result = _control(fake, url.path[len(CONTROL_PREFIX) :], args)
         except (ValueError, TypeError, KeyError) as exc:
             return self._send(400, f"Bad Request: {exc}")
         self._send(200, json.dumps(result), content_type="application/json")
 
 
-def _control(server: "FakeMetadataServer", op: str, args: dict[str, Any]) -> Any:
+def _control(server: FakeMetadataServer, op: str, args: dict[str, Any]) -> Any:
     ops = {
         "spot-interruption": lambda: server.schedule_spot_interruption(**args),
         "rebalance": lambda: server.recommend_rebalance(**args),
@@ -219,9 +224,15 @@ class FakeMetadataServer:
     """The fake, in this process. ``port=0`` picks a free port; :attr:`url` is the
     base URL to give the watcher (FTFLEET_METADATA_ENDPOINT)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
-                 instance_id: str = "i-0fake0000000000000", max_wait_s: float = 30.0,
-                 quiet: bool = True) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        instance_id: str = "i-0fake0000000000000",
+        max_wait_s: float = 30.0,
+        quiet: bool = True,
+    ) -> None:
         self.host = host
         self.port = port
         self._state = _State(instance_id, max_wait_s)
@@ -231,7 +242,7 @@ class FakeMetadataServer:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def start(self) -> "FakeMetadataServer":
+    def start(self) -> FakeMetadataServer:
         """Listen (again, on the same port after :meth:`stop`) and serve in a thread."""
         handler = type("Handler", (_Handler,), {"state": self._state, "quiet": self._quiet})
         httpd = http.server.ThreadingHTTPServer((self.host, self.port), handler)
@@ -240,9 +251,7 @@ class FakeMetadataServer:
         self.port = httpd.server_address[1]
         self._state.closing = False
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.05,),
-                                        name="fake-metadata",
-                                        daemon=True)
+        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name="fake-metadata", daemon=True)
         self._thread.start()
         return self
 
@@ -259,7 +268,7 @@ class FakeMetadataServer:
         if self._thread is not None:
             self._thread.join(5)
 
-    def __enter__(self) -> "FakeMetadataServer":
+    def __enter__(self) -> FakeMetadataServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -271,8 +280,7 @@ class FakeMetadataServer:
 
     # -- control -------------------------------------------------------------------
 
-    def schedule_spot_interruption(self, action: str = "terminate",
-                                   in_seconds: float = 120.0) -> dict[str, str]:
+    def schedule_spot_interruption(self, action: str = "terminate", in_seconds: float = 120.0) -> dict[str, str]:
         """Post spot/instance-action now: the instance is ``action``-ed in ``in_seconds``."""
         if action not in ("terminate", "stop", "hibernate"):
             raise ValueError(f"action {action!r}: use terminate, stop or hibernate")
@@ -296,8 +304,7 @@ class FakeMetadataServer:
     def maintenance(self, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> str:
         """Set instance/maintenance-event (NONE ends the event)."""
         if event not in MAINTENANCE_EVENTS:
-            raise ValueError(f"maintenance event {event!r}: use one of "
-                             f"{', '.join(MAINTENANCE_EVENTS)}")
+            raise ValueError(f"maintenance event {event!r}: use one of {', '.join(MAINTENANCE_EVENTS)}")
         self._state.set_gcp("maintenance-event", event)
         return event
 
@@ -331,14 +338,16 @@ class FakeMetadataClient:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def _post(self, op: str, **args: Any) -> Any:
-        request = urllib.request.Request(self.url + CONTROL_PREFIX + op, method="POST",
-                                         data=json.dumps(args).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + CONTROL_PREFIX + op,
+            method="POST",
+            data=json.dumps(args).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with self._opener.open(request, timeout=self.timeout_s) as response:
             return json.loads(response.read())
 
-    def schedule_spot_interruption(self, action: str = "terminate",
-                                   in_seconds: float = 120.0) -> dict[str, str]:
+    def schedule_spot_interruption(self, action: str = "terminate", in_seconds: float = 120.0) -> dict[str, str]:
         return self._post("spot-interruption", action=action, in_seconds=in_seconds)
 
     def recommend_rebalance(self) -> dict[str, str]:
@@ -357,23 +366,23 @@ class FakeMetadataClient:
         self._post("reset")
 
     def state(self) -> dict[str, Any]:
-        with self._opener.open(self.url + CONTROL_PREFIX + "state",
-                               timeout=self.timeout_s) as response:
+        with self._opener.open(self.url + CONTROL_PREFIX + "state", timeout=self.timeout_s) as response:
             return json.loads(response.read())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.testing.fake_metadata",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ftfleet.trainer.testing.fake_metadata", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--instance-id", default="i-0fake0000000000000")
-    parser.add_argument("--max-wait", type=float, default=30.0,
-                        help="ceiling of a wait_for_change long poll, seconds")
+    parser.add_argument("--max-wait", type=float, default=30.0, help="ceiling of a wait_for_change long poll, seconds")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
-    server = FakeMetadataServer(args.host, args.port, instance_id=args.instance_id,
-                                max_wait_s=args.max_wait, quiet=not args.verbose).start()
+    server = FakeMetadataServer(
+        args.host, args.port, instance_id=args.instance_id, max_wait_s=args.max_wait, quiet=not args.verbose
+    ).start()
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())

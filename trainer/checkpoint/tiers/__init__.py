@@ -8,14 +8,14 @@ from ftfleet.trainer.checkpoint.tiers.local import LocalTier
 __all__ = ["LocalTier", "ObjectStore", "TierUnavailable", "open_store", "parse_uri"]
 
 
-def open_store(uri: str, *, endpoint_url: str | None = None, retries: int = 10,
-               chunk_mb: int = 64, workers: int = 8) -> ObjectStore:
+def open_store(
+    uri: str, *, endpoint_url: str | None = None, retries: int = 10, chunk_mb: int = 64, workers: int = 8
+) -> ObjectStore:
     scheme, _, _ = parse_uri(uri)
     if scheme == "s3":
         from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
 
-        return S3Store(uri, endpoint_url=endpoint_url, retries=retries, chunk_mb=chunk_mb,
-                       workers=workers)
+        return S3Store(uri, endpoint_url=endpoint_url, retries=retries, chunk_mb=chunk_mb, workers=workers)
     from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore
 
     return GCSStore(uri, chunk_mb=chunk_mb)

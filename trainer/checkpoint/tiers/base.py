@@ -8,8 +8,8 @@ else under a root is either being written or debris of a crash.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ftfleet.contract import MANIFEST_NAME, parse_step_dir, step_dir_name
 from ftfleet.trainer.checkpoint.manifest import Manifest
@@ -47,7 +47,7 @@ class ObjectStore(abc.ABC):
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def rel(self, key: str) -> str:
-        return key[len(self.prefix) + 1:] if self.prefix else key
+        return key[len(self.prefix) + 1 :] if self.prefix else key
 
     # --- operations each store implements -----------------------------------
     @abc.abstractmethod
@@ -95,7 +95,7 @@ class ObjectStore(abc.ABC):
     def step_objects(self, step: int) -> dict[str, int]:
         """File name -> size of the objects of ``step``."""
         prefix = f"{step_dir_name(step)}/"
-        return {rel[len(prefix):]: size for rel, size in self.list(prefix).items()}
+        return {rel[len(prefix) :]: size for rel, size in self.list(prefix).items()}
 
     def remove_step(self, step: int) -> None:
         """Delete a step, manifest first, so it stops existing before it loses a file."""

@@ -3,8 +3,9 @@ CRC32C-checked transfers, the library's default retry policy with backoff)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable
 
@@ -57,8 +58,9 @@ class GCSStore(ObjectStore):
         from google.api_core import exceptions as gexc
 
         try:
-            blobs = self._call(lambda: list(self.client.list_blobs(
-                self.bucket, prefix=self.key(rel_prefix), retry=self._retry())))
+            blobs = self._call(
+                lambda: list(self.client.list_blobs(self.bucket, prefix=self.key(rel_prefix), retry=self._retry()))
+            )
         except gexc.NotFound:
             raise TierUnavailable(f"{self.uri}: bucket {self.bucket} does not exist") from None
         return {self.rel(b.name): int(b.size) for b in blobs}
@@ -67,24 +69,20 @@ class GCSStore(ObjectStore):
         from google.api_core import exceptions as gexc
 
         try:
-            return self._call(self._blob(rel).download_as_bytes, checksum="crc32c",
-                              retry=self._retry())
+            return self._call(self._blob(rel).download_as_bytes, checksum="crc32c", retry=self._retry())
         except gexc.NotFound:
             return None
 
     def put_bytes(self, rel: str, data: bytes) -> None:
-        self._call(self._blob(rel).upload_from_string, data, checksum="crc32c",
-                   retry=self._retry())
+        self._call(self._blob(rel).upload_from_string, data, checksum="crc32c", retry=self._retry())
 
     def upload_file(self, path: Path, rel: str) -> None:
         # Re-uploading the same bytes under the same name is idempotent, so retrying an
         # upload without a generation precondition is safe here.
-        self._call(self._blob(rel).upload_from_filename, str(path), checksum="crc32c",
-                   retry=self._retry())
+        self._call(self._blob(rel).upload_from_filename, str(path), checksum="crc32c", retry=self._retry())
 
     def download_file(self, rel: str, path: Path) -> None:
-        self._call(self._blob(rel).download_to_filename, str(path), checksum="crc32c",
-                   retry=self._retry())
+        self._call(self._blob(rel).download_to_filename, str(path), checksum="crc32c", retry=self._retry())
 
     def iter_object(self, rel: str) -> Iterator[bytes]:
         with self._call(self._blob(rel).open, "rb", retry=self._retry()) as f:

@@ -3,14 +3,22 @@ mode, which retries 5xx, throttling and connection errors with backoff)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable
 
 _MISSING = ("NoSuchKey", "404", "NotFound")
-_UNAVAILABLE = ("NoSuchBucket", "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId",
-                "SignatureDoesNotMatch", "PermanentRedirect", "AuthorizationHeaderMalformed")
+_UNAVAILABLE = (
+    "NoSuchBucket",
+    "AccessDenied",
+    "AllAccessDisabled",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "PermanentRedirect",
+    "AuthorizationHeaderMalformed",
+)
 
 
 def make_client(endpoint_url: str | None, retries: int) -> Any:
@@ -18,26 +26,40 @@ def make_client(endpoint_url: str | None, retries: int) -> Any:
     import boto3
     from botocore.config import Config
 
-    config = Config(retries={"mode": "standard", "max_attempts": retries},
-                    connect_timeout=10, read_timeout=60,
-                    # an endpoint given as host:port has no bucket subdomains
-                    s3={"addressing_style": "path"} if endpoint_url else None,
-                    max_pool_connections=32)
+    config = Config(
+        retries={"mode": "standard", "max_attempts": retries},
+        connect_timeout=10,
+        read_timeout=60,
+        # an endpoint given as host:port has no bucket subdomains
+        s3={"addressing_style": "path"} if endpoint_url else None,
+        max_pool_connections=32,
+    )
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url or None, config=config)
 
 
 class S3Store(ObjectStore):
     name = "s3"
 
-    def __init__(self, uri: str, *, endpoint_url: str | None = None, retries: int = 10,
-                 chunk_mb: int = 64, workers: int = 8, client: Any = None):
+    def __init__(
+        self,
+        uri: str,
+        *,
+        endpoint_url: str | None = None,
+        retries: int = 10,
+        chunk_mb: int = 64,
+        workers: int = 8,
+        client: Any = None,
+    ):
         super().__init__(uri)
         self.client = client or make_client(endpoint_url, retries)
         from boto3.s3.transfer import TransferConfig
 
-        self.transfer = TransferConfig(multipart_threshold=chunk_mb << 20,
-                                       multipart_chunksize=chunk_mb << 20,
-                                       max_concurrency=workers, use_threads=True)
+        self.transfer = TransferConfig(
+            multipart_threshold=chunk_mb << 20,
+            multipart_chunksize=chunk_mb << 20,
+            max_concurrency=workers,
+            use_threads=True,
+        )
 
     def _call(self, fn, *args, **kwargs):
         from botocore.exceptions import BotoCoreError, ClientError
@@ -79,12 +101,10 @@ class S3Store(ObjectStore):
         self._call(self.client.put_object, Bucket=self.bucket, Key=self.key(rel), Body=data)
 
     def upload_file(self, path: Path, rel: str) -> None:
-        self._call(self.client.upload_file, str(path), self.bucket, self.key(rel),
-                   Config=self.transfer)
+        self._call(self.client.upload_file, str(path), self.bucket, self.key(rel), Config=self.transfer)
 
     def download_file(self, rel: str, path: Path) -> None:
-        self._call(self.client.download_file, self.bucket, self.key(rel), str(path),
-                   Config=self.transfer)
+        self._call(self.client.download_file, self.bucket, self.key(rel), str(path), Config=self.transfer)
 
     def iter_object(self, rel: str) -> Iterator[bytes]:
         resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self.key(rel))
@@ -92,6 +112,5 @@ class S3Store(ObjectStore):
 
     def delete(self, rels: list[str]) -> None:
         for i in range(0, len(rels), 1000):
-            batch = [{"Key": self.key(r)} for r in rels[i:i + 1000]]
-            self._call(self.client.delete_objects, Bucket=self.bucket,
-                       Delete={"Objects": batch, "Quiet": True})
+            batch = [{"Key": self.key(r)} for r in rels[i : i + 1000]]
+            self._call(self.client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
