@@ -84,13 +84,17 @@ def test_replication_uses_rtc_metrics_delete_markers_and_the_replica_key():
     assert dest["encryptionConfiguration"]["replicaKmsKeyId"].startswith("arn:aws:kms:us-west-2")
 
 
-def test_replication_time_control_and_object_lock_follow_config(variant):
-    rec = variant(replicationTimeControl=False, objectLock=False)
+def test_replication_time_control_follows_config(variant):
+    rec = variant(replicationTimeControl=False)
     dest = rec.of_type("aws:s3/bucketReplicationConfig:BucketReplicationConfig")[0].inputs["rules"][0]["destination"]
     assert "replicationTime" not in dest and dest["metrics"]["status"] == "Enabled"
-    assert not rec.of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
-    locked = recording("aws-prod").of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
-    assert len(locked) == 2 and all(r.inputs["rule"]["defaultRetention"]["mode"] == "GOVERNANCE" for r in locked)
+
+
+def test_no_bucket_the_fsx_export_writes_is_object_locked():
+    for stack in ("aws-dev", "aws-prod"):
+        rec = recording(stack)
+        assert not rec.of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+        assert all(not b.inputs.get("objectLockEnabled") for b in rec.of_type("aws:s3/bucket:Bucket"))
 
 
 def test_replication_role_is_least_privilege():
