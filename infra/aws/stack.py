@@ -27,13 +27,27 @@ def build(s: Settings) -> None:
     buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)
     registry = Registry(f"{s.name}-registry", s, primary)
     store = CheckpointStore(
-        f"{s.name}-fsx", s, network.subnet_ids[0], network.fsx_sg.id, key.key.arn, buckets.primary.bucket, primary
+        f"{s.name}-fsx",
+        s,
+        network.subnet_ids[0],
+        network.fsx_sg.id,
+        key.key.arn,
+        buckets.primary.bucket,
+        primary,
+        security_group_rules=network.fsx_rules,
     )
 
     grants = pulumi.Output.all(
         buckets.primary.arn, buckets.replica.arn, key.key.arn, key.replica.arn, registry.repository.arn
-    ).apply(lambda a: NodeGrants(*a, checkpoint_prefix=f"{userdata.checkpoint_root(s)}/"))
-    nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn)
+    ).apply(
+        lambda a: NodeGrants(
+            *a,
+            checkpoint_prefix=f"{userdata.checkpoint_root(s)}/",
+            region=s.region,
+            replica_region=s.replica_region,
+        )
+    )
+    nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn, provider=primary)
 
     def node_user_data(role: str) -> pulumi.Output[str]:
         return pulumi.Output.all(
@@ -70,6 +84,7 @@ def build(s: Settings) -> None:
         nodes.profiles,
         {role: node_user_data(role) for role in ("coordinator", "worker")},
         primary,
+        depends_on=[store.association, *nodes.policies],
     )
 
     # Remediation functions (lambdas/) plug in here: spot-interruption and rebalance

@@ -149,10 +149,11 @@ def test_every_group_holds_terminating_nodes_for_the_emergency_checkpoint():
         assert h.inputs["heartbeatTimeout"] >= 120  # AWS's spot notice is 2 minutes
 
 
-def test_launch_templates_require_imdsv2_encrypt_root_and_allow_container_hops():
+def test_launch_templates_require_imdsv2_encrypt_root_and_keep_credentials_one_hop_away():
     for lt in recording("aws-dev").of_type("aws:ec2/launchTemplate:LaunchTemplate"):
         meta = lt.inputs["metadataOptions"]
-        assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 2
+        # The trainer container uses the host's network, so one hop reaches IMDS.
+        assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1
         ebs = lt.inputs["blockDeviceMappings"][0]["ebs"]
         assert ebs["volumeType"] == "gp3" and ebs["encrypted"] == "true"
         assert lt.inputs["imageId"].startswith("resolve:ssm:/aws/service/deeplearning/")
