@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+import pulumi
+
+from ftfleet.errors import ConfigError
 from ftfleet.infra import estimate, offline, stackfile
 
 # The settings worth reading in a review, per resource type (paths into the inputs).
@@ -140,9 +144,25 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     return "\n".join(lines)
 
 
-def plan(target: str) -> tuple[offline.Recording, dict]:
+def previous_outputs(path: str | None) -> dict[str, Any] | None:
+    """The stack's outputs from its last deployment (`pulumi stack output --json`)."""
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--previous-outputs {path}: not a JSON file of stack outputs ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--previous-outputs {path}: expected a JSON object, as `pulumi stack output --json` prints")
+    return data
+
+
+def plan(target: str, previous: dict[str, Any] | None = None) -> tuple[offline.Recording, dict]:
     stack = stackfile.load(target)
-    rec = offline.run(stack)
+    try:
+        rec = offline.run(stack, previous_outputs=previous)
+    except pulumi.RunError as exc:  # the program refused (e.g. a change that would replace a bucket)
+        raise ConfigError(str(exc)) from None
     return rec, estimate.estimate(stack.settings())
 
 
@@ -150,8 +170,9 @@ def run(args: argparse.Namespace) -> int:
     targets = stackfile.stack_names() if args.all else [args.stack]
     if not targets or targets == [None]:
         raise SystemExit("ftfleet plan: give a STACK or --all")
+    previous = previous_outputs(getattr(args, "previous_outputs", None))
     for i, target in enumerate(targets):
-        rec, est = plan(target)
+        rec, est = plan(target, previous)
         if args.json:
             print(json.dumps(as_json(rec, est), indent=None if args.all else 2, sort_keys=False))
         else:
@@ -167,4 +188,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("stack", nargs="?", help="stack name in stacks/ (e.g. aws-dev) or a path to a stack file")
     p.add_argument("--all", action="store_true", help="plan every stack in stacks/")
     p.add_argument("--json", action="store_true", help="one JSON object per stack instead of the table")
+    p.add_argument(
+        "--previous-outputs",
+        metavar="FILE",
+        help="the deployed stack's outputs (`pulumi stack output --json`): refuse changes that would replace data",
+    )
     p.set_defaults(func=run)
