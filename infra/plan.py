@@ -129,14 +129,21 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     lines.append(f"{'TYPE':<{widths[0]}}  {'NAME':<{widths[1]}}  {'REGION':<{widths[2]}}  SETTINGS")
     lines += [f"{t:<{widths[0]}}  {n:<{widths[1]}}  {g:<{widths[2]}}  {s}" for t, n, g, s in rows]
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
+    repl, net = est["replication_usd_per_tib_written"], est["network_usd_per_month"]
     lines += [
         "",
         f"Cost {est['label']}:",
         f"  fleet at desired size ({1 + nodes['workers_on_demand']} on-demand + {nodes['workers_spot']} spot "
         f"nodes, {nodes['gpus']} GPUs): ${fleet['with_spot']:,.2f}/hour with spot vs "
-        f"${fleet['all_on_demand']:,.2f}/hour all on-demand ({fleet['savings_percent']}% less)",
+        f"${fleet['all_on_demand']:,.2f}/hour all on-demand ({fleet['savings_percent']}% less), "
+        f"root volumes ${fleet['root_volumes']:,.2f}/hour of that",
         f"  FSx for Lustre: ${storage['fsx']:,.2f}/month; buckets: ${storage['buckets_per_tib_stored']:,.2f}"
         "/month per TiB of checkpoints (primary + replica, before tiering)",
+        f"  replication: ${repl['total']:,.2f} per TiB of checkpoints written (inter-region transfer "
+        f"${repl['inter_region_transfer']:,.2f} + RTC ${repl['replication_time_control']:,.2f})",
+        f"  NAT gateway: ${net['nat_gateway']:,.2f}/month + ${net['nat_per_gib_processed']:,.3f}/GiB processed "
+        "(image pulls; checkpoints go through the free S3 endpoint)",
+        "  assuming: " + "; ".join(est["assumptions"]),
         "",
         "Outputs:",
     ]
