@@ -108,6 +108,9 @@ def as_json(rec: offline.Recording, est: dict) -> dict:
                 "parent": names.get(r.parent) if r.parent else None,
                 "provider": names.get(r.provider) if r.provider else None,
                 "region": rec.region_of(r),
+                "protect": r.protect,
+                # What it waits for (depends_on and inputs), by name.
+                "dependencies": sorted({names[u] for u in r.dependencies if u in names}),
                 "inputs": r.inputs,
             }
             for r in rec.resources
