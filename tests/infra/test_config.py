@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from ftfleet.cli import main
-from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog, constraints, offline, settings, stackfile
 
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.aws-dev.yaml"))["config"]
@@ -104,7 +103,7 @@ BAD = {
 }
 
 
-def test_types_of_two_efa_groups_are_refused_with_efa(monkeypatch):
+def test_types_of_two_efa_groups_are_refused_with_efa(monkeypatch, tmp_path, capsys):
     """No catalog pair of one generation spans two EFA groups today; a new type could."""
     real = catalog.instance
 
@@ -114,9 +113,15 @@ def test_types_of_two_efa_groups_are_refused_with_efa(monkeypatch):
         return real(cloud, name)
 
     monkeypatch.setattr(catalog, "instance", with_dl_type)
-    with pytest.raises(ConfigError, match="mixes types that cannot exchange EFA traffic") as err:
-        constraints.check_fleet_types("aws", "p5.48xlarge", ("p5.48xlarge", "x9.48xlarge"), efa=True)
-    assert err.value.args[0].startswith("ftfleet:workerInstanceTypes ")
+    changes = {
+        "ftfleet:coordinatorInstanceType": "p5.48xlarge",
+        "ftfleet:workerInstanceTypes": ["p5.48xlarge", "x9.48xlarge"],
+        "ftfleet:efaEnabled": True,
+    }
+    assert main(["plan", bad_stack(tmp_path, changes)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("error: ftfleet:workerInstanceTypes mixes types that cannot exchange EFA traffic")
     constraints.check_fleet_types("aws", "p5.48xlarge", ("p5.48xlarge", "x9.48xlarge"), efa=False)
 
 
