@@ -5,12 +5,12 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from ftfleet.errors import ConfigError
 from ftfleet.infra import creation
 from ftfleet.infra.aws import userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
 from ftfleet.infra.aws.fleet import GpuFleet
+from ftfleet.infra.aws.guard import creation_guard
 from ftfleet.infra.aws.iam import NodeGrants, NodeIdentity
 from ftfleet.infra.aws.kms import StackKey
 from ftfleet.infra.aws.network import Network
@@ -18,28 +18,10 @@ from ftfleet.infra.aws.registry import Registry
 from ftfleet.infra.settings import Settings
 
 
-def creation_guard(s: Settings) -> pulumi.Output[dict]:
-    """This run's creation-only settings, once checked against the stack's last
-    deployment (read through a reference to the stack itself); fails the run with one
-    line if a change would replace a bucket, a key or the file system."""
-    own = f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
-    previous = pulumi.StackReference(f"{s.name}-previous", stack_name=own).get_output(creation.OUTPUT)
-    current = creation.recorded(s)
-
-    def verify(before):
-        try:
-            creation.check(before, current, s.cloud)
-        except ConfigError as exc:
-            raise pulumi.RunError(str(exc)) from None
-        return current
-
-    return previous.apply(verify)
-
-
 def build(s: Settings) -> None:
     checked = creation_guard(s)
-    # Every resource goes through these two providers, so nothing is created or changed
-    # before the guard has passed.
+    # Every resource goes through these two providers (IAM too, for the tags), so
+    # nothing is created or changed before the guard has passed.
     tags = aws.ProviderDefaultTagsArgs(tags=checked.apply(lambda _: s.all_tags()))
     primary = aws.Provider("primary", region=s.region, default_tags=tags)
     replica = aws.Provider("replica", region=s.replica_region, default_tags=tags)
