@@ -46,8 +46,8 @@ def _efa_interfaces(r: Res) -> list[dict]:
 
 
 def efa_per_network_card(r: Res) -> list[str]:
-    """One EFA interface per network card of the instance type, on distinct cards, the
-    primary at card 0 device 0 (Amazon EC2 User Guide, "Maximize network bandwidth on
+    """One EFA interface per network card of the instance type, on distinct cards, and a
+    primary interface at card 0 device 0 (Amazon EC2 User Guide, "Maximize network bandwidth on
     accelerated computing instances with EFA",
     https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html)."""
     if r.type != LAUNCH_TEMPLATE:
@@ -63,9 +63,9 @@ def efa_per_network_card(r: Res) -> list[str]:
     cards = [i.get("networkCardIndex") for i in efa]
     if all(isinstance(c, int) for c in cards) and sorted(cards) != list(range(len(cards))):
         out.append(f"EFA interfaces on network cards {cards}; use each card 0..{len(cards) - 1} once")
-    primary = [i for i in efa if i.get("networkCardIndex") == 0]
-    if primary and primary[0].get("deviceIndex") not in (0, None):
-        out.append("the EFA interface on network card 0 is not device index 0 (the primary interface)")
+    everything = r.props.get("networkInterfaces") or []
+    if not any(i.get("networkCardIndex") in (0, None) and i.get("deviceIndex") in (0, None) for i in everything):
+        out.append("no primary interface at network card 0, device index 0")
     return out
 
 

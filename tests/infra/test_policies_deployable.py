@@ -90,6 +90,17 @@ def test_efa_interfaces_on_one_card_twice_or_a_secondary_primary_are_caught():
     assert len(policies.efa_per_network_card(lt)) == 2
 
 
+def test_the_newer_layout_with_an_ena_primary_and_efa_only_interfaces_is_accepted_too():
+    """AWS's guide now also describes an ENA primary plus EFA-only interfaces."""
+    lt = efa_template("p5.48xlarge", 32)
+    interfaces = [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}]
+    interfaces += [
+        {"networkCardIndex": c, "deviceIndex": 1 if c == 0 else 0, "interfaceType": "efa-only"} for c in range(32)
+    ]
+    lt.props["networkInterfaces"] = interfaces
+    assert policies.efa_per_network_card(lt) == []
+
+
 def test_replacement_percentages_outside_what_aws_accepts_are_caught():
     group = res(GROUP, {"instanceMaintenancePolicy": {"minHealthyPercentage": 20, "maxHealthyPercentage": 210}})
     assert len(policies.replacement_within_aws_bounds(group)) == 2
