@@ -1,7 +1,8 @@
 """Instance facts and list prices shipped with the package (infra/catalog.json).
 
-Validation uses the GPU counts and EFA support; `ftfleet plan` uses the prices for an
-estimate that it labels as one, with the date the prices were recorded.
+Validation uses the GPU counts and generations, EFA support, network cards and EFA
+groups; `ftfleet plan` uses the prices for an estimate that it labels as one, with the
+date the prices were recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ class InstanceSpec:
     efa: bool
     on_demand_hourly: float
     spot_hourly: float
+    generation: str = ""
+    """GPUs that pace a training step alike; one job uses one generation."""
+    network_cards: int = 1
+    efa_interfaces: int = 0
+    """Most EFA interfaces the type takes: one per network card on EFA types."""
+    efa_group: str = ""
+    """EFA traffic flows only between types of the same group."""
 
 
 @functools.cache
@@ -41,6 +49,10 @@ def instance_names(cloud: str) -> list[str]:
 
 def storage_prices(cloud: str) -> dict[str, Any]:
     return _data()["storage"].get(cloud, {})
+
+
+def network_prices(cloud: str) -> dict[str, Any]:
+    return _data().get("network", {}).get(cloud, {})
 
 
 def prices_as_of() -> str:

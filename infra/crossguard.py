@@ -1,4 +1,4 @@
-"""The CrossGuard policy pack: infra/policies.py wrapped for `pulumi preview --policy-pack policy/`.
+"""The CrossGuard policy pack: infra/policies/ wrapped for `pulumi preview --policy-pack policy/`.
 
 Kept apart from policy/__main__.py because constructing a PolicyPack starts the
 analyzer server and blocks; tests build the policies here and call them directly.
@@ -23,11 +23,21 @@ PACK_NAME = "ftfleet-invariants"
 
 
 def _res(r) -> policies.Res:
+    """From ResourceValidationArgs (one resource) or PolicyResource (a stack's)."""
     provider = getattr(r, "provider", None)
     region = (r.props or {}).get("region") or (provider.props.get("region") if provider else None)
     deps = {k: [d.urn for d in v] for k, v in (getattr(r, "property_dependencies", None) or {}).items()}
+    opts = getattr(r, "opts", None)
     return policies.Res(
-        type=r.resource_type, name=r.name, urn=r.urn, props=r.props or {}, region=region, property_dependencies=deps
+        type=r.resource_type,
+        name=r.name,
+        urn=r.urn,
+        props=r.props or {},
+        region=region,
+        property_dependencies=deps,
+        dependencies=[d.urn for d in getattr(r, "dependencies", None) or []],
+        protect=bool(getattr(opts, "protect", False)),
+        id=(r.props or {}).get("id") if isinstance((r.props or {}).get("id"), str) else None,
     )
 
 

@@ -1,13 +1,48 @@
-"""Cost estimate of a stack from the dated price table in infra/catalog.json."""
+"""Cost estimate of a stack from the dated price table in infra/catalog.json.
+
+What the fleet declares decides the arithmetic: on-demand workers are the first listed
+type (the `prioritized` on-demand strategy launches it first), spot spreads over every
+type, and each node runs with its gp3 root volume. Checkpoints written to the primary
+bucket are replicated to the other region: inter-region transfer, plus the RTC fee when
+Replication Time Control is on, per TiB written. The trainer picks its checkpoint
+interval at run time (Daly's optimum from the measured save cost), so the volume
+written per month is not known here; the plan shows the cost per TiB written.
+"""
 
 from __future__ import annotations
 
 import math
 
 from ftfleet.infra import catalog
+from ftfleet.infra.aws.fleet import ROOT_IOPS, ROOT_THROUGHPUT_MIBPS
 from ftfleet.infra.settings import Settings
 
 HOURS_PER_MONTH = 730
+GIB_PER_TIB = 1024
+
+
+def root_volume_monthly(s: Settings) -> float:
+    """One node's gp3 root volume: GiB-month plus the IOPS and throughput provisioned
+    above gp3's free baseline."""
+    p = catalog.storage_prices(s.cloud)
+    if "ebs_gp3_gib_month" not in p:
+        return 0.0
+    return (
+        s.fleet.root_volume_gib * p["ebs_gp3_gib_month"]
+        + max(0, ROOT_IOPS - p["ebs_gp3_free_iops"]) * p["ebs_gp3_iops_month"]
+        + max(0, ROOT_THROUGHPUT_MIBPS - p["ebs_gp3_free_mibps"]) * p["ebs_gp3_mibps_month"]
+    )
+
+
+def replication_per_tib(s: Settings) -> dict:
+    p = catalog.storage_prices(s.cloud)
+    transfer = GIB_PER_TIB * p.get("s3_inter_region_transfer_gib", 0.0)
+    rtc = GIB_PER_TIB * p.get("s3_replication_rtc_gib", 0.0) if s.buckets.replication_time_control else 0.0
+    return {
+        "inter_region_transfer": round(transfer, 2),
+        "replication_time_control": round(rtc, 2),
+        "total": round(transfer + rtc, 2),
+    }
 
 
 def estimate(s: Settings) -> dict:
@@ -19,20 +54,29 @@ def estimate(s: Settings) -> dict:
     od_workers = min(desired, f.on_demand_base_capacity)
     od_workers += math.ceil(max(0, desired - od_workers) * f.on_demand_percent_above_base / 100)
     spot_workers = desired - od_workers
-    # Weighted capacity 1 per type and no priorities: assume the fleet spreads evenly.
-    od_avg = sum(w.on_demand_hourly for w in workers) / len(workers)
-    spot_avg = sum(w.spot_hourly for w in workers) / len(workers)
-    all_on_demand = coordinator.on_demand_hourly + desired * od_avg
-    mixed = coordinator.on_demand_hourly + od_workers * od_avg + spot_workers * spot_avg
+    od_price = workers[0].on_demand_hourly  # prioritized: the first listed type
+    spot_avg = sum(w.spot_hourly for w in workers) / len(workers)  # spread over every type
+    volumes = round((1 + desired) * root_volume_monthly(s) / HOURS_PER_MONTH, 2)
+    all_on_demand = coordinator.on_demand_hourly + desired * od_price + volumes
+    mixed = coordinator.on_demand_hourly + od_workers * od_price + spot_workers * spot_avg + volumes
     prices = catalog.storage_prices(s.cloud)
     fsx_rate = prices["fsx_persistent2_gib_month"][str(s.storage.fsx_throughput_per_tib)]
-    per_tib = 1024 * (2 * prices["s3_standard_gib_month"])  # primary + replica, before tiering
+    per_tib = GIB_PER_TIB * (2 * prices["s3_standard_gib_month"])  # primary + replica, before tiering
+    net = catalog.network_prices(s.cloud)
+    nat = 0.0 if s.network.adopt else net.get("nat_gateway_hourly", 0.0) * HOURS_PER_MONTH
     return {
         "label": (
             f"ESTIMATE from list prices recorded {catalog.prices_as_of()} for "
             f"{catalog.price_region(s.cloud)}; spot prices vary by zone and hour"
         ),
         "prices_as_of": catalog.prices_as_of(),
+        "assumptions": [
+            f"on-demand workers are {workers[0].name} (prioritized: the first listed type)",
+            "spot workers spread evenly over every listed type",
+            f"every node has a {f.root_volume_gib} GiB gp3 root volume ({ROOT_IOPS} IOPS, "
+            f"{ROOT_THROUGHPUT_MIBPS} MiB/s)",
+            "the checkpoint interval adapts at run time, so replication is priced per TiB written",
+        ],
         "nodes": {
             "coordinator_on_demand": 1,
             "workers_on_demand": od_workers,
@@ -43,9 +87,15 @@ def estimate(s: Settings) -> dict:
             "all_on_demand": round(all_on_demand, 2),
             "with_spot": round(mixed, 2),
             "savings_percent": round(100 * (1 - mixed / all_on_demand), 1),
+            "root_volumes": volumes,
         },
         "storage_usd_per_month": {
             "fsx": round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2),
             "buckets_per_tib_stored": round(per_tib, 2),
+        },
+        "replication_usd_per_tib_written": replication_per_tib(s),
+        "network_usd_per_month": {
+            "nat_gateway": round(nat, 2),
+            "nat_per_gib_processed": 0.0 if s.network.adopt else net.get("nat_gateway_gib", 0.0),
         },
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import runpy
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ class Resource:
     outputs: dict[str, Any] = field(default_factory=dict)
     id: str = ""
     dependencies: list[str] = field(default_factory=list)
+    """URNs of every resource this one waits for: explicit depends_on and inputs."""
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    protect: bool = False
 
 
 @dataclass
@@ -70,43 +73,153 @@ def _physical(name: str, suffix_len: int = 7) -> str:
     return f"{name}-{hashlib.sha256(name.encode()).hexdigest()[:suffix_len]}"
 
 
-class _Mocks(pulumi.runtime.Mocks):
-    """Deterministic outputs for the resources and invokes the program uses."""
+def _hex(name: str, n: int = 17) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:n]
 
-    def __init__(self, region_of_provider: dict[str, str], default_region: str):
+
+# ARNs in the shape AWS gives each resource type (Service Authorization Reference,
+# "Resource types defined by ..."), so that checks of the policies that name them (the
+# IAM linter in the tests, the policies module) see what AWS would.
+ARN_FORMATS: dict[str, str] = {
+    "aws:s3/bucket:Bucket": "arn:aws:s3:::{name}",
+    "aws:ecr/repository:Repository": "arn:aws:ecr:{region}:{account}:repository/{name}",
+    "aws:route53/zone:Zone": "arn:aws:route53:::hostedzone/{id}",
+    "aws:fsx/lustreFileSystem:LustreFileSystem": "arn:aws:fsx:{region}:{account}:file-system/{id}",
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": (
+        "arn:aws:fsx:{region}:{account}:association/{file_system_id}/{id}"
+    ),
+    "aws:kms/key:Key": "arn:aws:kms:{region}:{account}:key/{id}",
+    "aws:kms/replicaKey:ReplicaKey": "arn:aws:kms:{region}:{account}:key/{id}",
+    "aws:kms/alias:Alias": "arn:aws:kms:{region}:{account}:{name}",
+    "aws:autoscaling/group:Group": (
+        "arn:aws:autoscaling:{region}:{account}:autoScalingGroup:{uuid}:autoScalingGroupName/{name}"
+    ),
+    "aws:iam/role:Role": "arn:aws:iam::{account}:role/{name}",
+    "aws:iam/policy:Policy": "arn:aws:iam::{account}:policy/{name}",
+    "aws:iam/instanceProfile:InstanceProfile": "arn:aws:iam::{account}:instance-profile/{name}",
+    "aws:ec2/launchTemplate:LaunchTemplate": "arn:aws:ec2:{region}:{account}:launch-template/{id}",
+    "aws:ec2/securityGroup:SecurityGroup": "arn:aws:ec2:{region}:{account}:security-group/{id}",
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": (
+        "arn:aws:ec2:{region}:{account}:security-group-rule/{id}"
+    ),
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": (
+        "arn:aws:ec2:{region}:{account}:security-group-rule/{id}"
+    ),
+    "aws:ec2/vpc:Vpc": "arn:aws:ec2:{region}:{account}:vpc/{id}",
+    "aws:ec2/subnet:Subnet": "arn:aws:ec2:{region}:{account}:subnet/{id}",
+    "aws:ec2/placementGroup:PlacementGroup": "arn:aws:ec2:{region}:{account}:placement-group/{name}",
+    "aws:ec2/natGateway:NatGateway": "arn:aws:ec2:{region}:{account}:natgateway/{id}",
+    "aws:ec2/internetGateway:InternetGateway": "arn:aws:ec2:{region}:{account}:internet-gateway/{id}",
+    "aws:ec2/routeTable:RouteTable": "arn:aws:ec2:{region}:{account}:route-table/{id}",
+    "aws:ec2/vpcEndpoint:VpcEndpoint": "arn:aws:ec2:{region}:{account}:vpc-endpoint/{id}",
+    "aws:ec2/eip:Eip": "arn:aws:ec2:{region}:{account}:elastic-ip/{id}",
+    "aws:sqs/queue:Queue": "arn:aws:sqs:{region}:{account}:{name}",
+    "aws:sns/topic:Topic": "arn:aws:sns:{region}:{account}:{name}",
+    "aws:lambda/function:Function": "arn:aws:lambda:{region}:{account}:function:{name}",
+    "aws:cloudwatch/eventRule:EventRule": "arn:aws:events:{region}:{account}:rule/{name}",
+    "aws:cloudwatch/logGroup:LogGroup": "arn:aws:logs:{region}:{account}:log-group:{name}",
+    "aws:cloudwatch/metricAlarm:MetricAlarm": "arn:aws:cloudwatch:{region}:{account}:alarm:{name}",
+    "aws:ssm/parameter:Parameter": "arn:aws:ssm:{region}:{account}:parameter/{bare_name}",
+    "aws:dynamodb/table:Table": "arn:aws:dynamodb:{region}:{account}:table/{name}",
+}
+
+# Resource ids in EC2's shape (the prefix names the kind, as in sg-0123...).
+ID_PREFIXES: dict[str, str] = {
+    "aws:ec2/securityGroup:SecurityGroup": "sg-",
+    "aws:ec2/launchTemplate:LaunchTemplate": "lt-",
+    "aws:ec2/vpc:Vpc": "vpc-",
+    "aws:ec2/subnet:Subnet": "subnet-",
+    "aws:ec2/natGateway:NatGateway": "nat-",
+    "aws:ec2/internetGateway:InternetGateway": "igw-",
+    "aws:ec2/routeTable:RouteTable": "rtb-",
+    "aws:ec2/vpcEndpoint:VpcEndpoint": "vpce-",
+    "aws:ec2/eip:Eip": "eipalloc-",
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": "sgr-",
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": "sgr-",
+    "aws:fsx/lustreFileSystem:LustreFileSystem": "fs-",
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": "dra-",
+}
+# Resources whose id is their name in the provider (buckets, roles, groups, ...).
+NAME_IS_ID = (
+    "aws:s3/bucket:Bucket",
+    "aws:iam/role:Role",
+    "aws:iam/instanceProfile:InstanceProfile",
+    "aws:autoscaling/group:Group",
+    "aws:ecr/repository:Repository",
+    "aws:ec2/placementGroup:PlacementGroup",
+    "aws:lambda/function:Function",
+    "aws:cloudwatch/eventRule:EventRule",
+    "aws:cloudwatch/logGroup:LogGroup",
+)
+
+
+def mock_arn(typ: str, region: str, name: str, rid: str, inputs: dict[str, Any]) -> str:
+    service = typ.split(":")[1].split("/")[0]
+    kind = typ.split("/")[-1].split(":")[0]
+    default = f"arn:aws:{service}:{region}:{MOCK_ACCOUNT}:{kind}/{name}"
+    return ARN_FORMATS.get(typ, default).format(
+        region=region,
+        account=MOCK_ACCOUNT,
+        name=name,
+        bare_name=name.lstrip("/"),
+        id=rid,
+        uuid=str(uuid.UUID(hashlib.sha256(name.encode()).hexdigest()[:32])),
+        file_system_id=inputs.get("fileSystemId") or "fs-unknown",
+    )
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    """Deterministic outputs for the resources and invokes the program uses.
+
+    ``previous_outputs`` stands for the stack's outputs from its last deployment, as a
+    StackReference to the stack itself reads them (None: never deployed)."""
+
+    def __init__(
+        self, region_of_provider: dict[str, str], default_region: str, previous_outputs: dict[str, Any] | None = None
+    ):
         self._region_of_provider = region_of_provider
         self._default_region = default_region
+        self._previous_outputs = previous_outputs or {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outs = dict(args.inputs)
         if args.typ.startswith("pulumi:providers:"):
             return f"{args.name}-provider-id", outs
+        if args.typ == "pulumi:pulumi:StackReference":
+            return args.resource_id or args.name, {
+                "name": outs.get("name"),
+                "outputs": dict(self._previous_outputs),
+                "secretOutputNames": [],
+            }
         provider_urn = (args.provider or "").split("::id")[0].rsplit("::", 1)[0]
         region = outs.get("region") or self._region_of_provider.get(provider_urn, self._default_region)
-        service = args.typ.split(":")[1].split("/")[0]
         physical = outs.get("name") if isinstance(outs.get("name"), str) else _physical(args.name)
-        rid = f"{args.name}-id"
-        outs.setdefault("arn", f"arn:aws:{service}:{region}:{MOCK_ACCOUNT}:{physical}")
+        if args.typ in ID_PREFIXES:
+            rid = ID_PREFIXES[args.typ] + _hex(args.name)
+        elif args.typ in NAME_IS_ID:
+            rid = physical
+        else:
+            rid = f"{args.name}-id"
         outs.setdefault("name", physical)
         if args.typ == "aws:s3/bucket:Bucket":
             outs["bucket"] = physical
-            outs["arn"] = f"arn:aws:s3:::{physical}"
-            rid = physical
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
-            rid = "fs-" + hashlib.sha256(args.name.encode()).hexdigest()[:17]
             outs.update(
                 dnsName=f"{rid}.fsx.{region}.amazonaws.com", mountName=hashlib.sha256(rid.encode()).hexdigest()[:8]
             )
         elif args.typ == "aws:ecr/repository:Repository":
             outs["repositoryUrl"] = f"{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{physical}"
         elif args.typ == "aws:route53/zone:Zone":
-            outs["zoneId"] = "Z" + hashlib.sha256(args.name.encode()).hexdigest()[:20].upper()
-            outs["arn"] = f"arn:aws:route53:::hostedzone/{outs['zoneId']}"
+            rid = "Z" + hashlib.sha256(args.name.encode()).hexdigest()[:20].upper()
+            outs["zoneId"] = rid
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outs["latestVersion"] = 1
         elif args.typ in ("aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey"):
-            outs["keyId"] = "mrk-" + hashlib.sha256(args.name.encode()).hexdigest()[:32]
-            outs["arn"] = f"arn:aws:kms:{region}:{MOCK_ACCOUNT}:key/{outs['keyId']}"
+            rid = "mrk-" + hashlib.sha256(args.name.encode()).hexdigest()[:32]
+            outs["keyId"] = rid
+        elif args.typ == "aws:sqs/queue:Queue":
+            outs["url"] = f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{physical}"
+        outs.setdefault("arn", mock_arn(args.typ, region, physical, rid, outs))
         return rid, outs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -145,6 +258,7 @@ class _Monitor(pulumi_mocks.MockMonitor):
                 id=response.id,
                 dependencies=list(request.dependencies),
                 property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                protect=bool(request.protect),
             )
         )
         return response
@@ -167,11 +281,13 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def run(stack: StackFile, validate_first: bool = True) -> Recording:
+def run(stack: StackFile, validate_first: bool = True, previous_outputs: dict[str, Any] | None = None) -> Recording:
     """Validate the stack's config, then run the program under mocks and record it.
 
     Raises ConfigError (one line) for invalid config before anything runs; with
     ``validate_first=False`` the program's own validation reports it (as pulumi.RunError).
+    ``previous_outputs`` are the outputs of the stack's last deployment (as `pulumi
+    stack output --json` prints them); without them the stack counts as never deployed.
     """
     if validate_first:
         stack.settings()  # fail fast, with the same validation the program applies
@@ -182,7 +298,7 @@ def run(stack: StackFile, validate_first: bool = True) -> Recording:
     # Pulumi's runtime keeps per-run state in context variables and the event loop.
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
-    mocks = _Mocks(provider_regions, region)
+    mocks = _Mocks(provider_regions, region, previous_outputs)
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config)

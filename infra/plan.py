@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+import pulumi
+
+from ftfleet.errors import ConfigError
 from ftfleet.infra import estimate, offline, stackfile
 
 # The settings worth reading in a review, per resource type (paths into the inputs).
@@ -104,6 +108,9 @@ def as_json(rec: offline.Recording, est: dict) -> dict:
                 "parent": names.get(r.parent) if r.parent else None,
                 "provider": names.get(r.provider) if r.provider else None,
                 "region": rec.region_of(r),
+                "protect": r.protect,
+                # What it waits for (depends_on and inputs), by name.
+                "dependencies": sorted({names[u] for u in r.dependencies if u in names}),
                 "inputs": r.inputs,
             }
             for r in rec.resources
@@ -125,14 +132,21 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     lines.append(f"{'TYPE':<{widths[0]}}  {'NAME':<{widths[1]}}  {'REGION':<{widths[2]}}  SETTINGS")
     lines += [f"{t:<{widths[0]}}  {n:<{widths[1]}}  {g:<{widths[2]}}  {s}" for t, n, g, s in rows]
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
+    repl, net = est["replication_usd_per_tib_written"], est["network_usd_per_month"]
     lines += [
         "",
         f"Cost {est['label']}:",
         f"  fleet at desired size ({1 + nodes['workers_on_demand']} on-demand + {nodes['workers_spot']} spot "
         f"nodes, {nodes['gpus']} GPUs): ${fleet['with_spot']:,.2f}/hour with spot vs "
-        f"${fleet['all_on_demand']:,.2f}/hour all on-demand ({fleet['savings_percent']}% less)",
+        f"${fleet['all_on_demand']:,.2f}/hour all on-demand ({fleet['savings_percent']}% less), "
+        f"root volumes ${fleet['root_volumes']:,.2f}/hour of that",
         f"  FSx for Lustre: ${storage['fsx']:,.2f}/month; buckets: ${storage['buckets_per_tib_stored']:,.2f}"
         "/month per TiB of checkpoints (primary + replica, before tiering)",
+        f"  replication: ${repl['total']:,.2f} per TiB of checkpoints written (inter-region transfer "
+        f"${repl['inter_region_transfer']:,.2f} + RTC ${repl['replication_time_control']:,.2f})",
+        f"  NAT gateway: ${net['nat_gateway']:,.2f}/month + ${net['nat_per_gib_processed']:,.3f}/GiB processed "
+        "(image pulls; checkpoints go through the free S3 endpoint)",
+        "  assuming: " + "; ".join(est["assumptions"]),
         "",
         "Outputs:",
     ]
@@ -140,9 +154,25 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     return "\n".join(lines)
 
 
-def plan(target: str) -> tuple[offline.Recording, dict]:
+def previous_outputs(path: str | None) -> dict[str, Any] | None:
+    """The stack's outputs from its last deployment (`pulumi stack output --json`)."""
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--previous-outputs {path}: not a JSON file of stack outputs ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--previous-outputs {path}: expected a JSON object, as `pulumi stack output --json` prints")
+    return data
+
+
+def plan(target: str, previous: dict[str, Any] | None = None) -> tuple[offline.Recording, dict]:
     stack = stackfile.load(target)
-    rec = offline.run(stack)
+    try:
+        rec = offline.run(stack, previous_outputs=previous)
+    except pulumi.RunError as exc:  # the program refused (e.g. a change that would replace a bucket)
+        raise ConfigError(str(exc)) from None
     return rec, estimate.estimate(stack.settings())
 
 
@@ -150,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
     targets = stackfile.stack_names() if args.all else [args.stack]
     if not targets or targets == [None]:
         raise SystemExit("ftfleet plan: give a STACK or --all")
+    previous = previous_outputs(getattr(args, "previous_outputs", None))
     for i, target in enumerate(targets):
-        rec, est = plan(target)
+        rec, est = plan(target, previous)
         if args.json:
             print(json.dumps(as_json(rec, est), indent=None if args.all else 2, sort_keys=False))
         else:
@@ -167,4 +198,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("stack", nargs="?", help="stack name in stacks/ (e.g. aws-dev) or a path to a stack file")
     p.add_argument("--all", action="store_true", help="plan every stack in stacks/")
     p.add_argument("--json", action="store_true", help="one JSON object per stack instead of the table")
+    p.add_argument(
+        "--previous-outputs",
+        metavar="FILE",
+        help="the deployed stack's outputs (`pulumi stack output --json`): refuse changes that would replace data",
+    )
     p.set_defaults(func=run)

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ftfleet.errors import ConfigError
-from ftfleet.infra import catalog
+from ftfleet.infra import catalog, constraints
 
 PROJECT = "ftfleet"
 PULUMI_YAML = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
@@ -239,6 +239,7 @@ def parse(
     replica_region = r.str("replicaRegion")
     if not replica_region:
         raise _err("replicaRegion", "is required: the region that holds the checkpoint replica")
+    constraints.check_regions(cloud, region, replica_region)
     if replica_region == region:
         raise _err(
             "replicaRegion",
@@ -249,6 +250,16 @@ def parse(
     fleet = _fleet(r, cloud)
     storage = _storage(r)
     buckets = _buckets(r)
+    # On AWS the FSx data repository association is the only writer of the bucket.
+    constraints.check_object_lock(cloud, buckets.object_lock, constraints.FSX_EXPORT)
+    constraints.check_efa_addresses(
+        cloud,
+        (fleet.coordinator_instance_type, *fleet.worker_instance_types),
+        1 + fleet.worker_max_size,
+        fleet.efa_enabled,
+        network.vpc_cidr,
+        network.adopt,
+    )
     remediation = RemediationSettings(
         spot_interruption=r.bool("remediationSpotInterruption"),
         unhealthy_nodes=r.bool("remediationUnhealthyNodes"),
@@ -359,6 +370,7 @@ def _fleet(r: _Reader, cloud: str) -> FleetSettings:
                 raise _err(
                     "efaEnabled", f"is true but {name} does not support EFA; disable EFA or use EFA-capable types"
                 )
+    constraints.check_fleet_types(cloud, coordinator, types, efa)
     image_id = r.str("imageId")
     if image_id and not re.fullmatch(r"ami-[0-9a-f]{8,17}", image_id):
         raise _err("imageId", f"is {image_id!r}; give an AMI id (ami-...) or leave it empty")

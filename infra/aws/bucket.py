@@ -161,15 +161,16 @@ class ReplicatedBucket(pulumi.ComponentResource):
                     ],
                 }
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            # IAM is global; the primary provider only brings the default tags.
+            opts=pulumi.ResourceOptions(parent=self, provider=primary),
         )
-        aws.iam.RolePolicy(
+        self.replication_policy = aws.iam.RolePolicy(
             f"{name}-replication",
             role=role.id,
             policy=pulumi.Output.all(self.primary.arn, self.replica.arn, key.arn, replica_key.arn).apply(
                 lambda a: replication_policy(*a, settings.region, settings.replica_region)
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, provider=primary),
         )
 
         destination = dict(
@@ -216,7 +217,14 @@ class ReplicatedBucket(pulumi.ComponentResource):
     def _bucket(self, name: str, b: BucketSettings, key_arn: pulumi.Output[str], provider: aws.Provider) -> s3.Bucket:
         o = pulumi.ResourceOptions(parent=self, provider=provider)
         # force_destroy off: `pulumi destroy` fails on a bucket that still holds checkpoints.
-        bucket = s3.Bucket(name, object_lock_enabled=b.object_lock or None, force_destroy=False, opts=o)
+        # Protected: a change that would replace it (object_lock_enabled is set only at
+        # creation) stops the update instead of emptying a bucket of checkpoints.
+        bucket = s3.Bucket(
+            name,
+            object_lock_enabled=b.object_lock or None,
+            force_destroy=False,
+            opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(protect=True)),
+        )
         versioning = s3.BucketVersioning(
             f"{name}-versioning",
             bucket=bucket.id,

@@ -9,6 +9,8 @@ so a checkpoint restored into the bucket (e.g. from the replica) appears on the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pulumi
 import pulumi_aws as aws
 
@@ -25,8 +27,11 @@ class CheckpointStore(pulumi.ComponentResource):
         key_arn: pulumi.Input[str],
         bucket: pulumi.Input[str],
         provider: aws.Provider,
+        security_group_rules: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """``security_group_rules``: the ingress rules of the file system's group;
+        CreateFileSystem rejects a group that does not admit port 988 at that moment."""
         super().__init__("ftfleet:aws:CheckpointStore", name, None, opts)
         o = pulumi.ResourceOptions(parent=self, provider=provider)
         st = settings.storage
@@ -45,7 +50,11 @@ class CheckpointStore(pulumi.ComponentResource):
             kms_key_id=key_arn,
             log_configuration=aws.fsx.LustreFileSystemLogConfigurationArgs(level="WARN_ERROR"),
             automatic_backup_retention_days=0,
-            opts=o,
+            # Checkpoints on the fast tier outlive any one `pulumi up`: never replaced
+            # or deleted by a typo (unprotect explicitly to remove it).
+            opts=pulumi.ResourceOptions.merge(
+                o, pulumi.ResourceOptions(protect=True, depends_on=list(security_group_rules))
+            ),
         )
         prefix = settings.buckets.checkpoint_prefix
         self.association = aws.fsx.DataRepositoryAssociation(

@@ -4,22 +4,65 @@ The coordinator group holds exactly one on-demand node: it hosts the c10d rendez
 and publishes its address (infra/aws/userdata.py), so it must not be interrupted by
 the spot market. Workers use a mixed-instances policy: an on-demand base, a percentage
 of on-demand above it, and spot spread over every configured type with the configured
-allocation strategy. Capacity rebalancing starts a replacement when EC2 signals that
-a spot node is at risk, and a termination lifecycle hook holds every terminating node
-(spot reclaim, scale-in, refresh) long enough for the trainer's emergency checkpoint.
+allocation strategy. Every instance type has its own launch template (its EFA
+interfaces follow its network cards), named in the policy's overrides. Capacity
+rebalancing starts a replacement when EC2 signals that a spot node is at risk, and a
+termination lifecycle hook holds every terminating node (spot reclaim, scale-in,
+refresh) long enough for the trainer's emergency checkpoint.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra import catalog
 from ftfleet.infra.settings import Settings
 
 ROOT_DEVICE = "/dev/sda1"  # root device name of the Ubuntu-based Deep Learning AMIs
+ROOT_IOPS = 6000
+ROOT_THROUGHPUT_MIBPS = 500
+IMDS_HOP_LIMIT = 1
 TERMINATION_HOOK = "ftfleet-emergency-checkpoint"
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """How a group replaces nodes (refresh, failed health check), as percentages of
+    its desired capacity. AWS accepts min 0-100, max 100-200, at most 100 apart
+    (EC2 Auto Scaling API Reference, InstanceMaintenancePolicy)."""
+
+    min_healthy: int
+    max_healthy: int
+
+
+# The one coordinator: launch its successor first, then terminate it (at 50%, a
+# one-node group terminates first and the job loses its rendezvous host).
+COORDINATOR_REPLACEMENT = Replacement(min_healthy=100, max_healthy=200)
+# Workers: never fewer than desired while replacing (every lost node restarts the
+# job), a tenth more at a time; a refresh of a small group still moves one node at a time.
+WORKER_REPLACEMENT = Replacement(min_healthy=100, max_healthy=110)
+
+
+def efa_interfaces(spec: catalog.InstanceSpec, security_group_id: pulumi.Input[str]) -> list:
+    """One EFA interface per network card: device index 0 on card 0 (the primary,
+    EFA with ENA), device index 1 on cards 1..N-1 (Amazon EC2 User Guide, "Maximize
+    network bandwidth on accelerated computing instances with EFA",
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html)."""
+    return [
+        aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+            device_index=0 if card == 0 else 1,
+            network_card_index=card,
+            interface_type="efa",
+            security_groups=[security_group_id],
+            delete_on_termination="true",
+        )
+        for card in range(spec.efa_interfaces)
+    ]
 
 
 class GpuFleet(pulumi.ComponentResource):
@@ -32,10 +75,15 @@ class GpuFleet(pulumi.ComponentResource):
         profiles: dict[str, aws.iam.InstanceProfile],
         user_data: dict[str, pulumi.Output[str]],
         provider: aws.Provider,
+        depends_on: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """``depends_on``: what a booting node needs to exist already (the FSx data
+        repository association, the node role's policies); the launch templates wait
+        for it, so no node boots into a half-built stack."""
         super().__init__("ftfleet:aws:GpuFleet", name, None, opts)
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
+        self._depends_on = list(depends_on)
         self._settings = settings
         f = settings.fleet
         self.placement_group = None
@@ -45,19 +93,19 @@ class GpuFleet(pulumi.ComponentResource):
             # the same zone as the FSx file system.
             subnet_ids = subnet_ids[:1]
 
-        templates = {
-            role: self._launch_template(
-                f"{name}-{role}",
-                role,
-                f.coordinator_instance_type if role == "coordinator" else f.worker_instance_types[0],
-                security_group_id,
-                profiles[role],
-                user_data[role],
+        # One launch template per instance type: each type gets one EFA interface per
+        # network card, so the worker group names its templates per type in its overrides.
+        self.coordinator_template = self._launch_template(
+            f"{name}-coordinator", "coordinator", f.coordinator_instance_type, security_group_id, profiles, user_data
+        )
+        self.worker_templates = {
+            t: self._launch_template(
+                f"{name}-worker-{t.replace('.', '-')}", "worker", t, security_group_id, profiles, user_data
             )
-            for role in ("coordinator", "worker")
+            for t in f.worker_instance_types
         }
 
-        coordinator_lt = templates["coordinator"]
+        coordinator_lt = self.coordinator_template
         self.coordinator = aws.autoscaling.Group(
             f"{name}-coordinator",
             min_size=1,
@@ -69,11 +117,16 @@ class GpuFleet(pulumi.ComponentResource):
             launch_template=aws.autoscaling.GroupLaunchTemplateArgs(
                 id=coordinator_lt.id, version=coordinator_lt.latest_version.apply(str)
             ),
-            **self._common(f"{name}-coordinator", "coordinator"),
+            **self._common(f"{name}-coordinator", "coordinator", COORDINATOR_REPLACEMENT),
             opts=self._o,
         )
 
-        worker_lt = templates["worker"]
+        def spec(lt: aws.ec2.LaunchTemplate):
+            return aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                launch_template_id=lt.id, version=lt.latest_version.apply(str)
+            )
+
+        first = self.worker_templates[f.worker_instance_types[0]]
         self.workers = aws.autoscaling.Group(
             f"{name}-workers",
             min_size=f.worker_min_size,
@@ -86,22 +139,21 @@ class GpuFleet(pulumi.ComponentResource):
                 instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
                     on_demand_base_capacity=f.on_demand_base_capacity,
                     on_demand_percentage_above_base_capacity=f.on_demand_percent_above_base,
+                    # On-demand nodes are the first type, in the order the stack lists them.
                     on_demand_allocation_strategy="prioritized",
                     spot_allocation_strategy=f.spot_allocation_strategy,
                 ),
                 launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                    launch_template_specification=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                        launch_template_id=worker_lt.id, version=worker_lt.latest_version.apply(str)
-                    ),
+                    launch_template_specification=spec(first),
                     overrides=[
                         aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
-                            instance_type=t, weighted_capacity="1"
+                            instance_type=t, weighted_capacity="1", launch_template_specification=spec(lt)
                         )
-                        for t in f.worker_instance_types
+                        for t, lt in self.worker_templates.items()
                     ],
                 ),
             ),
-            **self._common(f"{name}-workers", "worker"),
+            **self._common(f"{name}-workers", "worker", WORKER_REPLACEMENT),
             opts=self._o,
         )
         self.hooks = [
@@ -116,38 +168,31 @@ class GpuFleet(pulumi.ComponentResource):
         role: str,
         instance_type: str,
         security_group_id: pulumi.Input[str],
-        profile: aws.iam.InstanceProfile,
-        user_data: pulumi.Output[str],
+        profiles: dict[str, aws.iam.InstanceProfile],
+        user_data: dict[str, pulumi.Output[str]],
     ) -> aws.ec2.LaunchTemplate:
         s = self._settings
         f = s.fleet
         network = dict(vpc_security_group_ids=[security_group_id])
         if f.efa_enabled:
-            # With an EFA interface the security groups move onto the interface. One EFA
-            # on network card 0 carries NCCL; more cards need more interfaces.
+            # With EFA interfaces the security groups move onto the interfaces.
             network = dict(
-                network_interfaces=[
-                    aws.ec2.LaunchTemplateNetworkInterfaceArgs(
-                        device_index=0,
-                        network_card_index=0,
-                        interface_type="efa",
-                        security_groups=[security_group_id],
-                        delete_on_termination="true",
-                    )
-                ]
+                network_interfaces=efa_interfaces(catalog.instance(s.cloud, instance_type), security_group_id)
             )
         tags = {**s.all_tags(), "Name": f"{s.name}-{role}", "ftfleet:role": role}
         return aws.ec2.LaunchTemplate(
             name,
-            description=f"{s.name} {role} nodes",
+            description=f"{s.name} {role} nodes ({instance_type})",
             image_id=f.image,
             instance_type=instance_type,
-            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profiles[role].arn),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled",
                 http_tokens="required",  # IMDSv2 only
-                # 2 hops: the trainer container reads spot notices through docker's bridge.
-                http_put_response_hop_limit=2,
+                # One hop: the trainer container shares the host's network (--network
+                # host), so nothing behind a bridge or a further hop can reach the
+                # instance's credentials.
+                http_put_response_hop_limit=IMDS_HOP_LIMIT,
                 instance_metadata_tags="enabled",
             ),
             block_device_mappings=[
@@ -156,24 +201,24 @@ class GpuFleet(pulumi.ComponentResource):
                     ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
                         volume_size=f.root_volume_gib,
                         volume_type="gp3",
-                        iops=6000,
-                        throughput=500,
+                        iops=ROOT_IOPS,
+                        throughput=ROOT_THROUGHPUT_MIBPS,
                         encrypted="true",
                         delete_on_termination="true",
                     ),
                 )
             ],
-            user_data=user_data.apply(lambda text: base64.b64encode(text.encode()).decode()),
+            user_data=user_data[role].apply(lambda text: base64.b64encode(text.encode()).decode()),
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tags)
                 for kind in ("instance", "volume", "network-interface")
             ],
             update_default_version=True,
             **network,
-            opts=self._o,
+            opts=pulumi.ResourceOptions.merge(self._o, pulumi.ResourceOptions(depends_on=self._depends_on)),
         )
 
-    def _common(self, name: str, role: str) -> dict:
+    def _common(self, name: str, role: str, replacement: Replacement) -> dict:
         s = self._settings
         return dict(
             health_check_type="EC2",
@@ -182,10 +227,18 @@ class GpuFleet(pulumi.ComponentResource):
             wait_for_capacity_timeout="0",
             health_check_grace_period=600,
             default_instance_warmup=600,
+            # Health-check replacements and refreshes alike launch before they terminate.
+            instance_maintenance_policy=aws.autoscaling.GroupInstanceMaintenancePolicyArgs(
+                min_healthy_percentage=replacement.min_healthy, max_healthy_percentage=replacement.max_healthy
+            ),
             instance_refresh=aws.autoscaling.GroupInstanceRefreshArgs(
                 strategy="Rolling",
                 preferences=aws.autoscaling.GroupInstanceRefreshPreferencesArgs(
-                    min_healthy_percentage=50, instance_warmup="600", skip_matching=True, auto_rollback=False
+                    min_healthy_percentage=replacement.min_healthy,
+                    max_healthy_percentage=replacement.max_healthy,
+                    instance_warmup="600",
+                    skip_matching=True,
+                    auto_rollback=False,
                 ),
                 triggers=["tag"],
             ),

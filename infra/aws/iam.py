@@ -29,6 +29,9 @@ class NodeGrants:
     repository_arn: str
     checkpoint_prefix: str
     """Key prefix of the run's checkpoints, e.g. `checkpoints/my-run/`."""
+    region: str
+    """Region of the primary bucket and key (the key is used only through S3 there)."""
+    replica_region: str
 
 
 def node_policy(g: NodeGrants) -> dict:
@@ -61,11 +64,20 @@ def node_policy(g: NodeGrants) -> dict:
                 "Action": ["s3:GetObject"],
                 "Resource": [f"{g.replica_bucket_arn}/{prefix}*"],
             },
+            # SSE-KMS through S3 only: S3 asks for a data key to write and decrypts to read.
             {
                 "Sid": "UseCheckpointKeys",
                 "Effect": "Allow",
-                "Action": ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
-                "Resource": [g.key_arn, g.replica_key_arn],
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": [g.key_arn],
+                "Condition": {"StringEquals": {"kms:ViaService": f"s3.{g.region}.amazonaws.com"}},
+            },
+            {
+                "Sid": "ReadReplicaKey",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt"],
+                "Resource": [g.replica_key_arn],
+                "Condition": {"StringEquals": {"kms:ViaService": f"s3.{g.replica_region}.amazonaws.com"}},
             },
             # Describe calls have no resource-level permissions in FSx.
             {
@@ -121,29 +133,36 @@ class NodeIdentity(pulumi.ComponentResource):
         settings: Settings,
         grants: pulumi.Output[NodeGrants],
         zone_arn: pulumi.Input[str],
+        provider: aws.Provider | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """``provider``: IAM is global; a regional provider only brings its default tags."""
         super().__init__("ftfleet:aws:NodeIdentity", name, None, opts)
         policy = grants.apply(lambda g: json.dumps(node_policy(g)))
         self.profiles: dict[str, aws.iam.InstanceProfile] = {}
         self.roles: dict[str, aws.iam.Role] = {}
+        # Everything that grants the roles their permissions: what a booting node needs.
+        self.policies: list[pulumi.Resource] = []
         for role_name in ("coordinator", "worker"):
-            o = pulumi.ResourceOptions(parent=self)
+            o = pulumi.ResourceOptions(parent=self, provider=provider)
             role = aws.iam.Role(
                 f"{name}-{role_name}",
                 assume_role_policy=EC2_TRUST,
                 description=f"{settings.name} {role_name} nodes",
                 opts=o,
             )
-            aws.iam.RolePolicy(f"{name}-{role_name}-checkpoints", role=role.id, policy=policy, opts=o)
-            aws.iam.RolePolicyAttachment(f"{name}-{role_name}-ssm", role=role.name, policy_arn=SSM_CORE, opts=o)
+            self.policies += [
+                aws.iam.RolePolicy(f"{name}-{role_name}-checkpoints", role=role.id, policy=policy, opts=o),
+                aws.iam.RolePolicyAttachment(f"{name}-{role_name}-ssm", role=role.name, policy_arn=SSM_CORE, opts=o),
+            ]
             if role_name == "coordinator":
-                aws.iam.RolePolicy(
+                dns = aws.iam.RolePolicy(
                     f"{name}-coordinator-dns",
                     role=role.id,
                     policy=pulumi.Output.from_input(zone_arn).apply(lambda a: json.dumps(coordinator_policy(a))),
                     opts=o,
                 )
+                self.policies.append(dns)
             self.roles[role_name] = role
             self.profiles[role_name] = aws.iam.InstanceProfile(f"{name}-{role_name}", role=role.name, opts=o)
         self.register_outputs({k: v.arn for k, v in self.profiles.items()})

@@ -40,13 +40,23 @@ class Network(pulumi.ComponentResource):
             description="ftfleet nodes: all traffic among themselves (NCCL, EFA, rendezvous)",
             opts=self._opts,
         )
-        # EFA requires a security group that admits all traffic from itself, in and out.
+        # EFA's OS-bypass traffic needs a security group that admits all traffic from
+        # itself and sends all traffic to itself (Amazon EC2 User Guide, "Get started with
+        # EFA and NCCL": prepare an EFA-enabled security group).
         aws.vpc.SecurityGroupIngressRule(
             f"{name}-cluster-self-in",
             security_group_id=self.cluster_sg.id,
             referenced_security_group_id=self.cluster_sg.id,
             ip_protocol="-1",
             description="all traffic within the cluster",
+            opts=self._opts,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-cluster-self-out",
+            security_group_id=self.cluster_sg.id,
+            referenced_security_group_id=self.cluster_sg.id,
+            ip_protocol="-1",
+            description="all traffic within the cluster (EFA)",
             opts=self._opts,
         )
         aws.vpc.SecurityGroupEgressRule(
@@ -64,18 +74,35 @@ class Network(pulumi.ComponentResource):
             description="FSx for Lustre: Lustre ports from the cluster and between file servers",
             opts=self._opts,
         )
+        # The file system's ingress rules: CreateFileSystem rejects security groups that
+        # do not admit Lustre on 988 at that moment, so the file system waits for them.
+        self.fsx_rules: list[aws.vpc.SecurityGroupIngressRule] = []
         for lo, hi in LUSTRE_PORTS:
             for source, label in ((self.cluster_sg, "cluster"), (self.fsx_sg, "self")):
-                aws.vpc.SecurityGroupIngressRule(
-                    f"{name}-fsx-{label}-{lo}",
-                    security_group_id=self.fsx_sg.id,
-                    referenced_security_group_id=source.id,
-                    ip_protocol="tcp",
-                    from_port=lo,
-                    to_port=hi,
-                    description=f"Lustre {lo}-{hi} from {label}",
-                    opts=self._opts,
+                self.fsx_rules.append(
+                    aws.vpc.SecurityGroupIngressRule(
+                        f"{name}-fsx-{label}-{lo}",
+                        security_group_id=self.fsx_sg.id,
+                        referenced_security_group_id=source.id,
+                        ip_protocol="tcp",
+                        from_port=lo,
+                        to_port=hi,
+                        description=f"Lustre {lo}-{hi} from {label}",
+                        opts=self._opts,
+                    )
                 )
+            # Lustre clients admit the file servers on the same ports (FSx for Lustre
+            # guide, "File system access control with Amazon VPC": client rules).
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-cluster-lustre-{lo}",
+                security_group_id=self.cluster_sg.id,
+                referenced_security_group_id=self.fsx_sg.id,
+                ip_protocol="tcp",
+                from_port=lo,
+                to_port=hi,
+                description=f"Lustre {lo}-{hi} from the file servers",
+                opts=self._opts,
+            )
         aws.vpc.SecurityGroupEgressRule(
             f"{name}-fsx-egress",
             security_group_id=self.fsx_sg.id,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra import creation
 from ftfleet.infra.aws import userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
 from ftfleet.infra.aws.fleet import GpuFleet
+from ftfleet.infra.aws.guard import creation_guard
 from ftfleet.infra.aws.iam import NodeGrants, NodeIdentity
 from ftfleet.infra.aws.kms import StackKey
 from ftfleet.infra.aws.network import Network
@@ -17,7 +19,10 @@ from ftfleet.infra.settings import Settings
 
 
 def build(s: Settings) -> None:
-    tags = aws.ProviderDefaultTagsArgs(tags=s.all_tags())
+    checked = creation_guard(s)
+    # Every resource goes through these two providers (IAM too, for the tags), so
+    # nothing is created or changed before the guard has passed.
+    tags = aws.ProviderDefaultTagsArgs(tags=checked.apply(lambda _: s.all_tags()))
     primary = aws.Provider("primary", region=s.region, default_tags=tags)
     replica = aws.Provider("replica", region=s.replica_region, default_tags=tags)
     identity = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=primary))
@@ -27,13 +32,27 @@ def build(s: Settings) -> None:
     buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)
     registry = Registry(f"{s.name}-registry", s, primary)
     store = CheckpointStore(
-        f"{s.name}-fsx", s, network.subnet_ids[0], network.fsx_sg.id, key.key.arn, buckets.primary.bucket, primary
+        f"{s.name}-fsx",
+        s,
+        network.subnet_ids[0],
+        network.fsx_sg.id,
+        key.key.arn,
+        buckets.primary.bucket,
+        primary,
+        security_group_rules=network.fsx_rules,
     )
 
     grants = pulumi.Output.all(
         buckets.primary.arn, buckets.replica.arn, key.key.arn, key.replica.arn, registry.repository.arn
-    ).apply(lambda a: NodeGrants(*a, checkpoint_prefix=f"{userdata.checkpoint_root(s)}/"))
-    nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn)
+    ).apply(
+        lambda a: NodeGrants(
+            *a,
+            checkpoint_prefix=f"{userdata.checkpoint_root(s)}/",
+            region=s.region,
+            replica_region=s.replica_region,
+        )
+    )
+    nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn, provider=primary)
 
     def node_user_data(role: str) -> pulumi.Output[str]:
         return pulumi.Output.all(
@@ -70,6 +89,7 @@ def build(s: Settings) -> None:
         nodes.profiles,
         {role: node_user_data(role) for role in ("coordinator", "worker")},
         primary,
+        depends_on=[store.association, *nodes.policies],
     )
 
     # Remediation functions (lambdas/) plug in here: spot-interruption and rebalance
@@ -77,6 +97,7 @@ def build(s: Settings) -> None:
     # They receive the groups, the buckets, the file system and s.remediation, and wait
     # for the commit marker defined in ftfleet/contract.py.
 
+    pulumi.export(creation.OUTPUT, checked)
     pulumi.export("primary_bucket", buckets.primary.bucket)
     pulumi.export("replica_bucket", buckets.replica.bucket)
     pulumi.export(

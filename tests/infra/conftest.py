@@ -17,7 +17,18 @@ def recording(name: str) -> offline.Recording:
 
 def res_view(rec: offline.Recording) -> list[policies.Res]:
     return [
-        policies.Res(r.type, r.name, r.urn, r.inputs, rec.region_of(r), r.property_dependencies) for r in rec.resources
+        policies.Res(
+            r.type,
+            r.name,
+            r.urn,
+            r.inputs,
+            rec.region_of(r),
+            r.property_dependencies,
+            dependencies=r.dependencies,
+            protect=r.protect,
+            id=r.id,
+        )
+        for r in rec.resources
     ]
 
 

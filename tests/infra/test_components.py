@@ -84,13 +84,17 @@ def test_replication_uses_rtc_metrics_delete_markers_and_the_replica_key():
     assert dest["encryptionConfiguration"]["replicaKmsKeyId"].startswith("arn:aws:kms:us-west-2")
 
 
-def test_replication_time_control_and_object_lock_follow_config(variant):
-    rec = variant(replicationTimeControl=False, objectLock=False)
+def test_replication_time_control_follows_config(variant):
+    rec = variant(replicationTimeControl=False)
     dest = rec.of_type("aws:s3/bucketReplicationConfig:BucketReplicationConfig")[0].inputs["rules"][0]["destination"]
     assert "replicationTime" not in dest and dest["metrics"]["status"] == "Enabled"
-    assert not rec.of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
-    locked = recording("aws-prod").of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
-    assert len(locked) == 2 and all(r.inputs["rule"]["defaultRetention"]["mode"] == "GOVERNANCE" for r in locked)
+
+
+def test_no_bucket_the_fsx_export_writes_is_object_locked():
+    for stack in ("aws-dev", "aws-prod"):
+        rec = recording(stack)
+        assert not rec.of_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+        assert all(not b.inputs.get("objectLockEnabled") for b in rec.of_type("aws:s3/bucket:Bucket"))
 
 
 def test_replication_role_is_least_privilege():
@@ -145,10 +149,11 @@ def test_every_group_holds_terminating_nodes_for_the_emergency_checkpoint():
         assert h.inputs["heartbeatTimeout"] >= 120  # AWS's spot notice is 2 minutes
 
 
-def test_launch_templates_require_imdsv2_encrypt_root_and_allow_container_hops():
+def test_launch_templates_require_imdsv2_encrypt_root_and_keep_credentials_one_hop_away():
     for lt in recording("aws-dev").of_type("aws:ec2/launchTemplate:LaunchTemplate"):
         meta = lt.inputs["metadataOptions"]
-        assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 2
+        # The trainer container uses the host's network, so one hop reaches IMDS.
+        assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1
         ebs = lt.inputs["blockDeviceMappings"][0]["ebs"]
         assert ebs["volumeType"] == "gp3" and ebs["encrypted"] == "true"
         assert lt.inputs["imageId"].startswith("resolve:ssm:/aws/service/deeplearning/")

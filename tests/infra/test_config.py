@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from ftfleet.cli import main
-from ftfleet.infra import offline, settings, stackfile
+from ftfleet.infra import catalog, constraints, offline, settings, stackfile
 
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.aws-dev.yaml"))["config"]
 
@@ -59,7 +60,77 @@ BAD = {
     "missing required": ({"ftfleet:replicaRegion": None}, "ftfleet:replicaRegion is required"),
     "mutable image tag": ({"ftfleet:trainerImageTag": "latest"}, "ftfleet:trainerImageTag must name an immutable"),
     "bad tag": ({"ftfleet:tags": ["team"]}, "write tags as key=value"),
+    "replica region that does not exist": (
+        {"ftfleet:replicaRegion": "us-west-99"},
+        "ftfleet:replicaRegion is 'us-west-99', which is not an AWS region that pulumi-aws knows; did you mean",
+    ),
+    "primary region that does not exist is blamed on aws:region, not the zones": (
+        {"aws:region": "us-east-9"},
+        "aws:region is 'us-east-9', which is not an AWS region that pulumi-aws knows; did you mean us-east-",
+    ),
+    "region of another partition": (
+        {"aws:region": "cn-north-1", "ftfleet:availabilityZones": ["cn-north-1a"]},
+        "aws:region is 'cn-north-1', in the aws-cn partition",
+    ),
+    "workers of two gpu generations": (
+        {"ftfleet:workerInstanceTypes": ["g5.2xlarge", "g6.2xlarge"]},
+        "ftfleet:workerInstanceTypes mixes GPU generations (g5.2xlarge is ampere-a10g, g6.2xlarge is ada-l4)",
+    ),
+    "a100 workers with h100": (
+        {
+            "ftfleet:coordinatorInstanceType": "p5.48xlarge",
+            "ftfleet:workerInstanceTypes": ["p5.48xlarge", "p4d.24xlarge"],
+        },
+        "ftfleet:workerInstanceTypes mixes GPU generations (p5.48xlarge is hopper, p4d.24xlarge is ampere-a100)",
+    ),
+    "coordinator of another generation": (
+        {"ftfleet:coordinatorInstanceType": "g6.2xlarge"},
+        "ftfleet:coordinatorInstanceType is g6.2xlarge (ada-l4) but the workers are ampere-a10g",
+    ),
+    "object lock with the fsx export": (
+        {"ftfleet:objectLock": True},
+        "ftfleet:objectLock is true, but on AWS only the FSx data repository association writes",
+    ),
+    "more efa interfaces than the subnet has addresses": (
+        {
+            "ftfleet:coordinatorInstanceType": "p5.48xlarge",
+            "ftfleet:workerInstanceTypes": ["p5.48xlarge"],
+            "ftfleet:efaEnabled": True,
+            "ftfleet:workerMaxSize": 200,
+        },
+        "ftfleet:workerMaxSize allows 201 nodes with 32 EFA interfaces each",
+    ),
 }
+
+
+def test_types_of_two_efa_groups_are_refused_with_efa(monkeypatch, tmp_path, capsys):
+    """No catalog pair of one generation spans two EFA groups today; a new type could."""
+    real = catalog.instance
+
+    def with_dl_type(cloud, name):
+        if name == "x9.48xlarge":
+            return dataclasses.replace(real(cloud, "p5.48xlarge"), name=name, efa_group="dl1")
+        return real(cloud, name)
+
+    monkeypatch.setattr(catalog, "instance", with_dl_type)
+    changes = {
+        "ftfleet:coordinatorInstanceType": "p5.48xlarge",
+        "ftfleet:workerInstanceTypes": ["p5.48xlarge", "x9.48xlarge"],
+        "ftfleet:efaEnabled": True,
+    }
+    assert main(["plan", bad_stack(tmp_path, changes)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("error: ftfleet:workerInstanceTypes mixes types that cannot exchange EFA traffic")
+    constraints.check_fleet_types("aws", "p5.48xlarge", ("p5.48xlarge", "x9.48xlarge"), efa=False)
+
+
+def test_every_aws_region_the_stacks_use_is_known_to_the_provider():
+    known = constraints.known_aws_regions()
+    for name in stackfile.stack_names():
+        s = stackfile.load(name).settings()
+        if s.cloud == "aws":
+            assert {s.region, s.replica_region} <= set(known)
 
 
 def bad_stack(tmp_path, changes) -> str:

@@ -66,6 +66,7 @@ BAD_RESOURCES = {
     "fsx-valid": res(
         "aws:fsx/lustreFileSystem:LustreFileSystem",
         {"deploymentType": "PERSISTENT_2", "storageCapacity": 3000, "perUnitStorageThroughput": 125},
+        protect=True,
     ),
     "spot-diversified": res(
         "aws:autoscaling/group:Group",
@@ -122,13 +123,25 @@ def test_dev_stack_is_only_advised_about_spot_diversity():
     assert found == []  # dev spreads over three types too
 
 
+def _opts(r):
+    return PolicyResourceOptions(
+        protect=r.protect,
+        ignore_changes=[],
+        delete_before_replace=None,
+        aliases=[],
+        custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
+        additional_secret_outputs=[],
+    )
+
+
 def _policy_resource(rec, r, providers):
+    # Outputs carry the id, as the engine's do once a resource exists.
     return PolicyResource(
         resource_type=r.type,
-        props=r.inputs,
+        props={**r.inputs, "id": r.id},
         urn=r.urn,
         name=r.name,
-        opts=OPTS,
+        opts=_opts(r),
         provider=providers.get(r.provider),
         parent=None,
         dependencies=[],
@@ -144,7 +157,7 @@ def test_crossguard_pack_passes_the_recorded_stack_and_rejects_a_bad_resource(st
     violations = []
     for r in rec.resources:
         args = ResourceValidationArgs(
-            resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name, opts=OPTS, provider=None, config={}
+            resource_type=r.type, props=r.inputs, urn=r.urn, name=r.name, opts=_opts(r), provider=None, config={}
         )
         for p in pack.values():
             if hasattr(p, "validate") and type(p).__name__ == "ResourceValidationPolicy":
@@ -160,6 +173,7 @@ def test_crossguard_pack_passes_the_recorded_stack_and_rejects_a_bad_resource(st
         base[r.urn].property_dependencies = {
             k: [base[u] for u in v if u in base] for k, v in r.property_dependencies.items()
         }
+        base[r.urn].dependencies = [base[u] for u in r.dependencies if u in base]
     stack_args = StackValidationArgs(resources=list(base.values()), config={})
     for p in pack.values():
         if type(p).__name__ == "StackValidationPolicy":

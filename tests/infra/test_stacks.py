@@ -88,11 +88,24 @@ def test_plan_json_has_the_documented_shape(capsys):
     assert set(doc) == {"stack", "resources", "outputs", "estimate"}
     assert doc["stack"] == "aws-prod"
     for r in doc["resources"]:
-        assert {"type", "name", "parent", "provider", "inputs"} <= set(r)
+        assert {"type", "name", "parent", "provider", "inputs", "protect", "dependencies"} <= set(r)
     types = {r["type"] for r in doc["resources"]}
     assert "aws:fsx/lustreFileSystem:LustreFileSystem" in types
     fsx = next(r for r in doc["resources"] if r["type"] == "aws:fsx/lustreFileSystem:LustreFileSystem")
     assert fsx["inputs"]["storageCapacity"] == 19200 and fsx["parent"].endswith("-fsx")
+    by_name = {r["name"]: r for r in doc["resources"]}
+    assert fsx["protect"] is True and "ftfleet-aws-prod-net-fsx-cluster-988" in fsx["dependencies"]
+    workers = {r["inputs"]["instanceType"]: r for r in doc["resources"] if "-fleet-worker-" in r["name"]}
+    assert {t: len(r["inputs"]["networkInterfaces"]) for t, r in workers.items()} == {
+        "p5.48xlarge": 32,
+        "p5e.48xlarge": 32,
+        "p5en.48xlarge": 16,
+    }
+    assert "ftfleet-aws-prod-fsx-export" in workers["p5.48xlarge"]["dependencies"]
+    key_policy = json.loads(by_name["ftfleet-aws-prod-kms-key"]["inputs"]["policy"])
+    assert "FsxExportToSseKmsBucket" in {st["Sid"] for st in key_policy["Statement"]}
+    self_out = by_name["ftfleet-aws-prod-net-cluster-self-out"]["inputs"]
+    assert self_out["securityGroupId"] == self_out["referencedSecurityGroupId"]
     est = doc["estimate"]
     assert "ESTIMATE" in est["label"] and est["prices_as_of"]
     assert 0 < est["fleet_usd_per_hour"]["with_spot"] < est["fleet_usd_per_hour"]["all_on_demand"]

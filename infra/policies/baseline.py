@@ -1,61 +1,9 @@
-"""The invariants every ftfleet stack must satisfy, written once.
-
-The tests run them over every resource the real program declares under mocks, and the
-CrossGuard pack in policy/ wraps the same functions for `pulumi preview --policy-pack`.
-They read resources through :class:`Res`, a neutral view both sides can build.
-Values unknown at preview time (not yet a str/number) are skipped, never guessed.
-"""
+"""General invariants: buckets guarded, IMDSv2, no world ingress, no `*` on `*`, the
+FSx shape, spot spread, cross-region replication, an on-demand coordinator."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
-
-WORLD = ("0.0.0.0/0", "::/0")
-FSX_THROUGHPUTS = (125, 250, 500, 1000)
-
-
-@dataclass
-class Res:
-    type: str
-    name: str
-    urn: str
-    props: dict[str, Any]
-    region: str | None = None
-    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
-    """Top-level property -> URNs of the resources its value came from."""
-
-    def deps(self, prop: str) -> list[str]:
-        return self.property_dependencies.get(prop, [])
-
-
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    description: str
-    check: Callable
-    stack: bool = False
-    """Stack policies see every resource; resource policies one at a time."""
-    advisory: bool = False
-
-
-def _statements(doc: Any) -> list[dict]:
-    if isinstance(doc, str):
-        try:
-            doc = json.loads(doc)
-        except json.JSONDecodeError:
-            return []
-    if not isinstance(doc, dict):
-        return []
-    st = doc.get("Statement", [])
-    return [s for s in (st if isinstance(st, list) else [st]) if isinstance(s, dict)]
-
-
-def _as_list(v: Any) -> list:
-    return v if isinstance(v, list) else [v]
-
+from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Res, as_list, role, statements
 
 # --- resource policies: (Res) -> list of messages ---------------------------------
 
@@ -90,7 +38,7 @@ def public_access_blocked(r: Res) -> list[str]:
 def tls_only(r: Res) -> list[str]:
     if r.type != "aws:s3/bucketPolicy:BucketPolicy" or not isinstance(r.props.get("policy"), str):
         return []
-    for s in _statements(r.props["policy"]):
+    for s in statements(r.props["policy"]):
         cond = (s.get("Condition") or {}).get("Bool") or {}
         if s.get("Effect") == "Deny" and str(cond.get("aws:SecureTransport")).lower() == "false":
             return []
@@ -132,10 +80,10 @@ def no_star_star(r: Res) -> list[str]:
     if not prop:
         return []
     out = []
-    for s in _statements(r.props.get(prop)):
+    for s in statements(r.props.get(prop)):
         if s.get("Effect") != "Allow":
             continue
-        if "*" in _as_list(s.get("Action")) and "*" in _as_list(s.get("Resource", "*")):
+        if "*" in as_list(s.get("Action")) and "*" in as_list(s.get("Resource", "*")):
             out.append(f"statement {s.get('Sid', '?')!r} allows every action on every resource")
     return out
 
@@ -155,15 +103,8 @@ def fsx_valid(r: Res) -> list[str]:
     return out
 
 
-def _role(r: Res) -> str | None:
-    for tag in r.props.get("tags") or []:
-        if isinstance(tag, dict) and tag.get("key") == "ftfleet:role":
-            return tag.get("value")
-    return None
-
-
 def spot_diversified(r: Res, min_types: int = 3) -> list[str]:
-    if r.type != "aws:autoscaling/group:Group" or _role(r) != "worker":
+    if r.type != "aws:autoscaling/group:Group" or role(r) != "worker":
         return []
     mip = r.props.get("mixedInstancesPolicy") or {}
     dist = mip.get("instancesDistribution") or {}
@@ -214,7 +155,7 @@ def replication_cross_region(resources: list[Res]) -> list[tuple[str, str]]:
 def coordinator_on_demand(resources: list[Res]) -> list[tuple[str, str]]:
     by_urn = {r.urn: r for r in resources}
     out = []
-    for group in (r for r in resources if r.type == "aws:autoscaling/group:Group" and _role(r) == "coordinator"):
+    for group in (r for r in resources if r.type == "aws:autoscaling/group:Group" and role(r) == "coordinator"):
         mip = group.props.get("mixedInstancesPolicy")
         if mip and (mip.get("instancesDistribution") or {}).get("onDemandPercentageAboveBaseCapacity") != 100:
             out.append((group.name, "coordinator group may launch spot capacity"))
@@ -224,49 +165,7 @@ def coordinator_on_demand(resources: list[Res]) -> list[tuple[str, str]]:
                 out.append((group.name, f"coordinator launch template {lt.name} requests spot"))
         if not group.deps("launchTemplate") and not mip:
             out.append((group.name, "coordinator group has no launch template"))
-    if not any(_role(r) == "coordinator" for r in resources if r.type == "aws:autoscaling/group:Group"):
+    if not any(role(r) == "coordinator" for r in resources if r.type == "aws:autoscaling/group:Group"):
         if any(r.type == "aws:autoscaling/group:Group" for r in resources):
             out.append(("stack", "no group is tagged ftfleet:role=coordinator"))
-    return out
-
-
-POLICIES: tuple[Policy, ...] = (
-    Policy("s3-versioning-enabled", "Checkpoint buckets keep every version.", versioning_enabled),
-    Policy("s3-kms-encrypted", "Buckets are encrypted with a customer KMS key.", kms_encrypted),
-    Policy("s3-public-access-blocked", "All four S3 public-access blocks are on.", public_access_blocked),
-    Policy("s3-tls-only", "Bucket policies deny requests without TLS.", tls_only),
-    Policy("ec2-imdsv2-required", "Launch templates require IMDSv2 tokens.", imdsv2_required),
-    Policy("no-world-ingress", "No security group admits traffic from 0.0.0.0/0 or ::/0.", no_world_ingress),
-    Policy("iam-no-star-star", "No policy statement allows * actions on * resources.", no_star_star),
-    Policy("fsx-valid", "FSx for Lustre is PERSISTENT_2 with a valid capacity and throughput.", fsx_valid),
-    Policy("spot-diversified", "Spot workers spread over at least 3 instance types.", spot_diversified, advisory=True),
-    Policy(
-        "s3-buckets-guarded",
-        "Every bucket has versioning, KMS, a public access block and a TLS policy.",
-        buckets_guarded,
-        stack=True,
-    ),
-    Policy(
-        "s3-replication-cross-region",
-        "Replication targets a bucket in another region.",
-        replication_cross_region,
-        stack=True,
-    ),
-    Policy(
-        "coordinator-on-demand", "The coordinator runs on on-demand capacity only.", coordinator_on_demand, stack=True
-    ),
-)
-
-
-def evaluate(resources: Iterable[Res], include_advisory: bool = True) -> list[tuple[str, str, str]]:
-    """All violations: (policy, resource name, message)."""
-    resources = list(resources)
-    out = []
-    for p in POLICIES:
-        if p.advisory and not include_advisory:
-            continue
-        if p.stack:
-            out += [(p.name, name, msg) for name, msg in p.check(resources)]
-        else:
-            out += [(p.name, r.name, msg) for r in resources for msg in p.check(r)]
     return out

@@ -1,0 +1,153 @@
+"""The invariants every ftfleet stack must satisfy, written once.
+
+The tests run them over every resource the real program declares under mocks, and the
+CrossGuard pack in policy/ wraps the same functions for `pulumi preview --policy-pack`.
+They read resources through :class:`Res`, a neutral view both sides can build.
+
+- `baseline`: buckets guarded, IMDSv2, no world ingress, no `*` on `*`, FSx shape,
+  spot spread, cross-region replication, an on-demand coordinator.
+- `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
+  key policy, EFA per network card and its security group, one GPU generation per
+  fleet, the file system after its rules, replacement bounds, KMS via services, and
+  protection of stateful resources).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ftfleet.infra.policies.baseline import (
+    BUCKET_GUARDS,
+    IAM_DOCS,
+    buckets_guarded,
+    coordinator_on_demand,
+    fsx_valid,
+    imdsv2_required,
+    kms_encrypted,
+    no_star_star,
+    no_world_ingress,
+    public_access_blocked,
+    replication_cross_region,
+    spot_diversified,
+    tls_only,
+    versioning_enabled,
+)
+from ftfleet.infra.policies.deployable import (
+    efa_group_admits_itself,
+    efa_per_network_card,
+    fleet_one_generation,
+    fsx_export_key_grants_fsx,
+    fsx_waits_for_its_rules,
+    kms_via_service,
+    replacement_within_aws_bounds,
+    stateful_protected,
+)
+from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
+
+__all__ = [
+    "BUCKET_GUARDS",
+    "FSX_THROUGHPUTS",
+    "IAM_DOCS",
+    "POLICIES",
+    "WORLD",
+    "Policy",
+    "Res",
+    "buckets_guarded",
+    "coordinator_on_demand",
+    "efa_group_admits_itself",
+    "efa_per_network_card",
+    "evaluate",
+    "fleet_one_generation",
+    "fsx_export_key_grants_fsx",
+    "fsx_valid",
+    "fsx_waits_for_its_rules",
+    "imdsv2_required",
+    "kms_encrypted",
+    "kms_via_service",
+    "no_star_star",
+    "no_world_ingress",
+    "public_access_blocked",
+    "replacement_within_aws_bounds",
+    "replication_cross_region",
+    "spot_diversified",
+    "stateful_protected",
+    "tls_only",
+    "versioning_enabled",
+]
+
+POLICIES: tuple[Policy, ...] = (
+    Policy("s3-versioning-enabled", "Checkpoint buckets keep every version.", versioning_enabled),
+    Policy("s3-kms-encrypted", "Buckets are encrypted with a customer KMS key.", kms_encrypted),
+    Policy("s3-public-access-blocked", "All four S3 public-access blocks are on.", public_access_blocked),
+    Policy("s3-tls-only", "Bucket policies deny requests without TLS.", tls_only),
+    Policy("ec2-imdsv2-required", "Launch templates require IMDSv2 tokens.", imdsv2_required),
+    Policy("no-world-ingress", "No security group admits traffic from 0.0.0.0/0 or ::/0.", no_world_ingress),
+    Policy("iam-no-star-star", "No policy statement allows * actions on * resources.", no_star_star),
+    Policy("fsx-valid", "FSx for Lustre is PERSISTENT_2 with a valid capacity and throughput.", fsx_valid),
+    Policy("spot-diversified", "Spot workers spread over at least 3 instance types.", spot_diversified, advisory=True),
+    Policy("stateful-protected", "Buckets, KMS keys and file systems are protected from deletion.", stateful_protected),
+    Policy(
+        "efa-per-network-card",
+        "A launch template has one EFA interface per network card of its instance type.",
+        efa_per_network_card,
+    ),
+    Policy(
+        "asg-replacement-bounds",
+        "Replacement percentages are ones AWS accepts; a one-node group launches before it terminates.",
+        replacement_within_aws_bounds,
+    ),
+    Policy("iam-kms-via-service", "Identity policies grant KMS only through a named service.", kms_via_service),
+    Policy(
+        "s3-buckets-guarded",
+        "Every bucket has versioning, KMS, a public access block and a TLS policy.",
+        buckets_guarded,
+        stack=True,
+    ),
+    Policy(
+        "s3-replication-cross-region",
+        "Replication targets a bucket in another region.",
+        replication_cross_region,
+        stack=True,
+    ),
+    Policy(
+        "coordinator-on-demand", "The coordinator runs on on-demand capacity only.", coordinator_on_demand, stack=True
+    ),
+    Policy(
+        "fsx-export-key-grant",
+        "The KMS key of a bucket an FSx association exports to grants FSx's S3-access role.",
+        fsx_export_key_grants_fsx,
+        stack=True,
+    ),
+    Policy(
+        "efa-security-group-self-traffic",
+        "The security group of an EFA interface allows all traffic in from and out to itself.",
+        efa_group_admits_itself,
+        stack=True,
+    ),
+    Policy(
+        "fsx-waits-for-security-group-rules",
+        "A Lustre file system depends on its security groups' ingress rules, which admit port 988.",
+        fsx_waits_for_its_rules,
+        stack=True,
+    ),
+    Policy(
+        "fleet-one-gpu-generation",
+        "No group or fleet mixes GPU generations or EFA-incompatible instance types.",
+        fleet_one_generation,
+        stack=True,
+    ),
+)
+
+
+def evaluate(resources: Iterable[Res], include_advisory: bool = True) -> list[tuple[str, str, str]]:
+    """All violations: (policy, resource name, message)."""
+    resources = list(resources)
+    out = []
+    for p in POLICIES:
+        if p.advisory and not include_advisory:
+            continue
+        if p.stack:
+            out += [(p.name, name, msg) for name, msg in p.check(resources)]
+        else:
+            out += [(p.name, r.name, msg) for r in resources for msg in p.check(r)]
+    return out
