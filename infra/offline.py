@@ -21,6 +21,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 from pulumi.runtime import settings as pulumi_settings
 
+from ftfleet.errors import ConfigError
 from ftfleet.infra import settings as ftsettings
 from ftfleet.infra.stackfile import StackFile
 
@@ -50,6 +51,8 @@ class Recording:
     stack: str
     resources: list[Resource]
     outputs: dict[str, Any]
+    invokes: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
+    """(token, args, provider URN) of every data-source call the program made."""
 
     def by_urn(self) -> dict[str, Resource]:
         return {r.urn: r for r in self.resources}
@@ -73,9 +76,11 @@ def _physical(name: str, suffix_len: int = 7) -> str:
 class _Mocks(pulumi.runtime.Mocks):
     """Deterministic outputs for the resources and invokes the program uses."""
 
-    def __init__(self, region_of_provider: dict[str, str], default_region: str):
+    def __init__(self, region_of_provider: dict[str, str], default_region: str, registry_tags: tuple[str, ...] = ()):
         self._region_of_provider = region_of_provider
         self._default_region = default_region
+        self._registry_tags = registry_tags
+        self.invokes: list[tuple[str, dict[str, Any], str]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outs = dict(args.inputs)
@@ -102,6 +107,7 @@ class _Mocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:route53/zone:Zone":
             outs["zoneId"] = "Z" + hashlib.sha256(args.name.encode()).hexdigest()[:20].upper()
             outs["arn"] = f"arn:aws:route53:::hostedzone/{outs['zoneId']}"
+            outs["primaryNameServer"] = "ns-1536.awsdns-00.co.uk."
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outs["latestVersion"] = 1
         elif args.typ in ("aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey"):
@@ -110,12 +116,42 @@ class _Mocks(pulumi.runtime.Mocks):
         return rid, outs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        self.invokes.append((args.token, dict(args.args), (args.provider or "").rsplit("::", 1)[0]))
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": MOCK_ACCOUNT,
                 "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/ftfleet-plan",
                 "userId": "AIDAFTFLEETPLAN",
                 "id": MOCK_ACCOUNT,
+            }
+        if args.token == "aws:ssm/getParameter:getParameter":
+            # A public AMI parameter: a plausible, stable AMI id per parameter name.
+            name = args.args.get("name", "")
+            ami = "ami-" + hashlib.sha256(name.encode()).hexdigest()[:17]
+            return {
+                "arn": f"arn:aws:ssm:{self._default_region}::parameter{name}",
+                "id": name,
+                "name": name,
+                "type": "String",
+                "value": ami,
+                "insecureValue": ami,
+                "version": 1,
+                "withDecryption": True,
+                "region": self._default_region,
+            }
+        if args.token == "aws:ecr/getImages:getImages":
+            repository = args.args.get("repositoryName", "")
+            return {
+                "id": repository,
+                "repositoryName": repository,
+                "region": self._default_region,
+                "imageIds": [
+                    {
+                        "imageTag": tag,
+                        "imageDigest": "sha256:" + hashlib.sha256(f"{repository}:{tag}".encode()).hexdigest(),
+                    }
+                    for tag in self._registry_tags
+                ],
             }
         return {}
 
@@ -167,14 +203,21 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def run(stack: StackFile, validate_first: bool = True) -> Recording:
+def run(stack: StackFile, validate_first: bool = True, registry_tags: tuple[str, ...] | None = None) -> Recording:
     """Validate the stack's config, then run the program under mocks and record it.
 
     Raises ConfigError (one line) for invalid config before anything runs; with
     ``validate_first=False`` the program's own validation reports it (as pulumi.RunError).
+    ``registry_tags``: the image tags the mocked registry holds (default: the stack's
+    trainerImageTag, i.e. the image has been pushed).
     """
     if validate_first:
         stack.settings()  # fail fast, with the same validation the program applies
+    if registry_tags is None:
+        try:
+            registry_tags = (stack.settings().trainer.image_tag,)
+        except ConfigError:
+            registry_tags = ()
     config = stack.as_pulumi_strings()
     region = stack.region() or ""
     provider_regions: dict[str, str] = {}
@@ -182,7 +225,7 @@ def run(stack: StackFile, validate_first: bool = True) -> Recording:
     # Pulumi's runtime keeps per-run state in context variables and the event loop.
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
-    mocks = _Mocks(provider_regions, region)
+    mocks = _Mocks(provider_regions, region, registry_tags)
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config)
@@ -208,4 +251,6 @@ def run(stack: StackFile, validate_first: bool = True) -> Recording:
     for r in monitor.recorded:
         r.inputs = _plain(r.inputs)
         r.outputs = _plain(r.outputs)
-    return Recording(stack=stack.name, resources=monitor.recorded, outputs=_plain(exports))
+    return Recording(
+        stack=stack.name, resources=monitor.recorded, outputs=_plain(exports), invokes=_plain(mocks.invokes)
+    )
