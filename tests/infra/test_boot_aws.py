@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 import time
 import tomllib
 from pathlib import Path
@@ -101,6 +102,23 @@ def test_user_data_over_ec2s_16_kib_is_refused_when_rendered():
     s = dataclasses.replace(s, trainer=dataclasses.replace(s.trainer, config="/opt/" + "x" * 20_000))
     with pytest.raises(bootscript.BootScriptError, match=f"over the limit of {bootscript.EC2_USER_DATA_LIMIT}"):
         userdata.render(s, context("worker"))
+
+
+@pytest.mark.parametrize("path", [userdata.NODE_SCRIPT, userdata.NODE_HELPER], ids=lambda p: p.name)
+def test_every_path_the_boot_files_write_is_under_root(path):
+    # Tests run these scripts as root: a write outside $ROOT would change the machine.
+    text = path.read_text()
+    commands = "\n".join(line for line in text.splitlines() if "((" not in line)  # not arithmetic
+    targets = [t.rstrip(";") for t in re.findall(r"(?<![<>&0-9])>>?\s*(\S+)", commands)]  # redirections
+    targets += re.findall(r"(?:curl|gpg)\s[^\n]*?\s-o\s+(\S+)", text)
+    targets += re.findall(r"tee -a (\S+)", text)
+    targets += [
+        arg for line in re.findall(r"^\s*(?:mkdir -p|chmod \d+|chown \S+) (.+)$", text, re.M) for arg in line.split()
+    ]
+    rooted = ('"$ROOT', '"$HELPER"', '"$BOOT_LOG"')
+    stray = [t for t in targets if not t.startswith(rooted) and t not in ("/dev/null", "&2", "&1")]
+    assert not stray, stray
+    assert 'HELPER="$ROOT/' in text or 'BOOT_LOG="$ROOT/' in text
 
 
 def test_the_boot_files_install_with_the_package():

@@ -429,3 +429,14 @@ def test_efa_settings_follow_the_devices_the_container_sees(tmp_path):
     assert contract.efa_env(str(devices)) == {}
     (devices / "uverbs0").touch()
     assert contract.efa_env(str(devices)) == {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
+
+
+def test_directories_still_to_be_created_pass_and_a_file_in_the_way_is_named(tmp_path):
+    env = {"FTFLEET_RUN_ID": "r", "FTFLEET_RUN_DIR": str(tmp_path / "runs" / "node"), "FTFLEET_CKPT_DIR": ""}
+    contract.check_writable_dirs(env)  # created by the trainer later: its parent is writable
+    (tmp_path / "fsx").write_text("not a directory")
+    env["FTFLEET_CKPT_DIR"] = str(tmp_path / "fsx" / "checkpoints")
+    with pytest.raises(contract.ContractError) as err:
+        contract.check_writable_dirs(env)
+    assert str(err.value).startswith(f"FTFLEET_CKPT_DIR {tmp_path}/fsx/checkpoints cannot be created ({tmp_path}/fsx")
+    assert "\n" not in str(err.value) and err.value.exit_code == EXIT_CONFIG

@@ -80,7 +80,7 @@ publish_coordinator() {
     "$INSTANCE_ID" "$COORDINATOR_HOST" "$RECORD_TTL" "$PRIVATE_IP")
   change=$(aws route53 change-resource-record-sets --hosted-zone-id "$ZONE_ID" --change-batch "$batch" \
     --query ChangeInfo.Id --output text) || return 1
-  log "published $COORDINATOR_HOST -> $PRIVATE_IP ($change); waiting until it is INSYNC"
+  log "published $COORDINATOR_HOST as $PRIVATE_IP ($change); waiting until it is INSYNC"
   timeout "$DNS_WAIT_S" aws route53 wait resource-record-sets-changed --id "$change"
 }
 
