@@ -8,6 +8,8 @@ Values unknown at preview time (not yet a str/number) are skipped, never guessed
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -230,6 +232,67 @@ def coordinator_on_demand(resources: list[Res]) -> list[tuple[str, str]]:
     return out
 
 
+# --- nodes (infra/aws/userdata.py, infra/aws/boot/) ---------------------------------
+
+EC2_USER_DATA_LIMIT = 16 * 1024
+
+
+def node_image_pinned(r: Res) -> list[str]:
+    """One AMI per deployment. EC2 Auto Scaling resolves a `resolve:ssm:` image at every
+    launch ("Use AWS Systems Manager parameters instead of AMI IDs in launch templates",
+    https://docs.aws.amazon.com/autoscaling/ec2/userguide/using-systems-manager-parameters.html),
+    so nodes of one deployment would boot different kernels, while the Lustre client is
+    built for one kernel (FSx for Lustre guide, "Installing the Lustre client",
+    https://docs.aws.amazon.com/fsx/latest/LustreGuide/install-lustre-client.html)."""
+    if r.type != "aws:ec2/launchTemplate:LaunchTemplate":
+        return []
+    image = r.props.get("imageId")
+    if not isinstance(image, str) or image.startswith("ami-"):
+        return []
+    return [f"imageId is {image!r}; give the AMI id the program resolved once for the deployment"]
+
+
+def user_data_within_limit(r: Res) -> list[str]:
+    """ "User data is limited to 16 KB, in raw form, before it is base64-encoded" (EC2 user
+    guide, "Run commands when you launch an EC2 instance with user data input",
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html)."""
+    if r.type != "aws:ec2/launchTemplate:LaunchTemplate" or not isinstance(r.props.get("userData"), str):
+        return []
+    try:
+        size = len(base64.b64decode(r.props["userData"], validate=True))
+    except (binascii.Error, ValueError):
+        return ["userData is not base64 (launch templates take it encoded)"]
+    if size <= EC2_USER_DATA_LIMIT:
+        return []
+    return [f"user data is {size} bytes; EC2 takes at most {EC2_USER_DATA_LIMIT}"]
+
+
+def route53_changes_scoped(r: Res) -> list[str]:
+    """A grant of ChangeResourceRecordSets names the record and type it may change, with
+    the route53:ChangeResourceRecordSetsNormalizedRecordNames and ...RecordTypes condition
+    keys (Route 53 developer guide, "Using IAM policy conditions for fine-grained access
+    control", https://docs.aws.amazon.com/Route53/latest/DeveloperGuide/specifying-conditions-route53.html);
+    without them a node could rewrite any record of the zone."""
+    if r.type not in IAM_DOCS:
+        return []
+    out = []
+    for s in _statements(r.props.get(IAM_DOCS[r.type])):
+        actions = [a for a in _as_list(s.get("Action", [])) if isinstance(a, str)]
+        if s.get("Effect") != "Allow" or not any(
+            a in ("route53:ChangeResourceRecordSets", "route53:*") for a in actions
+        ):
+            continue
+        keys = {k for cond in (s.get("Condition") or {}).values() if isinstance(cond, dict) for k in cond}
+        needed = {
+            "route53:ChangeResourceRecordSetsNormalizedRecordNames",
+            "route53:ChangeResourceRecordSetsRecordTypes",
+        }
+        if not needed <= keys:
+            missing = ", ".join(sorted(needed - keys))
+            out.append(f"statement {s.get('Sid', '?')!r} may change any record: condition it on {missing}")
+    return out
+
+
 POLICIES: tuple[Policy, ...] = (
     Policy("s3-versioning-enabled", "Checkpoint buckets keep every version.", versioning_enabled),
     Policy("s3-kms-encrypted", "Buckets are encrypted with a customer KMS key.", kms_encrypted),
@@ -254,6 +317,15 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "coordinator-on-demand", "The coordinator runs on on-demand capacity only.", coordinator_on_demand, stack=True
+    ),
+    Policy(
+        "ec2-node-image-pinned", "Launch templates boot one AMI id, resolved once per deployment.", node_image_pinned
+    ),
+    Policy("ec2-user-data-within-limit", "User data fits EC2's 16 KiB.", user_data_within_limit),
+    Policy(
+        "route53-changes-scoped",
+        "Grants to change Route 53 records name the record and the type.",
+        route53_changes_scoped,
     ),
 )
 
