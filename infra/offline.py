@@ -252,5 +252,8 @@ def run(stack: StackFile, validate_first: bool = True, registry_tags: tuple[str,
         r.inputs = _plain(r.inputs)
         r.outputs = _plain(r.outputs)
     return Recording(
-        stack=stack.name, resources=monitor.recorded, outputs=_plain(exports), invokes=_plain(mocks.invokes)
+        stack=stack.name,
+        resources=monitor.recorded,
+        outputs=_plain(exports),
+        invokes=[(token, _plain(args), provider) for token, args, provider in mocks.invokes],
     )

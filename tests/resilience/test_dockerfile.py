@@ -17,6 +17,7 @@ import pytest
 
 from ftfleet import contract
 from ftfleet.contract import ENV_NAMES, EXIT_CONFIG, EXIT_PREEMPTED, TRAINER_ENV
+from tests.infra.bootstub import shellcheck
 
 from .helpers import REPO, subprocess_env
 
@@ -181,8 +182,9 @@ def test_every_copied_path_exists():
             assert (REPO / source).exists(), source
 
 
-def test_the_entrypoint_shell_script_parses():
+def test_the_entrypoint_shell_script_parses_and_passes_shellcheck(tmp_path):
     subprocess.run(["sh", "-n", str(ENTRYPOINT)], check=True)
+    assert shellcheck(ENTRYPOINT.read_text(), tmp_path, shell="sh") == ""
 
 
 @pytest.fixture
