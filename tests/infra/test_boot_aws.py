@@ -277,6 +277,13 @@ def test_a_kernel_the_fsx_repository_lacks_fails_the_boot_with_one_clear_line(no
     assert len(node.calls("apt-get")) == 1  # no install attempted
 
 
+def test_an_os_without_a_release_codename_fails_the_boot_with_one_clear_line(node):
+    (node.root / "etc" / "os-release").write_text('NAME="Something"\n')
+    assert boot(node).returncode == 1
+    assert "names no VERSION_CODENAME" in log_of(node)
+    assert not node.calls("apt-get") and asked_for_replacement(node)
+
+
 def test_apt_is_retried_with_backoff_while_another_process_holds_its_lock(node):
     node.stub("apt-get", match="update", rc=100, stderr="Could not get lock", times=3)
     assert boot(node).returncode == 0, log_of(node)

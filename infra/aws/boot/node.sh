@@ -23,6 +23,8 @@ DNS_WAIT_S=300
 HELPER="$ROOT/usr/local/sbin/ftfleet-node"
 STEP="install ftfleet-node"
 export DEBIAN_FRONTEND=noninteractive
+# needrestart would restart services (docker among them) after the install: list only.
+export NEEDRESTART_MODE=l
 export AWS_DEFAULT_REGION="$REGION"
 
 mkdir -p "$ROOT/usr/local/sbin" "$ROOT/etc/ftfleet" "$ROOT/etc/systemd/system" "$ROOT/var/lib/ftfleet"
@@ -60,6 +62,9 @@ install_lustre_client() {
   local kernel codename
   kernel=$(uname -r)
   codename=$(sed -n 's/^VERSION_CODENAME=//p' "$ROOT/etc/os-release")
+  if [[ -z $codename ]]; then
+    fail "/etc/os-release names no VERSION_CODENAME: FSx's Lustre repository is per Ubuntu release (jammy, noble)"
+  fi
   mkdir -p "$ROOT/usr/share/keyrings" "$ROOT/etc/apt/sources.list.d"
   retry 5 curl -fsSL -o "$ROOT/var/lib/ftfleet/fsx-ubuntu-public-key.asc" "$LUSTRE_KEY_URL"
   gpg --batch --yes --dearmor -o "$ROOT$LUSTRE_KEYRING" "$ROOT/var/lib/ftfleet/fsx-ubuntu-public-key.asc"
