@@ -7,7 +7,9 @@ Everything two of those parts must agree on is defined here, once, and nowhere e
 * the per-node commit marker that tells the fleet an emergency checkpoint is safe;
 * the trainer's exit codes, which the node's supervisor and the remediation
   functions interpret;
-* the names inside a checkpoint directory.
+* the names inside a checkpoint directory;
+* what the node and the image share besides the environment: the container's uid, the
+  ports, the EFA settings, the agent exit file, the clouds, the record of replacements.
 
 This module must stay importable without torch, boto3 or pulumi: the Pulumi program,
 the Lambda handlers and the trainer all import it. docs/CONTRACT.md is generated from
@@ -108,7 +110,21 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "Base URL of the instance metadata service; tests point it at a fake.",
         "http://169.254.169.254",
     ),
-    EnvVar("FTFLEET_METRICS_PORT", False, "Port of the Prometheus exporter (0: off).", "9400"),
+    EnvVar(
+        "FTFLEET_RUN_DIR",
+        False,
+        "Where the trainer writes `events.jsonl` and `summary.json`; must be writable by the "
+        "image's user. The fleet gives each node its own directory on the fast tier "
+        "(`<mount>/runs/<run id>/<node id>`), which outlives the container. Unset: "
+        "`runs/<run id>` under the working directory.",
+        "/fsx/runs/aws-prod-llm/i-0123456789abcdef0",
+    ),
+    EnvVar(
+        "FTFLEET_METRICS_PORT",
+        False,
+        "Port of the Prometheus exporter of local rank 0 (rank r: port + r; 0: off).",
+        "9400",
+    ),
     EnvVar(
         "FTFLEET_LOG_FORMAT",
         False,
@@ -119,14 +135,24 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
 
 ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)
 
+#: The clouds a stack can deploy to (`ftfleet:cloud`, FTFLEET_CLOUD).
+CLOUDS = ("aws", "gcp")
+
 DEFAULT_METADATA_ENDPOINT = {
     "aws": "http://169.254.169.254",
     "gcp": "http://metadata.google.internal",
 }
 
-#: The trainer image runs as this uid/gid (never root); the fleet makes the checkpoint
-#: directory on the fast tier writable for it.
+#: The trainer image runs as this uid/gid (never root); the fleet makes the checkpoint,
+#: marker and run directories on the fast tier writable for it.
 TRAINER_UID = 10001
+
+#: The image's FTFLEET_METRICS_PORT: local rank r serves Prometheus metrics on this port + r.
+METRICS_PORT = 9400
+#: Ranks per node the image exposes metrics ports for (the largest GPU count per node).
+MAX_LOCAL_RANKS = 8
+#: Port of the c10d rendezvous on the coordinator (the port of FTFLEET_RDZV_ENDPOINT).
+RDZV_PORT = 29400
 
 #: Values of FTFLEET_CKPT_UPLOAD.
 UPLOAD_MODES = ("trainer", "fsx-export", "none")
@@ -156,8 +182,81 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     restarts = environ.get("FTFLEET_MAX_RESTARTS", "")
     if restarts and not restarts.isdigit():
         raise ContractError(f"FTFLEET_MAX_RESTARTS={restarts!r}: use a whole number >= 0")
-    if environ.get("FTFLEET_CLOUD") not in DEFAULT_METADATA_ENDPOINT:
-        raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use aws or gcp")
+    if environ.get("FTFLEET_CLOUD") not in CLOUDS:
+        raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use one of {', '.join(CLOUDS)}")
+
+
+def run_dir(environ: Mapping[str, str] | None = None) -> str:
+    """The trainer's run directory: FTFLEET_RUN_DIR, else `runs/<run id>` (relative)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("FTFLEET_RUN_DIR") or os.path.join("runs", environ.get("FTFLEET_RUN_ID") or "local")
+
+
+def check_writable_dirs(environ: Mapping[str, str] | None = None) -> None:
+    """Raise ContractError (one line) unless this process can write the run directory,
+    the checkpoint directory and its marker directory (or create them).
+
+    The image's entrypoint calls this before torch is imported: a directory the image's
+    user cannot write would otherwise be found after the rendezvous, or after training.
+    """
+    environ = os.environ if environ is None else environ
+    uid = os.getuid()
+    if environ.get("FTFLEET_RUN_DIR"):
+        dirs = [("FTFLEET_RUN_DIR", run_dir(environ), "point FTFLEET_RUN_DIR at a directory it can write")]
+    else:
+        dirs = [("the run directory", run_dir(environ), "set FTFLEET_RUN_DIR to a directory it can write")]
+    if environ.get("FTFLEET_CKPT_DIR"):
+        ckpt = environ["FTFLEET_CKPT_DIR"]
+        dirs += [
+            ("FTFLEET_CKPT_DIR", ckpt, f"chown it to {uid} or point FTFLEET_CKPT_DIR at a directory it can write"),
+            ("the commit marker directory", os.path.join(ckpt, MARKER_DIR), f"chown it to {uid}"),
+        ]
+    for what, path, fix in dirs:
+        problem = _unwritable(path)
+        if problem is not None:
+            where = path if os.path.isabs(path) else f"{path} (relative to {os.getcwd()})"
+            raise ContractError(f"{what} {where} {problem} for uid {uid}: {fix} (a fleet node's boot script does)")
+
+
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written or created by this process, or None if it can."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return f"cannot be created ({probe} is not a directory)"
+    if os.access(probe, os.W_OK | os.X_OK):
+        return None
+    st = os.stat(probe)
+    owner = f"owned by uid {st.st_uid}, mode {st.st_mode & 0o777:o}"
+    if probe == os.path.abspath(path):
+        return f"is not writable ({owner})"
+    return f"cannot be created ({probe} is not writable: {owner})"
+
+
+# ---------------------------------------------------------------------------
+# EFA: what the node passes in and what the image sets for it
+# ---------------------------------------------------------------------------
+
+#: The node passes every `uverbs*` device under this directory into the container
+#: (`docker run --device`) when the stack enables EFA.
+EFA_DEVICE_DIR = "/dev/infiniband"
+#: Set for the trainer only when EFA devices are present: libfabric's EFA provider, and
+#: NCCL's OFI plugin (aws-ofi-nccl, which the EFA installer puts on the image's
+#: LD_LIBRARY_PATH). Without EFA, NCCL keeps its own socket transport.
+EFA_ENV = {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
+
+
+def efa_env(device_dir: str = EFA_DEVICE_DIR) -> dict[str, str]:
+    """EFA_ENV when the container sees EFA devices, else nothing."""
+    try:
+        present = any(name.startswith("uverbs") for name in os.listdir(device_dir))
+    except OSError:
+        present = False
+    return dict(EFA_ENV) if present else {}
 
 
 # ---------------------------------------------------------------------------
@@ -175,6 +274,13 @@ EXIT_HUNG = 76
 EXIT_UNRECOVERABLE = 77
 #: Bad configuration or environment. Restarting will not help.
 EXIT_CONFIG = 2
+
+#: A worker exiting with one of these stops its node's torchrun agent instead of being
+#: restarted by `--max-restarts` (75 does so only on the node being preempted).
+AGENT_STOP_EXITS = (EXIT_CONFIG, EXIT_UNRECOVERABLE)
+#: The node's supervisor (systemd on AWS) does not restart the container after these:
+#: the node is going away (75), or a restart would repeat the failure (2, 77).
+NODE_FINAL_EXITS = (EXIT_PREEMPTED, EXIT_UNRECOVERABLE, EXIT_CONFIG)
 
 EXIT_CODES = {
     EXIT_OK: "training finished",
@@ -197,6 +303,27 @@ def agent_exit_file(agent_pid: int, tmpdir: str | None = None) -> str:
     """Where the exit code of the node whose torchrun agent is ``agent_pid`` is left."""
     base = tmpdir if tmpdir is not None else os.environ.get("TMPDIR") or "/tmp"
     return os.path.join(base, AGENT_EXIT_FILE.format(pid=agent_pid))
+
+
+# ---------------------------------------------------------------------------
+# Replacements of nodes, and their bound
+# ---------------------------------------------------------------------------
+
+#: Every replacement a node asks for itself (a failed boot, an image that cannot be
+#: pulled) is recorded as an empty object in the primary bucket under
+#: <REPLACEMENTS_PREFIX><run id>/<group role>/<unix seconds, 10 digits>-<instance id>,
+#: before the node marks itself Unhealthy. A node counts the records of its group in the
+#: last REPLACEMENT_WINDOW_S seconds (its own included) and asks for a replacement only
+#: while they are at most REPLACEMENT_BUDGET; past that the cause is shared (the image,
+#: the AMI, the registry, the file system) and a new node would fail the same way. Remediation
+#: functions that replace nodes record and count in the same place.
+REPLACEMENTS_PREFIX = "ftfleet-replacements/"
+REPLACEMENT_BUDGET = 3
+REPLACEMENT_WINDOW_S = 3600
+
+
+def replacement_key(run_id: str, role: str, unix_seconds: int, instance_id: str) -> str:
+    return f"{REPLACEMENTS_PREFIX}{run_id}/{role}/{unix_seconds:010d}-{instance_id}"
 
 
 # ---------------------------------------------------------------------------
@@ -322,7 +449,27 @@ def render_markdown() -> str:
         f"- It exists only once `<tier root>/{STEP_DIR_PREFIX}N/{MANIFEST_NAME}` exists; "
         "the manifest is written last and atomically (and uploaded last to a bucket).",
         f"- Commit markers: `<tier root>/{marker_key('<node id>')}`.",
-        f"- The image runs as uid/gid {TRAINER_UID}; the fleet makes `FTFLEET_CKPT_DIR` writable for it.",
+        f"- The image runs as uid/gid {TRAINER_UID}; the fleet makes `FTFLEET_CKPT_DIR`, its "
+        f"`{MARKER_DIR}/` and `FTFLEET_RUN_DIR` writable for it, and the entrypoint checks that "
+        f"they are before torch is imported (exit {EXIT_CONFIG}, one line naming the directory).",
+        "",
+        "## Node and image",
+        "",
+        f"- Clouds: {', '.join(f'`{c}`' for c in CLOUDS)}.",
+        f"- Ports: the c10d rendezvous listens on {RDZV_PORT} on the coordinator; local rank r "
+        f"serves Prometheus metrics on {METRICS_PORT} + r (the image exposes "
+        f"{METRICS_PORT}-{METRICS_PORT + MAX_LOCAL_RANKS - 1}); the container uses the host's network.",
+        f"- The node's supervisor does not restart the container after exit "
+        f"{', '.join(map(str, NODE_FINAL_EXITS))}; a worker's {' or '.join(map(str, AGENT_STOP_EXITS))} "
+        "stops its torchrun agent.",
+        f"- EFA: with EFA enabled the node passes every `{EFA_DEVICE_DIR}/uverbs*` device into the "
+        "container, and the entrypoint then sets "
+        + ", ".join(f"`{k}={v}`" for k, v in EFA_ENV.items())
+        + " for the trainer.",
+        f"- Replacements: a node that cannot boot records `{replacement_key('<run id>', '<role>', 0, '<instance id>')}`"
+        " (the number: unix seconds) in the primary bucket and marks itself Unhealthy only while its group "
+        f"has at most {REPLACEMENT_BUDGET} such records in the last {REPLACEMENT_WINDOW_S // 60} minutes; "
+        "past that it leaves the group without a replacement (or, at the group's minimum size, stays up and says why).",
         "",
         "## Commit marker",
         "",

@@ -71,6 +71,30 @@ def render(template: Path, values: Mapping[str, str | int | bool], *, max_bytes:
     return script
 
 
+def rendered_values(script: str) -> dict[str, str]:
+    """The values a rendered script was given, read back from its header (tests and
+    `ftfleet plan` read user data with it)."""
+    lines = script.splitlines(keepends=True)
+    try:
+        at = lines.index(HEADER + "\n") + 1
+    except ValueError:
+        raise BootScriptError("not a rendered boot script: no header") from None
+    values: dict[str, str] = {}
+    chunk = ""
+    for line in lines[at:]:
+        chunk += line
+        try:
+            tokens = shlex.split(chunk)
+        except ValueError:  # a quoted value spanning lines: read on
+            continue
+        name, sep, value = tokens[0].partition("=") if len(tokens) == 1 else ("", "", "")
+        if not sep or not NAME.fullmatch(name):
+            break
+        values[name] = value
+        chunk = ""
+    return values
+
+
 def _text(value: str | int | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -22,6 +22,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 from pulumi.runtime import settings as pulumi_settings
 
+from ftfleet.errors import ConfigError
 from ftfleet.infra import settings as ftsettings
 from ftfleet.infra.stackfile import StackFile
 
@@ -53,6 +54,8 @@ class Recording:
     stack: str
     resources: list[Resource]
     outputs: dict[str, Any]
+    invokes: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
+    """(token, args, provider URN) of every data-source call the program made."""
 
     def by_urn(self) -> dict[str, Resource]:
         return {r.urn: r for r in self.resources}
@@ -169,17 +172,24 @@ def mock_arn(typ: str, region: str, name: str, rid: str, inputs: dict[str, Any])
 
 
 class _Mocks(pulumi.runtime.Mocks):
-    """Deterministic outputs for the resources and invokes the program uses.
+    """Deterministic outputs for the resources and invokes the program uses (invokes are
+    recorded in ``invokes``).
 
     ``previous_outputs`` stands for the stack's outputs from its last deployment, as a
     StackReference to the stack itself reads them (None: never deployed)."""
 
     def __init__(
-        self, region_of_provider: dict[str, str], default_region: str, previous_outputs: dict[str, Any] | None = None
+        self,
+        region_of_provider: dict[str, str],
+        default_region: str,
+        previous_outputs: dict[str, Any] | None = None,
+        registry_tags: tuple[str, ...] = (),
     ):
         self._region_of_provider = region_of_provider
         self._default_region = default_region
         self._previous_outputs = previous_outputs or {}
+        self._registry_tags = registry_tags
+        self.invokes: list[tuple[str, dict[str, Any], str]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outs = dict(args.inputs)
@@ -212,6 +222,7 @@ class _Mocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:route53/zone:Zone":
             rid = "Z" + hashlib.sha256(args.name.encode()).hexdigest()[:20].upper()
             outs["zoneId"] = rid
+            outs["primaryNameServer"] = "ns-1536.awsdns-00.co.uk."
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outs["latestVersion"] = 1
         elif args.typ in ("aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey"):
@@ -223,12 +234,42 @@ class _Mocks(pulumi.runtime.Mocks):
         return rid, outs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        self.invokes.append((args.token, dict(args.args), (args.provider or "").rsplit("::", 1)[0]))
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": MOCK_ACCOUNT,
                 "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/ftfleet-plan",
                 "userId": "AIDAFTFLEETPLAN",
                 "id": MOCK_ACCOUNT,
+            }
+        if args.token == "aws:ssm/getParameter:getParameter":
+            # A public AMI parameter: a plausible, stable AMI id per parameter name.
+            name = args.args.get("name", "")
+            ami = "ami-" + hashlib.sha256(name.encode()).hexdigest()[:17]
+            return {
+                "arn": f"arn:aws:ssm:{self._default_region}::parameter{name}",
+                "id": name,
+                "name": name,
+                "type": "String",
+                "value": ami,
+                "insecureValue": ami,
+                "version": 1,
+                "withDecryption": True,
+                "region": self._default_region,
+            }
+        if args.token == "aws:ecr/getImages:getImages":
+            repository = args.args.get("repositoryName", "")
+            return {
+                "id": repository,
+                "repositoryName": repository,
+                "region": self._default_region,
+                "imageIds": [
+                    {
+                        "imageTag": tag,
+                        "imageDigest": "sha256:" + hashlib.sha256(f"{repository}:{tag}".encode()).hexdigest(),
+                    }
+                    for tag in self._registry_tags
+                ],
             }
         return {}
 
@@ -281,16 +322,28 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def run(stack: StackFile, validate_first: bool = True, previous_outputs: dict[str, Any] | None = None) -> Recording:
+def run(
+    stack: StackFile,
+    validate_first: bool = True,
+    previous_outputs: dict[str, Any] | None = None,
+    registry_tags: tuple[str, ...] | None = None,
+) -> Recording:
     """Validate the stack's config, then run the program under mocks and record it.
 
     Raises ConfigError (one line) for invalid config before anything runs; with
     ``validate_first=False`` the program's own validation reports it (as pulumi.RunError).
     ``previous_outputs`` are the outputs of the stack's last deployment (as `pulumi
     stack output --json` prints them); without them the stack counts as never deployed.
+    ``registry_tags``: the image tags the mocked registry holds (default: the stack's
+    trainerImageTag, i.e. the image has been pushed).
     """
     if validate_first:
         stack.settings()  # fail fast, with the same validation the program applies
+    if registry_tags is None:
+        try:
+            registry_tags = (stack.settings().trainer.image_tag,)
+        except ConfigError:
+            registry_tags = ()
     config = stack.as_pulumi_strings()
     region = stack.region() or ""
     provider_regions: dict[str, str] = {}
@@ -298,7 +351,7 @@ def run(stack: StackFile, validate_first: bool = True, previous_outputs: dict[st
     # Pulumi's runtime keeps per-run state in context variables and the event loop.
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
-    mocks = _Mocks(provider_regions, region, previous_outputs)
+    mocks = _Mocks(provider_regions, region, previous_outputs, registry_tags)
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config)
@@ -324,4 +377,9 @@ def run(stack: StackFile, validate_first: bool = True, previous_outputs: dict[st
     for r in monitor.recorded:
         r.inputs = _plain(r.inputs)
         r.outputs = _plain(r.outputs)
-    return Recording(stack=stack.name, resources=monitor.recorded, outputs=_plain(exports))
+    return Recording(
+        stack=stack.name,
+        resources=monitor.recorded,
+        outputs=_plain(exports),
+        invokes=[(token, _plain(args), provider) for token, args, provider in mocks.invokes],
+    )

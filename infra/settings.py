@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from ftfleet import contract
 from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog, constraints
 
@@ -28,7 +29,7 @@ PULUMI_YAML = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SPOT_STRATEGIES = ("price-capacity-optimized", "capacity-optimized", "capacity-optimized-prioritized", "lowest-price")
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 FSX_COMPRESSIONS = ("LZ4", "NONE")
-CLOUDS = ("aws", "gcp")
+CLOUDS = contract.CLOUDS
 
 
 def load_schema(path: Path = PULUMI_YAML) -> dict[str, dict[str, Any]]:
@@ -73,12 +74,6 @@ class FleetSettings:
     termination_hook_seconds: int
     gpus_per_node: int
     """Derived from the instance catalog; every type in the fleet has this many GPUs."""
-
-    @property
-    def image(self) -> str:
-        """What the launch template's image_id gets: an AMI id or an SSM reference that
-        EC2 resolves at launch (so a new AMI release needs no `pulumi up`)."""
-        return self.image_id or f"resolve:ssm:{self.image_ssm_parameter}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ftfleet.contract import EXIT_CODES, EXIT_CONFIG, EXIT_UNRECOVERABLE
+from ftfleet.contract import AGENT_STOP_EXITS, EXIT_CODES
 from ftfleet.errors import UserError
 from ftfleet.trainer.agent import stop_agent
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 #: Exit codes a restart of the workers on this node cannot fix. (A preempted node's 75
 #: stops the agent only on that node: see Guard.release_node.)
-NOT_RESTARTABLE = (EXIT_CONFIG, EXIT_UNRECOVERABLE)
+NOT_RESTARTABLE = AGENT_STOP_EXITS
 
 
 def _run(args: argparse.Namespace, rank: int) -> int:

@@ -250,7 +250,8 @@ class JobConfig:
     run_id: str = "local"
     """Identifies the run; a checkpoint of another run is refused. Env: FTFLEET_RUN_ID."""
     run_dir: str = ""
-    """Where summary.json (and by default checkpoints) go. Empty: runs/<run_id>."""
+    """Where events.jsonl, summary.json (and by default checkpoints) go. Empty:
+    runs/<run_id>. Env: FTFLEET_RUN_DIR (on a fleet node, its directory on the fast tier)."""
     seed: int = 0
     """Seeds model init, the token stream and per-rank RNGs."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -296,6 +297,7 @@ class JobConfig:
 #: Environment variables of the fleet contract that override config keys.
 ENV_OVERRIDES = {
     "FTFLEET_RUN_ID": "run_id",
+    "FTFLEET_RUN_DIR": "run_dir",
     "FTFLEET_CKPT_DIR": "checkpoint.dir",
     "FTFLEET_CKPT_URI": "checkpoint.uri",
     "FTFLEET_CKPT_REPLICA_URI": "checkpoint.replica_uri",

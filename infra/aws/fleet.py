@@ -75,16 +75,26 @@ class GpuFleet(pulumi.ComponentResource):
         profiles: dict[str, aws.iam.InstanceProfile],
         user_data: dict[str, pulumi.Output[str]],
         provider: aws.Provider,
+        image_id: pulumi.Input[str],
+        launch: pulumi.Input[bool] = True,
         depends_on: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ):
-        """``depends_on``: what a booting node needs to exist already (the FSx data
-        repository association, the node role's policies); the launch templates wait
-        for it, so no node boots into a half-built stack."""
+        """``image_id``: the AMI every node of this deployment boots (resolved once per
+        `pulumi up`). ``launch``: false holds both groups at 0 nodes (the trainer image
+        is not in the registry yet). ``depends_on``: what a booting node needs to exist
+        already (the FSx data repository association, the node role's policies); the
+        launch templates wait for it, so no node boots into a half-built stack."""
         super().__init__("ftfleet:aws:GpuFleet", name, None, opts)
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
         self._depends_on = list(depends_on)
         self._settings = settings
+        self._image_id = image_id
+        launch = pulumi.Output.from_input(launch)
+
+        def held(size: int) -> pulumi.Output[int]:
+            return launch.apply(lambda on: size if on else 0)
+
         f = settings.fleet
         self.placement_group = None
         if f.placement_group:
@@ -108,9 +118,9 @@ class GpuFleet(pulumi.ComponentResource):
         coordinator_lt = self.coordinator_template
         self.coordinator = aws.autoscaling.Group(
             f"{name}-coordinator",
-            min_size=1,
+            min_size=held(1),
             max_size=1,
-            desired_capacity=1,
+            desired_capacity=held(1),
             vpc_zone_identifiers=subnet_ids,
             placement_group=self.placement_group.id if self.placement_group else None,
             # A plain launch template without market options: on-demand only.
@@ -129,9 +139,9 @@ class GpuFleet(pulumi.ComponentResource):
         first = self.worker_templates[f.worker_instance_types[0]]
         self.workers = aws.autoscaling.Group(
             f"{name}-workers",
-            min_size=f.worker_min_size,
+            min_size=held(f.worker_min_size),
             max_size=f.worker_max_size,
-            desired_capacity=f.worker_desired_size,
+            desired_capacity=held(f.worker_desired_size),
             vpc_zone_identifiers=subnet_ids,
             placement_group=self.placement_group.id if self.placement_group else None,
             capacity_rebalance=True,
@@ -183,7 +193,7 @@ class GpuFleet(pulumi.ComponentResource):
         return aws.ec2.LaunchTemplate(
             name,
             description=f"{s.name} {role} nodes ({instance_type})",
-            image_id=f.image,
+            image_id=self._image_id,
             instance_type=instance_type,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profiles[role].arn),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(

@@ -2,8 +2,11 @@
 
 Workers may read and write only this run's checkpoint prefix, read the replica, use the
 stack keys, describe FSx, put metrics in the `ftfleet` namespace, pull the trainer
-image and talk to SSM. The coordinator may additionally publish its address in the
-stack's private zone. No statement grants `*` actions.
+image and talk to SSM. A node that cannot boot may record and count its replacement
+under this run's replacement prefix and ask a group of this stack to replace it (the
+bound is the node's own: infra/aws/boot/ftfleet-node.sh). The coordinator may
+additionally UPSERT its own A record in the stack's private zone, and read the change's
+status to wait until it is INSYNC. No statement grants `*` actions.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra.aws.dns import normalized_record_name
 from ftfleet.infra.settings import Settings
 
 METRICS_NAMESPACE = "ftfleet"
@@ -32,6 +36,13 @@ class NodeGrants:
     region: str
     """Region of the primary bucket and key (the key is used only through S3 there)."""
     replica_region: str
+    replacements_prefix: str
+    """Key prefix of the run's replacement records (contract.REPLACEMENTS_PREFIX + run id + /)."""
+    group_arn_pattern: str
+    """ARNs of this stack's Auto Scaling groups, e.g.
+    `arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:*:autoScalingGroupName/ftfleet-dev-*`."""
+    stack: str
+    """Value of the groups' `ftfleet:stack` tag."""
 
 
 def node_policy(g: NodeGrants) -> dict:
@@ -100,11 +111,41 @@ def node_policy(g: NodeGrants) -> dict:
                 "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
                 "Resource": [g.repository_arn],
             },
+            *self_replacement_statements(g),
         ],
     }
 
 
-def coordinator_policy(zone_arn: str) -> dict:
+def self_replacement_statements(g: NodeGrants) -> list[dict]:
+    """A node whose boot failed records its replacement, counts its group's recent ones,
+    and asks for a replacement (or leaves the group without one, past the bound)."""
+    return [
+        {
+            "Sid": "RecordSelfReplacement",
+            "Effect": "Allow",
+            "Action": ["s3:PutObject"],
+            "Resource": [f"{g.primary_bucket_arn}/{g.replacements_prefix}*"],
+        },
+        {
+            "Sid": "CountSelfReplacements",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": [g.primary_bucket_arn],
+            "Condition": {"StringLike": {"s3:prefix": [f"{g.replacements_prefix}*"]}},
+        },
+        {
+            "Sid": "ReplaceSelfInStackGroups",
+            "Effect": "Allow",
+            "Action": ["autoscaling:SetInstanceHealth", "autoscaling:TerminateInstanceInAutoScalingGroup"],
+            "Resource": [g.group_arn_pattern],
+            "Condition": {"StringEquals": {"aws:ResourceTag/ftfleet:stack": g.stack}},
+        },
+    ]
+
+
+def coordinator_policy(zone_arn: str, record_name: str) -> dict:
+    """UPSERT of the coordinator's own A record, nothing else in the zone; GetChange
+    (no resource-level scoping but the change/* ARN) to wait until it is INSYNC."""
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -113,7 +154,20 @@ def coordinator_policy(zone_arn: str) -> dict:
                 "Effect": "Allow",
                 "Action": ["route53:ChangeResourceRecordSets"],
                 "Resource": [zone_arn],
-            }
+                "Condition": {
+                    "ForAllValues:StringEquals": {
+                        "route53:ChangeResourceRecordSetsNormalizedRecordNames": [normalized_record_name(record_name)],
+                        "route53:ChangeResourceRecordSetsRecordTypes": ["A"],
+                        "route53:ChangeResourceRecordSetsActions": ["UPSERT"],
+                    }
+                },
+            },
+            {
+                "Sid": "WaitForCoordinatorAddress",
+                "Effect": "Allow",
+                "Action": ["route53:GetChange"],
+                "Resource": ["arn:aws:route53:::change/*"],
+            },
         ],
     }
 
@@ -133,6 +187,7 @@ class NodeIdentity(pulumi.ComponentResource):
         settings: Settings,
         grants: pulumi.Output[NodeGrants],
         zone_arn: pulumi.Input[str],
+        coordinator_name: pulumi.Input[str],
         provider: aws.Provider | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
@@ -159,7 +214,9 @@ class NodeIdentity(pulumi.ComponentResource):
                 dns = aws.iam.RolePolicy(
                     f"{name}-coordinator-dns",
                     role=role.id,
-                    policy=pulumi.Output.from_input(zone_arn).apply(lambda a: json.dumps(coordinator_policy(a))),
+                    policy=pulumi.Output.all(zone_arn, coordinator_name).apply(
+                        lambda a: json.dumps(coordinator_policy(*a))
+                    ),
                     opts=o,
                 )
                 self.policies.append(dns)

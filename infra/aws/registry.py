@@ -1,4 +1,11 @@
-"""Registry: the ECR repository of the trainer image."""
+"""Registry: the ECR repository of the trainer image, and whether the image is in it.
+
+The first `pulumi up` creates the repository, so nobody can have pushed the trainer
+image yet. `image_pushed` asks ECR, once the repository exists, whether the configured
+tag is there; the program keeps the node groups at 0 until it is (README: First
+deploy), so no GPU node waits for an image nobody has pushed. A later `pulumi up` with a
+tag that is not pushed shows the groups going to 0 in its preview.
+"""
 
 from __future__ import annotations
 
@@ -49,4 +56,12 @@ class Registry(pulumi.ComponentResource):
             f"{name}-trainer-lifecycle", repository=self.repository.name, policy=EXPIRE_UNTAGGED, opts=o
         )
         self.image_uri = pulumi.Output.concat(self.repository.repository_url, ":", settings.trainer.image_tag)
+        # Through repository_url (unknown until the repository exists), so the invoke
+        # never asks about a repository that is still to be created.
+        existing = pulumi.Output.all(self.repository.name, self.repository.repository_url).apply(lambda a: a[0])
+        images = aws.ecr.get_images_output(repository_name=existing, opts=pulumi.InvokeOutputOptions(provider=provider))
+        tag = settings.trainer.image_tag
+        self.image_pushed: pulumi.Output[bool] = images.image_ids.apply(
+            lambda ids: any(i.image_tag == tag for i in ids or [])
+        )
         self.register_outputs({"repository_url": self.repository.repository_url, "image_uri": self.image_uri})

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra import creation
 from ftfleet.infra.aws import userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
+from ftfleet.infra.aws.dns import CoordinatorName
 from ftfleet.infra.aws.fleet import GpuFleet
 from ftfleet.infra.aws.guard import creation_guard
 from ftfleet.infra.aws.iam import NodeGrants, NodeIdentity
@@ -42,17 +44,35 @@ def build(s: Settings) -> None:
         security_group_rules=network.fsx_rules,
     )
 
+    coordinator_name = CoordinatorName(f"{s.name}-coordinator-dns", network.zone, primary)
     grants = pulumi.Output.all(
-        buckets.primary.arn, buckets.replica.arn, key.key.arn, key.replica.arn, registry.repository.arn
+        buckets.primary.arn,
+        buckets.replica.arn,
+        key.key.arn,
+        key.replica.arn,
+        registry.repository.arn,
+        identity.account_id,
     ).apply(
         lambda a: NodeGrants(
-            *a,
+            *a[:5],
             checkpoint_prefix=f"{userdata.checkpoint_root(s)}/",
             region=s.region,
             replica_region=s.replica_region,
+            replacements_prefix=f"{contract.REPLACEMENTS_PREFIX}{s.trainer.run_id}/",
+            group_arn_pattern=f"arn:aws:autoscaling:{s.region}:{a[5]}:autoScalingGroup:*:autoScalingGroupName/{s.name}-*",
+            stack=s.stack,
         )
     )
-    nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn, provider=primary)
+    nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn, coordinator_name.fqdn, provider=primary)
+
+    # One AMI for the whole deployment: resolved here, once per `pulumi up`, so every
+    # node it launches shares the kernel (and so the Lustre client), driver and NCCL.
+    if s.fleet.image_id:
+        node_image = pulumi.Output.from_input(s.fleet.image_id)
+    else:
+        node_image = aws.ssm.get_parameter_output(
+            name=s.fleet.image_ssm_parameter, opts=pulumi.InvokeOutputOptions(provider=primary)
+        ).insecure_value
 
     def node_user_data(role: str) -> pulumi.Output[str]:
         return pulumi.Output.all(
@@ -89,6 +109,8 @@ def build(s: Settings) -> None:
         nodes.profiles,
         {role: node_user_data(role) for role in ("coordinator", "worker")},
         primary,
+        image_id=node_image,
+        launch=registry.image_pushed,
         depends_on=[store.association, *nodes.policies],
     )
 
@@ -113,13 +135,26 @@ def build(s: Settings) -> None:
     pulumi.export("worker_group", fleet.workers.name)
     pulumi.export("registry_url", registry.repository.repository_url)
     pulumi.export("trainer_image", registry.image_uri)
+    pulumi.export("node_image", node_image)
+    pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri).apply(fleet_status))
     pulumi.export(
         "coordinator_address",
         pulumi.Output.concat(
-            "coordinator.",
-            network.zone.name,
-            f":{userdata.RDZV_PORT} (Route 53 private zone ",
+            coordinator_name.fqdn,
+            f":{contract.RDZV_PORT} (Route 53 private zone ",
             network.zone.zone_id,
             ", record written by the coordinator at boot)",
         ),
     )
+
+
+def fleet_status(args: list) -> str:
+    pushed, image = args
+    if pushed:
+        return f"running: nodes pull {image}"
+    line = (
+        f"held at 0 nodes: {image} is not in the registry yet; push it (README: First deploy), "
+        "then run `pulumi up` again"
+    )
+    pulumi.log.warn(line)
+    return line

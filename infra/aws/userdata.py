@@ -1,31 +1,44 @@
-"""Boot script of every node: mount FSx, publish or find the coordinator, start the
-trainer image under torchrun as a systemd service.
+"""User data of every node: the boot script in infra/aws/boot/, rendered for one group.
 
-The container's environment is the contract in ftfleet/contract.py; `trainer_env`
-builds it and a test checks it satisfies `contract.check_env`.
+`boot/node.sh` is the script a node runs; `boot/ftfleet-node.sh` is the helper it
+installs (the image pull under systemd, the bounded self-replacement, IMDS), passed to
+node.sh as a parameter, gzipped and base64-encoded to stay well under EC2's 16 KiB.
+Both are plain bash files that shellcheck and the stub harness read
+(tests/infra/test_boot_aws.py); this module only supplies their values.
+
+The container's environment is the contract in ftfleet/contract.py: `trainer_env` builds
+the part every node of a stack shares; node.sh adds the node's own FTFLEET_NODE_ID and
+FTFLEET_RUN_DIR, which only the instance knows.
 
 Coordinator discovery: a Route 53 private hosted zone (`<stack>.ftfleet.internal`)
 holds `coordinator.<zone>`. The coordinator UPSERTs its private IP at every boot (TTL
-10 s), so after a replacement the name points at the new node. Workers always use
-the name: torchrun resolves it again on every rendezvous attempt, and systemd restarts
-the service when a rendezvous fails, so workers follow a replaced coordinator
-without being replaced themselves.
+10 s) and waits until the change is INSYNC, so after a replacement the name points at
+the new node. Workers always use the name: torchrun resolves it again on every
+rendezvous attempt, and systemd restarts the service when a rendezvous fails, so workers
+follow a replaced coordinator without being replaced themselves.
 """
 
 from __future__ import annotations
 
-import shlex
+import base64
+import gzip
 from dataclasses import dataclass
+from pathlib import Path
 
 from ftfleet import contract
+from ftfleet.infra import bootscript
 from ftfleet.infra.settings import Settings
 
-RDZV_PORT = 29400
-# The image's entrypoint (trainer/docker-entrypoint) turns the contract environment into
-# the torchrun command line, so the unit passes the environment and no arguments.
-METRICS_PORT = 9400
-ENV_FILE = "/etc/ftfleet/trainer.env"
-SERVICE = "ftfleet-trainer"
+BOOT_DIR = Path(__file__).with_name("boot")
+NODE_SCRIPT = BOOT_DIR / "node.sh"
+NODE_HELPER = BOOT_DIR / "ftfleet-node.sh"
+#: TTL of the coordinator's A record, and the zone's negative-caching TTL (infra/aws/dns.py).
+RECORD_TTL = 10
+#: Failed pulls before a node asks for its replacement (about 20 minutes with the
+#: helper's backoff: 15 s doubling to 5 minutes); it keeps retrying after that.
+PULL_ATTEMPTS = 8
+#: What node.sh adds to trainer_env on the node.
+NODE_ENV = ("FTFLEET_NODE_ID", "FTFLEET_RUN_DIR")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +57,11 @@ class NodeContext:
 
     @property
     def coordinator_host(self) -> str:
-        return f"coordinator.{self.zone_name}"
+        return coordinator_host(self.zone_name)
+
+
+def coordinator_host(zone_name: str) -> str:
+    return f"coordinator.{zone_name.rstrip('.')}"
 
 
 def checkpoint_root(s: Settings) -> str:
@@ -53,17 +70,14 @@ def checkpoint_root(s: Settings) -> str:
     return f"{s.buckets.checkpoint_prefix}{s.trainer.run_id}"
 
 
-def fstab_line(ctx: NodeContext, mount: str) -> str:
-    """Adds the FSx mount to /etc/fstab once (the shell line that does it)."""
-    entry = (
-        f"{ctx.fsx_dns_name}@tcp:/{ctx.fsx_mount_name} {mount} lustre "
-        "defaults,noatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0"
-    )
-    return f'grep -q " {mount} " /etc/fstab || echo "{entry}" >> /etc/fstab'
+def run_root(s: Settings) -> str:
+    """Parent of the nodes' run directories (FTFLEET_RUN_DIR is `<this>/<instance id>`):
+    on the fast tier, outside the path the FSx association exports."""
+    return f"{s.storage.fsx_mount_point}/runs/{s.trainer.run_id}"
 
 
-def trainer_env(s: Settings, ctx: NodeContext, node_id: str = "${INSTANCE_ID}") -> dict[str, str]:
-    """The container environment (contract.TRAINER_ENV), as the env file writes it."""
+def trainer_env(s: Settings, ctx: NodeContext) -> dict[str, str]:
+    """The container environment (contract.TRAINER_ENV) shared by the stack's nodes."""
     root = checkpoint_root(s)
     nodes = 1 + s.fleet.worker_max_size
     min_nodes = 1 + s.fleet.worker_min_size
@@ -78,89 +92,69 @@ def trainer_env(s: Settings, ctx: NodeContext, node_id: str = "${INSTANCE_ID}") 
         "FTFLEET_CKPT_UPLOAD": "fsx-export",
         "FTFLEET_NNODES": f"{min_nodes}:{nodes}",
         "FTFLEET_NPROC_PER_NODE": str(s.fleet.gpus_per_node),
-        "FTFLEET_RDZV_ENDPOINT": f"{ctx.coordinator_host}:{RDZV_PORT}",
-        "FTFLEET_NODE_ID": node_id,
+        "FTFLEET_RDZV_ENDPOINT": f"{ctx.coordinator_host}:{contract.RDZV_PORT}",
         "FTFLEET_REGION": s.region,
         "FTFLEET_REPLICA_REGION": s.replica_region,
         "FTFLEET_METADATA_ENDPOINT": contract.DEFAULT_METADATA_ENDPOINT[s.cloud],
-        "FTFLEET_METRICS_PORT": str(METRICS_PORT),
+        "FTFLEET_METRICS_PORT": str(contract.METRICS_PORT),
     }
 
 
-def render(s: Settings, ctx: NodeContext) -> str:
-    env_lines = "\n".join(f"{k}={v}" for k, v in trainer_env(s, ctx).items())
-    efa = "--device=/dev/infiniband" if s.fleet.efa_enabled else ""
-    # Exit codes that mean "do not restart here" (contract): the node is going away,
-    # or a human must look.
-    no_restart = " ".join(str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG))
-    # systemd must give the trainer the whole lifecycle-hook window to checkpoint.
-    stop_timeout = s.fleet.termination_hook_seconds - 10
-    publish = ""
-    if ctx.role == "coordinator":
-        publish = f"""
-# Publish this node as the coordinator (see infra/aws/userdata.py for why DNS).
-cat > /tmp/coordinator-record.json <<JSON
-{{"Changes": [{{"Action": "UPSERT", "ResourceRecordSet": {{"Name": "{ctx.coordinator_host}",
-  "Type": "A", "TTL": 10, "ResourceRecords": [{{"Value": "$PRIVATE_IP"}}]}}}}]}}
-JSON
-aws route53 change-resource-record-sets --hosted-zone-id {shlex.quote(ctx.zone_id)} \\
-  --change-batch file:///tmp/coordinator-record.json
-"""
-    mount = s.storage.fsx_mount_point
-    return f"""#!/bin/bash
-# ftfleet {ctx.role} node ({s.name}); rendered by infra/aws/userdata.py.
-set -euo pipefail
-imds() {{
-  local token
-  token=$(curl -sf -X PUT http://169.254.169.254/latest/api/token \\
-    -H "X-aws-ec2-metadata-token-ttl-seconds: 300")
-  curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"
-}}
-INSTANCE_ID=$(imds instance-id)
-PRIVATE_IP=$(imds local-ipv4)
-export AWS_DEFAULT_REGION={shlex.quote(s.region)}
+def helper_values(s: Settings, ctx: NodeContext, root: str = "") -> dict[str, str | int]:
+    return {
+        "ROOT": root,
+        "ROLE": ctx.role,
+        "REGION": s.region,
+        "RUN_ID": s.trainer.run_id,
+        "IMAGE_URI": ctx.image_uri,
+        "REGISTRY_HOST": ctx.registry_host,
+        "BUCKET": ctx.primary_bucket,
+        "REPLACEMENTS_PREFIX": contract.REPLACEMENTS_PREFIX,
+        "REPLACEMENT_BUDGET": contract.REPLACEMENT_BUDGET,
+        "REPLACEMENT_WINDOW_S": contract.REPLACEMENT_WINDOW_S,
+        "PULL_ATTEMPTS": PULL_ATTEMPTS,
+    }
 
-# Fast checkpoint tier: FSx for Lustre.
-if ! command -v mount.lustre >/dev/null; then
-  apt-get update -y && apt-get install -y "lustre-client-modules-$(uname -r)"
-fi
-mkdir -p {mount}
-{fstab_line(ctx, mount)}
-mount {mount} || mount -a
-mkdir -p {mount}/{checkpoint_root(s)}
-chown {contract.TRAINER_UID}:{contract.TRAINER_UID} {mount}/{checkpoint_root(s)}
-{publish}
-# Trainer image.
-aws ecr get-login-password | docker login --username AWS --password-stdin {shlex.quote(ctx.registry_host)}
-docker pull {shlex.quote(ctx.image_uri)}
 
-mkdir -p /etc/ftfleet
-cat > {ENV_FILE} <<ENV
-{env_lines}
-ENV
+def pack(text: str) -> str:
+    """How node.sh receives the helper: gzip (mtime 0, so the same text packs to the
+    same user data and causes no launch-template diff), then base64."""
+    return base64.b64encode(gzip.compress(text.encode(), compresslevel=9, mtime=0)).decode()
 
-# Quoted: systemd, not bash, expands ${{FTFLEET_*}} from the EnvironmentFile.
-cat > /etc/systemd/system/{SERVICE}.service <<'UNIT'
-[Unit]
-Description=ftfleet trainer ({ctx.role})
-After=docker.service network-online.target {mount.strip("/").replace("/", "-")}.mount
-Requires=docker.service
 
-[Service]
-EnvironmentFile={ENV_FILE}
-ExecStartPre=-/usr/bin/docker rm -f {SERVICE}
-ExecStart=/usr/bin/docker run --rm --name {SERVICE} --gpus all --network host --ipc host \\
-  --ulimit memlock=-1 --ulimit stack=67108864 {efa} --env-file {ENV_FILE} \\
-  -v {mount}:{mount} {ctx.image_uri}
-ExecStop=/usr/bin/docker stop --time {stop_timeout} {SERVICE}
-TimeoutStopSec={stop_timeout + 5}
-Restart=on-failure
-RestartSec=5
-RestartPreventExitStatus={no_restart}
+def unpack(packed: str) -> str:
+    return gzip.decompress(base64.b64decode(packed)).decode()
 
-[Install]
-WantedBy=multi-user.target
-UNIT
-systemctl daemon-reload
-systemctl enable --now {SERVICE}.service
-"""
+
+def render(s: Settings, ctx: NodeContext, *, root: str = "") -> str:
+    """The user data of ``ctx.role``'s nodes; ``root`` prefixes every path it writes
+    (empty on a node). Raises BootScriptError past EC2's 16 KiB user-data limit."""
+    ckpt_dir = f"{s.storage.fsx_mount_point}/{checkpoint_root(s)}"
+    env = trainer_env(s, ctx)
+    for name, value in env.items():
+        if "\n" in value or name in NODE_ENV:
+            raise bootscript.BootScriptError(f"trainer_env: {name} cannot go into docker's --env-file")
+    values: dict[str, str | int | bool] = {
+        "ROOT": root,
+        "ROLE": ctx.role,
+        "REGION": s.region,
+        "MOUNT_POINT": s.storage.fsx_mount_point,
+        "FSX_DNS_NAME": ctx.fsx_dns_name,
+        "FSX_MOUNT_NAME": ctx.fsx_mount_name,
+        "CKPT_DIR": ckpt_dir,
+        "MARKER_DIR": f"{ckpt_dir}/{contract.MARKER_DIR}",
+        "RUN_ROOT": run_root(s),
+        "TRAINER_UID": contract.TRAINER_UID,
+        "TRAINER_ENV": "\n".join(f"{k}={v}" for k, v in env.items()),
+        "IMAGE_URI": ctx.image_uri,
+        "EFA_ENABLED": s.fleet.efa_enabled,
+        "EFA_DEVICE_DIR": contract.EFA_DEVICE_DIR,
+        "ZONE_ID": ctx.zone_id,
+        "COORDINATOR_HOST": ctx.coordinator_host,
+        "RECORD_TTL": RECORD_TTL,
+        # systemd gives the trainer the lifecycle hook's window, less a margin, to checkpoint.
+        "STOP_TIMEOUT": s.fleet.termination_hook_seconds - 10,
+        "NODE_FINAL_EXITS": " ".join(str(code) for code in contract.NODE_FINAL_EXITS),
+        "NODE_HELPER_GZ": pack(bootscript.render(NODE_HELPER, helper_values(s, ctx, root))),
+    }
+    return bootscript.render(NODE_SCRIPT, values, max_bytes=bootscript.EC2_USER_DATA_LIMIT)

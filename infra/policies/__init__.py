@@ -6,6 +6,8 @@ They read resources through :class:`Res`, a neutral view both sides can build.
 
 - `baseline`: buckets guarded, IMDSv2, no world ingress, no `*` on `*`, FSx shape,
   spot spread, cross-region replication, an on-demand coordinator.
+- `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
+  scoped to one record and type.
 - `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
   key policy, EFA per network card and its security group, one GPU generation per
   fleet, the file system after its rules, replacement bounds, KMS via services, and
@@ -43,6 +45,7 @@ from ftfleet.infra.policies.deployable import (
     stateful_protected,
 )
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
+from ftfleet.infra.policies.nodes import node_image_pinned, route53_changes_scoped, user_data_within_limit
 
 __all__ = [
     "BUCKET_GUARDS",
@@ -65,13 +68,16 @@ __all__ = [
     "kms_encrypted",
     "kms_via_service",
     "no_star_star",
+    "node_image_pinned",
     "no_world_ingress",
     "public_access_blocked",
     "replacement_within_aws_bounds",
     "replication_cross_region",
+    "route53_changes_scoped",
     "spot_diversified",
     "stateful_protected",
     "tls_only",
+    "user_data_within_limit",
     "versioning_enabled",
 ]
 
@@ -95,6 +101,15 @@ POLICIES: tuple[Policy, ...] = (
         "asg-replacement-bounds",
         "Replacement percentages are ones AWS accepts; a one-node group launches before it terminates.",
         replacement_within_aws_bounds,
+    ),
+    Policy(
+        "ec2-node-image-pinned", "Launch templates boot one AMI id, resolved once per deployment.", node_image_pinned
+    ),
+    Policy("ec2-user-data-within-limit", "User data fits EC2's 16 KiB.", user_data_within_limit),
+    Policy(
+        "route53-changes-scoped",
+        "Grants to change Route 53 records name the record and the type.",
+        route53_changes_scoped,
     ),
     Policy("iam-kms-via-service", "Identity policies grant KMS only through a named service.", kms_via_service),
     Policy(

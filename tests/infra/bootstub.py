@@ -11,7 +11,8 @@ Each stand-in records its argv and stdin, then answers from rules the test set:
     result = stubs.run(script)
     assert stubs.calls("docker")[-1][:1] == ["pull"]
 
-Rules are tried in the order they were added; a rule with ``times`` is used up after
+Rules are tried in the order they were added (``first=True`` puts one before the
+others); a rule with ``times`` is used up after
 that many matches; a command that no rule matches prints nothing and exits 0. Every
 stand-in of a test shares one log, so tests can check the order of steps across tools.
 """
@@ -102,12 +103,17 @@ class Stubs:
         rc: int = 0,
         times: int | None = None,
         sleep: float = 0.0,
+        first: bool = False,
     ) -> None:
-        """Answer calls of ``name`` whose joined argv matches ``match`` (a regex)."""
+        """Answer calls of ``name`` whose joined argv matches ``match`` (a regex).
+        ``first``: try this rule before the ones added earlier (a test breaking a
+        fixture's healthy defaults)."""
         self.add(name)
-        self._rules[name].append(
-            {"match": match, "stdout": stdout, "stderr": stderr, "rc": rc, "times": times, "sleep": sleep}
-        )
+        rule = {"match": match, "stdout": stdout, "stderr": stderr, "rc": rc, "times": times, "sleep": sleep}
+        if first:
+            self._rules[name].insert(0, rule)
+        else:
+            self._rules[name].append(rule)
         self._save()
 
     def _save(self) -> None:

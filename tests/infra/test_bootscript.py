@@ -34,6 +34,13 @@ def test_the_header_assigns_every_declared_parameter_after_the_leading_comments(
     assert lines[7] == "set -euo pipefail"
 
 
+def test_the_values_read_back_from_a_rendered_script_are_the_values_given(template):
+    given = {"GREETING": "it's\n$HOME 'quoted' \"twice\"", "ROOT": "", "TIMES": 2}
+    assert bootscript.rendered_values(bootscript.render(template, given)) == {k: str(v) for k, v in given.items()}
+    with pytest.raises(bootscript.BootScriptError, match="no header"):
+        bootscript.rendered_values(SCRIPT)
+
+
 @pytest.mark.parametrize(
     "values, named",
     [({"GREETING": "x", "ROOT": ""}, "TIMES"), ({"GREETING": "x", "ROOT": "", "TIMES": 1, "EXTRA": 1}, "EXTRA")],

@@ -6,6 +6,7 @@ import base64
 import json
 
 from ftfleet import contract
+from ftfleet.infra import bootscript
 from tests.infra.conftest import recording
 
 
@@ -156,7 +157,6 @@ def test_launch_templates_require_imdsv2_encrypt_root_and_keep_credentials_one_h
         assert meta["httpTokens"] == "required" and meta["httpPutResponseHopLimit"] == 1
         ebs = lt.inputs["blockDeviceMappings"][0]["ebs"]
         assert ebs["volumeType"] == "gp3" and ebs["encrypted"] == "true"
-        assert lt.inputs["imageId"].startswith("resolve:ssm:/aws/service/deeplearning/")
 
 
 def test_placement_group_pins_the_fleet_to_the_fsx_zone():
@@ -171,23 +171,19 @@ def test_placement_group_pins_the_fleet_to_the_fsx_zone():
 def test_user_data_gives_the_trainer_the_whole_contract():
     rec = recording("aws-prod")
     for lt in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
-        script = base64.b64decode(lt.inputs["userData"]).decode()
-        env_block = script.split("<<ENV\n", 1)[1].split("\nENV\n", 1)[0]
-        env = dict(line.split("=", 1) for line in env_block.splitlines())
-        contract.check_env(env)  # raises if anything required is missing or invalid
-        assert set(env) <= contract.ENV_NAMES
+        values = bootscript.rendered_values(base64.b64decode(lt.inputs["userData"]).decode())
+        env = dict(line.split("=", 1) for line in values["TRAINER_ENV"].splitlines())
+        node_env = {"FTFLEET_NODE_ID": "i-0123456789abcdef0", "FTFLEET_RUN_DIR": "/fsx/runs/llm-prod/i-0"}
+        contract.check_env({**env, **node_env})  # raises if anything required is missing or invalid
+        assert set(env) | set(node_env) <= contract.ENV_NAMES
         assert env["FTFLEET_CKPT_URI"] == rec.outputs["checkpoint_uri"]
-        assert env["FTFLEET_CKPT_DIR"] == "/fsx/checkpoints/llm-prod"
+        assert env["FTFLEET_CKPT_DIR"] == values["CKPT_DIR"] == "/fsx/checkpoints/llm-prod"
+        assert values["RUN_ROOT"] == "/fsx/runs/llm-prod"
         assert env["FTFLEET_NPROC_PER_NODE"] == "8" and env["FTFLEET_NNODES"] == "3:33"
-        assert "--device=/dev/infiniband" in script
-        assert (
-            "RestartPreventExitStatus="
-            + " ".join(str(c) for c in (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG))
-            in script
-        )
-        assert f"chown {contract.TRAINER_UID}:{contract.TRAINER_UID} /fsx/checkpoints/llm-prod" in script
-        publishes = "change-resource-record-sets" in script
-        assert publishes == lt.name.endswith("-coordinator")
+        assert values["EFA_ENABLED"] == "true"
+        assert values["NODE_FINAL_EXITS"].split() == [str(c) for c in contract.NODE_FINAL_EXITS]
+        assert values["TRAINER_UID"] == str(contract.TRAINER_UID)
+        assert values["ROLE"] == lt.inputs["tagSpecifications"][0]["tags"]["ftfleet:role"]
 
 
 def test_the_image_entrypoint_reads_only_contract_variables():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -67,6 +68,40 @@ BAD_RESOURCES = {
         "aws:fsx/lustreFileSystem:LustreFileSystem",
         {"deploymentType": "PERSISTENT_2", "storageCapacity": 3000, "perUnitStorageThroughput": 125},
         protect=True,
+    ),
+    "ec2-node-image-pinned": res(
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        {
+            "imageId": "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base/latest/ami-id",
+            "metadataOptions": {"httpTokens": "required"},
+        },
+    ),
+    "ec2-user-data-within-limit": res(
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        {
+            "userData": base64.b64encode(b"#!/bin/bash\n" + b"#" * 16_384).decode(),
+            "metadataOptions": {"httpTokens": "required"},
+        },
+    ),
+    "route53-changes-scoped": res(
+        "aws:iam/rolePolicy:RolePolicy",
+        {
+            "policy": json.dumps(
+                {
+                    "Statement": [
+                        {
+                            "Sid": "Publish",
+                            "Effect": "Allow",
+                            "Action": ["route53:ChangeResourceRecordSets"],
+                            "Resource": ["arn:aws:route53:::hostedzone/Z1"],
+                            "Condition": {
+                                "ForAllValues:StringEquals": {"route53:ChangeResourceRecordSetsRecordTypes": ["A"]}
+                            },
+                        }
+                    ]
+                }
+            )
+        },
     ),
     "spot-diversified": res(
         "aws:autoscaling/group:Group",

@@ -54,6 +54,12 @@ def test_fleet_environment_overrides_the_file_and_the_command_line_overrides_bot
     assert cfg.checkpoint.upload == "none"
 
 
+def test_the_fleets_run_directory_holds_the_runs_events_and_summary():
+    cfg = load_config(TINY, environ={"FTFLEET_RUN_DIR": "/fsx/runs/prod/i-0abc"})
+    assert cfg.run_dir == "/fsx/runs/prod/i-0abc"
+    assert cfg.checkpoint.dir == "/fsx/runs/prod/i-0abc/checkpoints"  # unless FTFLEET_CKPT_DIR says otherwise
+
+
 @pytest.mark.parametrize(
     "override, words",
     [

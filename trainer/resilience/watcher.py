@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from ftfleet.contract import CLOUDS as CONTRACT_CLOUDS
 from ftfleet.contract import DEFAULT_METADATA_ENDPOINT
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.resilience.metadata import GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH, AwsPoller, GcpPoller, Poller
@@ -41,7 +42,7 @@ from ftfleet.trainer.resilience.notices import (
 
 log = logging.getLogger(__name__)
 
-CLOUDS = ("aws", "gcp", "none")
+CLOUDS = (*CONTRACT_CLOUDS, "none")
 
 
 #: Where the trainer config nests this block (ResilienceConfig), for error messages.

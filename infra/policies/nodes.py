@@ -1,0 +1,68 @@
+"""What a node needs to boot as the deployment meant: one AMI for the whole deployment,
+user data EC2 accepts, and DNS grants scoped to the coordinator's own record. Each
+docstring names the AWS document the constraint comes from."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from ftfleet.infra.bootscript import EC2_USER_DATA_LIMIT
+from ftfleet.infra.policies.baseline import IAM_DOCS
+from ftfleet.infra.policies.model import Res, as_list, statements
+
+
+def node_image_pinned(r: Res) -> list[str]:
+    """One AMI per deployment. EC2 Auto Scaling resolves a `resolve:ssm:` image at every
+    launch ("Use AWS Systems Manager parameters instead of AMI IDs in launch templates",
+    https://docs.aws.amazon.com/autoscaling/ec2/userguide/using-systems-manager-parameters.html),
+    so nodes of one deployment would boot different kernels, while the Lustre client is
+    built for one kernel (FSx for Lustre guide, "Installing the Lustre client",
+    https://docs.aws.amazon.com/fsx/latest/LustreGuide/install-lustre-client.html)."""
+    if r.type != "aws:ec2/launchTemplate:LaunchTemplate":
+        return []
+    image = r.props.get("imageId")
+    if not isinstance(image, str) or image.startswith("ami-"):
+        return []
+    return [f"imageId is {image!r}; give the AMI id the program resolved once for the deployment"]
+
+
+def user_data_within_limit(r: Res) -> list[str]:
+    """ "User data is limited to 16 KB, in raw form, before it is base64-encoded" (EC2 user
+    guide, "Run commands when you launch an EC2 instance with user data input",
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html)."""
+    if r.type != "aws:ec2/launchTemplate:LaunchTemplate" or not isinstance(r.props.get("userData"), str):
+        return []
+    try:
+        size = len(base64.b64decode(r.props["userData"], validate=True))
+    except (binascii.Error, ValueError):
+        return ["userData is not base64 (launch templates take it encoded)"]
+    if size <= EC2_USER_DATA_LIMIT:
+        return []
+    return [f"user data is {size} bytes; EC2 takes at most {EC2_USER_DATA_LIMIT}"]
+
+
+def route53_changes_scoped(r: Res) -> list[str]:
+    """A grant of ChangeResourceRecordSets names the record and type it may change, with
+    the route53:ChangeResourceRecordSetsNormalizedRecordNames and ...RecordTypes condition
+    keys (Route 53 developer guide, "Using IAM policy conditions for fine-grained access
+    control", https://docs.aws.amazon.com/Route53/latest/DeveloperGuide/specifying-conditions-route53.html);
+    without them a node could rewrite any record of the zone."""
+    if r.type not in IAM_DOCS:
+        return []
+    out = []
+    for s in statements(r.props.get(IAM_DOCS[r.type])):
+        actions = [a for a in as_list(s.get("Action", [])) if isinstance(a, str)]
+        if s.get("Effect") != "Allow" or not any(
+            a in ("route53:ChangeResourceRecordSets", "route53:*") for a in actions
+        ):
+            continue
+        keys = {k for cond in (s.get("Condition") or {}).values() if isinstance(cond, dict) for k in cond}
+        needed = {
+            "route53:ChangeResourceRecordSetsNormalizedRecordNames",
+            "route53:ChangeResourceRecordSetsRecordTypes",
+        }
+        if not needed <= keys:
+            missing = ", ".join(sorted(needed - keys))
+            out.append(f"statement {s.get('Sid', '?')!r} may change any record: condition it on {missing}")
+    return out

@@ -1,0 +1,482 @@
+"""The AWS nodes' boot script (infra/aws/boot/), read by shellcheck and run under bash
+against stand-in commands (tests/infra/bootstub.py): the order of its steps, what each
+failure does, its retries, and the bounded self-replacement."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ftfleet import contract
+from ftfleet.infra import bootscript, stackfile
+from ftfleet.infra.aws import userdata
+from tests.infra.bootstub import Stubs, shellcheck
+from tests.infra.conftest import recording
+
+REPO = Path(__file__).resolve().parents[2]
+INSTANCE = "i-0123456789abcdef0"
+KERNEL = "6.8.0-1063-aws"
+CHANGE = "/change/C0123456789ABCDEFGHIJ"
+
+
+def context(role: str, **changes) -> userdata.NodeContext:
+    ctx = userdata.NodeContext(
+        role=role,
+        image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/ftfleet-aws-dev/trainer:0.1.0",
+        registry_host="123456789012.dkr.ecr.us-east-1.amazonaws.com",
+        fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+        fsx_mount_name="abcdefgh",
+        primary_bucket="ftfleet-aws-dev-ckpt-primary",
+        replica_bucket="ftfleet-aws-dev-ckpt-replica",
+        zone_id="Z0123456789ABCDEFGHIJ",
+        zone_name="aws-dev.ftfleet.internal",
+    )
+    return dataclasses.replace(ctx, **changes)
+
+
+def settings(stack: str = "aws-dev", **fleet):
+    s = stackfile.load(stack).settings()
+    return dataclasses.replace(s, fleet=dataclasses.replace(s.fleet, **fleet)) if fleet else s
+
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+
+
+def user_data_of(rec) -> dict[str, str]:
+    return {
+        lt.name: base64.b64decode(lt.inputs["userData"]).decode()
+        for lt in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    }
+
+
+# ---------------------------------------------------------------------------
+# What shellcheck and EC2 see
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ["aws-dev", "aws-prod"])
+def test_the_user_data_of_every_stack_and_role_passes_shellcheck(stack, tmp_path):
+    rec = recording(stack)
+    scripts = user_data_of(rec)
+    # One template for the coordinator and one per worker instance type.
+    roles = [lt.inputs["tagSpecifications"][0]["tags"]["ftfleet:role"] for lt in rec.of_type(LAUNCH_TEMPLATE)]
+    assert sorted(set(roles)) == ["coordinator", "worker"]
+    assert len(scripts) == 1 + len(stackfile.load(stack).settings().fleet.worker_instance_types)
+    for name, script in scripts.items():
+        assert shellcheck(script, tmp_path) == "", name
+
+
+def test_the_user_data_of_an_adopted_vpc_with_efa_passes_shellcheck(variant, tmp_path):
+    rec = variant(
+        existingVpcId="vpc-0abc",
+        existingSubnetIds=["subnet-a", "subnet-b"],
+        efaEnabled=True,
+        coordinatorInstanceType="g5.48xlarge",
+        workerInstanceTypes=["g5.48xlarge"],
+    )
+    for name, script in user_data_of(rec).items():
+        assert "EFA_ENABLED=true" in script
+        assert shellcheck(script, tmp_path) == "", name
+
+
+@pytest.mark.parametrize("role", ["coordinator", "worker"])
+@pytest.mark.parametrize("efa", [True, False])
+def test_every_rendered_variant_and_its_helper_pass_shellcheck(role, efa, tmp_path):
+    s, ctx = settings(efa_enabled=efa), context(role)
+    assert shellcheck(userdata.render(s, ctx), tmp_path) == ""
+    helper = bootscript.render(userdata.NODE_HELPER, userdata.helper_values(s, ctx))
+    assert shellcheck(helper, tmp_path) == ""
+
+
+def test_the_node_runs_the_helper_file_it_was_given():
+    s, ctx = settings(), context("worker")
+    script = userdata.render(s, ctx)
+    packed = next(line for line in script.splitlines() if line.startswith("NODE_HELPER_GZ="))
+    helper = userdata.unpack(packed.split("=", 1)[1].strip("'"))
+    assert helper == bootscript.render(userdata.NODE_HELPER, userdata.helper_values(s, ctx))
+    assert userdata.render(s, ctx) == script  # deterministic: no launch-template diff per run
+
+
+def test_user_data_over_ec2s_16_kib_is_refused_when_rendered():
+    s = settings()
+    s = dataclasses.replace(s, trainer=dataclasses.replace(s.trainer, config="/opt/" + "x" * 20_000))
+    with pytest.raises(bootscript.BootScriptError, match=f"over the limit of {bootscript.EC2_USER_DATA_LIMIT}"):
+        userdata.render(s, context("worker"))
+
+
+@pytest.mark.parametrize("path", [userdata.NODE_SCRIPT, userdata.NODE_HELPER], ids=lambda p: p.name)
+def test_every_path_the_boot_files_write_is_under_root(path):
+    # Tests run these scripts as root: a write outside $ROOT would change the machine.
+    text = path.read_text()
+    commands = "\n".join(line for line in text.splitlines() if "((" not in line)  # not arithmetic
+    targets = [t.rstrip(";") for t in re.findall(r"(?<![<>&0-9])>>?\s*(\S+)", commands)]  # redirections
+    targets += re.findall(r"(?:curl|gpg)\s[^\n]*?\s-o\s+(\S+)", text)
+    targets += re.findall(r"tee -a (\S+)", text)
+    targets += [
+        arg for line in re.findall(r"^\s*(?:mkdir -p|chmod \d+|chown \S+) (.+)$", text, re.M) for arg in line.split()
+    ]
+    rooted = ('"$ROOT', '"$HELPER"', '"$BOOT_LOG"')
+    stray = [t for t in targets if not t.startswith(rooted) and t not in ("/dev/null", "&2", "&1")]
+    assert not stray, stray
+    assert 'HELPER="$ROOT/' in text or 'BOOT_LOG="$ROOT/' in text
+
+
+def test_the_boot_files_install_with_the_package():
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = package_data["ftfleet.infra"]
+    infra = REPO / "infra"
+    shipped = {p for pattern in patterns for p in infra.glob(pattern)}
+    assert {userdata.NODE_SCRIPT, userdata.NODE_HELPER} <= shipped
+
+
+# ---------------------------------------------------------------------------
+# The boot, run against stand-ins
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Stand-ins for a healthy first boot; tests add rules that break it."""
+    stubs = Stubs(tmp_path)
+    for name in ("sleep", "uname", "modinfo", "apt-cache", "gpg", "getent", "resolvectl"):
+        stubs.add(name)
+    stubs.stub("curl", match="api/token", stdout="TOKEN")
+    stubs.stub("curl", match="meta-data/instance-id", stdout=INSTANCE)
+    stubs.stub("curl", match="meta-data/local-ipv4", stdout="10.40.0.12")
+    stubs.stub("uname", match="-r", stdout=KERNEL + "\n")
+    stubs.stub("modinfo", match="lustre", rc=1)  # the AMI has no Lustre client
+    stubs.stub("aws", match="change-resource-record-sets", stdout=CHANGE + "\n")
+    stubs.stub("aws", match="list-objects-v2", stdout="None\n")
+    (stubs.root / "etc").mkdir()
+    (stubs.root / "etc" / "os-release").write_text('NAME="Ubuntu"\nVERSION_CODENAME=jammy\n')
+    return stubs
+
+
+def boot(stubs: Stubs, role: str = "coordinator", **fleet):
+    script = userdata.render(settings(**fleet), context(role), root=str(stubs.root))
+    return stubs.run(script)
+
+
+def log_of(stubs: Stubs) -> str:
+    path = stubs.root / "var" / "log" / "ftfleet-boot.log"
+    return path.read_text() if path.exists() else ""
+
+
+def sleeps(stubs: Stubs) -> list[int]:
+    return [int(c.args[0]) for c in stubs.calls("sleep")]
+
+
+def aws_calls(stubs: Stubs, *words: str) -> list[list[str]]:
+    return [c.args for c in stubs.calls("aws") if c.args[: len(words)] == list(words)]
+
+
+def asked_for_replacement(stubs: Stubs) -> bool:
+    return bool(aws_calls(stubs, "autoscaling", "set-instance-health"))
+
+
+def started_trainer(stubs: Stubs) -> bool:
+    return any(c.args[:1] == ["start"] for c in stubs.calls("systemctl"))
+
+
+def test_a_coordinator_boots_in_order(node):
+    result = boot(node, "coordinator")
+    assert result.returncode == 0, result.stderr + log_of(node)
+    steps = [s for s in node.order() if not s.startswith(("curl -sf", "sleep", "uname", "date"))]
+    assert steps == [
+        "modinfo lustre",
+        "curl -fsSL",  # FSx's repository key
+        "gpg --batch",
+        "apt-get -o",  # update
+        "apt-cache show",
+        "apt-get -o",  # install
+        "mount -t",
+        "chown 10001:10001",
+        "aws route53",  # UPSERT
+        "aws route53",  # wait until INSYNC
+        "systemctl daemon-reload",
+        "systemctl enable",
+        "systemctl start",
+    ]
+    update, install = [c.args for c in node.calls("apt-get")]
+    assert update[-2:] == ["update", "-y"]
+    assert install[-1] == f"lustre-client-modules-{KERNEL}"
+    sources = (node.root / "etc/apt/sources.list.d/fsxlustreclientrepo.list").read_text()
+    assert "https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu jammy main" in sources
+    assert "signed-by=/usr/share/keyrings/fsx-ubuntu-public-key.gpg" in sources
+    assert not asked_for_replacement(node)
+    assert "boot done" in log_of(node)
+
+
+def test_the_trainer_gets_the_whole_contract_and_its_own_directories(node):
+    assert boot(node, "worker").returncode == 0, log_of(node)
+    lines = (node.root / "etc/ftfleet/trainer.env").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in lines)
+    assert len(env) == len(lines)
+    contract.check_env(env)
+    assert set(env) <= contract.ENV_NAMES
+    assert env["FTFLEET_NODE_ID"] == INSTANCE
+    assert env["FTFLEET_RUN_DIR"] == f"/fsx/runs/aws-dev/{INSTANCE}"
+    assert env["FTFLEET_CKPT_DIR"] == "/fsx/checkpoints/aws-dev"
+    assert env["FTFLEET_METRICS_PORT"] == str(contract.METRICS_PORT)
+    assert env["FTFLEET_RDZV_ENDPOINT"] == f"coordinator.aws-dev.ftfleet.internal:{contract.RDZV_PORT}"
+    (chown,) = node.calls("chown")
+    owner, *paths = chown.args
+    assert owner == f"{contract.TRAINER_UID}:{contract.TRAINER_UID}"
+    root = str(node.root)
+    assert paths == [
+        f"{root}/fsx/checkpoints/aws-dev",
+        f"{root}/fsx/checkpoints/aws-dev/{contract.MARKER_DIR}",
+        f"{root}/fsx/runs/aws-dev",
+        f"{root}/fsx/runs/aws-dev/{INSTANCE}",
+    ]
+    assert all(Path(p).is_dir() for p in paths)
+
+
+def test_the_trainer_unit_never_restarts_a_final_exit_and_the_image_unit_pulls_first(node):
+    assert boot(node, "worker").returncode == 0, log_of(node)
+    units = node.root / "etc/systemd/system"
+    trainer = (units / "ftfleet-trainer.service").read_text()
+    image = (units / "ftfleet-image.service").read_text()
+    codes = " ".join(map(str, contract.NODE_FINAL_EXITS))
+    assert f"RestartPreventExitStatus={codes}\n" in trainer
+    assert "Requires=ftfleet-image.service" in trainer and "After=ftfleet-image.service" in trainer
+    assert "StartLimitIntervalSec=0" in trainer  # systemd never gives up restarting it
+    assert "RequiresMountsFor=/fsx" in trainer
+    assert "--network host" in trainer and "--env-file /etc/ftfleet/trainer.env" in trainer
+    assert "ExecStart=/usr/local/sbin/ftfleet-node pull" in image and "Type=oneshot" in image
+    helper = node.root / "usr/local/sbin/ftfleet-node"
+    assert helper.stat().st_mode & 0o111
+    start = [c.args for c in node.calls("systemctl") if c.args[:1] == ["start"]]
+    assert start == [["start", "--no-block", "ftfleet-trainer.service"]]
+
+
+def test_fstab_orders_the_mount_after_a_unit_ubuntu_has(node):
+    assert boot(node).returncode == 0, log_of(node)
+    (line,) = (node.root / "etc/fstab").read_text().splitlines()
+    assert line.startswith("fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh /fsx lustre ")
+    assert "x-systemd.requires=network-online.target" in line and "network.service" not in line
+    (mount,) = node.calls("mount")
+    assert mount.args[-2:] == ["fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh", f"{node.root}/fsx"]
+
+
+def test_an_ami_with_a_lustre_client_skips_the_install(node):
+    node.stub("modinfo", match="lustre", rc=0, first=True)
+    assert boot(node).returncode == 0, log_of(node)
+    assert not node.calls("apt-get") and not node.calls("gpg")
+    assert "already has a Lustre client" in log_of(node)
+
+
+def test_a_kernel_the_fsx_repository_lacks_fails_the_boot_with_one_clear_line(node):
+    node.stub("apt-cache", match=f"show lustre-client-modules-{KERNEL}", rc=100)
+    result = boot(node)
+    assert result.returncode == 1
+    (line,) = [line for line in log_of(node).splitlines() if "has no lustre-client-modules" in line]
+    assert f"lustre-client-modules-{KERNEL}" in line and "ftfleet:imageId" in line
+    assert "BOOT FAILED at step 'Lustre client'" in log_of(node)
+    assert asked_for_replacement(node) and not started_trainer(node)
+    assert len(node.calls("apt-get")) == 1  # no install attempted
+
+
+def test_an_os_without_a_release_codename_fails_the_boot_with_one_clear_line(node):
+    (node.root / "etc" / "os-release").write_text('NAME="Something"\n')
+    assert boot(node).returncode == 1
+    assert "names no VERSION_CODENAME" in log_of(node)
+    assert not node.calls("apt-get") and asked_for_replacement(node)
+
+
+def test_apt_is_retried_with_backoff_while_another_process_holds_its_lock(node):
+    node.stub("apt-get", match="update", rc=100, stderr="Could not get lock", times=3)
+    assert boot(node).returncode == 0, log_of(node)
+    assert len([c for c in node.calls("apt-get") if "update" in c.args]) == 4
+    assert sleeps(node) == [5, 10, 20]
+
+
+@pytest.mark.parametrize(
+    "command, match, step",
+    [
+        ("curl", "meta-data/local-ipv4", "instance identity"),
+        ("apt-get", "update", "Lustre client"),
+        ("apt-get", "install", "Lustre client"),
+        ("mount", "lustre", "mount FSx for Lustre at /fsx"),
+        ("chown", None, "directories for uid 10001"),
+        ("aws", "change-resource-record-sets", "publish coordinator.aws-dev.ftfleet.internal"),
+        ("aws", "resource-record-sets-changed", "publish coordinator.aws-dev.ftfleet.internal"),
+        ("systemctl", "daemon-reload", "trainer service"),
+    ],
+)
+def test_a_step_that_keeps_failing_fails_the_boot_and_asks_for_a_replacement(node, command, match, step):
+    node.stub(command, match=match, rc=1, stderr="broken", first=True)
+    result = boot(node, "coordinator")
+    assert result.returncode == 1
+    assert f"BOOT FAILED at step '{step}'" in log_of(node)
+    (ask,) = aws_calls(node, "autoscaling", "set-instance-health")
+    assert ask == [
+        "autoscaling",
+        "set-instance-health",
+        "--instance-id",
+        INSTANCE,
+        "--health-status",
+        "Unhealthy",
+        "--no-should-respect-grace-period",
+    ]
+    assert not started_trainer(node)
+
+
+def test_a_node_that_cannot_read_its_identity_cannot_ask_for_a_replacement(node):
+    node.stub("curl", match="meta-data/instance-id", rc=22, first=True)
+    assert boot(node).returncode == 1
+    assert "BOOT FAILED at step 'instance identity'" in log_of(node)
+    assert "cannot read this node's instance id" in log_of(node)
+    assert not aws_calls(node, "autoscaling")
+
+
+def test_the_coordinator_waits_until_its_record_is_insync(node):
+    assert boot(node, "coordinator").returncode == 0, log_of(node)
+    upsert, wait = aws_calls(node, "route53")
+    batch = json.loads(upsert[upsert.index("--change-batch") + 1])
+    (change,) = batch["Changes"]
+    assert change["Action"] == "UPSERT"
+    assert change["ResourceRecordSet"] == {
+        "Name": "coordinator.aws-dev.ftfleet.internal",
+        "Type": "A",
+        "TTL": userdata.RECORD_TTL,
+        "ResourceRecords": [{"Value": "10.40.0.12"}],
+    }
+    assert upsert[upsert.index("--hosted-zone-id") + 1] == "Z0123456789ABCDEFGHIJ"
+    assert wait == ["route53", "wait", "resource-record-sets-changed", "--id", CHANGE]
+
+
+def test_a_throttled_dns_change_is_retried(node):
+    node.stub("aws", match="change-resource-record-sets", rc=255, stderr="Throttling", times=2, first=True)
+    assert boot(node, "coordinator").returncode == 0, log_of(node)
+    assert len(aws_calls(node, "route53", "change-resource-record-sets")) == 3
+    assert sleeps(node) == [5, 10]
+
+
+def test_a_worker_retries_the_coordinators_name_and_never_publishes(node):
+    node.stub("getent", rc=2, times=2)
+    assert boot(node, "worker").returncode == 0, log_of(node)
+    assert len(node.calls("getent")) == 3
+    assert len(node.calls("resolvectl")) == 3  # the negative cache is flushed before each try
+    assert sleeps(node) == [5, 10]
+    assert not aws_calls(node, "route53")
+
+
+def test_a_worker_starts_even_before_the_coordinator_resolves(node):
+    node.stub("getent", rc=2)
+    assert boot(node, "worker").returncode == 0, log_of(node)
+    assert "does not resolve yet" in log_of(node)
+    assert started_trainer(node) and not asked_for_replacement(node)
+
+
+def test_with_efa_every_device_is_passed_into_the_container(node):
+    devices = node.root / "dev" / "infiniband"
+    devices.mkdir(parents=True)
+    for name in ("uverbs0", "uverbs1", "rdma_cm"):
+        (devices / name).touch()
+    assert boot(node, "worker", efa_enabled=True).returncode == 0, log_of(node)
+    trainer = (node.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
+    assert "--device=/dev/infiniband/uverbs0 --device=/dev/infiniband/uverbs1 --env-file" in trainer
+    assert "rdma_cm" not in trainer
+
+
+def test_efa_without_devices_fails_the_boot_with_one_clear_line(node):
+    assert boot(node, "worker", efa_enabled=True).returncode == 1
+    assert "efaEnabled is true but /dev/infiniband has no uverbs devices" in log_of(node)
+    assert asked_for_replacement(node) and not started_trainer(node)
+
+
+def test_without_efa_no_device_is_passed(node):
+    assert boot(node, "worker", efa_enabled=False).returncode == 0, log_of(node)
+    assert "--device" not in (node.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
+
+
+# ---------------------------------------------------------------------------
+# The helper: the image pull and the bound on self-replacements
+# ---------------------------------------------------------------------------
+
+
+def helper(stubs: Stubs, *args: str, role: str = "worker"):
+    script = bootscript.render(userdata.NODE_HELPER, userdata.helper_values(settings(), context(role), str(stubs.root)))
+    path = stubs.dir / "ftfleet-node"
+    path.write_text(script)
+    return stubs.run(f"exec bash {path} {' '.join(args)}\n")
+
+
+def recent_keys(n: int, *, age_s: int = 60, role: str = "worker") -> str:
+    now = int(time.time())
+    keys = [contract.replacement_key("aws-dev", role, now - age_s - i, f"i-{i:017x}") for i in range(n)]
+    return "\t".join(keys) + "\n"
+
+
+def test_the_pull_retries_with_backoff_until_the_image_is_pushed_and_asks_once_for_a_replacement(node):
+    node.stub("docker", match="^pull ", rc=1, stderr="manifest unknown", times=10)
+    result = helper(node, "pull")
+    assert result.returncode == 0, result.stderr
+    assert len([c for c in node.calls("docker") if c.args[:1] == ["pull"]]) == 11
+    assert sleeps(node) == [15, 30, 60, 120, 240, 300, 300, 300, 300, 300]
+    assert len(aws_calls(node, "autoscaling", "set-instance-health")) == 1
+    order = [c.args[0] for c in node.calls("docker")]
+    assert order[:2] == ["login", "pull"]  # every attempt logs in to ECR first
+    login = node.calls("docker")[0]
+    assert login.args[-1] == "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+
+
+def test_a_replacement_is_recorded_then_asked_for_within_the_bound(node):
+    node.stub("aws", match="list-objects-v2", stdout=recent_keys(contract.REPLACEMENT_BUDGET), first=True)
+    result = helper(node, "replace", "'test reason'")
+    assert result.returncode == 0, result.stderr
+    (put,) = aws_calls(node, "s3api", "put-object")
+    key = put[put.index("--key") + 1]
+    assert key.startswith(f"{contract.REPLACEMENTS_PREFIX}aws-dev/worker/") and key.endswith(f"-{INSTANCE}")
+    assert put[put.index("--bucket") + 1] == "ftfleet-aws-dev-ckpt-primary"
+    (listing,) = aws_calls(node, "s3api", "list-objects-v2")
+    assert listing[listing.index("--prefix") + 1] == f"{contract.REPLACEMENTS_PREFIX}aws-dev/worker/"
+    assert asked_for_replacement(node)
+    assert not aws_calls(node, "autoscaling", "terminate-instance-in-auto-scaling-group")
+
+
+def test_past_the_bound_a_node_leaves_its_group_without_a_replacement(node):
+    node.stub("aws", match="list-objects-v2", stdout=recent_keys(contract.REPLACEMENT_BUDGET + 1), first=True)
+    assert helper(node, "replace", "bad-image").returncode == 0
+    assert not asked_for_replacement(node)
+    (term,) = aws_calls(node, "autoscaling", "terminate-instance-in-auto-scaling-group")
+    assert term[-3:] == ["--instance-id", INSTANCE, "--should-decrement-desired-capacity"]
+    assert "over the bound" in log_of(node)
+
+
+def test_past_the_bound_at_the_minimum_size_a_node_stays_up_and_says_why(node):
+    node.stub("aws", match="list-objects-v2", stdout=recent_keys(contract.REPLACEMENT_BUDGET + 1), first=True)
+    node.stub("aws", match="terminate-instance", rc=254, stderr="ValidationError: below min size")
+    assert helper(node, "replace", "bad-image").returncode == 0
+    assert not asked_for_replacement(node)
+    assert "stays up, idle and not replaced" in log_of(node)
+
+
+def test_replacements_older_than_the_window_do_not_count(node):
+    old = recent_keys(10, age_s=contract.REPLACEMENT_WINDOW_S + 5)
+    node.stub("aws", match="list-objects-v2", stdout=old, first=True)
+    assert helper(node, "replace", "one-bad-host").returncode == 0
+    assert asked_for_replacement(node)
+
+
+def test_a_node_that_cannot_count_replacements_does_not_ask_for_one(node):
+    node.stub("aws", match="list-objects-v2", rc=255, stderr="AccessDenied", first=True)
+    assert helper(node, "replace", "x").returncode == 1
+    assert not asked_for_replacement(node)
+    assert "cannot list" in log_of(node)
+
+
+def test_a_failed_boot_past_the_bound_does_not_ask_for_a_replacement(node):
+    node.stub("aws", match="list-objects-v2", stdout=recent_keys(10, role="coordinator"), first=True)
+    node.stub("mount", rc=32)
+    assert boot(node, "coordinator").returncode == 1
+    assert not asked_for_replacement(node)
+    assert aws_calls(node, "autoscaling", "terminate-instance-in-auto-scaling-group")
