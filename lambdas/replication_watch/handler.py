@@ -18,7 +18,6 @@ Time Control's own metrics. Read-only: it never copies, deletes or repairs objec
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ftfleet import contract
@@ -29,6 +28,8 @@ from ftfleet.lambdas.replication_watch.config import Config
 NAME = "replication_watch"
 #: Step directories examined per bucket and sweep (newest first).
 SCAN_LIMIT = 100
+
+clock = runtime.Clock()
 
 
 class Bucket:
@@ -91,7 +92,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
 
 def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
     eventbridge.parse(event, (eventbridge.SCHEDULED,))
-    now = time.time()
+    now = clock.now()
     primary = Bucket(cfg.bucket, None, cfg.root)
     replica = Bucket(cfg.replica_bucket, cfg.replica_region, cfg.root)
     primary_steps = primary.steps()

@@ -198,13 +198,16 @@ def _reconcile_bucket(cfg: Config, log: DecisionLog, bucket: str, call: str, cal
 
 
 def _associations(fsx: Any, file_system_id: str) -> list[dict[str, Any]]:
-    found = []
-    pages = fsx.get_paginator("describe_data_repository_associations").paginate(
-        Filters=[{"Name": "file-system-id", "Values": [file_system_id]}]
-    )
-    for page in pages:
+    # botocore has no paginator for this call: follow NextToken by hand.
+    found, token = [], None
+    while True:
+        page = fsx.describe_data_repository_associations(
+            Filters=[{"Name": "file-system-id", "Values": [file_system_id]}], **({"NextToken": token} if token else {})
+        )
         found += page.get("Associations", [])
-    return found
+        token = page.get("NextToken")
+        if not token:
+            return found
 
 
 def _describe(fsx: Any, association_id: str) -> dict[str, Any] | None:

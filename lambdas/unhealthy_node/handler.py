@@ -30,7 +30,6 @@ on a node that is still booting, which the sweep knows from its launch time.
 from __future__ import annotations
 
 import datetime
-import time
 from typing import Any
 
 from ftfleet import contract
@@ -42,6 +41,8 @@ NAME = "unhealthy_node"
 REPLACEMENTS_KEY = "fleet/replacements.json"
 HOUR_S = 3600.0
 
+clock = runtime.Clock()
+
 
 def handler(event: Any, context: Any) -> dict[str, Any]:
     return runtime.run(NAME, Config, decide, event, context)
@@ -49,7 +50,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
 
 def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
     eventbridge.parse(event, (eventbridge.SCHEDULED,))
-    now = time.time()
+    now = clock.now()
     nodes = _in_service(cfg, now)
     if not nodes:
         return log.decision("swept", judged=0, reason="no InService node launched more than the grace period ago")
