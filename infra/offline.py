@@ -162,6 +162,10 @@ def _plain(value: Any) -> Any:
         return int(value)  # the mock sees every number as a float
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    if isinstance(value, pulumi.AssetArchive):
+        return {"asset": "AssetArchive", "path": None, "assets": {k: _plain(v) for k, v in value.assets.items()}}
+    if isinstance(value, pulumi.StringAsset):
+        return {"asset": "StringAsset", "path": None, "text": value.text}
     if isinstance(value, pulumi.Archive | pulumi.Asset):
         return {"asset": type(value).__name__, "path": getattr(value, "path", None)}
     return str(value)

@@ -107,7 +107,13 @@ class FunctionConfig:
                 values[f.name] = codec.parse(raw)
             except (ValueError, TypeError) as exc:
                 raise FunctionConfigError(f"{name}={raw[:80]!r} is not {codec.what} ({exc})") from None
-        return cls(**values)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Checks beyond one variable's value (a function overrides it); raises
+        FunctionConfigError."""
 
     def to_env(self) -> dict[str, str]:
         return {name: codec.render(getattr(self, f.name)) for f, name, _, codec in _vars(type(self))}

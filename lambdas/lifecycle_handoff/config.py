@@ -4,6 +4,10 @@ import dataclasses
 
 from ftfleet.lambdas.common.config import NAMES, SECONDS, StackConfig, var
 
+#: The event it accepts, ``(source, detail-type)``, and the transition it handles.
+LIFECYCLE = ("aws.autoscaling", "EC2 Instance-terminate Lifecycle Action")
+TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config(StackConfig):

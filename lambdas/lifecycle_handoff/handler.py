@@ -26,11 +26,9 @@ from ftfleet.lambdas.common import aws, eventbridge, events, runtime
 from ftfleet.lambdas.common.events import Dropped
 from ftfleet.lambdas.common.heartbeat import Gone, Heartbeat
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.lifecycle_handoff.config import Config
+from ftfleet.lambdas.lifecycle_handoff.config import LIFECYCLE, TERMINATING, Config
 
 NAME = "lifecycle_handoff"
-LIFECYCLE = ("aws.autoscaling", "EC2 Instance-terminate Lifecycle Action")
-TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 #: Seconds kept back from the invocation's time limit to complete the action.
 MARGIN_S = 15.0
 

@@ -4,6 +4,10 @@ import dataclasses
 
 from ftfleet.lambdas.common.config import NAMES, StackConfig, var
 
+#: The events it accepts, ``(source, detail-type)``; the stack's rules match exactly these.
+INTERRUPTION = ("aws.ec2", "EC2 Spot Instance Interruption Warning")
+REBALANCE = ("aws.ec2", "EC2 Instance Rebalance Recommendation")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config(StackConfig):

@@ -24,11 +24,9 @@ from ftfleet import contract
 from ftfleet.lambdas.common import aws, eventbridge, events, runtime
 from ftfleet.lambdas.common.events import Dropped
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.spot_interruption.config import Config
+from ftfleet.lambdas.spot_interruption.config import INTERRUPTION, REBALANCE, Config
 
 NAME = "spot_interruption"
-INTERRUPTION = ("aws.ec2", "EC2 Spot Instance Interruption Warning")
-REBALANCE = ("aws.ec2", "EC2 Instance Rebalance Recommendation")
 ACTIONS = ("terminate", "stop", "hibernate")
 
 

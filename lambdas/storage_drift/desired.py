@@ -1,8 +1,8 @@
 """The settings storage_drift restores, in the shapes of the S3 and FSx APIs.
 
 Shared by the Pulumi program, which renders them from the very arguments it gives the
-bucket and association resources (:func:`api_shape` turns a resource's camelCase
-inputs into the API's PascalCase), and by the function, which compares what it reads
+bucket and association resources (:func:`api_shape` turns a resource's arguments into
+the API's PascalCase), and by the function, which compares what it reads
 back with :func:`normalized`. No boto3 and no pulumi here.
 """
 
@@ -11,22 +11,53 @@ from __future__ import annotations
 import json
 from typing import Any
 
+#: The events it accepts, ``(source, detail-type)``; the stack's rules match these.
+S3_CALL = ("aws.s3", "AWS API Call via CloudTrail")
+FSX_CALL = ("aws.fsx", "AWS API Call via CloudTrail")
+
+#: CloudTrail event names of the calls that change a managed bucket setting. CloudTrail
+#: records PutBucketLifecycleConfiguration as PutBucketLifecycle and PutPublicAccessBlock
+#: as PutBucketPublicAccessBlock; both spellings are listed.
+BUCKET_CALLS = {
+    "PutBucketVersioning": "versioning",
+    "PutBucketPublicAccessBlock": "public_access_block",
+    "DeleteBucketPublicAccessBlock": "public_access_block",
+    "PutPublicAccessBlock": "public_access_block",
+    "DeletePublicAccessBlock": "public_access_block",
+    "PutBucketPolicy": "policy",
+    "DeleteBucketPolicy": "policy",
+    "PutBucketEncryption": "encryption",
+    "DeleteBucketEncryption": "encryption",
+    "PutBucketLifecycle": "lifecycle",
+    "PutBucketLifecycleConfiguration": "lifecycle",
+    "DeleteBucketLifecycle": "lifecycle",
+    "PutBucketReplication": "replication",
+    "DeleteBucketReplication": "replication",
+}
+ASSOCIATION_CALLS = ("UpdateDataRepositoryAssociation", "DeleteDataRepositoryAssociation")
+
 #: Bucket settings, in the order they are checked; each names its API calls.
 ASPECTS = ("versioning", "public_access_block", "encryption", "policy", "lifecycle", "replication")
 
-#: camelCase keys whose API spelling is not the plain capitalisation.
+#: Keys whose API spelling is not the plain capitalisation of their parts.
 _SPELLING = {
-    "id": "ID",
-    "sseAlgorithm": "SSEAlgorithm",
-    "kmsMasterKeyId": "KMSMasterKeyID",
-    "replicaKmsKeyId": "ReplicaKmsKeyID",
+    "Id": "ID",
+    "SseAlgorithm": "SSEAlgorithm",
+    "KmsMasterKeyId": "KMSMasterKeyID",
+    "ReplicaKmsKeyId": "ReplicaKmsKeyID",
 }
 
 
+def _api_key(key: str) -> str:
+    pascal = "".join(part[:1].upper() + part[1:] for part in key.split("_"))
+    return _SPELLING.get(pascal, pascal)
+
+
 def api_shape(value: Any) -> Any:
-    """A Pulumi resource's camelCase inputs in the S3/FSx API's PascalCase."""
+    """A Pulumi resource's arguments (camelCase inputs or snake_case outputs) in the S3/FSx
+    API's PascalCase; None values are left out, as the API leaves them out."""
     if isinstance(value, dict):
-        return {_SPELLING.get(k, k[:1].upper() + k[1:]): api_shape(v) for k, v in value.items()}
+        return {_api_key(k): api_shape(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [api_shape(v) for v in value]
     return value

@@ -26,33 +26,17 @@ from ftfleet.lambdas.common import aws, eventbridge, events, runtime
 from ftfleet.lambdas.common.events import Dropped
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.storage_drift.config import Config
-from ftfleet.lambdas.storage_drift.desired import ASPECTS, normalized, policy_normalized
+from ftfleet.lambdas.storage_drift.desired import (
+    ASPECTS,
+    ASSOCIATION_CALLS,
+    BUCKET_CALLS,
+    FSX_CALL,
+    S3_CALL,
+    normalized,
+    policy_normalized,
+)
 
 NAME = "storage_drift"
-S3_CALL = ("aws.s3", "AWS API Call via CloudTrail")
-FSX_CALL = ("aws.fsx", "AWS API Call via CloudTrail")
-
-#: CloudTrail event names of the calls that change a managed bucket setting. CloudTrail
-#: records PutBucketLifecycleConfiguration as PutBucketLifecycle and PutPublicAccessBlock
-#: as PutBucketPublicAccessBlock; both spellings are listed.
-BUCKET_CALLS = {
-    "PutBucketVersioning": "versioning",
-    "PutBucketPublicAccessBlock": "public_access_block",
-    "DeleteBucketPublicAccessBlock": "public_access_block",
-    "PutPublicAccessBlock": "public_access_block",
-    "DeletePublicAccessBlock": "public_access_block",
-    "PutBucketPolicy": "policy",
-    "DeleteBucketPolicy": "policy",
-    "PutBucketEncryption": "encryption",
-    "DeleteBucketEncryption": "encryption",
-    "PutBucketLifecycle": "lifecycle",
-    "PutBucketLifecycleConfiguration": "lifecycle",
-    "DeleteBucketLifecycle": "lifecycle",
-    "PutBucketReplication": "replication",
-    "DeleteBucketReplication": "replication",
-}
-ASSOCIATION_CALLS = ("UpdateDataRepositoryAssociation", "DeleteDataRepositoryAssociation")
-
 #: Error codes meaning "this setting is not configured at all".
 _NOT_SET = {
     "NoSuchPublicAccessBlockConfiguration",

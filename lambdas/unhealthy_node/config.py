@@ -4,6 +4,10 @@ import dataclasses
 
 from ftfleet.lambdas.common.config import COUNT, NAMES, SECONDS, StackConfig, var
 
+#: The hourly replacement budget of each group, next to the checkpoints (relative to the
+#: run's root); every replacement is reserved here with a conditional write first.
+REPLACEMENTS_KEY = "fleet/replacements.json"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config(StackConfig):

@@ -35,10 +35,9 @@ from typing import Any
 from ftfleet import contract
 from ftfleet.lambdas.common import aws, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.unhealthy_node.config import Config
+from ftfleet.lambdas.unhealthy_node.config import REPLACEMENTS_KEY, Config
 
 NAME = "unhealthy_node"
-REPLACEMENTS_KEY = "fleet/replacements.json"
 HOUR_S = 3600.0
 
 clock = runtime.Clock()

@@ -14,7 +14,7 @@ import pytest
 from ftfleet.infra.aws.bucket import tls_only_policy
 from ftfleet.lambdas.common import aws
 from ftfleet.lambdas.storage_drift import handler as drift
-from ftfleet.lambdas.storage_drift.config import Config
+from ftfleet.lambdas.storage_drift.config import Config, render
 from tests.lambdas.conftest import (
     ACCOUNT,
     PRIMARY,
@@ -101,7 +101,7 @@ def association():
 
 
 @pytest.fixture
-def stack(moto, monkeypatch):
+def stack(moto, monkeypatch, tmp_path):
     key = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["Arn"]
     replica_key = boto3.client("kms", region_name=REPLICA_REGION).create_key()["KeyMetadata"]["Arn"]
     buckets = {
@@ -133,7 +133,9 @@ def stack(moto, monkeypatch):
     boto3.client("s3", region_name=REGION).put_bucket_replication(
         Bucket=PRIMARY, ReplicationConfiguration=buckets[PRIMARY]["replication"]
     )
-    configure(monkeypatch, Config(stack=STACK, run_id=RUN, buckets=buckets, association=association()))
+    desired = tmp_path / "desired.json"
+    desired.write_text(render(buckets, association()))
+    configure(monkeypatch, Config(stack=STACK, run_id=RUN, desired_file=str(desired)))
     monkeypatch.setattr(drift, "clock", FakeClock(0.0))
     return buckets
 
@@ -392,3 +394,20 @@ def test_an_association_of_another_file_system_is_dropped(stack):
     result = fsx_call(fake, "UpdateDataRepositoryAssociation", association_id="dra-0999999999999999")
     assert result["decision"] == "dropped" and "another file system" in result["reason"]
     assert fake.names() == ["DescribeDataRepositoryAssociations"]
+
+
+# --- the rendered settings travel in the package -----------------------------------------
+
+
+def test_a_missing_or_malformed_settings_file_fails_the_cold_start_naming_it(monkeypatch, tmp_path):
+    from ftfleet.lambdas.common.config import FunctionConfigError
+
+    monkeypatch.setenv("FTFLEET_STACK", STACK)
+    monkeypatch.setenv("FTFLEET_RUN_ID", RUN)
+    for name, text in (("absent.json", None), ("broken.json", "{"), ("empty.json", '{"buckets": {}}')):
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        monkeypatch.setenv("FTFLEET_DESIRED_FILE", str(path))
+        with pytest.raises(FunctionConfigError, match=f"FTFLEET_DESIRED_FILE='{path}'"):
+            Config.from_env()
