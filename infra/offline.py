@@ -44,6 +44,10 @@ class Resource:
     dependencies: list[str] = field(default_factory=list)
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
 
+    def deps(self, prop: str) -> list[str]:
+        """URNs of the resources the top-level input ``prop`` came from."""
+        return self.property_dependencies.get(prop, [])
+
 
 @dataclass
 class Recording:
