@@ -74,6 +74,17 @@ def _physical(name: str, suffix_len: int = 7) -> str:
     return f"{name}-{hashlib.sha256(name.encode()).hexdigest()[:suffix_len]}"
 
 
+#: ARNs in the shapes AWS gives these types (Service Authorization Reference).
+_ARN_SHAPES = {
+    "aws:lambda/function:Function": "arn:aws:lambda:{region}:{account}:function:{name}",
+    "aws:cloudwatch/eventRule:EventRule": "arn:aws:events:{region}:{account}:rule/{name}",
+    "aws:sqs/queue:Queue": "arn:aws:sqs:{region}:{account}:{name}",
+    "aws:cloudwatch/logGroup:LogGroup": "arn:aws:logs:{region}:{account}:log-group:{name}",
+    "aws:cloudwatch/metricAlarm:MetricAlarm": "arn:aws:cloudwatch:{region}:{account}:alarm:{name}",
+    "aws:cloudtrail/trail:Trail": "arn:aws:cloudtrail:{region}:{account}:trail/{name}",
+}
+
+
 class _Mocks(pulumi.runtime.Mocks):
     """Deterministic outputs for the resources and invokes the program uses."""
 
@@ -108,6 +119,11 @@ class _Mocks(pulumi.runtime.Mocks):
             outs["arn"] = f"arn:aws:route53:::hostedzone/{outs['zoneId']}"
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outs["latestVersion"] = 1
+        elif args.typ in _ARN_SHAPES:  # the remediation functions' resources
+            outs["arn"] = _ARN_SHAPES[args.typ].format(region=region, account=MOCK_ACCOUNT, name=physical)
+            if args.typ == "aws:sqs/queue:Queue":
+                outs["url"] = f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{physical}"
+                rid = outs["url"]
         elif args.typ in ("aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey"):
             outs["keyId"] = "mrk-" + hashlib.sha256(args.name.encode()).hexdigest()[:32]
             outs["arn"] = f"arn:aws:kms:{region}:{MOCK_ACCOUNT}:key/{outs['keyId']}"
