@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,16 +26,24 @@ _CONFIG = botocore.config.Config(retries=RETRIES, connect_timeout=5, read_timeou
 #: Error codes of a conditional write that lost a race (S3 answers 412, or 409 when two
 #: conditional writes overlap).
 _CONFLICT = ("PreconditionFailed", "ConditionalRequestConflict")
+_lock = threading.Lock()
 
 
 def client(service: str, region: str | None = None) -> Any:
     """A boto3 client with standard retries (``region`` None: the function's own)."""
-    return _client(service, region or None)
+    with _lock:  # boto3 sessions are not thread-safe; the heartbeat loop runs in a thread
+        return _client(service, region or None)
+
+
+@functools.cache
+def _session() -> boto3.session.Session:
+    # One session for the process: it loads each service's model once.
+    return boto3.session.Session()
 
 
 @functools.cache
 def _client(service: str, region: str | None) -> Any:
-    return boto3.session.Session().client(service, region_name=region, config=_CONFIG)
+    return _session().client(service, region_name=region, config=_CONFIG)
 
 
 def reset() -> None:

@@ -53,6 +53,13 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every AWS call is refused at once: for handlers that must not get that far."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    aws.reset()
+
+
+@pytest.fixture
 def moto() -> Iterator[None]:
     with mock_aws():
         yield

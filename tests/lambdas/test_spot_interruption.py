@@ -115,8 +115,8 @@ def test_an_instance_unknown_to_ec2_is_dropped(fleet):
 @pytest.mark.parametrize(
     "event", malformed_variants(spot_warning("i-0123456789abcdef0"), ["instance-id", "instance-action"])
 )
-def test_a_malformed_event_is_logged_and_dropped(moto, configured, capsys, event):
-    # No bucket and no instance exist: a handler that went past validation would fail.
+def test_a_malformed_event_is_logged_and_dropped(no_aws, configured, capsys, event):
+    # No AWS at all: a handler that went past validation would fail.
     result = spot.handler(event, None)
     assert result["decision"] == "dropped"
     (line,) = decisions(capsys)

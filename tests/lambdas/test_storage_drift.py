@@ -294,7 +294,11 @@ def test_throttled_calls_are_retried(stack):
         cloudtrail_call("aws.s3", "PutBucketPolicy", {"bucketName": PRIMARY}), ["eventName", "requestParameters"]
     ),
 )
-def test_a_malformed_event_is_logged_and_dropped(stack, capsys, event):
+def test_a_malformed_event_is_logged_and_dropped(no_aws, monkeypatch, tmp_path, capsys, event):
+    # No AWS at all: a handler that went past validation would fail.
+    desired = tmp_path / "desired.json"
+    desired.write_text(render({PRIMARY: {"region": REGION}}, association()))
+    configure(monkeypatch, Config(stack=STACK, run_id=RUN, desired_file=str(desired)))
     result = drift.handler(event, None)
     assert result["decision"] == "dropped"
     assert [d["decision"] for d in decisions(capsys)] == ["dropped"]
