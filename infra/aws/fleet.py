@@ -16,10 +16,11 @@ import base64
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra.settings import Settings
 
 ROOT_DEVICE = "/dev/sda1"  # root device name of the Ubuntu-based Deep Learning AMIs
-TERMINATION_HOOK = "ftfleet-emergency-checkpoint"
+TERMINATION_HOOK = contract.TERMINATION_HOOK_NAME  # lifecycle_handoff and the node match on it
 
 
 class GpuFleet(pulumi.ComponentResource):

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra.settings import Settings
 
-METRICS_NAMESPACE = "ftfleet"
+METRICS_NAMESPACE = contract.METRICS_NAMESPACE
 SSM_CORE = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
 
 

@@ -14,7 +14,7 @@ from ftfleet import contract
 from ftfleet.infra.settings import Settings
 
 if TYPE_CHECKING:
-    from ftfleet.infra.aws.remediation import Deployed
+    from ftfleet.infra.aws.remediation_parts import Deployed
 
 PERIOD_S = 300
 

@@ -337,3 +337,22 @@ def test_plan_lists_each_function_with_its_triggers_dlq_and_timeout(capsys):
 
 
 HERE = Path(__file__)
+
+
+def test_the_pulumi_program_needs_no_boto3():
+    """`pip install ftfleet[infra]` has no boto3: the program reads the functions' config
+    modules, never their handlers."""
+    code = (
+        "import sys; sys.modules['boto3'] = None; sys.modules['botocore'] = None;"
+        "import ftfleet.infra.aws.stack, ftfleet.infra.aws.remediation; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_readme_table_lists_every_function_folder():
+    readme = (HERE.parent.parent.parent / "README.md").read_text()
+    table = readme.split("| function | trigger | what it does | what it never does |", 1)[1].split("\n\n", 1)[0]
+    folders = {p.parent.name for p in (HERE.parent.parent.parent / "lambdas").glob("*/handler.py")}
+    assert folders == set(FOLDERS)
+    assert {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")} == folders
