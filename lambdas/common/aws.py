@@ -123,6 +123,8 @@ def update_json(
                 Key=key,
                 Body=json.dumps(new, sort_keys=True).encode() if not isinstance(new, str) else new.encode(),
                 ContentType="application/json",
+                # A bucket with an Object Lock default retention refuses a PUT without one.
+                ChecksumAlgorithm="CRC32",
                 **condition,
             )
         except ClientError as exc:

@@ -187,3 +187,24 @@ def test_clients_use_standard_retries_and_are_built_on_first_use():
     ec2 = aws.client("ec2")
     assert ec2.meta.config.retries["mode"] == "standard"
     assert aws.client("ec2", None) is ec2 and aws._client.cache_info().currsize == 1
+
+
+def test_update_json_writes_into_a_bucket_with_an_object_lock_default_retention(moto, monkeypatch):
+    """Prod buckets lock every new version; such a PUT needs a checksum, which SDKs older
+    than Lambda's newest (or configured "when_required") do not add on their own."""
+    import botocore.config
+
+    monkeypatch.setattr(
+        aws, "_CONFIG", aws._CONFIG.merge(botocore.config.Config(request_checksum_calculation="when_required"))
+    )
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=PRIMARY, ObjectLockEnabledForBucket=True)
+    s3.put_object_lock_configuration(
+        Bucket=PRIMARY,
+        ObjectLockConfiguration={
+            "ObjectLockEnabled": "Enabled",
+            "Rule": {"DefaultRetention": {"Mode": "GOVERNANCE", "Days": 1}},
+        },
+    )
+    doc, changed = aws.update_json(PRIMARY, "fleet/doc.json", lambda d: ({"n": 1}, True))
+    assert changed and json.loads(s3.get_object(Bucket=PRIMARY, Key="fleet/doc.json")["Body"].read()) == {"n": 1}
