@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -400,6 +401,270 @@ class CommitMarker:
 
 
 # ---------------------------------------------------------------------------
+# Remediation functions and the node (lambdas/)
+# ---------------------------------------------------------------------------
+#
+# What the remediation functions (lambdas/: AWS Lambda now, Cloud Functions later) and
+# the nodes agree on. The trainer's side of each item lands with the trainer's
+# restructure; the functions already read and write exactly what is defined here.
+
+#: CloudWatch namespace of every ftfleet metric, the trainer's and the functions'. The
+#: node role may publish only into it (a ``cloudwatch:namespace`` condition).
+METRICS_NAMESPACE = "ftfleet"
+
+#: Name of the termination lifecycle hook on every Auto Scaling group of a stack. The
+#: lifecycle_handoff function ignores lifecycle actions of any other hook, and the node
+#: completes the action of this hook once its commit marker is written.
+TERMINATION_HOOK_NAME = "ftfleet-emergency-checkpoint"
+
+#: Instance tags the spot_interruption function sets on a node of the stack (value: the
+#: notice's time, ISO 8601). A node can read them through IMDS
+#: (``meta-data/tags/instance/<key>``: the launch templates allow tags in metadata).
+SPOT_INTERRUPTION_TAG = "ftfleet:spot-interruption"
+REBALANCE_TAG = "ftfleet:rebalance-recommendation"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeMetric:
+    """A per-node CloudWatch metric that a node publishes and a function judges.
+
+    Published by the trainer itself (local rank 0 of each node, a background thread,
+    ``PutMetricData`` once every :data:`NODE_METRIC_PERIOD_S`), not by a CloudWatch agent
+    scraping the Prometheus port: the node role already holds ``cloudwatch:PutMetricData``
+    for :data:`METRICS_NAMESPACE`, the same code publishes under the drill's local AWS
+    endpoint, a dead or hung trainer stops publishing on its own (an agent keeps
+    scraping a hung exporter thread), and the image needs no agent nor a scrape config
+    for eight per-rank ports. Dimensions: ``RunId`` (FTFLEET_RUN_ID) and ``NodeId``
+    (FTFLEET_NODE_ID, the instance id).
+    """
+
+    name: str
+    unit: str
+    doc: str
+
+    def dimensions(self, run_id: str, node_id: str) -> list[dict[str, str]]:
+        """The metric's dimensions in CloudWatch's wire shape."""
+        return [{"Name": "RunId", "Value": run_id}, {"Name": "NodeId", "Value": node_id}]
+
+
+#: Seconds between two data points of a node metric.
+NODE_METRIC_PERIOD_S = 60
+
+#: Optimizer steps completed since the node's previous data point (0 when none). The
+#: unhealthy_node function replaces a node whose sum stays 0, or that publishes nothing,
+#: for ``unhealthyNodeGraceSeconds``, once any node of the run has ever published it.
+PROGRESS_METRIC = NodeMetric(
+    "TrainerSteps", "Count", "optimizer steps completed since the node's previous data point (0 when none)"
+)
+#: GPU errors that mean broken hardware (XID and uncorrectable ECC, from DCGM or
+#: nvidia-smi) since the previous data point. Any in the grace window replaces the node,
+#: even when the whole fleet is stalled.
+GPU_ERRORS_METRIC = NodeMetric(
+    "GpuErrors", "Count", "XID and uncorrectable ECC errors since the node's previous data point"
+)
+NODE_METRICS = (PROGRESS_METRIC, GPU_ERRORS_METRIC)
+
+#: A termination marker written up to this many seconds before the lifecycle event still
+#: releases the node: EC2's spot notice (which the trainer acts on) comes up to two
+#: minutes before the group's terminate lifecycle action, so the emergency checkpoint
+#: may well be committed before the group's event exists.
+MARKER_NOTICE_SLACK_S = 120.0
+
+
+def marker_releases(marker: CommitMarker, *, node_id: str, run_id: str, notice_at: float) -> bool:
+    """Whether ``marker`` lets the lifecycle action of ``node_id``'s termination at epoch
+    ``notice_at`` complete: the same node and run, written for a termination (a
+    rebalance's early checkpoint lets the node carry on, it does not release it), and
+    not older than the notice less :data:`MARKER_NOTICE_SLACK_S` (an older one is stale:
+    it belongs to an earlier notice)."""
+    return (
+        marker.node_id == node_id
+        and marker.run_id == run_id
+        and marker.reason != "rebalance"
+        and marker.written_at >= notice_at - MARKER_NOTICE_SLACK_S
+    )
+
+
+#: The interruption-rate prior lives at ``<tier root>/fleet/interruptions.json`` of the
+#: durable tier (FTFLEET_CKPT_URI): the trainer reads it with the access it already
+#: has (on AWS, the FSx association also imports it onto the fast tier), and the AWS and
+#: the GCP functions write the same object in their own bucket.
+INTERRUPTION_PRIOR_KEY = "fleet/interruptions.json"
+#: Interruptions older than this no longer count.
+INTERRUPTION_WINDOW_S = 7 * 86400.0
+#: Interruptions less than this apart are one interruption of the job (a capacity
+#: crunch reclaims several nodes at once; the job restarts once).
+INTERRUPTION_BURST_S = 300.0
+#: The prior keeps at most this many interruptions (the newest).
+INTERRUPTION_PRIOR_MAX = 1000
+PRIOR_FORMAT = "ftfleet-interruptions/1"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Interruption:
+    node_id: str
+    at: float
+    """Epoch seconds of the notice."""
+    zone: str
+    instance_type: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InterruptionPrior:
+    """The spot interruptions a fleet saw recently, from which the trainer's adaptive
+    checkpoint interval takes its MTBF prior (``resilience.interval.mtbf_s``).
+
+    A remediation function adds each interruption of the stack's nodes
+    (:meth:`with_interruption`, idempotent by node id: a node is interrupted once) with a
+    conditional write, so concurrent writers never lose one. The trainer parses it with
+    :meth:`from_json` and calls :meth:`mtbf_s`: None while fewer than two job
+    interruptions are known (keep the configured prior), else the mean time between the
+    job interruptions since the first one in the window.
+    """
+
+    cloud: str
+    run_id: str
+    updated_at: float
+    interruptions: tuple[Interruption, ...] = ()
+
+    def with_interruption(self, event: Interruption, now: float) -> tuple[InterruptionPrior, bool]:
+        """The prior with ``event`` added (dropping what left the window) and whether it
+        was new; an interruption of a node already recorded changes nothing."""
+        if any(i.node_id == event.node_id for i in self.interruptions):
+            return self, False
+        kept = [i for i in self.interruptions if i.at >= now - INTERRUPTION_WINDOW_S]
+        kept = sorted([*kept, event], key=lambda i: i.at)[-INTERRUPTION_PRIOR_MAX:]
+        return dataclasses.replace(self, updated_at=now, interruptions=tuple(kept)), True
+
+    def job_interruptions(self, now: float) -> list[float]:
+        """Start times of the job interruptions in the window (bursts collapsed)."""
+        starts: list[float] = []
+        for t in sorted(i.at for i in self.interruptions if now - INTERRUPTION_WINDOW_S <= i.at <= now):
+            if not starts or t - starts[-1] >= INTERRUPTION_BURST_S:
+                starts.append(t)
+        return starts
+
+    def mtbf_s(self, now: float) -> float | None:
+        """The job's mean time between interruptions, seconds; None with fewer than two."""
+        starts = self.job_interruptions(now)
+        if len(starts) < 2:
+            return None
+        return (now - starts[0]) / (len(starts) - 1)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": PRIOR_FORMAT,
+                "cloud": self.cloud,
+                "run_id": self.run_id,
+                "updated_at": self.updated_at,
+                "interruptions": [dataclasses.asdict(i) for i in self.interruptions],
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> InterruptionPrior:
+        """Parse and validate; ContractError (one line) for anything else."""
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("format") != PRIOR_FORMAT:
+                raise ValueError(f"format is not {PRIOR_FORMAT!r}")
+            events = []
+            for item in data["interruptions"]:
+                event = Interruption(
+                    node_id=str(item["node_id"]),
+                    at=float(item["at"]),
+                    zone=str(item["zone"]),
+                    instance_type=str(item["instance_type"]),
+                )
+                if not event.node_id or not math.isfinite(event.at):
+                    raise ValueError(f"bad interruption {item!r}")
+                events.append(event)
+            prior = cls(
+                cloud=str(data["cloud"]),
+                run_id=str(data["run_id"]),
+                updated_at=float(data["updated_at"]),
+                interruptions=tuple(sorted(events, key=lambda i: i.at)),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ContractError(f"malformed interruption prior ({INTERRUPTION_PRIOR_KEY}): {exc}") from None
+        if prior.cloud not in DEFAULT_METADATA_ENDPOINT:
+            raise ContractError(f"malformed interruption prior: cloud {prior.cloud!r} is not aws or gcp")
+        return prior
+
+
+def parse_interruption_prior(text: str | bytes) -> InterruptionPrior:
+    """What the trainer calls on the prior object's bytes."""
+    return InterruptionPrior.from_json(text)
+
+
+def manifest_file_sizes(text: str | bytes) -> dict[str, int]:
+    """Names and sizes of the files a checkpoint's ``manifest.json`` lists (the part of the
+    trainer's manifest format that the replication watch reads to tell whether a copy
+    of a checkpoint is complete). ContractError when it lists none."""
+    try:
+        files = json.loads(text)["files"]
+        sizes = {str(name): int(entry["size"]) for name, entry in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ContractError(f"malformed {MANIFEST_NAME}: {exc}") from None
+    if not sizes:
+        raise ContractError(f"malformed {MANIFEST_NAME}: it lists no files")
+    return sizes
+
+
+def _render_remediation() -> list[str]:
+    example = InterruptionPrior(
+        "aws",
+        "aws-prod-llm",
+        1767229200.0,
+        (Interruption("i-0123456789abcdef0", 1767225600.0, "us-east-1a", "p5.48xlarge"),),
+    )
+    lines = [
+        "## Remediation functions and the node",
+        "",
+        "What the functions in `lambdas/` and the nodes agree on.",
+        "",
+        f"- Metrics namespace: `{METRICS_NAMESPACE}` (the node role may publish only there).",
+        f"- Termination lifecycle hook on every group: `{TERMINATION_HOOK_NAME}`. The node completes its "
+        "action (CONTINUE) once its commit marker is written; lifecycle_handoff completes it when "
+        "it sees the marker, or at its deadline.",
+        f"- A termination marker releases its node when it names the node and the run, its reason is not "
+        f"`rebalance`, and it was written at most {MARKER_NOTICE_SLACK_S:.0f} s before the lifecycle event "
+        "(an older one is stale).",
+        f"- Instance tags set by spot_interruption (value: the notice's time, ISO 8601): "
+        f"`{SPOT_INTERRUPTION_TAG}`, `{REBALANCE_TAG}`.",
+        "",
+        "### Per-node metrics",
+        "",
+        (NodeMetric.__doc__ or "").strip().replace("\n    ", "\n"),
+        "",
+        f"One data point every {NODE_METRIC_PERIOD_S} s.",
+        "",
+        "| metric | unit | meaning |",
+        "| --- | --- | --- |",
+    ]
+    lines += [f"| `{m.name}` | {m.unit} | {m.doc} |" for m in NODE_METRICS]
+    lines += [
+        "",
+        "### Interruption-rate prior",
+        "",
+        f"`<durable tier root>/{INTERRUPTION_PRIOR_KEY}`, next to the checkpoints.",
+        "",
+        (InterruptionPrior.__doc__ or "").strip().replace("\n    ", "\n"),
+        "",
+        f"Window {INTERRUPTION_WINDOW_S / 86400:.0f} days; interruptions less than {INTERRUPTION_BURST_S:.0f} s "
+        f"apart are one job interruption; at most {INTERRUPTION_PRIOR_MAX} kept. Example:",
+        "",
+        "```json",
+        example.to_json(),
+        "```",
+        "",
+    ]
+    return lines
+
+
+# ---------------------------------------------------------------------------
 # docs/CONTRACT.md
 # ---------------------------------------------------------------------------
 
@@ -482,6 +747,7 @@ def render_markdown() -> str:
         "```",
         "",
     ]
+    lines += _render_remediation()
     return "\n".join(lines)
 
 

@@ -48,6 +48,10 @@ class Resource:
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     protect: bool = False
 
+    def deps(self, prop: str) -> list[str]:
+        """URNs of the resources the top-level input ``prop`` came from."""
+        return self.property_dependencies.get(prop, [])
+
 
 @dataclass
 class Recording:
@@ -122,6 +126,7 @@ ARN_FORMATS: dict[str, str] = {
     "aws:cloudwatch/eventRule:EventRule": "arn:aws:events:{region}:{account}:rule/{name}",
     "aws:cloudwatch/logGroup:LogGroup": "arn:aws:logs:{region}:{account}:log-group:{name}",
     "aws:cloudwatch/metricAlarm:MetricAlarm": "arn:aws:cloudwatch:{region}:{account}:alarm:{name}",
+    "aws:cloudtrail/trail:Trail": "arn:aws:cloudtrail:{region}:{account}:trail/{name}",
     "aws:ssm/parameter:Parameter": "arn:aws:ssm:{region}:{account}:parameter/{bare_name}",
     "aws:dynamodb/table:Table": "arn:aws:dynamodb:{region}:{account}:table/{name}",
 }
@@ -230,6 +235,7 @@ class _Mocks(pulumi.runtime.Mocks):
             outs["keyId"] = rid
         elif args.typ == "aws:sqs/queue:Queue":
             outs["url"] = f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{physical}"
+            rid = outs["url"]  # a queue's id is its URL
         outs.setdefault("arn", mock_arn(args.typ, region, physical, rid, outs))
         return rid, outs
 
@@ -317,6 +323,10 @@ def _plain(value: Any) -> Any:
         return int(value)  # the mock sees every number as a float
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    if isinstance(value, pulumi.AssetArchive):
+        return {"asset": "AssetArchive", "path": None, "assets": {k: _plain(v) for k, v in value.assets.items()}}
+    if isinstance(value, pulumi.StringAsset):
+        return {"asset": "StringAsset", "path": None, "text": value.text}
     if isinstance(value, pulumi.Archive | pulumi.Asset):
         return {"asset": type(value).__name__, "path": getattr(value, "path", None)}
     return str(value)

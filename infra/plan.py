@@ -63,6 +63,17 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "aws:ecr/repository:Repository": ("imageTagMutability", "imageScanningConfiguration.scanOnPush"),
     "aws:kms/key:Key": ("multiRegion", "enableKeyRotation"),
     "aws:ec2/placementGroup:PlacementGroup": ("strategy",),
+    "aws:lambda/function:Function": ("runtime", "timeout", "memorySize"),
+    "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig": (
+        "maximumRetryAttempts",
+        "maximumEventAgeInSeconds",
+    ),
+    "aws:cloudwatch/eventRule:EventRule": ("description", "scheduleExpression"),
+    "aws:cloudwatch/eventTarget:EventTarget": ("retryPolicy.maximumRetryAttempts",),
+    "aws:cloudwatch/metricAlarm:MetricAlarm": ("metricName", "comparisonOperator", "threshold"),
+    "aws:cloudwatch/logGroup:LogGroup": ("retentionInDays",),
+    "aws:sqs/queue:Queue": ("messageRetentionSeconds",),
+    "aws:cloudtrail/trail:Trail": ("isMultiRegionTrail", "eventSelectors.0.readWriteType"),
 }
 
 
@@ -97,6 +108,43 @@ def summary(r: offline.Resource) -> str:
     return " ".join(parts)
 
 
+def functions(rec: offline.Recording) -> list[dict[str, Any]]:
+    """Each remediation function with its triggers, dead-letter queue, timeout and retries."""
+    urns = rec.by_urn()
+    out = []
+    for fn in rec.of_type("aws:lambda/function:Function"):
+        triggers = []
+        for target in rec.of_type("aws:cloudwatch/eventTarget:EventTarget"):
+            if fn.urn in target.deps("arn") and target.deps("rule"):
+                rule = urns[target.deps("rule")[0]]
+                pattern = rule.inputs.get("eventPattern")
+                triggers.append(
+                    {
+                        "rule": rule.inputs.get("name"),
+                        "event_pattern": json.loads(pattern) if isinstance(pattern, str) else None,
+                        "schedule": rule.inputs.get("scheduleExpression"),
+                    }
+                )
+        dlqs = [urns[u].inputs.get("name") for u in fn.deps("deadLetterConfig") if u in urns]
+        invoke = [
+            r.inputs
+            for r in rec.of_type("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
+            if fn.urn in r.deps("functionName")
+        ]
+        out.append(
+            {
+                "function": str(fn.inputs.get("handler", "")).split(".")[2] if fn.inputs.get("handler") else fn.name,
+                "name": fn.inputs.get("name"),
+                "runtime": fn.inputs.get("runtime"),
+                "timeout": fn.inputs.get("timeout"),
+                "dead_letter_queue": dlqs[0] if dlqs else None,
+                "retries": invoke[0].get("maximumRetryAttempts") if invoke else None,
+                "triggers": triggers,
+            }
+        )
+    return out
+
+
 def as_json(rec: offline.Recording, est: dict) -> dict:
     names = {r.urn: r.name for r in rec.resources}
     return {
@@ -116,6 +164,7 @@ def as_json(rec: offline.Recording, est: dict) -> dict:
             for r in rec.resources
         ],
         "outputs": rec.outputs,
+        "functions": functions(rec),
         "estimate": est,
     }
 
@@ -148,8 +197,18 @@ def render_table(rec: offline.Recording, est: dict) -> str:
         "(image pulls; checkpoints go through the free S3 endpoint)",
         "  assuming: " + "; ".join(est["assumptions"]),
         "",
-        "Outputs:",
     ]
+    fns = functions(rec)
+    if fns:
+        lines.append("Remediation functions:")
+        for f in fns:
+            on = ", ".join(t["schedule"] or t["rule"] for t in f["triggers"])
+            lines.append(
+                f"  {f['function']}: {f['runtime']}, timeout {f['timeout']} s, {f['retries']} retries, "
+                f"dead letters to {f['dead_letter_queue']}; triggered by {on}"
+            )
+        lines.append("")
+    lines.append("Outputs:")
     lines += [f"  {k}: {v}" for k, v in rec.outputs.items()]
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ SPOT_STRATEGIES = ("price-capacity-optimized", "capacity-optimized", "capacity-o
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 FSX_COMPRESSIONS = ("LZ4", "NONE")
 CLOUDS = contract.CLOUDS
+CLOUD_TRAIL_MODES = ("create", "existing")
 
 
 def load_schema(path: Path = PULUMI_YAML) -> dict[str, dict[str, Any]]:
@@ -100,11 +101,15 @@ class BucketSettings:
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RemediationSettings:
     spot_interruption: bool
+    lifecycle_handoff: bool
     unhealthy_nodes: bool
     storage_drift: bool
     replication_lag: bool
     replication_lag_alarm_seconds: int
     unhealthy_node_grace_seconds: int
+    max_replacements_per_hour: int
+    cloud_trail: str
+    """`create`: the stack creates a trail for storage_drift; `existing`: the account's."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -255,14 +260,7 @@ def parse(
         network.vpc_cidr,
         network.adopt,
     )
-    remediation = RemediationSettings(
-        spot_interruption=r.bool("remediationSpotInterruption"),
-        unhealthy_nodes=r.bool("remediationUnhealthyNodes"),
-        storage_drift=r.bool("remediationStorageDrift"),
-        replication_lag=r.bool("remediationReplicationLag"),
-        replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60),
-        unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60),
-    )
+    remediation = _remediation(r)
     run_id = r.str("runId") or stack
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", run_id):
         raise _err("runId", f"is {run_id!r}; use lowercase letters, digits and dashes (max 63)")
@@ -284,6 +282,27 @@ def parse(
         remediation=remediation,
         trainer=trainer,
         tags=_tags(r),
+    )
+
+
+def _remediation(r: _Reader) -> RemediationSettings:
+    trail = r.str("cloudTrail")
+    if trail not in CLOUD_TRAIL_MODES:
+        raise _err(
+            "cloudTrail",
+            f"is {trail!r}; use create (a trail for this stack) or existing "
+            "(the account already logs management events)",
+        )
+    return RemediationSettings(
+        spot_interruption=r.bool("remediationSpotInterruption"),
+        lifecycle_handoff=r.bool("remediationLifecycleHandoff"),
+        unhealthy_nodes=r.bool("remediationUnhealthyNodes"),
+        storage_drift=r.bool("remediationStorageDrift"),
+        replication_lag=r.bool("remediationReplicationLag"),
+        replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60, maximum=86400),
+        unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60, maximum=86400),
+        max_replacements_per_hour=r.int("unhealthyNodeMaxReplacementsPerHour", minimum=1, maximum=100),
+        cloud_trail=trail,
     )
 
 

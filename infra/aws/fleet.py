@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra import catalog
 from ftfleet.infra.settings import Settings
 
@@ -27,7 +28,7 @@ ROOT_DEVICE = "/dev/sda1"  # root device name of the Ubuntu-based Deep Learning 
 ROOT_IOPS = 6000
 ROOT_THROUGHPUT_MIBPS = 500
 IMDS_HOP_LIMIT = 1
-TERMINATION_HOOK = "ftfleet-emergency-checkpoint"
+TERMINATION_HOOK = contract.TERMINATION_HOOK_NAME  # lifecycle_handoff and the node match on it
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra.aws.dns import normalized_record_name
 from ftfleet.infra.settings import Settings
 
-METRICS_NAMESPACE = "ftfleet"
+METRICS_NAMESPACE = contract.METRICS_NAMESPACE
 SSM_CORE = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
 
 

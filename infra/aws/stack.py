@@ -17,6 +17,7 @@ from ftfleet.infra.aws.iam import NodeGrants, NodeIdentity
 from ftfleet.infra.aws.kms import StackKey
 from ftfleet.infra.aws.network import Network
 from ftfleet.infra.aws.registry import Registry
+from ftfleet.infra.aws.remediation import Remediation, Targets
 from ftfleet.infra.settings import Settings
 
 
@@ -114,10 +115,23 @@ def build(s: Settings) -> None:
         depends_on=[store.association, *nodes.policies],
     )
 
-    # Remediation functions (lambdas/) plug in here: spot-interruption and rebalance
-    # handoff, unhealthy-node replacement, storage drift repair, replication-lag watch.
-    # They receive the groups, the buckets, the file system and s.remediation, and wait
-    # for the commit marker defined in ftfleet/contract.py.
+    remediation = Remediation(
+        f"{s.name}-remediation",
+        s,
+        Targets(
+            account_id=identity.account_id,
+            groups=[fleet.coordinator, fleet.workers],
+            primary_bucket=buckets.primary,
+            replica_bucket=buckets.replica,
+            key_arn=key.key.arn,
+            replica_key_arn=key.replica.arn,
+            replication=buckets.replication,
+            file_system=store.file_system,
+            association=store.association,
+        ),
+        primary,
+        replica,
+    )
 
     pulumi.export(creation.OUTPUT, checked)
     pulumi.export("primary_bucket", buckets.primary.bucket)
@@ -134,6 +148,8 @@ def build(s: Settings) -> None:
     pulumi.export("coordinator_group", fleet.coordinator.name)
     pulumi.export("worker_group", fleet.workers.name)
     pulumi.export("registry_url", registry.repository.repository_url)
+    pulumi.export("remediation_functions", {k: d.function.name for k, d in remediation.deployed.items()})
+    pulumi.export("dashboard", remediation.dashboard.dashboard_name)
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_image", node_image)
     pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri).apply(fleet_status))

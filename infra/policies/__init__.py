@@ -8,6 +8,8 @@ They read resources through :class:`Res`, a neutral view both sides can build.
   spot spread, cross-region replication, an on-demand coordinator.
 - `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
   scoped to one record and type.
+- `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
+  rule permissions, valid schedules, trails with global events.
 - `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
   key policy, EFA per network card and its security group, one GPU generation per
   fleet, the file system after its rules, replacement bounds, KMS via services, and
@@ -46,8 +48,26 @@ from ftfleet.infra.policies.deployable import (
 )
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
 from ftfleet.infra.policies.nodes import node_image_pinned, route53_changes_scoped, user_data_within_limit
+from ftfleet.infra.policies.remediation import (
+    async_retries_bounded,
+    dead_letter_queues_admit_their_rules,
+    event_target_bounded,
+    lambda_dead_letters_and_logs,
+    lambda_rule_permissions,
+    lambda_within_quotas,
+    schedule_expression_valid,
+    trail_logs_global_events,
+)
 
 __all__ = [
+    "async_retries_bounded",
+    "dead_letter_queues_admit_their_rules",
+    "event_target_bounded",
+    "lambda_dead_letters_and_logs",
+    "lambda_rule_permissions",
+    "lambda_within_quotas",
+    "schedule_expression_valid",
+    "trail_logs_global_events",
     "BUCKET_GUARDS",
     "FSX_THROUGHPUTS",
     "IAM_DOCS",
@@ -149,6 +169,43 @@ POLICIES: tuple[Policy, ...] = (
         "fleet-one-gpu-generation",
         "No group or fleet mixes GPU generations or EFA-incompatible instance types.",
         fleet_one_generation,
+        stack=True,
+    ),
+    Policy(
+        "lambda-within-quotas",
+        "Functions keep within Lambda's timeout, memory and environment quotas.",
+        lambda_within_quotas,
+    ),
+    Policy(
+        "lambda-async-retries-bounded",
+        "Asynchronous invocations retry 0-2 times within 6 hours.",
+        async_retries_bounded,
+    ),
+    Policy(
+        "eventbridge-target-bounded",
+        "Rule targets retry within EventBridge's bounds and a function target has a dead-letter queue.",
+        event_target_bounded,
+    ),
+    Policy("eventbridge-schedule-valid", "Rate expressions are well formed.", schedule_expression_valid),
+    Policy(
+        "cloudtrail-global-events", "A multi-Region trail includes global service events.", trail_logs_global_events
+    ),
+    Policy(
+        "lambda-rule-permission",
+        "Every rule that targets a function has a permission whose source is that rule.",
+        lambda_rule_permissions,
+        stack=True,
+    ),
+    Policy(
+        "lambda-dlq-and-log-retention",
+        "Every function has a dead-letter queue its role can send to and a log group with retention.",
+        lambda_dead_letters_and_logs,
+        stack=True,
+    ),
+    Policy(
+        "eventbridge-dlq-admits-rule",
+        "A rule's dead-letter queue lets EventBridge send to it for that rule.",
+        dead_letter_queues_admit_their_rules,
         stack=True,
     ),
 )

@@ -62,7 +62,10 @@ def test_fsx_exports_new_and_changed_files_but_never_deletions():
 
 def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
     rec = recording("aws-prod")
-    for lc in rec.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"):
+    lifecycles = rec.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    checkpoint_buckets = [lc for lc in lifecycles if "-ckpt-" in lc.name]
+    assert len(checkpoint_buckets) == 2
+    for lc in checkpoint_buckets:
         rules = {r["id"]: r for r in lc.inputs["rules"]}
         assert rules["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"]["daysAfterInitiation"] == 2
         age = rules["checkpoints-age"]

@@ -97,7 +97,7 @@ def test_launch_templates_wait_for_the_association_and_the_node_role_policies():
 
 def test_the_key_of_the_exported_bucket_lets_fsx_s3_access_roles_use_it_through_s3_only():
     rec = recording("aws-prod")
-    policy = json.loads(one(rec, "aws:kms/key:Key").inputs["policy"])
+    policy = json.loads(one(rec, "aws:kms/key:Key", "-kms-key").inputs["policy"])
     grant = next(st for st in policy["Statement"] if st["Sid"] == "FsxExportToSseKmsBucket")
     cond = grant["Condition"]
     assert cond["ArnLike"]["aws:PrincipalArn"] == (
@@ -124,7 +124,8 @@ def test_buckets_keys_and_the_file_system_are_protected():
             "aws:fsx/lustreFileSystem:LustreFileSystem",
         )
     ]
-    assert len(stateful) == 5 and all(r.protect for r in stateful)
+    # checkpoint buckets and keys, the file system, the audit trail's log bucket and key
+    assert len(stateful) == 7 and all(r.protect for r in stateful)
     assert not one(rec, GROUP, "-workers").protect
 
 

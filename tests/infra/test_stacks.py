@@ -85,7 +85,7 @@ def test_prod_replica_is_on_another_coast_and_prod_uses_efa():
 def test_plan_json_has_the_documented_shape(capsys):
     assert main(["plan", "aws-prod", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"stack", "resources", "outputs", "estimate"}
+    assert set(doc) == {"stack", "resources", "outputs", "functions", "estimate"}
     assert doc["stack"] == "aws-prod"
     for r in doc["resources"]:
         assert {"type", "name", "parent", "provider", "inputs", "protect", "dependencies"} <= set(r)

@@ -1,0 +1,182 @@
+"""AWS clients and the few AWS operations several functions share.
+
+Clients come from :func:`client`, built on first use (never at import) with botocore's
+``standard`` retry mode, which retries throttling and transient errors with
+exponential backoff and jitter before an error reaches the handler. They are cached
+per process, as Lambda reuses a warm process; tests call :func:`reset`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import boto3
+import botocore.config
+from botocore.exceptions import ClientError
+
+from ftfleet import contract
+
+RETRIES = {"mode": "standard", "max_attempts": 6}
+_CONFIG = botocore.config.Config(retries=RETRIES, connect_timeout=5, read_timeout=20)
+#: Error codes of a conditional write that lost a race (S3 answers 412, or 409 when two
+#: conditional writes overlap).
+_CONFLICT = ("PreconditionFailed", "ConditionalRequestConflict")
+_lock = threading.Lock()
+
+
+def client(service: str, region: str | None = None) -> Any:
+    """A boto3 client with standard retries (``region`` None: the function's own)."""
+    with _lock:  # boto3 sessions are not thread-safe; the heartbeat loop runs in a thread
+        return _client(service, region or None)
+
+
+@functools.cache
+def _session() -> boto3.session.Session:
+    # One session for the process: it loads each service's model once.
+    return boto3.session.Session()
+
+
+@functools.cache
+def _client(service: str, region: str | None) -> Any:
+    return _session().client(service, region_name=region, config=_CONFIG)
+
+
+def reset() -> None:
+    """Forget cached clients (each test gets clients bound to its own mock)."""
+    _client.cache_clear()
+
+
+def error_code(exc: BaseException) -> str:
+    return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+
+
+# ---------------------------------------------------------------------------
+# JSON objects in S3, read and updated with conditional writes
+# ---------------------------------------------------------------------------
+
+
+class ConflictLimit(RuntimeError):
+    """A conditional update lost the race too many times in a row."""
+
+
+def read_bytes(bucket: str, key: str, region: str | None = None) -> tuple[bytes | None, str | None]:
+    """``(body, etag)`` of the object, or ``(None, None)`` when there is none.
+
+    The existence check lists the key's own prefix: a role without ``s3:ListBucket`` on
+    the whole bucket gets 403, not 404, for a missing key, and the functions' roles only
+    list their own prefixes.
+    """
+    s3 = client("s3", region)
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=10).get("Contents", [])
+    if not any(item["Key"] == key for item in listed):
+        return None, None
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if error_code(exc) in ("NoSuchKey", "404"):
+            return None, None
+        raise
+    return got["Body"].read(), got["ETag"]
+
+
+def read_json(bucket: str, key: str, region: str | None = None) -> tuple[Any, str | None]:
+    """``(document, etag)``; a body that is not JSON reads as the string ``"<not JSON>"``
+    so that the caller replaces it instead of crashing on it."""
+    body, etag = read_bytes(bucket, key, region)
+    if body is None:
+        return None, None
+    try:
+        return json.loads(body), etag
+    except ValueError:
+        return "<not JSON>", etag
+
+
+def update_json(
+    bucket: str,
+    key: str,
+    change: Callable[[Any], tuple[Any, bool]],
+    attempts: int = 8,
+    region: str | None = None,
+) -> tuple[Any, bool]:
+    """Read-modify-write of a JSON object that no concurrent writer can undo.
+
+    ``change(document_or_None)`` returns ``(new_document, changed)``; when changed, the
+    new document is written only if the object is still the one read (``If-Match`` its
+    ETag, or ``If-None-Match: *`` when there was none), else the whole cycle repeats.
+    Returns the final document and whether this call changed it.
+    """
+    s3 = client("s3", region)
+    for _ in range(attempts):
+        current, etag = read_json(bucket, key, region)
+        new, changed = change(current)
+        if not changed:
+            return new, False
+        condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        try:
+            s3.put_object(
+                Bucket=bucket,
+                Key=key,
+                Body=json.dumps(new, sort_keys=True).encode() if not isinstance(new, str) else new.encode(),
+                ContentType="application/json",
+                # A bucket with an Object Lock default retention refuses a PUT without one.
+                ChecksumAlgorithm="CRC32",
+                **condition,
+            )
+        except ClientError as exc:
+            if error_code(exc) in _CONFLICT:
+                continue
+            raise
+        return new, True
+    raise ConflictLimit(f"s3://{bucket}/{key}: {attempts} conditional writes in a row lost the race")
+
+
+# ---------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------
+
+
+def put_metrics(data: Iterable[dict[str, Any]]) -> None:
+    """``PutMetricData`` into the contract's namespace (the roles may write nowhere else)."""
+    items = list(data)
+    now = datetime.datetime.now(datetime.UTC)
+    for item in items:
+        item.setdefault("Timestamp", now)
+    for start in range(0, len(items), 500):
+        client("cloudwatch").put_metric_data(
+            Namespace=contract.METRICS_NAMESPACE, MetricData=items[start : start + 500]
+        )
+
+
+def dims(**values: str) -> list[dict[str, str]]:
+    return [{"Name": k, "Value": v} for k, v in values.items()]
+
+
+# ---------------------------------------------------------------------------
+# Instances of the stack
+# ---------------------------------------------------------------------------
+
+GROUP_TAG = "aws:autoscaling:groupName"
+
+
+def describe_instance(instance_id: str) -> dict[str, Any] | None:
+    """The instance, or None when EC2 does not know it (any more)."""
+    try:
+        found = client("ec2").describe_instances(InstanceIds=[instance_id])
+    except ClientError as exc:
+        if error_code(exc) in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+            return None
+        raise
+    for reservation in found.get("Reservations", []):
+        for instance in reservation.get("Instances", []):
+            if instance.get("InstanceId") == instance_id:
+                return instance
+    return None
+
+
+def tags_of(resource: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in resource.get("Tags", [])}

@@ -1,0 +1,48 @@
+"""Bad configuration of the remediation functions: one line naming the key, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftfleet.cli import main
+from tests.infra.test_config import bad_stack
+
+BAD = {
+    "trail mode": (
+        {"ftfleet:cloudTrail": "maybe"},
+        "ftfleet:cloudTrail is 'maybe'; use create (a trail for this stack)",
+    ),
+    "no replacements": (
+        {"ftfleet:unhealthyNodeMaxReplacementsPerHour": 0},
+        "ftfleet:unhealthyNodeMaxReplacementsPerHour is 0; it must be at least 1",
+    ),
+    "a drain per hour": (
+        {"ftfleet:unhealthyNodeMaxReplacementsPerHour": 500},
+        "ftfleet:unhealthyNodeMaxReplacementsPerHour is 500; it must be at most 100",
+    ),
+    "grace too short": (
+        {"ftfleet:unhealthyNodeGraceSeconds": 30},
+        "ftfleet:unhealthyNodeGraceSeconds is 30; it must be at least 60",
+    ),
+    "lag alarm too short": (
+        {"ftfleet:replicationLagAlarmSeconds": 10},
+        "ftfleet:replicationLagAlarmSeconds is 10; it must be at least 60",
+    ),
+    "switch not a boolean": (
+        {"ftfleet:remediationLifecycleHandoff": "sometimes"},
+        "ftfleet:remediationLifecycleHandoff must be true or false",
+    ),
+    "mistyped switch": (
+        {"ftfleet:remediationLifecycleHandof": False},
+        "unknown config key ftfleet:remediationLifecycleHandof: did you mean ftfleet:remediationLifecycleHandoff?",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_remediation_config_exits_2_with_one_line_naming_the_key(case, tmp_path, capsys):
+    changes, expected = BAD[case]
+    assert main(["plan", bad_stack(tmp_path, changes)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert expected in err
