@@ -11,6 +11,10 @@ HOURS_PER_MONTH = 730
 
 
 def estimate(s: Settings) -> dict:
+    if s.cloud == "gcp":
+        from ftfleet.infra.gcp.estimate import estimate as estimate_gcp
+
+        return estimate_gcp(s)
     f = s.fleet
     coordinator = catalog.instance(s.cloud, f.coordinator_instance_type)
     workers = [catalog.instance(s.cloud, t) for t in f.worker_instance_types]

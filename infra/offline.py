@@ -22,6 +22,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime import settings as pulumi_settings
 
 from ftfleet.infra import settings as ftsettings
+from ftfleet.infra.gcp import mocks as gcp_mocks
 from ftfleet.infra.stackfile import StackFile
 
 PROGRAM = Path(__file__).with_name("__main__.py")
@@ -43,6 +44,7 @@ class Resource:
     id: str = ""
     dependencies: list[str] = field(default_factory=list)
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    protect: bool = False
 
 
 @dataclass
@@ -73,6 +75,8 @@ def _physical(name: str, suffix_len: int = 7) -> str:
 class _Mocks(pulumi.runtime.Mocks):
     """Deterministic outputs for the resources and invokes the program uses."""
 
+    gcp_project: str | None = None
+
     def __init__(self, region_of_provider: dict[str, str], default_region: str):
         self._region_of_provider = region_of_provider
         self._default_region = default_region
@@ -83,6 +87,8 @@ class _Mocks(pulumi.runtime.Mocks):
             return f"{args.name}-provider-id", outs
         provider_urn = (args.provider or "").split("::id")[0].rsplit("::", 1)[0]
         region = outs.get("region") or self._region_of_provider.get(provider_urn, self._default_region)
+        if args.typ.startswith("gcp:"):
+            return gcp_mocks.new_resource(args.typ, args.name, outs, region, self.gcp_project)
         service = args.typ.split(":")[1].split("/")[0]
         physical = outs.get("name") if isinstance(outs.get("name"), str) else _physical(args.name)
         rid = f"{args.name}-id"
@@ -110,6 +116,9 @@ class _Mocks(pulumi.runtime.Mocks):
         return rid, outs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        gcp_result = gcp_mocks.call(args.token, dict(args.args), self.gcp_project)
+        if gcp_result is not None:
+            return gcp_result
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": MOCK_ACCOUNT,
@@ -145,6 +154,7 @@ class _Monitor(pulumi_mocks.MockMonitor):
                 id=response.id,
                 dependencies=list(request.dependencies),
                 property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                protect=bool(request.protect),
             )
         )
         return response
@@ -183,6 +193,7 @@ def run(stack: StackFile, validate_first: bool = True) -> Recording:
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
     mocks = _Mocks(provider_regions, region)
+    mocks.gcp_project = stack.config.get("gcp:project")
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config)
