@@ -26,8 +26,15 @@ def _res(r) -> policies.Res:
     provider = getattr(r, "provider", None)
     region = (r.props or {}).get("region") or (provider.props.get("region") if provider else None)
     deps = {k: [d.urn for d in v] for k, v in (getattr(r, "property_dependencies", None) or {}).items()}
+    opts = getattr(r, "opts", None)
     return policies.Res(
-        type=r.resource_type, name=r.name, urn=r.urn, props=r.props or {}, region=region, property_dependencies=deps
+        type=r.resource_type,
+        name=r.name,
+        urn=r.urn,
+        props=r.props or {},
+        region=region,
+        property_dependencies=deps,
+        protect=getattr(opts, "protect", None),
     )
 
 

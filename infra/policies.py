@@ -26,6 +26,8 @@ class Res:
     region: str | None = None
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     """Top-level property -> URNs of the resources its value came from."""
+    protect: bool | None = None
+    """The `protect` resource option; None where the caller cannot tell."""
 
     def deps(self, prop: str) -> list[str]:
         return self.property_dependencies.get(prop, [])
@@ -270,3 +272,9 @@ def evaluate(resources: Iterable[Res], include_advisory: bool = True) -> list[tu
         else:
             out += [(p.name, r.name, msg) for r in resources for msg in p.check(r)]
     return out
+
+
+# GCP's invariants live with the GCP components; they read resources through Res too.
+from ftfleet.infra.gcp import policies as _gcp_policies  # noqa: E402
+
+POLICIES += tuple(Policy(name, doc, check, stack=stack) for name, doc, check, stack in _gcp_policies.SPECS)

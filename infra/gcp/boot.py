@@ -80,7 +80,16 @@ def trainer_env(s: GcpSettings, ctx: NodeContext) -> dict[str, str]:
     }
 
 
-def startup_script(s: GcpSettings, ctx: NodeContext, role: str, provisioning_model: str, *, root: str = "") -> str:
+def startup_script(
+    s: GcpSettings,
+    ctx: NodeContext,
+    role: str,
+    provisioning_model: str,
+    *,
+    root: str = "",
+    retry_seconds: int = RETRY_SECONDS,
+) -> str:
+    """The startup script of one template. ``root`` and ``retry_seconds`` are for tests."""
     env = "\n".join(f"{k}={v}" for k, v in trainer_env(s, ctx).items())
     return bootscript.render(
         STARTUP,
@@ -99,7 +108,7 @@ def startup_script(s: GcpSettings, ctx: NodeContext, role: str, provisioning_mod
             "STOP_SECONDS": STOP_SECONDS[provisioning_model],
             "NO_RESTART_EXIT_CODES": " ".join(map(str, NO_RESTART_EXIT_CODES)),
             "ATTEMPTS": ATTEMPTS,
-            "RETRY_SECONDS": RETRY_SECONDS,
+            "RETRY_SECONDS": retry_seconds,
         },
         max_bytes=METADATA_VALUE_LIMIT,
     )

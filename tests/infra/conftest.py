@@ -17,7 +17,8 @@ def recording(name: str) -> offline.Recording:
 
 def res_view(rec: offline.Recording) -> list[policies.Res]:
     return [
-        policies.Res(r.type, r.name, r.urn, r.inputs, rec.region_of(r), r.property_dependencies) for r in rec.resources
+        policies.Res(r.type, r.name, r.urn, r.inputs, rec.region_of(r), r.property_dependencies, protect=r.protect)
+        for r in rec.resources
     ]
 
 
