@@ -15,7 +15,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from ftfleet.infra.gcp.settings import GcpSettings, GcsBucketSettings
+from ftfleet.infra.gcp.settings import GcpSettings
+from ftfleet.infra.gcp.storage_settings import GcsBucketSettings
 
 st = gcp.storage
 #: Incomplete multipart uploads (the trainer's large shards) are aborted after this.

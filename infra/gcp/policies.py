@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from ftfleet.infra.gcp import locations
-from ftfleet.infra.gcp.settings import LUSTRE_TIERS
+from ftfleet.infra.gcp.storage_settings import LUSTRE_TIERS
 
 WORLD = ("0.0.0.0/0", "::/0")
 PRIMITIVE_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
