@@ -46,6 +46,10 @@ def replication_per_tib(s: Settings) -> dict:
 
 
 def estimate(s: Settings) -> dict:
+    if s.cloud == "gcp":
+        from ftfleet.infra.gcp.estimate import estimate as estimate_gcp
+
+        return estimate_gcp(s)
     f = s.fleet
     coordinator = catalog.instance(s.cloud, f.coordinator_instance_type)
     workers = [catalog.instance(s.cloud, t) for t in f.worker_instance_types]

@@ -24,6 +24,7 @@ from pulumi.runtime import settings as pulumi_settings
 
 from ftfleet.errors import ConfigError
 from ftfleet.infra import settings as ftsettings
+from ftfleet.infra.gcp import mocks as gcp_mocks
 from ftfleet.infra.stackfile import StackFile
 
 PROGRAM = Path(__file__).with_name("__main__.py")
@@ -183,6 +184,8 @@ class _Mocks(pulumi.runtime.Mocks):
     ``previous_outputs`` stands for the stack's outputs from its last deployment, as a
     StackReference to the stack itself reads them (None: never deployed)."""
 
+    gcp_project: str | None = None
+
     def __init__(
         self,
         region_of_provider: dict[str, str],
@@ -208,6 +211,8 @@ class _Mocks(pulumi.runtime.Mocks):
             }
         provider_urn = (args.provider or "").split("::id")[0].rsplit("::", 1)[0]
         region = outs.get("region") or self._region_of_provider.get(provider_urn, self._default_region)
+        if args.typ.startswith("gcp:"):
+            return gcp_mocks.new_resource(args.typ, args.name, outs, region, self.gcp_project)
         physical = outs.get("name") if isinstance(outs.get("name"), str) else _physical(args.name)
         if args.typ in ID_PREFIXES:
             rid = ID_PREFIXES[args.typ] + _hex(args.name)
@@ -241,6 +246,9 @@ class _Mocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         self.invokes.append((args.token, dict(args.args), (args.provider or "").rsplit("::", 1)[0]))
+        gcp_result = gcp_mocks.call(args.token, dict(args.args), self.gcp_project)
+        if gcp_result is not None:
+            return gcp_result
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": MOCK_ACCOUNT,
@@ -362,6 +370,7 @@ def run(
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
     mocks = _Mocks(provider_regions, region, previous_outputs, registry_tags)
+    mocks.gcp_project = stack.config.get("gcp:project")
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(config)

@@ -15,6 +15,7 @@ import pulumi
 
 from ftfleet.errors import ConfigError
 from ftfleet.infra import estimate, offline, stackfile
+from ftfleet.infra.gcp import plan as gcp_plan
 
 # The settings worth reading in a review, per resource type (paths into the inputs).
 KEY_INPUTS: dict[str, tuple[str, ...]] = {
@@ -75,6 +76,8 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "aws:sqs/queue:Queue": ("messageRetentionSeconds",),
     "aws:cloudtrail/trail:Trail": ("isMultiRegionTrail", "eventSelectors.0.readWriteType"),
 }
+
+KEY_INPUTS.update(gcp_plan.KEY_INPUTS)
 
 
 def _lookup(data: Any, path: str) -> Any:
@@ -180,6 +183,9 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     ]
     lines.append(f"{'TYPE':<{widths[0]}}  {'NAME':<{widths[1]}}  {'REGION':<{widths[2]}}  SETTINGS")
     lines += [f"{t:<{widths[0]}}  {n:<{widths[1]}}  {g:<{widths[2]}}  {s}" for t, n, g, s in rows]
+    if est.get("cloud") == "gcp":
+        lines += [*gcp_plan.cost_lines(est), "", "Outputs:"]
+        return "\n".join(lines + [f"  {k}: {v}" for k, v in rec.outputs.items()])
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
     repl, net = est["replication_usd_per_tib_written"], est["network_usd_per_month"]
     lines += [

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from ftfleet.errors import ConfigError
+from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.infra.settings import Settings
 
 
-def build(settings: Settings) -> None:
+def build(settings: Settings | GcpSettings) -> None:
     if settings.cloud == "aws":
         from ftfleet.infra.aws.stack import build as build_aws
 
         build_aws(settings)
     else:
-        raise ConfigError(
-            "ftfleet:cloud is gcp, but the GCP environment is not implemented yet; use cloud: aws for now"
-        )
+        from ftfleet.infra.gcp.stack import build as build_gcp
+
+        build_gcp(settings)

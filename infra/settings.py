@@ -15,13 +15,16 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ftfleet import contract
 from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog, constraints
+
+if TYPE_CHECKING:
+    from ftfleet.infra.gcp.settings import GcpSettings
 
 PROJECT = "ftfleet"
 PULUMI_YAML = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
@@ -220,7 +223,7 @@ def _err(key: str, message: str) -> ConfigError:
 
 def parse(
     raw: Mapping[str, Any], *, stack: str, region: str | None, schema: Mapping[str, Mapping[str, Any]] | None = None
-) -> Settings:
+) -> Settings | GcpSettings:
     """Validate one stack's project config.
 
     ``raw`` maps project keys without the ``ftfleet:`` namespace to values, either typed
@@ -234,6 +237,13 @@ def parse(
     cloud = r.str("cloud")
     if cloud not in CLOUDS:
         raise _err("cloud", f"is {cloud!r}; use one of: {', '.join(CLOUDS)}")
+    # GCP's settings are their own module; an AWS stack may set none of its keys.
+    from ftfleet.infra.gcp import keys as gcp_keys
+    from ftfleet.infra.gcp import settings as gcp_settings
+
+    if cloud == "gcp":
+        return gcp_settings.parse(r, stack=stack, region=region)
+    gcp_keys.refuse_on_aws(raw)
     if not region:
         raise ConfigError(f"{cloud}:region is required: set it with `pulumi config set {cloud}:region <region>`")
     replica_region = r.str("replicaRegion")

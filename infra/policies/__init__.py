@@ -223,3 +223,9 @@ def evaluate(resources: Iterable[Res], include_advisory: bool = True) -> list[tu
         else:
             out += [(p.name, r.name, msg) for r in resources for msg in p.check(r)]
     return out
+
+
+# GCP's invariants live with the GCP components; they read resources through Res too.
+from ftfleet.infra.gcp import policies as _gcp_policies  # noqa: E402
+
+POLICIES += tuple(Policy(name, doc, check, stack=stack) for name, doc, check, stack in _gcp_policies.SPECS)

@@ -35,9 +35,18 @@ def res_view(rec: offline.Recording) -> list[policies.Res]:
 @pytest.fixture
 def variant(tmp_path: Path):
     """Run aws-dev with some keys changed (value None removes the key)."""
+    return _variant_of("aws-dev", tmp_path)
 
+
+@pytest.fixture
+def gcp_variant(tmp_path: Path):
+    """Run gcp-dev with some keys changed (value None removes the key)."""
+    return _variant_of("gcp-dev", tmp_path)
+
+
+def _variant_of(stack_name: str, tmp_path: Path):
     def run(**changes) -> offline.Recording:
-        base = stackfile.load("aws-dev")
+        base = stackfile.load(stack_name)
         config = dict(base.config)
         for key, value in changes.items():
             full = key if ":" in key else f"ftfleet:{key}"

@@ -13,41 +13,83 @@ from tests.infra.conftest import recording, res_view
 STACKS = stackfile.stack_names()
 
 CORE_TYPES = {
-    "aws:s3/bucket:Bucket",
-    "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
-    "aws:kms/key:Key",
-    "aws:kms/replicaKey:ReplicaKey",
-    "aws:fsx/lustreFileSystem:LustreFileSystem",
-    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
-    "aws:ec2/launchTemplate:LaunchTemplate",
-    "aws:autoscaling/group:Group",
-    "aws:autoscaling/lifecycleHook:LifecycleHook",
-    "aws:ecr/repository:Repository",
-    "aws:iam/instanceProfile:InstanceProfile",
+    "aws": {
+        "aws:s3/bucket:Bucket",
+        "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
+        "aws:kms/key:Key",
+        "aws:kms/replicaKey:ReplicaKey",
+        "aws:fsx/lustreFileSystem:LustreFileSystem",
+        "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        "aws:autoscaling/group:Group",
+        "aws:autoscaling/lifecycleHook:LifecycleHook",
+        "aws:ecr/repository:Repository",
+        "aws:iam/instanceProfile:InstanceProfile",
+    },
+    "gcp": {
+        "gcp:compute/network:Network",
+        "gcp:compute/subnetwork:Subnetwork",
+        "gcp:compute/firewall:Firewall",
+        "gcp:compute/globalAddress:GlobalAddress",
+        "gcp:servicenetworking/connection:Connection",
+        "gcp:compute/address:Address",
+        "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate",
+        "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager",
+        "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig",
+        "gcp:compute/regionHealthCheck:RegionHealthCheck",
+        "gcp:storage/bucket:Bucket",
+        "gcp:storage/bucketIAMMember:BucketIAMMember",
+        "gcp:artifactregistry/repository:Repository",
+        "gcp:serviceaccount/account:Account",
+    },
+}
+#: One of these per stack: the fast checkpoint tier.
+FILE_SYSTEMS = {
+    "aws": {"aws:fsx/lustreFileSystem:LustreFileSystem"},
+    "gcp": {"gcp:lustre/instance:Instance", "gcp:parallelstore/instance:Instance"},
 }
 OUTPUTS = {
-    "primary_bucket",
-    "replica_bucket",
-    "fsx_dns_name",
-    "fsx_mount_name",
-    "coordinator_group",
-    "worker_group",
-    "registry_url",
-    "coordinator_address",
-    "checkpoint_uri",
+    "aws": {
+        "primary_bucket",
+        "replica_bucket",
+        "fsx_dns_name",
+        "fsx_mount_name",
+        "coordinator_group",
+        "worker_group",
+        "registry_url",
+        "coordinator_address",
+        "checkpoint_uri",
+    },
+    "gcp": {
+        "checkpoint_bucket",
+        "checkpoint_uri",
+        "file_system_mount",
+        "coordinator_group",
+        "worker_group",
+        "registry_url",
+        "trainer_image",
+        "coordinator_address",
+        "node_service_account",
+    },
 }
 
 
-def test_there_are_aws_dev_and_aws_prod_stacks():
-    assert {"aws-dev", "aws-prod"} <= set(STACKS)
+def cloud_of(stack: str) -> str:
+    return stackfile.load(stack).project_config()["cloud"]
+
+
+def test_there_are_dev_and_prod_stacks_for_both_clouds():
+    assert {"aws-dev", "aws-prod", "gcp-dev", "gcp-prod"} <= set(STACKS)
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_stack_declares_the_whole_environment(stack):
-    rec = recording(stack)
-    assert CORE_TYPES <= {r.type for r in rec.resources}
-    assert OUTPUTS <= set(rec.outputs)
-    assert all(v for k, v in rec.outputs.items() if k in OUTPUTS)
+    rec, cloud = recording(stack), cloud_of(stack)
+    types = {r.type for r in rec.resources}
+    assert CORE_TYPES[cloud] <= types
+    assert len(FILE_SYSTEMS[cloud] & types) == 1
+    assert OUTPUTS[cloud] <= set(rec.outputs)
+    assert all(v for k, v in rec.outputs.items() if k in OUTPUTS[cloud])
 
 
 @pytest.mark.parametrize("stack", STACKS)

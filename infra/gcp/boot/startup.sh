@@ -1,0 +1,176 @@
+#!/bin/bash
+# Startup script of every ftfleet GPU node on GCP (instance metadata `startup-script`;
+# Compute Engine runs it as root at every boot). In order: read the node's name from
+# the metadata server; install what the node image lacks (Docker, the NVIDIA container
+# toolkit, the file system's client); mount the checkpoint file system; make the
+# checkpoint directory writable for the trainer's uid; pull the trainer image; write
+# the trainer's environment; start the trainer as a systemd service. A step that fails
+# (after its retries) stops the script and leaves no service: the group's health
+# check then finds no trainer, and auto-healing replaces the node after its initial
+# delay, which bounds how fast a broken image can churn the fleet.
+#
+# Rendered by infra/gcp/boot.py (values header: infra/bootscript.py). Every path the
+# script writes starts with $ROOT: empty on a node, a temporary directory in tests.
+# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR TRAINER_UID TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+METADATA=http://metadata.google.internal/computeMetadata/v1
+# Managed Lustre: "Connect from Compute Engine" (Google's client packages per kernel).
+LUSTRE_KEY=https://us-apt.pkg.dev/doc/repo-signing-key.gpg
+LUSTRE_REPO=https://us-apt.pkg.dev/projects/lustre-client-binaries
+# Parallelstore: "Connect from Compute Engine" (DAOS client).
+DAOS_KEY=https://us-central1-apt.pkg.dev/doc/repo-signing-key.gpg
+DAOS_REPO="https://us-central1-apt.pkg.dev/projects/parallelstore-packages v2-6-deb main"
+# NVIDIA container toolkit: NVIDIA's apt repository.
+NVIDIA_KEY=https://nvidia.github.io/libnvidia-container/gpgkey
+NVIDIA_REPO="https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /"
+
+log() { echo "ftfleet-startup[$ROLE]: $*" >&2; }
+trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
+
+metadata() {
+  curl -sSf --retry 5 --retry-connrefused --max-time 10 -H "Metadata-Flavor: Google" "$METADATA/$1"
+}
+
+# retry CMD ARGS...: run until it succeeds, at most $ATTEMPTS times, waiting longer each time.
+retry() {
+  local attempt=1
+  until "$@"; do
+    if ((attempt >= ATTEMPTS)); then
+      log "giving up after $attempt attempts: $*"
+      return 1
+    fi
+    log "attempt $attempt of $ATTEMPTS failed: $*"
+    sleep $((RETRY_SECONDS * attempt))
+    attempt=$((attempt + 1))
+  done
+}
+
+# add_apt_repo NAME KEY_URL SOURCE: a signed apt source, its key under /etc/apt/keyrings.
+add_apt_repo() {
+  mkdir -p "$ROOT/etc/apt/keyrings" "$ROOT/etc/apt/sources.list.d"
+  curl -sSfL "$2" | gpg --dearmor --yes -o "$ROOT/etc/apt/keyrings/$1.gpg"
+  echo "deb [signed-by=/etc/apt/keyrings/$1.gpg] $3" >"$ROOT/etc/apt/sources.list.d/$1.list"
+}
+
+codename() {
+  # shellcheck source=/dev/null
+  (. "$ROOT/etc/os-release" && echo "${UBUNTU_CODENAME:-${VERSION_CODENAME:-}}")
+}
+
+NODE_ID=$(metadata instance/name)
+log "node $NODE_ID: preparing ($STORAGE_KIND at $MOUNT_POINT, image $IMAGE_URI)"
+
+# --- packages: one apt run for everything missing ------------------------------
+packages=()
+configure_nvidia=false
+if ! command -v docker >/dev/null; then
+  packages+=(docker.io)
+fi
+if ! command -v nvidia-ctk >/dev/null; then
+  add_apt_repo nvidia-container-toolkit "$NVIDIA_KEY" "$NVIDIA_REPO"
+  packages+=(nvidia-container-toolkit)
+  configure_nvidia=true
+fi
+case "$STORAGE_KIND" in
+  managed-lustre)
+    if ! command -v mount.lustre >/dev/null; then
+      # Google builds the client for specific kernels: the node image is pinned per
+      # deployment, so every node of one deployment finds the same package.
+      add_apt_repo lustre-client "$LUSTRE_KEY" "$LUSTRE_REPO lustre-client-ubuntu-$(codename) main"
+      packages+=("lustre-client-modules-$(uname -r)" lustre-client-utils)
+    fi
+    ;;
+  parallelstore)
+    if ! command -v dfuse >/dev/null; then
+      add_apt_repo parallelstore "$DAOS_KEY" "$DAOS_REPO"
+      packages+=(daos-client)
+    fi
+    ;;
+  *)
+    log "unknown storage kind $STORAGE_KIND"
+    exit 2
+    ;;
+esac
+if ((${#packages[@]})); then
+  retry apt-get -o DPkg::Lock::Timeout=300 update -y
+  retry apt-get -o DPkg::Lock::Timeout=300 install -y --no-install-recommends "${packages[@]}"
+fi
+if [[ $configure_nvidia == true ]]; then
+  nvidia-ctk runtime configure --runtime=docker
+  systemctl restart docker
+fi
+
+# --- the checkpoint file system --------------------------------------------------
+mkdir -p "$ROOT$MOUNT_POINT"
+if grep -qs " $ROOT$MOUNT_POINT " /proc/mounts; then
+  log "$MOUNT_POINT is already mounted"
+elif [[ $STORAGE_KIND == managed-lustre ]]; then
+  modprobe lustre
+  retry mount -t lustre -o noatime,flock "$MOUNT_SOURCE" "$ROOT$MOUNT_POINT"
+else
+  iface=$(ip -o -4 route show to default | awk '{print $5; exit}')
+  mkdir -p "$ROOT/etc/daos"
+  {
+    printf 'access_points: ['
+    IFS=, read -ra points <<<"$MOUNT_SOURCE"
+    first=true
+    for point in "${points[@]}"; do
+      if [[ $first == true ]]; then first=false; else printf ', '; fi
+      printf "'%s'" "$point"
+    done
+    printf ']\n'
+    printf 'transport_config:\n  allow_insecure: true\n'
+    printf 'fabric_ifaces:\n- numa_node: 0\n  devices:\n  - iface: %s\n    domain: %s\n' "$iface" "$iface"
+  } >"$ROOT/etc/daos/daos_agent.yml"
+  systemctl enable --now daos_agent.service
+  threads=$(nproc)
+  retry dfuse -m "$ROOT$MOUNT_POINT" --pool default-pool --container default-container \
+    --disable-wb-cache --multi-user --thread-count="$threads" --eq-count=$(((threads + 1) / 2))
+fi
+mkdir -p "$ROOT$CKPT_DIR"
+chown "$TRAINER_UID:$TRAINER_UID" "$ROOT$CKPT_DIR"
+
+# --- the trainer image -----------------------------------------------------------
+registry_login() {
+  local token
+  token=$(metadata instance/service-accounts/default/token |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])')
+  printf '%s' "$token" | docker login --username oauth2accesstoken --password-stdin "https://$REGISTRY_HOST"
+}
+retry registry_login
+retry docker pull "$IMAGE_URI"
+
+# --- the trainer service ---------------------------------------------------------
+mkdir -p "$ROOT/etc/ftfleet" "$ROOT/etc/systemd/system"
+{
+  printf '%s\n' "$TRAINER_ENV"
+  printf 'FTFLEET_NODE_ID=%s\n' "$NODE_ID"
+} >"$ROOT/etc/ftfleet/trainer.env"
+
+cat >"$ROOT/etc/systemd/system/$SERVICE.service" <<UNIT
+[Unit]
+Description=ftfleet trainer ($ROLE)
+Wants=network-online.target
+After=docker.service network-online.target
+Requires=docker.service
+RequiresMountsFor=$MOUNT_POINT
+
+[Service]
+ExecStartPre=-/usr/bin/docker rm -f $SERVICE
+ExecStart=/usr/bin/docker run --rm --name $SERVICE --gpus all --network host --ipc host \\
+  --ulimit memlock=-1 --ulimit stack=67108864 --env-file /etc/ftfleet/trainer.env \\
+  -v $MOUNT_POINT:$MOUNT_POINT $IMAGE_URI
+ExecStop=/usr/bin/docker stop --time $STOP_SECONDS $SERVICE
+TimeoutStopSec=$((STOP_SECONDS + 5))
+Restart=on-failure
+RestartSec=5
+RestartPreventExitStatus=$NO_RESTART_EXIT_CODES
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now "$SERVICE.service"
+log "node $NODE_ID: trainer started"

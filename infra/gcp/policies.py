@@ -1,0 +1,409 @@
+"""The invariants of every GCP stack, each from the Google document named in its docstring.
+
+infra/policies.py registers :data:`SPECS` into its ``POLICIES``, so the tests (over
+every resource the program declares under mocks) and the CrossGuard pack run them like
+the AWS ones. Checks read resources through the neutral view of infra/policies.py
+(``type``, ``name``, ``urn``, ``props`` with camelCase keys, ``protect``); this module
+imports nothing from it, so either can be imported first. Values unknown at preview
+time (not yet a str or a number) are skipped, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ftfleet.infra.gcp import locations
+from ftfleet.infra.gcp.storage_settings import LUSTRE_TIERS
+
+WORLD = ("0.0.0.0/0", "::/0")
+PRIMITIVE_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
+BUCKET = "gcp:storage/bucket:Bucket"
+TEMPLATES = (
+    "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate",
+    "gcp:compute/instanceTemplate:InstanceTemplate",
+)
+MIGS = (
+    "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager",
+    "gcp:compute/instanceGroupManager:InstanceGroupManager",
+)
+LUSTRE = "gcp:lustre/instance:Instance"
+PARALLELSTORE = "gcp:parallelstore/instance:Instance"
+CONNECTION = "gcp:servicenetworking/connection:Connection"
+#: Stateful resources: deleting one loses checkpoints or makes them unreadable.
+STATEFUL = (BUCKET, LUSTRE, PARALLELSTORE, "gcp:kms/keyRing:KeyRing", "gcp:kms/cryptoKey:CryptoKey")
+
+
+def _known(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool))
+
+
+# --- Cloud Storage ---------------------------------------------------------------------
+
+
+def public_access_prevented(r) -> list[str]:
+    """ "Public access prevention", https://cloud.google.com/storage/docs/public-access-prevention:
+    `enforced` keeps any IAM binding or ACL from making objects public."""
+    if r.type != BUCKET or not _known(r.props.get("publicAccessPrevention", "")):
+        return []
+    value = r.props.get("publicAccessPrevention")
+    return [] if value == "enforced" else [f"public access prevention is {value!r}, not 'enforced'"]
+
+
+def uniform_access(r) -> list[str]:
+    """ "Uniform bucket-level access", https://cloud.google.com/storage/docs/uniform-bucket-level-access:
+    IAM alone grants access; object ACLs are off."""
+    if r.type != BUCKET:
+        return []
+    return [] if r.props.get("uniformBucketLevelAccess") is True else ["uniform bucket-level access is off"]
+
+
+def versioned(r) -> list[str]:
+    """ "Object Versioning", https://cloud.google.com/storage/docs/object-versioning: an
+    overwritten or deleted checkpoint stays recoverable as a noncurrent version."""
+    if r.type != BUCKET:
+        return []
+    return [] if (r.props.get("versioning") or {}).get("enabled") is True else ["object versioning is off"]
+
+
+def two_locations(r) -> list[str]:
+    """ "Bucket locations", https://cloud.google.com/storage/docs/locations: a dual-region
+    is a predefined pair (NAM4, EUR4, ...) or a location code with exactly two
+    `customPlacementConfig.dataLocations` of that code. Turbo replication (RPO
+    ASYNC_TURBO) exists only for dual-regions ("Data availability and durability",
+    https://cloud.google.com/storage/docs/availability-durability#turbo-replication)."""
+    if r.type != BUCKET or not _known(r.props.get("location", "")):
+        return []
+    location = str(r.props.get("location", "")).upper()
+    data = [d.lower() for d in (r.props.get("customPlacementConfig") or {}).get("dataLocations") or []]
+    if location in locations.PREDEFINED_DUAL_REGIONS and not data:
+        return []
+    if len(data) == 2 and locations.dual_region(*data) == (location, tuple(d.upper() for d in data)):
+        return []
+    message = f"location {location} with data locations {data or 'none'} is not a dual-region"
+    if r.props.get("rpo") == "ASYNC_TURBO":
+        message += "; turbo replication needs one"
+    return [message]
+
+
+def soft_delete_window(r) -> list[str]:
+    """ "Soft delete", https://cloud.google.com/storage/docs/soft-delete: retention is 0
+    (off) or 7 to 90 days."""
+    if r.type != BUCKET:
+        return []
+    seconds = (r.props.get("softDeletePolicy") or {}).get("retentionDurationSeconds")
+    if not isinstance(seconds, (int, float)) or seconds == 0 or 7 * 86400 <= seconds <= 90 * 86400:
+        return []
+    return [f"soft-delete retention of {seconds} s is outside 7 to 90 days"]
+
+
+def aging_rules_name_their_prefix(r) -> list[str]:
+    """ "Object Lifecycle Management", https://cloud.google.com/storage/docs/lifecycle: a
+    rule without `matchesPrefix` applies to every object. Every rule that moves or
+    deletes objects names the prefixes it ages, so pinned checkpoints never age."""
+    if r.type != BUCKET:
+        return []
+    out = []
+    for rule in r.props.get("lifecycleRules") or []:
+        action = (rule.get("action") or {}).get("type")
+        if action in ("Delete", "SetStorageClass") and not (rule.get("condition") or {}).get("matchesPrefixes"):
+            out.append(f"lifecycle rule {action} applies to every object; name the prefixes it ages")
+    return out
+
+
+# --- IAM ------------------------------------------------------------------------------
+
+
+def no_primitive_roles(r) -> list[str]:
+    """ "Roles and permissions: basic roles", https://cloud.google.com/iam/docs/roles-overview#basic:
+    Owner, Editor and Viewer grant thousands of permissions across all services;
+    Google advises against them in production. No IAM member, binding or policy of
+    the stack uses them."""
+    if not r.type.startswith("gcp:") or "iam" not in r.type.lower():
+        return []
+    roles = [r.props.get("role")]
+    policy = r.props.get("policyData")
+    if isinstance(policy, str):
+        try:
+            roles += [b.get("role") for b in json.loads(policy).get("bindings", [])]
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    return [f"grants the primitive role {role}" for role in roles if role in PRIMITIVE_ROLES]
+
+
+# --- Network ----------------------------------------------------------------------------
+
+
+def no_world_ingress(r) -> list[str]:
+    """ "VPC firewall rules", https://cloud.google.com/firewall/docs/firewalls: an ingress
+    rule admits its source ranges, and one without any source (ranges, tags or service
+    accounts) admits 0.0.0.0/0."""
+    if r.type != "gcp:compute/firewall:Firewall" or r.props.get("direction", "INGRESS") != "INGRESS":
+        return []
+    if r.props.get("allows") is None and r.props.get("denies"):
+        return []
+    ranges = r.props.get("sourceRanges") or []
+    if not ranges and not r.props.get("sourceTags") and not r.props.get("sourceServiceAccounts"):
+        return ["ingress rule has no source, which means 0.0.0.0/0"]
+    return [f"ingress open to {cidr}" for cidr in ranges if cidr in WORLD]
+
+
+# --- Compute ----------------------------------------------------------------------------
+
+
+def spot_templates_never_restart(r) -> list[str]:
+    """ "Create and use Spot VMs", https://cloud.google.com/compute/docs/instances/create-use-spot:
+    a Spot VM is preemptible, cannot restart automatically, and terminates on host
+    maintenance. In a managed instance group it must be DELETEd on preemption: a
+    STOPped one keeps its paid disk and the group does not recreate it elsewhere."""
+    if r.type not in TEMPLATES:
+        return []
+    sch = r.props.get("scheduling") or {}
+    if sch.get("provisioningModel") != "SPOT" and sch.get("preemptible") is not True:
+        return []
+    out = []
+    if sch.get("provisioningModel") != "SPOT" or sch.get("preemptible") is not True:
+        out.append("a Spot template needs provisioningModel SPOT and preemptible true")
+    if sch.get("automaticRestart") is not False:
+        out.append("a Spot template must set automaticRestart false")
+    if sch.get("onHostMaintenance") != "TERMINATE":
+        out.append("a Spot template must TERMINATE on host maintenance")
+    if sch.get("instanceTerminationAction") != "DELETE":
+        out.append(f"Spot VMs are {sch.get('instanceTerminationAction') or 'STOP'}ped on preemption; DELETE them")
+    return out
+
+
+def gpu_templates_terminate_on_maintenance(r) -> list[str]:
+    """ "GPU VMs and host maintenance", https://cloud.google.com/compute/docs/gpus/gpu-host-maintenance:
+    VMs with GPUs cannot live-migrate; their host maintenance policy is TERMINATE."""
+    if r.type not in TEMPLATES:
+        return []
+    machine = str(r.props.get("machineType", ""))
+    if not (r.props.get("guestAccelerators") or machine.startswith(("a2-", "a3-", "a4-", "g2-"))):
+        return []
+    policy = (r.props.get("scheduling") or {}).get("onHostMaintenance")
+    return [] if policy == "TERMINATE" else [f"GPU template's host maintenance policy is {policy!r}, not TERMINATE"]
+
+
+def _role(r) -> str | None:
+    return (r.props.get("labels") or {}).get("ftfleet-role")
+
+
+def coordinator_on_demand(r) -> list[str]:
+    """The coordinator hosts the rendezvous: a preemption would stop every worker."""
+    if r.type not in TEMPLATES or _role(r) != "coordinator":
+        return []
+    sch = r.props.get("scheduling") or {}
+    if sch.get("provisioningModel") == "SPOT" or sch.get("preemptible") is True:
+        return ["the coordinator template requests Spot capacity"]
+    return []
+
+
+def groups_heal_and_replace(r) -> list[str]:
+    """ "Set up an application health check and autohealing",
+    https://cloud.google.com/compute/docs/instance-groups/autohealing-instances-in-migs:
+    a group with a health check recreates a VM whose application stopped answering.
+    Updates REPLACE VMs (a restart keeps a wedged GPU driver and the old boot state)."""
+    if r.type not in MIGS:
+        return []
+    out = []
+    healing = r.props.get("autoHealingPolicies") or {}
+    healing = healing[0] if isinstance(healing, list) and healing else healing
+    if not (isinstance(healing, dict) and healing.get("healthCheck")):
+        out.append("group has no auto-healing health check")
+    if (r.props.get("updatePolicy") or {}).get("minimalAction") != "REPLACE":
+        out.append("group updates do not REPLACE VMs")
+    return out
+
+
+def regional_update_policy(r) -> list[str]:
+    """ "Set the target distribution shape",
+    https://cloud.google.com/compute/docs/instance-groups/regional-mig-set-target-distribution-shape:
+    BALANCED, ANY and ANY_SINGLE_ZONE need proactive redistribution off. "Automatically
+    apply VM configuration updates in a MIG",
+    https://cloud.google.com/compute/docs/instance-groups/rolling-out-updates-to-managed-instance-groups:
+    a regional group's fixed maxSurge and maxUnavailable are 0 or at least its number
+    of zones, and a group that preserves instance state (stateful IPs) replaces by
+    RECREATE with no surge."""
+    if r.type != MIGS[0]:
+        return []
+    policy = r.props.get("updatePolicy") or {}
+    zones = r.props.get("distributionPolicyZones") or []
+    out = []
+    shape = r.props.get("distributionPolicyTargetShape", "EVEN")
+    if shape in ("BALANCED", "ANY", "ANY_SINGLE_ZONE") and policy.get("instanceRedistributionType") != "NONE":
+        out.append(f"target shape {shape} needs instanceRedistributionType NONE")
+    for key in ("maxSurgeFixed", "maxUnavailableFixed"):
+        value = policy.get(key)
+        if isinstance(value, (int, float)) and zones and 0 < value < len(zones):
+            out.append(f"{key} {value:g} is neither 0 nor at least the group's {len(zones)} zones")
+    if r.props.get("statefulInternalIps") or r.props.get("statefulDisks"):
+        if policy.get("replacementMethod") != "RECREATE" or policy.get("maxSurgeFixed", 0) != 0:
+            out.append("a stateful group must update by RECREATE with maxSurgeFixed 0")
+    return out
+
+
+# --- File systems -----------------------------------------------------------------------
+
+
+def lustre_valid(r) -> list[str]:
+    """ "Managed Lustre performance tiers", https://cloud.google.com/managed-lustre/docs/performance-tiers:
+    each tier has a minimum, a maximum and a capacity step; the file system name has at
+    most 8 characters ("Create a Managed Lustre instance")."""
+    if r.type != LUSTRE:
+        return []
+    out = []
+    try:
+        tput, cap = int(r.props.get("perUnitStorageThroughput")), int(r.props.get("capacityGib"))
+    except (TypeError, ValueError):
+        return []
+    if tput not in LUSTRE_TIERS:
+        return [f"throughput {tput} MB/s/TiB is not a Managed Lustre tier"]
+    low, high, step, coarse = LUSTRE_TIERS[tput]
+    unit = coarse[1] if coarse and cap > coarse[0] else step
+    if not low <= cap <= high or cap % unit:
+        out.append(f"capacity {cap} GiB is not valid for the {tput} MB/s/TiB tier ({low}-{high} GiB, steps of {unit})")
+    fs = r.props.get("filesystem")
+    if isinstance(fs, str) and not 1 <= len(fs) <= 8:
+        out.append(f"file system name {fs!r} is not 1 to 8 characters")
+    return out
+
+
+def parallelstore_valid(r) -> list[str]:
+    """ "Create a Parallelstore instance", https://cloud.google.com/parallelstore/docs/create-instance:
+    12 to 100 TiB in multiples of 4 TiB (12,000 to 100,000 GiB in steps of 4,000), and
+    a SCRATCH or PERSISTENT deployment."""
+    if r.type != PARALLELSTORE:
+        return []
+    out = []
+    try:
+        cap = int(r.props.get("capacityGib"))
+    except (TypeError, ValueError):
+        cap = None
+    if cap is not None and (not 12_000 <= cap <= 100_000 or cap % 4_000):
+        out.append(f"capacity {cap} GiB is not 12,000 to 100,000 in steps of 4,000")
+    kind = r.props.get("deploymentType")
+    if _known(kind or "") and kind not in (None, "SCRATCH", "PERSISTENT"):
+        out.append(f"deployment type {kind!r} is not SCRATCH or PERSISTENT")
+    return out
+
+
+def file_system_has_private_access(resources: list) -> list[tuple[str, str]]:
+    """ "Managed Lustre: configure a VPC network", https://cloud.google.com/managed-lustre/docs/vpc,
+    and "Parallelstore: configure a VPC network", https://cloud.google.com/parallelstore/docs/vpc:
+    the file system's network has private services access (a servicenetworking
+    connection) over an allocated range of /23 or larger per Managed Lustre instance,
+    /24 or larger for Parallelstore."""
+    connections = [r for r in resources if r.type == CONNECTION]
+    ranges = {r.props.get("name"): r for r in resources if r.type == "gcp:compute/globalAddress:GlobalAddress"}
+    out = []
+    for fs in (r for r in resources if r.type in (LUSTRE, PARALLELSTORE)):
+        network = fs.props.get("network")
+        if not isinstance(network, str):
+            continue
+        matching = [
+            c for c in connections if str(c.props.get("network", "")).rsplit("/", 1)[-1] == network.rsplit("/", 1)[-1]
+        ]
+        if not matching:
+            out.append((fs.name, f"network {network} has no private services access connection"))
+            continue
+        widest = 24 if fs.type == PARALLELSTORE else 23
+        for c in matching:
+            for name in c.props.get("reservedPeeringRanges") or []:
+                prefix = (ranges.get(name).props if name in ranges else {}).get("prefixLength")
+                if isinstance(prefix, (int, float)) and prefix > widest:
+                    out.append(
+                        (fs.name, f"private services range {name} is a /{prefix:g}; it needs /{widest} or larger")
+                    )
+    return out
+
+
+def cmek_grants_the_storage_agent(resources: list) -> list[tuple[str, str]]:
+    """ "Use customer-managed encryption keys",
+    https://cloud.google.com/storage/docs/encryption/using-customer-managed-keys: the
+    project's Cloud Storage service agent must hold Encrypter/Decrypter on a bucket's
+    default key, or every write to the bucket fails."""
+    grants = {
+        (r.props.get("cryptoKeyId"), r.props.get("role"))
+        for r in resources
+        if r.type == "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember"
+        and "@gs-project-accounts.iam.gserviceaccount.com" in str(r.props.get("member", ""))
+    }
+    out = []
+    for b in (r for r in resources if r.type == BUCKET):
+        key = (b.props.get("encryption") or {}).get("defaultKmsKeyName")
+        if isinstance(key, str) and (key, "roles/cloudkms.cryptoKeyEncrypterDecrypter") not in grants:
+            out.append((b.name, f"the Cloud Storage service agent is not granted encrypt/decrypt on {key}"))
+    return out
+
+
+def stateful_protected(r) -> list[str]:
+    """Pulumi's `protect` resource option, https://www.pulumi.com/docs/iac/concepts/options/protect/:
+    buckets, file systems and keys refuse deletion until unprotected, so a typo or a
+    replacing change cannot delete checkpoints."""
+    if r.type not in STATEFUL or getattr(r, "protect", None) is not False:
+        return []
+    return [f"{r.type.rsplit(':', 1)[-1]} is not protected"]
+
+
+#: (name, description, check, stack policy, advisory): infra/policies.py wraps them.
+SPECS = (
+    ("gcs-public-access-prevented", "Buckets enforce public access prevention.", public_access_prevented, False),
+    ("gcs-uniform-access", "Buckets use uniform bucket-level access.", uniform_access, False),
+    ("gcs-versioning-enabled", "Buckets keep noncurrent versions.", versioned, False),
+    ("gcs-two-locations", "Checkpoint buckets are dual-region (turbo replication needs it).", two_locations, False),
+    ("gcs-soft-delete-window", "Soft-delete retention is 0 or 7 to 90 days.", soft_delete_window, False),
+    (
+        "gcs-aging-rules-name-prefixes",
+        "Lifecycle rules that age objects name their prefixes.",
+        aging_rules_name_their_prefix,
+        False,
+    ),
+    (
+        "gcp-no-primitive-roles",
+        "No IAM grant uses roles/owner, roles/editor or roles/viewer.",
+        no_primitive_roles,
+        False,
+    ),
+    ("gcp-no-world-ingress", "No firewall rule admits 0.0.0.0/0 or ::/0.", no_world_ingress, False),
+    (
+        "gcp-spot-never-restarts",
+        "Spot templates never restart and are deleted on preemption.",
+        spot_templates_never_restart,
+        False,
+    ),
+    (
+        "gcp-gpu-terminates-on-maintenance",
+        "GPU templates terminate on host maintenance.",
+        gpu_templates_terminate_on_maintenance,
+        False,
+    ),
+    ("gcp-coordinator-on-demand", "The coordinator template is on-demand.", coordinator_on_demand, False),
+    (
+        "gcp-groups-heal-and-replace",
+        "Instance groups auto-heal and replace VMs on update.",
+        groups_heal_and_replace,
+        False,
+    ),
+    (
+        "gcp-regional-update-policy",
+        "Regional group update policies fit their shape and state.",
+        regional_update_policy,
+        False,
+    ),
+    ("gcp-lustre-valid", "Managed Lustre capacity fits its performance tier.", lustre_valid, False),
+    ("gcp-parallelstore-valid", "Parallelstore capacity and deployment type are valid.", parallelstore_valid, False),
+    ("gcp-stateful-protected", "Buckets, file systems and keys are protected.", stateful_protected, False),
+    (
+        "gcp-file-system-private-access",
+        "The file system's network has private services access.",
+        file_system_has_private_access,
+        True,
+    ),
+    (
+        "gcp-cmek-agent-granted",
+        "A CMEK bucket's key is granted to the Cloud Storage agent.",
+        cmek_grants_the_storage_agent,
+        True,
+    ),
+)

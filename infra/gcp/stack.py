@@ -1,0 +1,119 @@
+"""The GCP environment: wires the components together and exports what users need."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from ftfleet.infra.gcp import boot
+from ftfleet.infra.gcp.bucket import ReplicatedBucket
+from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
+from ftfleet.infra.gcp.fleet import GpuFleet
+from ftfleet.infra.gcp.iam import NodeIdentity
+from ftfleet.infra.gcp.kms import BucketKey
+from ftfleet.infra.gcp.network import Network
+from ftfleet.infra.gcp.registry import Registry
+from ftfleet.infra.gcp.settings import GcpSettings
+
+
+def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
+    """Declares the environment; returns its components by name, for the remediation
+    functions of a later phase to plug into."""
+    # One explicit provider carries the project, the region and every resource's labels.
+    # gcp:project is the provider's own setting (`pulumi config set gcp:project ...`);
+    # pulumi_gcp.config reads it exactly as the default provider would.
+    provider = gcp.Provider("gcp", project=gcp.config.project, region=s.region, default_labels=s.labels())
+
+    network = Network(f"{s.name}-net", s, boot.METRICS_PORT, provider)
+    key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
+    buckets = ReplicatedBucket(
+        f"{s.name}-ckpt", s, provider, kms_key=key.key.id if key else None, key_grant=key.grant if key else None
+    )
+    registry = Registry(f"{s.name}-registry", s, provider)
+    store = CheckpointStore(
+        f"{s.name}-fs",
+        s,
+        network.vpc.id,
+        network.vpc.name,
+        network.services_range.name,
+        network.peering,
+        provider,
+    )
+    nodes = NodeIdentity(f"{s.name}-nodes", s, buckets.bucket.name, registry.repository, provider)
+    # Resolved once per `pulumi up`: every node of one deployment boots the same image,
+    # hence the same kernel, driver, and Lustre client package.
+    image = gcp.compute.get_image_output(
+        family=s.fleet.image_family,
+        project=s.fleet.image_project,
+        opts=pulumi.InvokeOutputOptions(provider=provider),
+    ).self_link
+
+    context = pulumi.Output.all(
+        registry.image_uri, store.mount_source, buckets.bucket.name, network.coordinator_address.address
+    ).apply(
+        lambda a: boot.NodeContext(
+            image_uri=a[0],
+            registry_host=registry.registry_host,
+            mount_source=a[1],
+            bucket=a[2],
+            coordinator_ip=a[3],
+        )
+    )
+    scripts = {
+        f"shutdown-{model}": pulumi.Output.from_input(boot.shutdown_script(model)) for model in boot.STOP_SECONDS
+    }
+    for role, script_role in (("coordinator", "coordinator"), ("workers", "worker")):
+        for model in boot.STOP_SECONDS:
+            scripts[f"startup-{role}-{model}"] = context.apply(
+                lambda ctx, r=script_role, m=model: boot.startup_script(s, ctx, r, m)
+            )
+    fleet = GpuFleet(
+        f"{s.name}-fleet",
+        s,
+        network.subnet.id,
+        network.node_tag,
+        network.coordinator_address,
+        nodes.email,
+        image,
+        scripts,
+        provider,
+    )
+
+    # Remediation functions (Cloud Functions 2nd gen, lambdas/) plug in here: preemption
+    # accounting (log sink on compute.instances.preempted -> Pub/Sub), storage drift
+    # (Eventarc audit events on the bucket) and the replication watch (Cloud Scheduler).
+    # They receive these components and s.remediation. Managed instance groups already
+    # recreate preempted and unhealthy VMs; no function duplicates that.
+
+    root = boot.checkpoint_root(s)
+    pulumi.export("checkpoint_bucket", buckets.bucket.name)
+    pulumi.export("checkpoint_uri", pulumi.Output.concat("gs://", buckets.bucket.name, "/", root))
+    pulumi.export(
+        "bucket_location",
+        f"{s.buckets.location} ({'+'.join(s.buckets.data_locations) or 'predefined dual-region'}), "
+        f"RPO {'ASYNC_TURBO' if s.buckets.turbo_replication else 'DEFAULT'}",
+    )
+    pulumi.export("file_system", f"{s.storage.kind} in {s.network.zones[0]}, {s.storage.capacity_gib} GiB")
+    pulumi.export("file_system_mount", store.mount_source)
+    pulumi.export("checkpoint_dir", f"{s.storage.mount_point}/{root}")
+    pulumi.export("coordinator_group", fleet.coordinator.name)
+    pulumi.export("worker_group", fleet.workers["workers"].name)
+    pulumi.export("registry_url", registry.registry_uri)
+    pulumi.export("trainer_image", registry.image_uri)
+    pulumi.export("node_service_account", nodes.email)
+    pulumi.export(
+        "coordinator_address",
+        pulumi.Output.concat(
+            network.coordinator_address.address,
+            f":{boot.RDZV_PORT} (reserved internal address, kept by the coordinator group's per-instance config)",
+        ),
+    )
+    return {
+        "network": network,
+        "buckets": buckets,
+        "registry": registry,
+        "store": store,
+        "nodes": nodes,
+        "fleet": fleet,
+        **({"key": key} if key else {}),
+    }

@@ -1,0 +1,244 @@
+"""The GCP boot scripts, rendered for real stacks, shellchecked and run against stubs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from ftfleet import contract
+from ftfleet.infra import stackfile
+from ftfleet.infra.gcp import boot
+from tests.infra.bootstub import Stubs, shellcheck
+
+NODE = "ftfleet-gcp-dev-workers-x7k2"
+TOKEN = "ya29.not-a-real-token"
+CTX = boot.NodeContext(
+    image_uri="us-central1-docker.pkg.dev/proj/ftfleet-gcp-dev/trainer:0.1.0",
+    registry_host="us-central1-docker.pkg.dev",
+    mount_source="10.40.240.5@tcp:/ftfleet",
+    bucket="ftfleet-gcp-dev-ckpt-bucket-1a2b3c4",
+    coordinator_ip="10.40.0.10",
+)
+PARALLELSTORE_CTX = dataclasses.replace(CTX, mount_source="10.40.240.7,10.40.240.8,10.40.240.9")
+VARIANTS = [
+    (kind, role, model)
+    for kind in ("managed-lustre", "parallelstore")
+    for role in ("coordinator", "worker")
+    for model in ("SPOT", "STANDARD")
+]
+
+
+def settings_for(kind: str = "managed-lustre"):
+    stack = stackfile.load("gcp-dev")
+    config = dict(stack.config, **{"ftfleet:gcpStorageKind": kind, "ftfleet:parallelstoreCapacityGiB": 12000})
+    return dataclasses.replace(stack, config=config).settings()
+
+
+def render(stubs: Stubs, kind="managed-lustre", role="worker", model="SPOT") -> str:
+    ctx = PARALLELSTORE_CTX if kind == "parallelstore" else CTX
+    return boot.startup_script(settings_for(kind), ctx, role, model, root=str(stubs.root), retry_seconds=0)
+
+
+@pytest.fixture
+def stubs(tmp_path) -> Stubs:
+    s = Stubs(tmp_path)
+    for name in ("gpg", "ip", "dfuse"):
+        s.add(name)
+    s.stub("curl", match="instance/name", stdout=NODE)
+    s.stub("curl", match="service-accounts/default/token", stdout=json.dumps({"access_token": TOKEN}))
+    s.stub("ip", match="route", stdout="default via 10.40.0.1 dev ens4 proto dhcp src 10.40.0.22 metric 100\n")
+    (s.root / "etc").mkdir()
+    (s.root / "etc" / "os-release").write_text('NAME="Ubuntu"\nVERSION_CODENAME=jammy\nUBUNTU_CODENAME=jammy\n')
+    return s
+
+
+def first(order: list[str], step: str) -> int:
+    return order.index(step)
+
+
+def env_file(stubs: Stubs) -> dict[str, str]:
+    text = (stubs.root / "etc" / "ftfleet" / "trainer.env").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("kind, role, model", VARIANTS)
+def test_every_rendered_startup_script_passes_shellcheck(kind, role, model, tmp_path):
+    script = boot.startup_script(settings_for(kind), CTX, role, model)
+    assert shellcheck(script, tmp_path) == ""
+
+
+@pytest.mark.parametrize("model", ["SPOT", "STANDARD"])
+def test_every_rendered_shutdown_script_passes_shellcheck(model, tmp_path):
+    assert shellcheck(boot.shutdown_script(model), tmp_path) == ""
+
+
+def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
+    stubs.add("nvidia-ctk")
+    result = stubs.run(render(stubs))
+    assert result.returncode == 0, result.stderr
+    order = stubs.order()
+    assert order[0] == "curl -sSf"  # the metadata server: the node's name
+    steps = ["apt-get -o", "modprobe lustre", "mount -t", "chown 10001:10001", "docker login", "docker pull"]
+    positions = [first(order, step) for step in steps]
+    assert positions == sorted(positions), order
+    assert order[-2:] == ["systemctl daemon-reload", "systemctl enable"]
+    installs = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
+    assert len(installs) == 1
+    packages = installs[0][installs[0].index("--no-install-recommends") + 1 :]
+    assert packages == [f"lustre-client-modules-{os.uname().release}", "lustre-client-utils"]
+    repo = (stubs.root / "etc/apt/sources.list.d/lustre-client.list").read_text()
+    assert repo == (
+        "deb [signed-by=/etc/apt/keyrings/lustre-client.gpg] "
+        "https://us-apt.pkg.dev/projects/lustre-client-binaries lustre-client-ubuntu-jammy main\n"
+    )
+    mount = stubs.calls("mount")[0].args
+    assert mount == ["-t", "lustre", "-o", "noatime,flock", CTX.mount_source, f"{stubs.root}/ckpt"]
+    assert stubs.calls("chown")[0].args == ["10001:10001", f"{stubs.root}/ckpt/checkpoints/gcp-dev"]
+    login = stubs.calls("docker")[0]
+    assert login.args[:3] == ["login", "--username", "oauth2accesstoken"] and login.stdin == TOKEN
+    assert stubs.calls("docker")[1].args == ["pull", CTX.image_uri]
+    assert stubs.calls("systemctl")[-1].args == ["enable", "--now", "ftfleet-trainer.service"]
+
+
+def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    env = env_file(stubs)
+    contract.check_env(env)  # raises if anything required is missing or invalid
+    assert set(env) <= contract.ENV_NAMES
+    assert env["FTFLEET_NODE_ID"] == NODE
+    assert env["FTFLEET_CLOUD"] == "gcp" and env["FTFLEET_CKPT_UPLOAD"] == "trainer"
+    assert env["FTFLEET_CKPT_URI"] == f"gs://{CTX.bucket}/checkpoints/gcp-dev"
+    assert env["FTFLEET_CKPT_DIR"] == "/ckpt/checkpoints/gcp-dev"
+    assert env["FTFLEET_RDZV_ENDPOINT"] == "10.40.0.10:29400"
+    assert env["FTFLEET_NNODES"] == "1:5" and env["FTFLEET_NPROC_PER_NODE"] == "1"
+    assert env["FTFLEET_METADATA_ENDPOINT"] == "http://metadata.google.internal"
+
+
+@pytest.mark.parametrize("model, stop", [("SPOT", 25), ("STANDARD", 100)])
+def test_the_service_stops_within_the_shutdown_budget_and_never_restarts_a_terminal_exit(stubs, model, stop):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs, role="coordinator", model=model)).returncode == 0
+    unit = (stubs.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
+    assert f"ExecStop=/usr/bin/docker stop --time {stop} ftfleet-trainer" in unit
+    assert f"TimeoutStopSec={stop + 5}" in unit
+    codes = " ".join(map(str, (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG)))
+    assert f"RestartPreventExitStatus={codes}" in unit
+    assert "--gpus all" in unit and "-v /ckpt:/ckpt" in unit and CTX.image_uri in unit
+    assert "Description=ftfleet trainer (coordinator)" in unit
+
+
+def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository(stubs):
+    stubs.add("mount.lustre")
+    result = stubs.run(render(stubs))
+    installs = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
+    assert installs and installs[0][-1] == "nvidia-container-toolkit"
+    repo = (stubs.root / "etc/apt/sources.list.d/nvidia-container-toolkit.list").read_text()
+    assert repo == (
+        "deb [signed-by=/etc/apt/keyrings/nvidia-container-toolkit.gpg] "
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
+    )
+    # The stand-in apt-get installs nothing: the configure step finds no nvidia-ctk,
+    # and the boot stops there, as it would on a node where the install went wrong.
+    assert result.returncode == 127 and "failed at line" in result.stderr
+    assert stubs.calls("docker") == []
+
+
+def test_a_node_image_with_every_client_installs_nothing(stubs):
+    stubs.add("mount.lustre")
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    assert stubs.calls("apt-get") == [] and stubs.calls("gpg") == []
+
+
+def test_a_mount_that_keeps_failing_stops_the_boot_before_the_image(stubs):
+    stubs.add("nvidia-ctk")
+    stubs.stub("mount", rc=32, stderr="mount.lustre: mount 10.40.240.5@tcp:/ftfleet failed: Connection refused")
+    result = stubs.run(render(stubs))
+    assert result.returncode != 0
+    assert len(stubs.calls("mount")) == boot.ATTEMPTS
+    assert f"giving up after {boot.ATTEMPTS} attempts: mount" in result.stderr
+    assert stubs.calls("docker") == [] and not (stubs.root / "etc/systemd/system/ftfleet-trainer.service").exists()
+
+
+def test_a_failed_package_install_stops_the_boot_before_the_mount(stubs):
+    stubs.stub("apt-get", match="install", rc=100, stderr="E: Unable to locate package lustre-client-modules")
+    result = stubs.run(render(stubs))
+    assert result.returncode != 0
+    assert stubs.calls("mount") == [] and stubs.calls("docker") == []
+
+
+def test_the_image_pull_is_retried_until_it_succeeds(stubs):
+    stubs.add("nvidia-ctk")
+    stubs.stub("docker", match="^pull ", rc=1, stderr="toomanyrequests", times=2)
+    result = stubs.run(render(stubs))
+    assert result.returncode == 0, result.stderr
+    assert len([c for c in stubs.calls("docker") if c.args[0] == "pull"]) == 3
+    assert stubs.calls("systemctl")[-1].args == ["enable", "--now", "ftfleet-trainer.service"]
+
+
+def test_an_image_that_never_pulls_leaves_no_service_for_auto_healing_to_find(stubs):
+    stubs.add("nvidia-ctk")
+    stubs.stub("docker", match="^pull ", rc=1, stderr="manifest unknown")
+    result = stubs.run(render(stubs))
+    assert result.returncode != 0
+    assert len([c for c in stubs.calls("docker") if c.args[0] == "pull"]) == boot.ATTEMPTS
+    assert all(c.args[:1] != ["enable"] for c in stubs.calls("systemctl"))
+    assert not (stubs.root / "etc/systemd/system/ftfleet-trainer.service").exists()
+
+
+def test_parallelstore_runs_the_daos_agent_on_the_access_points_and_mounts_with_dfuse(stubs):
+    stubs.add("nvidia-ctk")
+    result = stubs.run(render(stubs, kind="parallelstore"))
+    assert result.returncode == 0, result.stderr
+    agent = (stubs.root / "etc/daos/daos_agent.yml").read_text()
+    assert agent.splitlines()[0] == "access_points: ['10.40.240.7', '10.40.240.8', '10.40.240.9']"
+    assert "allow_insecure: true" in agent and "iface: ens4" in agent
+    order = stubs.order()
+    assert first(order, "systemctl enable") < first(order, "dfuse -m") < first(order, "docker pull")
+    dfuse = stubs.calls("dfuse")[0].args
+    assert dfuse[:2] == ["-m", f"{stubs.root}/ckpt"]
+    assert {"--pool", "default-pool", "--container", "default-container", "--multi-user"} <= set(dfuse)
+    assert stubs.calls("mount") == [] and stubs.calls("apt-get") == []  # dfuse is on the image
+
+
+def shutdown(stubs: Stubs, model="SPOT"):
+    return stubs.run(boot.shutdown_script(model, root=str(stubs.root)))
+
+
+def test_a_preempted_node_hands_the_notice_to_the_trainer_within_the_spot_budget(stubs):
+    stubs.stub("curl", match="instance/preempted", stdout="TRUE")
+    stubs.stub("docker", match="^inspect", stdout="true\n")
+    result = shutdown(stubs)
+    assert result.returncode == 0
+    assert [c.args for c in stubs.calls("docker")][-1] == ["stop", "--time", "25", "ftfleet-trainer"]
+    assert "preempted=TRUE" in (stubs.root / "var/log/ftfleet/shutdown.log").read_text()
+
+
+def test_a_standard_vm_shutdown_gives_the_trainer_its_longer_budget(stubs):
+    stubs.stub("curl", match="instance/preempted", stdout="FALSE")
+    stubs.stub("docker", match="^inspect", stdout="true\n")
+    assert shutdown(stubs, "STANDARD").returncode == 0
+    assert [c.args for c in stubs.calls("docker")][-1] == ["stop", "--time", "100", "ftfleet-trainer"]
+
+
+def test_shutdown_with_no_trainer_running_stops_nothing(stubs):
+    stubs.stub("docker", match="^inspect", rc=1, stderr="No such object: ftfleet-trainer")
+    assert shutdown(stubs).returncode == 0
+    assert [c.args[0] for c in stubs.calls("docker")] == ["inspect"]
+
+
+def test_shutdown_still_stops_the_trainer_when_the_metadata_server_does_not_answer(stubs):
+    stubs.stub("curl", match="instance/preempted", rc=7, stderr="Failed to connect")
+    stubs.stub("docker", match="^inspect", stdout="true\n")
+    result = shutdown(stubs)
+    assert result.returncode == 0 and "preempted=UNKNOWN" in result.stderr
+    assert stubs.calls("docker")[-1].args[0] == "stop"
+
+
+def test_boot_scripts_fit_in_a_metadata_value():
+    script = boot.startup_script(settings_for(), CTX, "worker", "SPOT")
+    assert len(script.encode()) < boot.METADATA_VALUE_LIMIT
