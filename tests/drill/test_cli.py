@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftfleet.trainer.drill.cli import main
+from drill.cli import main
 
 
 @pytest.mark.parametrize(

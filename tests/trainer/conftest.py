@@ -37,15 +37,19 @@ BASE = [
     "resilience.interval.fixed_steps=4",
     "checkpoint.keep=3",
     "data.trace_samples=true",
+    "train.state_hash=true",
 ]
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
 
 def trainer_cmd(nproc: int, run_dir: Path, *overrides: str) -> list[str]:
+    """The trainer's command line. Overrides under ``faults.`` are injected faults: the
+    command then runs the drill's worker (the trainer with fault callbacks)."""
     args = ["--config", str(CONFIG), *BASE, f"run_dir={run_dir}", *overrides]
+    module = "drill.worker" if any(o.startswith("faults.") for o in overrides) else "ftfleet.trainer"
     if nproc == 1:
-        return [sys.executable, "-m", "ftfleet.trainer", *args]
-    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "ftfleet.trainer", *args]
+        return [sys.executable, "-m", module, *args]
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from drill.fake_metadata import FakeMetadataServer
 from ftfleet.contract import EXIT_PREEMPTED, EXIT_UNRECOVERABLE, CommitMarker, marker_key
 from ftfleet.trainer.events import read_events
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 from tests.trainer.conftest import BASE, BIN, CONFIG, REPO, child_env, run_trainer, start_trainer, wait_for
 
 #: Steps slow enough that a notice lands mid-run; metadata polled often.
@@ -154,7 +154,7 @@ def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
     assert_emergency(d, 30, "node-s")
     assert events(d, "notice")[0]["kind"] == "signal"
     logged = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines() if line.startswith('{"ts"')]
-    assert any(r["logger"] == "ftfleet.guard" and r["rank"] == 0 for r in logged), logged[:5]
+    assert any(r["logger"] == "ftfleet.preemption" and r["rank"] == 0 for r in logged), logged[:5]
 
 
 def test_a_rebalance_recommendation_checkpoints_early_and_carries_on(tmp_path, metadata, ref1):
@@ -239,7 +239,7 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
         "--nproc-per-node=2",
         "--max-restarts=1",
         "-m",
-        "ftfleet.trainer",
+        "drill.worker",
         *args,
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
@@ -279,7 +279,7 @@ def start_image(tmp_path: Path, run_dir: Path, *overrides: str, metadata_url: st
             [
                 str(REPO / "trainer" / "docker-entrypoint"),
                 "--module",
-                "ftfleet.trainer",
+                "drill.worker" if any(o.startswith("faults.") for o in overrides) else "ftfleet.trainer",
                 *BASE,
                 f"run_dir={run_dir}",
                 *overrides,

@@ -29,7 +29,7 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ftfleet.trainer.drill.scenario import FAULTS
+    from drill.scenario import FAULTS
 
     parser.add_argument(
         "--faults",
@@ -105,8 +105,8 @@ def register(subparsers: Any) -> None:
 
 
 def options(args: argparse.Namespace, workdir: Path) -> Any:
-    from ftfleet.trainer.drill.run import DEFAULT_CONFIG, DrillOptions
-    from ftfleet.trainer.drill.scenario import build_plan, parse_faults
+    from drill.run import DEFAULT_CONFIG, DrillOptions
+    from drill.scenario import build_plan, parse_faults
 
     interval = args.interval.strip().lower()
     if interval != "adaptive" and not (interval.isdigit() and int(interval) > 0):
@@ -136,7 +136,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ftfleet.trainer.drill.run import DrillError, run_drill
+    from drill.run import DrillError, run_drill
 
     opts = options(args, Path())  # validate before anything is created
     tmp = None
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ftfleet.trainer.drill",
+        prog="python -m drill",
         description=__doc__.split("\n\n")[1],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
