@@ -141,6 +141,23 @@ def wait_for(predicate, timeout: float, interval: float = 0.002, what: str = "co
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (rank r serves on p + local rank)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 def sample_trace(*run_dirs: Path, max_step: dict[Path, int] | None = None) -> dict[int, list[tuple[int, int]]]:
     """step -> [(first, last) sample of each rank], over the runs' trace files; steps
     above ``max_step[run_dir]`` (rolled back by a resume) are ignored."""
@@ -231,9 +248,10 @@ def bucket(s3, request) -> str:
     return name
 
 
-def in_process_manager(ckpt_dir: Path, *overrides: str):
+def in_process_manager(ckpt_dir: Path, *overrides: str, **parts):
     """A CheckpointManager over the BASE model in this process (one rank, no process
-    group): for protocol tests that need a real load but not a training run."""
+    group): for protocol tests that need a real load but not a training run. ``parts``:
+    the app state's ``extras`` or ``per_rank``."""
     import torch
 
     from ftfleet.trainer.checkpoint.manager import CheckpointManager
@@ -246,5 +264,5 @@ def in_process_manager(ckpt_dir: Path, *overrides: str):
     model = GPT(cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed)
+    app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed, **parts)
     return CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash())

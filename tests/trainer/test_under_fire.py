@@ -16,7 +16,17 @@ import pytest
 from drill.fake_metadata import FakeMetadataServer
 from ftfleet.contract import EXIT_PREEMPTED, EXIT_UNRECOVERABLE, CommitMarker, marker_key
 from ftfleet.trainer.events import read_events
-from tests.trainer.conftest import BASE, BIN, CONFIG, REPO, child_env, run_trainer, start_trainer, wait_for
+from tests.trainer.conftest import (
+    BASE,
+    BIN,
+    CONFIG,
+    REPO,
+    child_env,
+    free_port_pair,
+    run_trainer,
+    start_trainer,
+    wait_for,
+)
 
 #: Steps slow enough that a notice lands mid-run; metadata polled often.
 PACED = ["faults.step_delay_s=0.1", "resilience.watcher.poll_interval_s=0.2", "resilience.watcher.max_backoff_s=1"]
@@ -97,23 +107,6 @@ def test_gcp_preemption_commits_within_thirty_seconds(tmp_path, metadata):
     finish(proc)
     assert_emergency(d, 30, "node-g")
     assert events(d, "notice")[0]["source"] == "gcp-preempted"
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (rank r serves on p + local rank)."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def scrape(port: int) -> dict[str, float]:
