@@ -1,4 +1,4 @@
-"""``ftfleet drill``: the trainer under fire, on this machine, with no cloud account.
+"""``python -m drill``: the trainer under fire, on this machine, with no cloud account.
 
 It runs the reference trainer under torchrun with a local fast tier, an S3 server on
 127.0.0.1 (moto) holding a primary and a replica bucket, and a fake instance metadata
@@ -22,9 +22,9 @@ from ftfleet.errors import UserError
 
 EPILOG = """\
 examples:
-  ftfleet drill                                  # every fault, ~3 minutes on 2 cores
-  ftfleet drill --faults notice,sigkill          # a short drill
-  ftfleet drill --json drill.json --markdown drill.md --workdir /tmp/drill
+  python -m drill                                # every fault, ~3 minutes on 2 cores
+  python -m drill --faults notice,sigkill        # a short drill
+  python -m drill --json drill.json --markdown drill.md --workdir /tmp/drill
 """
 
 
@@ -90,18 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra trainer override, repeatable",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "drill",
-        help="inject every failure into a local training run",
-        description=__doc__.split("\n\n")[1],
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 def options(args: argparse.Namespace, workdir: Path) -> Any:

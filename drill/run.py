@@ -1,6 +1,6 @@
 """The drill itself: an uninterrupted reference run, then the faulted run, node after
 node, with the faults of the plan injected as the run reaches their steps; then the
-report. :func:`run_drill` is what ``ftfleet drill`` calls.
+report. :func:`run_drill` is what ``python -m drill`` calls.
 """
 
 from __future__ import annotations

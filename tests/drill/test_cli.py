@@ -1,4 +1,4 @@
-"""`ftfleet drill`'s options are checked before anything starts."""
+"""`python -m drill`'s options are checked before anything starts."""
 
 from __future__ import annotations
 

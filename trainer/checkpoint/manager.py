@@ -1,7 +1,7 @@
 """CheckpointManager: what a training loop calls.
 
-    ckpt = CheckpointManager(cfg.checkpoint, app_state, run_id=..., config_hash=...,
-                             ckpt_group=env.ckpt_group, upload_group=env.upload_group)
+    state = AppState(model, optimizer, scheduler)      # + extras / per_rank Statefuls
+    ckpt = CheckpointManager("/fsx/ckpt/run", state, run_id="run")   # or a CheckpointConfig
     restored = ckpt.restore()              # loads the newest valid checkpoint, or None
     for step in ...:
         loss = forward_backward(...)
@@ -14,8 +14,10 @@
 
 A save is: DCP ``async_save`` into ``<dir>/step-N/`` on a dedicated gloo group, with a
 stager that copies the state into buffers kept between saves (pinned memory and
-non-blocking copies on GPU); training is blocked only until that copy is done, and not
-even that long when :meth:`wait_for_staging` is called just before the optimizer step.
+non-blocking copies on GPU, on a side stream that first waits for the training stream:
+:mod:`ftfleet.trainer.checkpoint.staging`); training is blocked only until that copy is
+done, and not even that long when :meth:`wait_for_staging` is called just before the
+optimizer step.
 DCP's writer threads take each shard's CRC32C as they write it
 (:mod:`ftfleet.trainer.checkpoint.writer`). A background thread then runs the commit protocol
 (:mod:`ftfleet.trainer.checkpoint.commit`), retention, and hands the checkpoint to the uploader
