@@ -173,7 +173,9 @@ def test_nan_and_spiking_batches_are_skipped_with_counters(tmp_path):
         "faults.nan_at_steps=[10]",
         "faults.spike_at_steps=[18]",
         "resilience.anomaly.min_history=5",
+        "train.state_hash=false",
     )
+    assert s["state_sha256"] is None  # opt-in: it gathers the whole state onto rank 0
     assert s["anomalies"] == {"nonfinite": 1, "spikes": 1, "skipped": 2, "rollbacks": 0}
     nan, spike = events(tmp_path / "run", "anomaly")
     assert (nan["step"], nan["action"]) == (10, "skip") and "non-finite" in nan["reason"]

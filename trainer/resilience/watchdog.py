@@ -82,6 +82,7 @@ class Watchdog:
         self._step: int | None = None
         self._phase: tuple[str, float] | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> Watchdog:
@@ -104,6 +105,7 @@ class Watchdog:
         the run): the watchdog still ends the process if it takes longer, naming it."""
         self._phase = (what, float(timeout_s))
         self._last_beat = time.monotonic()
+        self._wake.set()  # a shorter allowance takes effect now, not at the next wake-up
         try:
             yield
         finally:
@@ -112,6 +114,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
         self._thread = None
@@ -135,7 +138,9 @@ class Watchdog:
             if remaining <= 0:
                 self._fire(time.monotonic() - self._last_beat)
                 return
-            if self._stop.wait(min(remaining, 5.0) + 0.01):
+            self._wake.wait(min(remaining, 5.0) + 0.01)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
 
     def _fire(self, silent_s: float) -> None:
