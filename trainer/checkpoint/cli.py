@@ -28,7 +28,7 @@ from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_st
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "ckpt", help="list, verify or inspect checkpoints", description=__doc__.split("\n\n")[1]
+        "ckpt", help="list, verify, inspect or export checkpoints", description=__doc__.split("\n\n")[1]
     )
     sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
     for name, fn, text in (

@@ -37,6 +37,9 @@ from ftfleet.trainer.resilience.anomaly import Action, AnomalyConfig, AnomalyDet
 from ftfleet.trainer.resilience.device_check import DeviceCheck
 
 if TYPE_CHECKING:
+    from ftfleet.trainer.checkpoint.manager import CheckpointManager
+    from ftfleet.trainer.events import EventLog
+    from ftfleet.trainer.resilience.metrics import Metrics
     from ftfleet.trainer.train import Run
 
 log = logging.getLogger("ftfleet.anomaly")
@@ -68,14 +71,14 @@ class AnomalyGuard(Callback):
     def __init__(
         self,
         cfg: AnomalyConfig,
-        ckpt: Any,
+        ckpt: CheckpointManager | None,
         optimizer: torch.optim.Optimizer,
         *,
         device: torch.device,
         settle_every: int,
         group: Any = None,
-        events: Any = None,
-        metrics: Any = None,
+        events: EventLog | None = None,
+        metrics: Metrics | None = None,
         on_rollback: Callable[[int], None] | None = None,
     ) -> None:
         self.detector = AnomalyDetector(cfg)

@@ -15,10 +15,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftfleet.trainer.resilience.notices import Notice
 from ftfleet.trainer.resilience.watcher import NoticeWatcher, WatcherConfig
+
+if TYPE_CHECKING:
+    from ftfleet.trainer.events import EventLog
+    from ftfleet.trainer.resilience.metrics import Metrics
 
 log = logging.getLogger("ftfleet.notices")
 
@@ -35,16 +39,17 @@ class AgreedNotice:
 
 class Interruptions:
     """Notices + agreement. ``group``: the process group to agree over (None: the
-    default group); use the training group, not a checkpoint group, whose collectives a
-    background save may be running at the same time."""
+    default group, or a gloo group of its own when that one is NCCL only); never a
+    checkpoint group, whose collectives a background save may be running at the same
+    time. Agreement runs on the training thread."""
 
     def __init__(
         self,
         watcher: NoticeWatcher | None = None,
         *,
         group: Any = None,
-        events: Any = None,
-        metrics: Any = None,
+        events: EventLog | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.watcher = watcher if watcher is not None else NoticeWatcher.from_env()
         self.group = group
@@ -62,6 +67,14 @@ class Interruptions:
         return cls(NoticeWatcher.from_env(config, environ), **kwargs)
 
     def start(self) -> Interruptions:
+        """Start watching. Collective when ``torch.distributed`` runs on NCCL alone: the
+        agreement then gets a gloo group of its own, since a table reduced on the GPU
+        would make every boundary wait for the device."""
+        if self.group is None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and "gloo" not in str(dist.get_backend()):
+                self.group = dist.new_group(backend="gloo")
         self.watcher.start()
         return self
 

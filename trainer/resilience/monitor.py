@@ -3,11 +3,14 @@ and the step events. A :class:`~ftfleet.trainer.callbacks.Callback` of the refer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftfleet.trainer.callbacks import Callback, StepInfo
 
 if TYPE_CHECKING:
+    from ftfleet.trainer.events import EventLog
+    from ftfleet.trainer.resilience.metrics import Metrics
+    from ftfleet.trainer.resilience.watchdog import Watchdog
     from ftfleet.trainer.train import Run
 
 
@@ -16,7 +19,14 @@ class StepMonitor(Callback):
     measure lost work with them). Reading the loss waits for the device, so this costs a
     synchronisation per step: for tests and drills."""
 
-    def __init__(self, *, watchdog: Any = None, metrics: Any = None, events: Any = None, step_events: bool = False):
+    def __init__(
+        self,
+        *,
+        watchdog: Watchdog | None = None,
+        metrics: Metrics | None = None,
+        events: EventLog | None = None,
+        step_events: bool = False,
+    ):
         self.watchdog = watchdog
         self.metrics = metrics
         self.events = events

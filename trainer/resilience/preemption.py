@@ -26,12 +26,16 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, CommitMarker
 from ftfleet.trainer.agent import stop_agent
 from ftfleet.trainer.resilience.interruptions import AgreedNotice, Interruptions
 from ftfleet.trainer.resilience.markers import publish_marker
+
+if TYPE_CHECKING:
+    from ftfleet.trainer.checkpoint.manager import CheckpointManager
+    from ftfleet.trainer.events import EventLog
 
 log = logging.getLogger("ftfleet.preemption")
 
@@ -52,13 +56,13 @@ class Preemption:
 
     def __init__(
         self,
-        ckpt: Any,
+        ckpt: CheckpointManager,
         interruptions: Interruptions | None = None,
         *,
         save: SaveFn | None = None,
         node_id: str | None = None,
         local_rank: int | None = None,
-        events: Any = None,
+        events: EventLog | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ

@@ -25,6 +25,10 @@ from ftfleet.trainer.callbacks import Callback, StepInfo
 from ftfleet.trainer.resilience.interval import AdaptiveInterval, IntervalConfig
 
 if TYPE_CHECKING:
+    from ftfleet.trainer.checkpoint.manager import CheckpointManager
+    from ftfleet.trainer.events import EventLog
+    from ftfleet.trainer.resilience.metrics import Metrics
+    from ftfleet.trainer.resilience.watchdog import Watchdog
     from ftfleet.trainer.train import Run
 
 log = logging.getLogger("ftfleet.schedule")
@@ -59,12 +63,12 @@ class SaveSchedule(Callback):
     def __init__(
         self,
         cfg: IntervalConfig,
-        ckpt: Any,
+        ckpt: CheckpointManager,
         *,
         last_step: int,
-        events: Any = None,
-        metrics: Any = None,
-        watchdog: Any = None,
+        events: EventLog | None = None,
+        metrics: Metrics | None = None,
+        watchdog: Watchdog | None = None,
         group: Any = None,
     ) -> None:
         self.cfg = cfg
