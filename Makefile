@@ -28,12 +28,12 @@ test: lint
 ## The main job, offline: the plan of every stack, then the trainer under fire (the drill).
 demo: setup
 	$(VENV)/bin/ftfleet plan --all
-	$(VENV)/bin/ftfleet drill
+	$(PY) -m drill
 
 ## Every failure injected into a local training run, with a report (~3 minutes on 2 cores).
 DRILL_ARGS ?=
 drill: setup
-	$(VENV)/bin/ftfleet drill $(DRILL_ARGS)
+	$(PY) -m drill $(DRILL_ARGS)
 
 ## Long fault-injection tests (pytest -m chaos), then goodput under a failure every T
 ## seconds: naive sync, async, ftfleet (see bench/goodput_bench.py).

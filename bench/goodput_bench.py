@@ -53,11 +53,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ftfleet.trainer.drill.lives import split_lives, steady_step_time  # noqa: E402
-from ftfleet.trainer.drill.report import daly_goodput  # noqa: E402
-from ftfleet.trainer.drill.runner import EventTail, Node  # noqa: E402
+from drill.fake_metadata import FakeMetadataServer  # noqa: E402
+from drill.lives import split_lives, steady_step_time  # noqa: E402
+from drill.report import daly_goodput  # noqa: E402
+from drill.runner import EventTail, Node  # noqa: E402
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 VOCAB, LAYERS, HEADS = 8192, 2, 8

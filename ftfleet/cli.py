@@ -20,7 +20,6 @@ SUBCOMMANDS = {
     "plan": "ftfleet.infra.plan",
     "config-reference": "ftfleet.infra.reference",
     "ckpt": "ftfleet.trainer.checkpoint.cli",
-    "drill": "ftfleet.trainer.drill",
 }
 
 

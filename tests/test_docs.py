@@ -32,3 +32,13 @@ def test_readme_quickstart_names_exactly_the_two_commands_and_ci_runs_the_test_o
     quick = text.split("## Quickstart", 1)[1].split("##", 1)[0]
     assert "make demo" in quick and "make test" in quick
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readmes_own_loop_example_is_the_tested_example_file_and_under_40_lines():
+    text = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "own_loop.py").read_text()
+    code = example[example.index('"""', 3) + 3 :].lstrip("\n")
+    section = text.split("### Your own training loop", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == code, "copy examples/own_loop.py (without its docstring) into the README"
+    assert len(code.splitlines()) < 40

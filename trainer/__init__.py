@@ -1,6 +1,60 @@
-"""ftfleet's trainer: a checkpoint core that any PyTorch loop can use, and a reference
-training program built on it (``torchrun ... -m ftfleet.trainer --config FILE``).
+"""ftfleet's trainer: a checkpoint core and resilience pieces that any PyTorch loop can
+use, and a reference training program built on them
+(``torchrun ... -m ftfleet.trainer --config FILE``).
+
+The library, for a loop of your own (README, "Your own loop"; ``examples/own_loop.py``)::
+
+    from ftfleet.trainer import AppState, CheckpointManager, Preemption
+
+* :class:`AppState`: the training state as DCP saves it: model, optimizer, scheduler,
+  progress, and any ``Stateful`` extras (shared) or per-rank parts (a data loader);
+* :class:`CheckpointManager`: sharded asynchronous saves committed with a manifest,
+  uploads to a bucket, restore of the newest valid checkpoint from any tier and world
+  size; its own gloo groups;
+* :class:`Preemption`: notices (SIGTERM, the cloud's metadata service) agreed across
+  ranks, then the emergency save, the commit marker and exit 75;
+* :class:`AnomalyDetector`, :class:`Watchdog`, :class:`NoticeWatcher`: the anomaly rule,
+  the hang watchdog and the notice sources on their own;
+* :class:`Callback`, :func:`train`: the reference loop and its extension point.
 
 Importing this package imports nothing heavy: ``ftfleet ckpt`` must start fast and the
-fleet code imports nothing from here. torch is imported by the modules that need it.
+fleet code imports nothing from here. Each name is imported on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AppState": "ftfleet.trainer.checkpoint.state",
+    "TrainProgress": "ftfleet.trainer.checkpoint.state",
+    "CheckpointManager": "ftfleet.trainer.checkpoint.manager",
+    "CheckpointConfig": "ftfleet.trainer.config",
+    "Preemption": "ftfleet.trainer.resilience.preemption",
+    "Interruptions": "ftfleet.trainer.resilience.interruptions",
+    "NoticeWatcher": "ftfleet.trainer.resilience.watcher",
+    "Notice": "ftfleet.trainer.resilience.notices",
+    "AnomalyDetector": "ftfleet.trainer.resilience.anomaly",
+    "AnomalyConfig": "ftfleet.trainer.resilience.anomaly",
+    "Watchdog": "ftfleet.trainer.resilience.watchdog",
+    "Callback": "ftfleet.trainer.callbacks",
+    "StepInfo": "ftfleet.trainer.callbacks",
+    "StopRequest": "ftfleet.trainer.callbacks",
+    "JobConfig": "ftfleet.trainer.config",
+    "load_config": "ftfleet.trainer.config",
+    "train": "ftfleet.trainer.train",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,5 +1,8 @@
 """``torchrun [...] -m ftfleet.trainer --config FILE [key.sub=value ...]``
 
+The config is required (``--config`` or ``FTFLEET_CONFIG``): a run without one would
+train defaults into a directory nobody chose.
+
 Exit codes are those of ftfleet.contract: 0 done, 2 bad config or environment (a
 restart will not help), others as the stop request says.
 """
@@ -12,15 +15,22 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ftfleet.contract import AGENT_STOP_EXITS, EXIT_CODES
-from ftfleet.errors import UserError
+from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.agent import stop_agent
 
+#: Builds extra callbacks for the loop from the overrides it claims (returning the rest),
+#: e.g. ``python -m drill.worker``'s injected faults. Runs inside the error handling, so
+#: a bad value is one line and exit 2 like any other config error.
+CallbackFactory = Callable[[list[str]], tuple[Sequence[Any], list[str]]]
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer", description=__doc__.split("\n")[0])
+
+def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = None, prog: str = "") -> int:
+    parser = argparse.ArgumentParser(prog=prog or "python -m ftfleet.trainer", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--config", default=os.environ.get("FTFLEET_CONFIG"), help="YAML config (default: $FTFLEET_CONFIG)"
     )
@@ -42,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         configure_json_logging(level, static={"rank": rank, "node": os.environ.get("FTFLEET_NODE_ID", "")})
     else:
         logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
-    code = _run(args, rank)
+    code = _run(args, rank, callbacks)
     if code in NOT_RESTARTABLE:
         # torchrun would restart the workers into the same failure (trainer/agent.py).
         stop_agent(code, EXIT_CODES[code])
@@ -50,19 +60,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Exit codes a restart of the workers on this node cannot fix. (A preempted node's 75
-#: stops the agent only on that node: see Guard.release_node.)
+#: stops the agent only on that node: see Preemption.release_node.)
 NOT_RESTARTABLE = AGENT_STOP_EXITS
 
 
-def _run(args: argparse.Namespace, rank: int) -> int:
+def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None) -> int:
     cfg = None
     try:
+        if not args.config:
+            raise ConfigError("no config: pass --config FILE (or set FTFLEET_CONFIG), e.g. trainer/configs/tiny.yaml")
         from ftfleet.trainer.config import load_config
 
-        cfg = load_config(args.config, args.overrides)
+        extra, overrides = callbacks(list(args.overrides)) if callbacks else ((), args.overrides)
+        cfg = load_config(args.config, overrides)
         from ftfleet.trainer.train import train  # torch is imported here, after the config is valid
 
-        return int(train(cfg)["exit_code"])
+        return int(train(cfg, extra)["exit_code"])
+    except ConfigError as exc:  # bad input: nothing is written
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _failed_summary(cfg, rank, str(exc))

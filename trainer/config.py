@@ -117,6 +117,10 @@ class TrainConfig:
     stop_at_step: int | None = None
     """Stop cleanly after this step with a committed checkpoint, as if preempted, without
     changing the LR schedule (a resumed run continues to train.steps)."""
+    state_hash: bool = False
+    """Write `state_sha256` (a hash of the unsharded model and optimizer state) to
+    summary.json, to compare runs bit for bit. It gathers the whole state onto rank 0's
+    host memory: for tests and drills, not for a model at scale."""
 
     def __post_init__(self) -> None:
         _positive("train.steps", self.steps)
@@ -214,38 +218,6 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
-class FaultConfig:
-    """Injected faults, for drills and tests. Leave empty in production."""
-
-    nan_at_steps: list[int] = dataclasses.field(default_factory=list)
-    """The loss of these steps becomes NaN on rank 0: a poisoned batch. It is a property of
-    the data, so it recurs when the step is replayed (unless its batch is skipped)."""
-    spike_at_steps: list[int] = dataclasses.field(default_factory=list)
-    """The loss of these steps is multiplied by spike_factor on rank 0 (a bad batch that
-    is finite but far off the rolling median)."""
-    spike_factor: float = 100.0
-    hang_at_step: int | None = None
-    """Rank `hang_rank` stops making progress before this step, once per run directory
-    (a flag file in <run_dir>/faults/ keeps a restarted run from hanging again)."""
-    hang_rank: int = 0
-    step_delay_s: float = 0.0
-    """Sleep this long in every step (paces a tiny model like a real one)."""
-
-    def __post_init__(self) -> None:
-        for key in ("nan_at_steps", "spike_at_steps"):
-            if any(s < 1 for s in getattr(self, key)):
-                raise ConfigError(f"faults.{key}={getattr(self, key)}: steps start at 1")
-        if self.spike_factor <= 1:
-            raise ConfigError(f"faults.spike_factor={self.spike_factor}: use a factor above 1")
-        if self.hang_at_step is not None and self.hang_at_step < 1:
-            raise ConfigError(f"faults.hang_at_step={self.hang_at_step}: use a step >= 1")
-        if self.hang_rank < 0:
-            raise ConfigError(f"faults.hang_rank={self.hang_rank}: use a rank >= 0")
-        if not 0 <= self.step_delay_s < 3600:
-            raise ConfigError(f"faults.step_delay_s={self.step_delay_s}: use 0 to 3600 s")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
 class JobConfig:
     run_id: str = "local"
     """Identifies the run; a checkpoint of another run is refused. Env: FTFLEET_RUN_ID."""
@@ -261,7 +233,6 @@ class JobConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     resilience: ResilienceConfig = dataclasses.field(default_factory=ResilienceConfig)
-    faults: FaultConfig = dataclasses.field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
         if not self.run_id or "/" in self.run_id:
@@ -284,9 +255,6 @@ class JobConfig:
             "seed": self.seed,
             "global_batch_size": self.train.global_batch_size,
         }
-        for key in ("nan_at_steps", "spike_at_steps"):  # bad batches change the trajectory
-            if getattr(self.faults, key):
-                identity[key] = sorted(getattr(self.faults, key))
         blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -318,7 +286,7 @@ def load_config(
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {path}: not valid YAML ({exc}); fix the file") from None
+            raise ConfigError(f"--config {path}: {_yaml_problem(exc)}; fix the file") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping of keys")
     environ = os.environ if environ is None else environ
@@ -329,8 +297,20 @@ def load_config(
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r}: write key.sub=value, e.g. train.steps=100")
-        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value else "", source=item)
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: {_yaml_problem(exc)}; quote the value or fix it") from None
+        _set_dotted(raw, key.strip(), parsed, source=item)
     return build(JobConfig, raw, prefix="")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where and what (PyYAML's own message spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "not valid YAML"
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "not valid YAML"
+    return f"{where}: {' '.join(str(problem).split())}"
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any, source: str) -> None:

@@ -1,17 +1,10 @@
-"""The reference training loop. Read :func:`train` top to bottom: build, restore, step,
-save, stop, summarize.
+"""The reference training loop. Read :func:`train` top to bottom: check, build,
+restore, step, save, stop, drain, summarize.
 
-Hook points for the resilience layer are :class:`Callback` objects, called at the step
-boundary on every rank:
-
-* ``on_train_start(run)`` after restore, before the first step;
-* ``on_step_end(run, info)`` after each optimizer step (anomaly detector, watchdog
-  heartbeat, metrics);
-* ``should_stop(run)`` at every step boundary, including the first: return a
-  :class:`StopRequest` to stop (preemption). It must answer the same on every rank, so
-  a callback that sees a local signal agrees with the others through a collective;
-* ``on_train_end(run, result)`` after the final (or emergency) checkpoint is committed
-  (commit markers, exit code).
+The loop's extension point is the :class:`~ftfleet.trainer.callbacks.Callback`; its own
+resilience pieces (notices, anomalies, the save schedule, the step monitor) are
+callbacks or small objects wired by :class:`~ftfleet.trainer.resilience.reference.Resilience`.
+A loop of your own can use the same pieces without this one (README: "Your own loop").
 """
 
 from __future__ import annotations
@@ -28,59 +21,20 @@ from typing import Any
 
 import torch
 
-from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
+from ftfleet.contract import EXIT_OK
 from ftfleet.trainer import distributed
+from ftfleet.trainer.callbacks import Callback, StepInfo, StopRequest, first_stop
 from ftfleet.trainer.checkpoint.manager import CheckpointManager
 from ftfleet.trainer.checkpoint.restore import Restored
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
 from ftfleet.trainer.config import JobConfig
 from ftfleet.trainer.data import GlobalBatches, SyntheticTokens
-from ftfleet.trainer.events import EventLog
 from ftfleet.trainer.model import GPT, loss_fn
-from ftfleet.trainer.resilience.anomaly import Action, Decision
-from ftfleet.trainer.resilience.guard import Guard
+from ftfleet.trainer.preflight import preflight
+from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
+from ftfleet.trainer.resilience.reference import Resilience
 
 log = logging.getLogger("ftfleet.train")
-
-
-@dataclasses.dataclass(frozen=True)
-class StopRequest:
-    reason: str
-    exit_code: int = EXIT_OK
-    save: bool = True
-    """Commit a checkpoint of the current step before stopping (blocking)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepInfo:
-    step: int
-    loss: float
-    """This rank's loss on its micro-batch."""
-    samples_seen: int
-    step_time_s: float
-
-
-class Callback:
-    """Base class of the hooks; override what you need."""
-
-    def on_train_start(self, run: Run) -> None: ...
-    def on_step_end(self, run: Run, info: StepInfo) -> None: ...
-    def should_stop(self, run: Run) -> StopRequest | None:
-        return None
-
-    def on_train_end(self, run: Run, result: dict[str, Any]) -> None: ...
-
-
-class StopAtStep(Callback):
-    """``train.stop_at_step``: stop cleanly with a committed checkpoint at a given step."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def should_stop(self, run: Run) -> StopRequest | None:
-        if run.progress.step >= self.step:
-            return StopRequest(f"stop_at_step {self.step}")
-        return None
 
 
 @dataclasses.dataclass
@@ -108,6 +62,7 @@ def build(cfg: JobConfig) -> Run:
         betas=(cfg.optim.beta1, cfg.optim.beta2),
         eps=cfg.optim.eps,
         weight_decay=cfg.optim.weight_decay,
+        fused=True,  # takes the anomaly verdict as found_inf: no host sync per step
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     seed_rngs(cfg.seed, env.rank)  # distinct dropout streams per rank
@@ -146,134 +101,101 @@ def lr_lambda(cfg: JobConfig):
 
 
 def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    preflight(cfg)  # bad input fails here, before init_process_group
     t_start = time.monotonic()
     run = build(cfg)
-    events = EventLog(cfg.run_dir, enabled=run.env.is_rank0)
-    guard = Guard(run, events)
+    parts = Resilience(run)
     try:
-        return _train(run, guard, events, list(callbacks), t_start)
+        return _train(run, parts, parts.callbacks(callbacks), t_start)
     finally:
-        guard.close()
-        events.close()
+        parts.close()
 
 
-def _train(run: Run, guard: Guard, events: EventLog, callbacks: list[Callback], t_start: float) -> dict[str, Any]:
-    cfg = run.cfg
-    model, optimizer, scheduler, progress, ckpt = (run.model, run.optimizer, run.scheduler, run.progress, run.ckpt)
-    if cfg.train.stop_at_step is not None:
-        callbacks.append(StopAtStep(cfg.train.stop_at_step))
-    events.emit("start", world_size=run.env.world_size)
-    guard.start()
+def _train(run: Run, parts: Resilience, callbacks: list[Callback], t_start: float) -> dict[str, Any]:
+    progress, ckpt, preemption = run.progress, run.ckpt, parts.preemption
+    parts.events.emit("start", world_size=run.env.world_size)
+    parts.start()
     run.restored = ckpt.restore()
-    guard.restored(run.restored)
+    parts.restored(run.restored, progress.step)
     for cb in callbacks:
         cb.on_train_start(run)
+    stop, loss = _loop(run, parts.anomalies, callbacks)
 
-    loss_value, stop, t_log = float("nan"), None, time.monotonic()
-    while progress.step < cfg.train.steps:
-        if stop := _should_stop(run, callbacks) or guard.boundary(progress.step):
-            break
-        t0, step = time.monotonic(), progress.step + 1
-        if guard.skip_batch(step):  # a rollback decided this batch is poison
-            _advance(run, scheduler)
-            continue
-        guard.before_step(step)
-        batch = run.data.get(progress.samples_seen, step)
-        loss = guard.poison(step, loss_fn(model(batch.inputs), batch.targets))
-        loss.backward()
-        # The norm is computed (not clipped) when clipping is off: the anomaly check uses it.
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
-        decision = guard.judge(step, loss, _full(grad_norm))
-        if decision.action is Action.ROLLBACK:
-            optimizer.zero_grad(set_to_none=True)
-            if guard.rollback(step):
-                continue
-            decision = Decision(Action.SKIP, step, decision.reason)
-        if decision.ok:
-            ckpt.wait_for_staging()  # the last save's copy must be done before the weights change
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        _advance(run, scheduler)
-
-        loss_value = loss.item()
-        info = StepInfo(progress.step, loss_value, progress.samples_seen, time.monotonic() - t0)
-        guard.after_step(progress.step, loss_value, info.step_time_s)
-        for cb in callbacks:
-            cb.on_step_end(run, info)
-        if progress.step % cfg.train.log_every == 0 and run.env.is_rank0:
-            dt, t_log = time.monotonic() - t_log, time.monotonic()
-            log.info(
-                "step %d loss %.4f lr %.2e %.1f steps/s",
-                progress.step,
-                loss_value,
-                scheduler.get_last_lr()[0],
-                cfg.train.log_every / dt,
-            )
-        if guard.should_save(progress.step) and progress.step < cfg.train.steps:
-            guard.save(progress.step, "interval")
-
-    # The final (or emergency) checkpoint is synchronous: committed when this returns.
-    ckpt.wait()
-    resumed_here = run.restored is not None and run.restored.step == progress.step
-    if (
-        cfg.checkpoint.enabled
-        and (stop is None or stop.save)
-        and progress.step not in ckpt.committed
-        and not resumed_here
-    ):
-        guard.save(
-            progress.step, "emergency" if stop and stop.exit_code else "stop" if stop else "final", blocking=True
+    # The final (or emergency) checkpoint, committed; the uploads; the commit marker.
+    with parts.draining():
+        parts.anomalies.settle()
+        preemption.finish(
+            progress.step,
+            save=stop is None or stop.save,
+            reason="emergency" if stop and stop.exit_code else "stop" if stop else "final",
+            wait_for_upload=stop is None or stop.exit_code == EXIT_OK,
+            release=False,
+            drain_timeout_s=run.cfg.resilience.watchdog.drain_timeout_s,
         )
-    if stop is not None and stop.exit_code == EXIT_PREEMPTED:
-        # The checkpoint is safe on the fast tier: keep uploading while the notice
-        # leaves time, then tell the fleet the node may go.
-        drained = ckpt.close(upload_deadline=guard.upload_deadline())
-        if cfg.checkpoint.enabled:
-            guard.write_marker(progress.step)
-    else:
-        drained = ckpt.close(wait_for_upload=stop is None or stop.exit_code == EXIT_OK)
     run.data.close()
-
-    result = summarize(run, stop, loss_value, time.monotonic() - t_start)
-    result.update(guard.summary())
+    result = {**summarize(run, stop, loss.item(), time.monotonic() - t_start), **parts.summary()}
     if run.env.is_rank0:
         write_summary(Path(run.cfg.run_dir), result)
-    events.emit("exit", code=result["exit_code"], reason=result["stop_reason"], step=progress.step)
+    parts.events.emit("exit", code=result["exit_code"], reason=result["stop_reason"], step=progress.step)
     for cb in callbacks:
         cb.on_train_end(run, result)
-    if drained:  # an upload still in a collective would make the teardown hang
+    if preemption.drained:  # an upload still in a collective would make the teardown hang
         distributed.shutdown()
-    if stop is not None and stop.exit_code == EXIT_PREEMPTED:
-        guard.release_node()
+    preemption.release_node()  # the last thing a preempted node does
     return result
 
 
-def _advance(run: Run, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+def _loop(run: Run, anomalies: AnomalyGuard, callbacks: list[Callback]) -> tuple[StopRequest | None, torch.Tensor]:
+    """Train until train.steps or a stop request: the request and the last loss."""
+    cfg, progress, ckpt, model, optimizer = run.cfg, run.progress, run.ckpt, run.model, run.optimizer
+    loss = torch.tensor(math.nan)
+    while progress.step < cfg.train.steps:
+        if stop := first_stop(callbacks, run):
+            return stop, loss
+        t0, step, busy = time.monotonic(), progress.step + 1, ckpt.save_in_flight
+        if anomalies.skips(step):  # a rollback decided this batch is poison
+            _advance(run)
+            continue
+        for cb in callbacks:
+            cb.on_step_start(run, step)
+        batch = run.data.get(progress.samples_seen, step)
+        loss = loss_fn(model(batch.inputs), batch.targets)
+        for cb in callbacks:
+            loss = cb.on_loss(run, step, loss)
+        loss.backward()
+        # The norm is computed (not clipped) when clipping is off: the anomaly check uses it.
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+        verdict = anomalies.judge(step, loss, grad_norm)  # collective; stays on the device
+        if verdict.rollback and anomalies.rollback(step):
+            continue
+        ckpt.wait_for_staging()  # the last save's copy must be done before the weights change
+        anomalies.apply(verdict)  # the optimizer step, unless the step is anomalous
+        optimizer.zero_grad(set_to_none=True)
+        _advance(run)
+        saving = busy or ckpt.save_in_flight
+        info = StepInfo(progress.step, loss.detach(), progress.samples_seen, time.monotonic() - t0, saving)
+        for cb in callbacks:
+            cb.on_step_end(run, info)
+    return None, loss
+
+
+def _advance(run: Run) -> None:
     """One step consumed: its batch, its place in the LR schedule, its step number,
     whether or not its update was applied."""
-    scheduler.step()
+    run.scheduler.step()
     run.progress.step += 1
     run.progress.samples_seen += run.cfg.train.global_batch_size
 
 
-def _full(norm: torch.Tensor) -> torch.Tensor:
-    """FSDP2 returns the global norm as a DTensor; the value is the same everywhere."""
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-
-def _should_stop(run: Run, callbacks: Sequence[Callback]) -> StopRequest | None:
-    for cb in callbacks:
-        if (request := cb.should_stop(run)) is not None:
-            return request
-    return None
-
-
 def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) -> dict[str, Any]:
     """The run's summary (the caller writes it to <run_dir>/summary.json on rank 0).
-    Collective (state hash)."""
-    state = full_state(run.model, run.optimizer)
+    With ``train.state_hash``, collective: it gathers the unsharded state onto rank 0."""
+    state_hash = None
+    if run.cfg.train.state_hash:
+        state = full_state(run.model, run.optimizer)
+        state_hash = state_sha256(state) if state is not None else None
     ckpt = run.ckpt
-    result = {
+    return {
         "status": "stopped" if stop else "completed",
         "stop_reason": stop.reason if stop else None,
         "exit_code": stop.exit_code if stop else EXIT_OK,
@@ -284,14 +206,13 @@ def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) ->
         "world_size": run.env.world_size,
         "parallel": run.cfg.parallel.mode,
         "loss": loss,
-        "state_sha256": state_sha256(state) if state is not None else None,
+        "state_sha256": state_hash,
         "resumed_from": run.restored.to_json() if run.restored else None,
         "committed": [{"step": s, "path": str(ckpt.local.step_dir(s))} for s in ckpt.committed],
         "durable": [{"step": s, "uri": f"{ckpt.stores['primary'].uri}/step-{s}"} for s in ckpt.durable_steps],
         "checkpoint_blocked_s": round(ckpt.stats.blocked_s, 4),
         "wall_s": round(wall_s, 2),
     }
-    return result
 
 
 def write_summary(run_dir: Path, result: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ftfleet.trainer.drill.report import daly_goodput
+from drill.report import daly_goodput
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "goodput_bench.py"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from ftfleet.trainer.drill.cloud import LocalCloud
+from drill.cloud import LocalCloud
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,10 @@
-"""`ftfleet drill`'s options are checked before anything starts."""
+"""`python -m drill`'s options are checked before anything starts."""
 
 from __future__ import annotations
 
 import pytest
 
-from ftfleet.trainer.drill.cli import main
+from drill.cli import main
 
 
 @pytest.mark.parametrize(

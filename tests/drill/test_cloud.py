@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftfleet.trainer.drill.cloud import flip_middle
+from drill.cloud import flip_middle
 from tests.drill.conftest import client, put_step
 
 

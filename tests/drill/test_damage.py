@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftfleet.trainer.drill.damage import committed_steps, corrupt_newest, lose_primary
+from drill.damage import committed_steps, corrupt_newest, lose_primary
 from tests.drill.conftest import client, put_step
 
 SHARD = b"0123456789" * 100

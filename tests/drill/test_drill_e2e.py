@@ -21,7 +21,7 @@ def test_a_short_drill_recovers_from_a_notice_and_a_sigkill_and_matches_the_refe
         [
             sys.executable,
             "-m",
-            "ftfleet.trainer.drill",
+            "drill",
             "--faults",
             "notice,sigkill",
             "--first-step",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftfleet.trainer.drill.faults import FaultRecord, measure
+from drill.faults import FaultRecord, measure
 from tests.drill.events import ev, life, restart_run, t_of
 
 # -- preemption notice ------------------------------------------------------------

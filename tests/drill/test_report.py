@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ftfleet.trainer.drill.faults import FaultResult
-from ftfleet.trainer.drill.lives import split_lives, steady_step_time
-from ftfleet.trainer.drill.report import DrillReport, Goodput, daly_goodput
+from drill.faults import FaultResult
+from drill.lives import split_lives, steady_step_time
+from drill.report import DrillReport, Goodput, daly_goodput
 from ftfleet.trainer.resilience.interval import daly_interval
 from tests.drill.events import life, restart_run
 

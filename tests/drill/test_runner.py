@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 
-from ftfleet.trainer.drill.runner import EventTail, Node
+from drill.runner import EventTail, Node
 
 #: Stands in for torchrun: two workers (RANK in their environment, each in a session of
 #: its own, as torch elastic starts them); when one dies it stops the other and starts a

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from drill.scenario import FAULTS, build_plan, parse_faults
 from ftfleet.errors import UserError
-from ftfleet.trainer.drill.scenario import FAULTS, build_plan, parse_faults
 
 
 def test_every_fault_gets_its_own_step_and_nodes_change_where_a_node_must_go():

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from drill.fake_metadata import FakeMetadataServer
 from ftfleet.trainer.resilience.watcher import WatcherConfig
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 
 @pytest.fixture

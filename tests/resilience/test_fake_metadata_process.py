@@ -4,14 +4,14 @@ import subprocess
 import sys
 import urllib.request
 
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataClient
+from drill.fake_metadata import FakeMetadataClient
 
 from .helpers import REPO, subprocess_env
 
 
 def test_the_fake_runs_as_a_process_and_is_controlled_over_http():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ftfleet.trainer.testing.fake_metadata", "--port", "0"],
+        [sys.executable, "-m", "drill.fake_metadata", "--port", "0"],
         cwd=REPO,
         env=subprocess_env(),
         stdout=subprocess.PIPE,

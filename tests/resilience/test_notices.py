@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from ftfleet.trainer.resilience.notices import (
@@ -63,3 +65,35 @@ def test_among_terminal_notices_the_earliest_deadline_wins():
     sig = Notice(NoticeKind.SIGNAL, NoticeSource.SIGNAL, 5.0, 35.0, True)
     assert most_urgent([aws, sig]) is sig
     assert most_urgent([None, None]) is None
+
+
+def test_an_added_source_reports_through_the_same_watcher():
+    """The seam for new notice sources (e.g. an autoscaling lifecycle poller): a thread
+    built from the watcher's report callable, whose notices agreement treats like any
+    other."""
+    import threading
+
+    from ftfleet.trainer.resilience.watcher import NoticeWatcher
+
+    class OneShot(threading.Thread):
+        def __init__(self, report, stop):
+            super().__init__(daemon=True)
+            self.report, self.stop_event = report, stop
+
+        def run(self):
+            self.report(Notice.create(NoticeKind.TERMINATION, NoticeSource.INJECTED, 90.0))
+
+        def abort(self):
+            pass
+
+    watcher = NoticeWatcher("none", sources=[lambda report, clear, stop: OneShot(report, stop)])
+    with watcher:
+        deadline = time.monotonic() + 5
+        while watcher.pending() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        notice = watcher.pending()
+    assert notice is not None and (notice.kind, notice.source, notice.terminal) == (
+        NoticeKind.TERMINATION,
+        NoticeSource.INJECTED,
+        True,
+    )

@@ -54,3 +54,38 @@ def test_a_process_that_keeps_beating_is_left_alone():
 def test_a_zero_timeout_turns_the_watchdog_off():
     assert WatchdogConfig(timeout_s=0).build() is None
     assert WatchdogConfig(timeout_s=30).build().timeout_s == 30.0
+
+
+LONG_DRAIN = """
+    import time
+    from ftfleet.trainer.resilience.watchdog import Watchdog
+
+    with Watchdog(1.0) as watchdog:
+        watchdog.beat(7)
+        with watchdog.phase("the end of the run", 4.0):
+            time.sleep(2.5)      # a final save and upload longer than a step may take
+        watchdog.beat(8)
+    print("finished")
+"""
+
+HUNG_DRAIN = """
+    import threading
+    from ftfleet.trainer.resilience.watchdog import Watchdog
+
+    watchdog = Watchdog(30.0).start()
+    watchdog.beat(7)
+    with watchdog.phase("the end of the run", 1.5):
+        threading.Event().wait()   # an upload that never returns
+"""
+
+
+def test_the_end_of_a_run_has_its_own_allowance():
+    result = run_python(LONG_DRAIN)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "finished"
+
+
+def test_a_hang_in_the_end_of_a_run_is_still_caught_and_named():
+    result = run_python(HUNG_DRAIN)
+    assert result.returncode == EXIT_HUNG
+    assert "in the end of the run (limit 1.5s)" in result.stderr

@@ -8,10 +8,10 @@ import urllib.request
 
 import pytest
 
+from drill.fake_metadata import FakeMetadataServer
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.resilience.notices import NoticeKind, NoticeSource
 from ftfleet.trainer.resilience.watcher import NoticeWatcher, WatcherConfig
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 from .helpers import wait_for
 

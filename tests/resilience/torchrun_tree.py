@@ -48,7 +48,7 @@ def workers(agent_pid: int) -> dict[int, int]:
         except OSError:
             continue
         env = environ(pid)
-        if b"ftfleet.trainer" in cmdline and "LOCAL_RANK" in env:
+        if (b"ftfleet.trainer" in cmdline or b"drill.worker" in cmdline) and "LOCAL_RANK" in env:
             found[int(env["LOCAL_RANK"])] = pid
     return found
 

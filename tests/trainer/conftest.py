@@ -37,15 +37,19 @@ BASE = [
     "resilience.interval.fixed_steps=4",
     "checkpoint.keep=3",
     "data.trace_samples=true",
+    "train.state_hash=true",
 ]
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
 
 def trainer_cmd(nproc: int, run_dir: Path, *overrides: str) -> list[str]:
+    """The trainer's command line. Overrides under ``faults.`` are injected faults: the
+    command then runs the drill's worker (the trainer with fault callbacks)."""
     args = ["--config", str(CONFIG), *BASE, f"run_dir={run_dir}", *overrides]
+    module = "drill.worker" if any(o.startswith("faults.") for o in overrides) else "ftfleet.trainer"
     if nproc == 1:
-        return [sys.executable, "-m", "ftfleet.trainer", *args]
-    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", "ftfleet.trainer", *args]
+        return [sys.executable, "-m", module, *args]
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", "-m", module, *args]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -135,6 +139,23 @@ def wait_for(predicate, timeout: float, interval: float = 0.002, what: str = "co
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (rank r serves on p + local rank)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
 
 
 def sample_trace(*run_dirs: Path, max_step: dict[Path, int] | None = None) -> dict[int, list[tuple[int, int]]]:
@@ -227,9 +248,10 @@ def bucket(s3, request) -> str:
     return name
 
 
-def in_process_manager(ckpt_dir: Path, *overrides: str):
+def in_process_manager(ckpt_dir: Path, *overrides: str, **parts):
     """A CheckpointManager over the BASE model in this process (one rank, no process
-    group): for protocol tests that need a real load but not a training run."""
+    group): for protocol tests that need a real load but not a training run. ``parts``:
+    the app state's ``extras`` or ``per_rank``."""
     import torch
 
     from ftfleet.trainer.checkpoint.manager import CheckpointManager
@@ -242,5 +264,5 @@ def in_process_manager(ckpt_dir: Path, *overrides: str):
     model = GPT(cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed)
+    app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed, **parts)
     return CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash())

@@ -140,3 +140,57 @@ def test_bucket_target_on_gcs_names_the_corrupt_object(tmp_path, ref1, monkeypat
     assert rc == 1 and f"{key.split('/')[-1]}: crc32c" in out
     rc, _, err = run(capsys, "inspect", "gs://b/run")
     assert rc == 1 and f"CORRUPT {key.split('/')[-1]}" in err
+
+
+def load_gpt(weights: dict):
+    """The BASE model, built fresh and loaded strictly from exported weights."""
+    from ftfleet.trainer.config import load_config
+    from ftfleet.trainer.model import GPT
+    from tests.trainer.conftest import BASE, CONFIG
+
+    model = GPT(load_config(CONFIG, BASE, environ={}).model)
+    model.load_state_dict(weights, strict=True)
+    return model
+
+
+def test_export_writes_plain_weights_a_fresh_model_loads_and_logs_skipped_steps(tmp_path, ref2, capsys):
+    import safetensors.torch
+    import torch
+
+    from ftfleet.trainer.checkpoint.safe_load import load_offline
+
+    root = copy_steps(ref2["run_dir"] / "checkpoints", tmp_path / "ck", [20, 24])
+    (root / "step-28").mkdir()  # an interrupted save, newer than the newest commit
+    rc, out, err = run(capsys, "export", root, "latest", "--to", "torch", "--out", tmp_path / "w.pt")
+    assert rc == 0 and "exported step-24" in out
+    assert "step-28: no manifest.json (uncommitted): skipped" in err
+    saved = load_offline(root / "step-24")["app"]["model"]
+    plain = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert plain.keys() == saved.keys() and all(torch.equal(plain[k], saved[k]) for k in saved)
+    load_gpt(plain)  # the 2-rank FSDP shards became one plain state dict
+
+    rc, _, _ = run(capsys, "export", root, "20", "--to", "safetensors", "--out", tmp_path / "w.safetensors")
+    assert rc == 0
+    load_gpt(safetensors.torch.load_file(tmp_path / "w.safetensors"))
+    with open(tmp_path / "w.safetensors", "rb") as f:
+        assert b'"step":"20"' in f.read(4096)
+
+    rc, _, err = run(capsys, "export", root, "28", "--to", "torch")
+    assert rc == 2 and "step-28" in err and "not a committed checkpoint" in err
+
+
+def test_export_reads_a_bucket_and_refuses_a_corrupt_checkpoint(tmp_path, ref1, capsys, s3, bucket, moto_url):
+    import safetensors.torch
+
+    src = ref1["run_dir"] / "checkpoints" / "step-24"
+    for f in sorted(src.iterdir(), key=lambda p: p.name == "manifest.json"):  # manifest last
+        s3.upload_file(str(f), bucket, f"run/step-24/{f.name}")
+    out = tmp_path / "w.safetensors"
+    argv = ["export", f"s3://{bucket}/run", "24", "--to", "safetensors", "--out", out, "--endpoint-url", moto_url]
+    assert run(capsys, *argv)[0] == 0
+    load_gpt(safetensors.torch.load_file(out))
+
+    name = shard(src).name
+    s3.put_object(Bucket=bucket, Key=f"run/step-24/{name}", Body=b"\0" * (src / name).stat().st_size)
+    rc, _, err = run(capsys, *argv)
+    assert rc == 1 and f"CORRUPT {name}" in err

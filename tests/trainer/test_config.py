@@ -73,6 +73,12 @@ def test_the_fleets_run_directory_holds_the_runs_events_and_summary():
         ("checkpoint.multipart_chunk_mb=1", ["multipart_chunk_mb", "5"]),
         ("model.dropout=1.5", ["model.dropout", "[0, 1)"]),
         ("nonsense", ["key.sub=value"]),
+        ("train.state_hash=maybe", ["train.state_hash", "true or false"]),
+        ("train.state_hsh=true", ["did you mean train.state_hash"]),
+        ("resilience.watchdog.drain_timeout_s=0", ["drain_timeout_s=0", "seconds > 0"]),
+        ("resilience.watchdog.drain_timeout_s=soon", ["drain_timeout_s", "number"]),
+        ("train.steps=[1,", ["train.steps=[1,", "line 1"]),
+        ("faults.nan_at_steps=[3]", ["unknown config key faults"]),
     ],
 )
 def test_bad_values_raise_one_line_naming_key_and_fix(override, words):
@@ -98,7 +104,9 @@ def test_config_hash_ignores_run_length_and_parallelism_but_not_the_model():
     base = load_config(TINY, environ={}).config_hash()
     assert (
         load_config(
-            TINY, ["train.steps=999", "parallel.mode=ddp", "resilience.interval.fixed_steps=7"], environ={}
+            TINY,
+            ["train.steps=999", "parallel.mode=ddp", "resilience.interval.fixed_steps=7", "train.state_hash=true"],
+            environ={},
         ).config_hash()
         == base
     )
@@ -122,3 +130,67 @@ def test_trainer_exits_2_with_one_line_on_bad_config(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint.keep=1")
+
+
+def run_cli(*args: str, cwd=REPO, env: dict | None = None, module: str = "ftfleet.trainer"):
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import child_env
+
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def one_error_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_malformed_yaml_is_one_line_naming_the_file_and_the_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: [1, 2\n  log_every: 5\n")
+    line = one_error_line(run_cli("--config", str(bad), f"run_dir={tmp_path / 'run'}"))
+    assert str(bad) in line and "line 3" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_running_without_a_config_is_refused_and_writes_nothing(tmp_path):
+    line = one_error_line(run_cli(cwd=tmp_path))
+    assert "--config" in line and "FTFLEET_CONFIG" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_global_batch_the_world_size_does_not_divide_is_refused_before_the_process_group(tmp_path):
+    # WORLD_SIZE=5 without torchrun: init_process_group would fail differently (exit 1).
+    proc = run_cli("--config", TINY, f"run_dir={tmp_path / 'run'}", env={"WORLD_SIZE": "5", "RANK": "0"})
+    line = one_error_line(proc)
+    assert "train.global_batch_size=12" in line and "world size 5" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("key", ["run_dir", "checkpoint.dir"])
+def test_an_unwritable_directory_is_refused_before_training(tmp_path, key):
+    from ftfleet.trainer.preflight import preflight
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    overrides = [f"run_dir={tmp_path / 'run'}", f"{key}={blocker / 'sub'}"]
+    with pytest.raises(ConfigError) as err:
+        preflight(load_config(TINY, overrides, environ={}), environ={})
+    assert str(err.value).startswith(f"{key}='{blocker / 'sub'}' is not writable")
+
+
+def test_injected_faults_get_the_config_treatment(tmp_path):
+    proc = run_cli("--config", TINY, f"run_dir={tmp_path}", "faults.nan_at_step=[3]", module="drill.worker")
+    assert "did you mean faults.nan_at_steps?" in one_error_line(proc)
+    proc = run_cli("--config", TINY, f"run_dir={tmp_path}", "faults.hang_at_step=0", module="drill.worker")
+    assert "faults.hang_at_step=0: use a step >= 1" in one_error_line(proc)

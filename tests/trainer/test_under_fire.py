@@ -13,10 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from drill.fake_metadata import FakeMetadataServer
 from ftfleet.contract import EXIT_PREEMPTED, EXIT_UNRECOVERABLE, CommitMarker, marker_key
 from ftfleet.trainer.events import read_events
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
-from tests.trainer.conftest import BASE, BIN, CONFIG, REPO, child_env, run_trainer, start_trainer, wait_for
+from tests.trainer.conftest import (
+    BASE,
+    BIN,
+    CONFIG,
+    REPO,
+    child_env,
+    free_port_pair,
+    run_trainer,
+    start_trainer,
+    wait_for,
+)
 
 #: Steps slow enough that a notice lands mid-run; metadata polled often.
 PACED = ["faults.step_delay_s=0.1", "resilience.watcher.poll_interval_s=0.2", "resilience.watcher.max_backoff_s=1"]
@@ -99,23 +109,6 @@ def test_gcp_preemption_commits_within_thirty_seconds(tmp_path, metadata):
     assert events(d, "notice")[0]["source"] == "gcp-preempted"
 
 
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (rank r serves on p + local rank)."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 def scrape(port: int) -> dict[str, float]:
     import urllib.request
 
@@ -154,7 +147,7 @@ def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
     assert_emergency(d, 30, "node-s")
     assert events(d, "notice")[0]["kind"] == "signal"
     logged = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines() if line.startswith('{"ts"')]
-    assert any(r["logger"] == "ftfleet.guard" and r["rank"] == 0 for r in logged), logged[:5]
+    assert any(r["logger"] == "ftfleet.preemption" and r["rank"] == 0 for r in logged), logged[:5]
 
 
 def test_a_rebalance_recommendation_checkpoints_early_and_carries_on(tmp_path, metadata, ref1):
@@ -180,7 +173,9 @@ def test_nan_and_spiking_batches_are_skipped_with_counters(tmp_path):
         "faults.nan_at_steps=[10]",
         "faults.spike_at_steps=[18]",
         "resilience.anomaly.min_history=5",
+        "train.state_hash=false",
     )
+    assert s["state_sha256"] is None  # opt-in: it gathers the whole state onto rank 0
     assert s["anomalies"] == {"nonfinite": 1, "spikes": 1, "skipped": 2, "rollbacks": 0}
     nan, spike = events(tmp_path / "run", "anomaly")
     assert (nan["step"], nan["action"]) == (10, "skip") and "non-finite" in nan["reason"]
@@ -239,7 +234,7 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
         "--nproc-per-node=2",
         "--max-restarts=1",
         "-m",
-        "ftfleet.trainer",
+        "drill.worker",
         *args,
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
@@ -279,7 +274,7 @@ def start_image(tmp_path: Path, run_dir: Path, *overrides: str, metadata_url: st
             [
                 str(REPO / "trainer" / "docker-entrypoint"),
                 "--module",
-                "ftfleet.trainer",
+                "drill.worker" if any(o.startswith("faults.") for o in overrides) else "ftfleet.trainer",
                 *BASE,
                 f"run_dir={run_dir}",
                 *overrides,

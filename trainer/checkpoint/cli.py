@@ -1,11 +1,12 @@
-"""``ftfleet ckpt list|verify|inspect TARGET``
+"""``ftfleet ckpt list|verify|inspect TARGET``, ``ftfleet ckpt export TARGET STEP``
 
 TARGET is a tier root (a directory holding ``step-N/``), one step directory, or a
 bucket URI (``s3://bucket/prefix``, ``gs://bucket/prefix``). ``list`` checks that every
 file of each checkpoint is present with its size; ``verify`` also checks every CRC32C;
 ``inspect`` shows one checkpoint's manifest and, with ``--tensors``, its contents and
-``state_sha256`` (the same hash the trainer writes to summary.json). A checkpoint that
-fails exits 1 and names the bad file.
+``state_sha256`` (the same hash the trainer writes to summary.json); ``export`` writes
+one checkpoint's model weights, unsharded, as a ``torch.save`` or safetensors file. A
+checkpoint that fails exits 1 and names the bad file.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_st
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "ckpt", help="list, verify or inspect checkpoints", description=__doc__.split("\n\n")[1]
+        "ckpt", help="list, verify, inspect or export checkpoints", description=__doc__.split("\n\n")[1]
     )
     sub = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
     for name, fn, text in (
@@ -51,6 +52,22 @@ def register(subparsers: Any) -> None:
                 help="load the checkpoint (safely) and list its entries and state_sha256",
             )
         p.set_defaults(func=fn)
+    p = sub.add_parser(
+        "export",
+        help="one checkpoint's model weights as a torch or safetensors file",
+        description="Write the model weights of step STEP (a number, or latest) of TARGET, unsharded, "
+        "for inference or another framework. The files are verified (size and CRC32C) first.",
+    )
+    p.add_argument("target", metavar="TARGET", help="directory, step directory or bucket URI")
+    p.add_argument("step", metavar="STEP", help="the step, or latest (the newest committed)")
+    p.add_argument("--to", dest="fmt", choices=("torch", "safetensors"), required=True, help="file format")
+    p.add_argument("-o", "--out", type=Path, help="output file (default: ./step-STEP.pt or .safetensors)")
+    p.add_argument(
+        "--endpoint-url",
+        default=os.environ.get("AWS_ENDPOINT_URL"),
+        help="S3 endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
+    )
+    p.set_defaults(func=cmd_export)
 
 
 # ---------------------------------------------------------------------------
@@ -224,6 +241,54 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"step-{step}: CORRUPT {p}", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ftfleet.trainer.checkpoint.export import SUFFIX, model_weights, write_weights
+
+    wanted = None if args.step == "latest" else _step_number(args.step)
+    target = _Target(args.target, args.endpoint_url, None)
+    if target.step_filter is not None:  # TARGET is a step directory
+        wanted = target.step_filter if wanted is None else wanted
+    every, committed = target.steps(), set(target.steps(committed=True))
+    step = wanted if wanted is not None else max(committed, default=None)
+    # A step directory without a manifest is being written, or debris: say so, never skip it silently.
+    for s in every:
+        if s not in committed and (step is None or s >= step):
+            print(f"step-{s}: no manifest.json (uncommitted): skipped", file=sys.stderr)
+    if step is None:
+        raise UserError(f"no committed checkpoint in {target.tier.describe()}")
+    if step not in committed:
+        raise UserError(
+            f"step-{step} of {target.tier.describe()} is not a committed checkpoint; "
+            "pick one from `ftfleet ckpt list`, or latest"
+        )
+    manifest = target.manifest(step)
+    if manifest is None:
+        raise UserError(f"step-{step} lost its manifest.json while being exported; run the command again")
+    out = args.out or Path(f"step-{step}{SUFFIX[args.fmt]}")
+    with tempfile.TemporaryDirectory(prefix="ftfleet-export-") as tmp:
+        step_dir = target.tier.step_dir(step) if target.local else Path(tmp)
+        if not target.local:
+            for name in manifest.files:
+                target.tier.download_file(f"{step_dir_name(step)}/{name}", step_dir / name)
+        problems = verify_dir(step_dir, manifest)
+        if problems:
+            for p in problems:
+                print(f"step-{step}: CORRUPT {p}", file=sys.stderr)
+            return 1
+        weights = model_weights(step_dir)
+    meta = {"step": str(step), "run_id": manifest.run_id, "config_hash": manifest.config_hash}
+    write_weights(weights, out, args.fmt, meta)
+    size = sum(t.numel() * t.element_size() for t in weights.values())
+    print(f"exported step-{step}: {len(weights)} tensors, {_size(size)} -> {out}")
+    return 0
+
+
+def _step_number(text: str) -> int:
+    if not text.isdigit():
+        raise UserError(f"STEP {text!r}: use a step number or latest")
+    return int(text)
 
 
 def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """CheckpointManager: what a training loop calls.
 
-    ckpt = CheckpointManager(cfg.checkpoint, app_state, run_id=..., config_hash=...,
-                             ckpt_group=env.ckpt_group, upload_group=env.upload_group)
+    state = AppState(model, optimizer, scheduler)      # + extras / per_rank Statefuls
+    ckpt = CheckpointManager("/fsx/ckpt/run", state, run_id="run")   # or a CheckpointConfig
     restored = ckpt.restore()              # loads the newest valid checkpoint, or None
     for step in ...:
         loss = forward_backward(...)
@@ -14,8 +14,10 @@
 
 A save is: DCP ``async_save`` into ``<dir>/step-N/`` on a dedicated gloo group, with a
 stager that copies the state into buffers kept between saves (pinned memory and
-non-blocking copies on GPU); training is blocked only until that copy is done, and not
-even that long when :meth:`wait_for_staging` is called just before the optimizer step.
+non-blocking copies on GPU, on a side stream that first waits for the training stream:
+:mod:`ftfleet.trainer.checkpoint.staging`); training is blocked only until that copy is
+done, and not even that long when :meth:`wait_for_staging` is called just before the
+optimizer step.
 DCP's writer threads take each shard's CRC32C as they write it
 (:mod:`ftfleet.trainer.checkpoint.writer`). A background thread then runs the commit protocol
 (:mod:`ftfleet.trainer.checkpoint.commit`), retention, and hands the checkpoint to the uploader
@@ -26,23 +28,28 @@ At most one save is in flight: the next one waits for the previous commit.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import StagingOptions
 
+from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
 from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
 from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare
-from ftfleet.trainer.checkpoint.safe_load import load_into
+from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into
+from ftfleet.trainer.checkpoint.staging import OrderedStager
 from ftfleet.trainer.checkpoint.state import AppState
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
 from ftfleet.trainer.checkpoint.upload import Uploader
@@ -50,10 +57,6 @@ from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
 from ftfleet.trainer.config import CheckpointConfig
 
 log = logging.getLogger("ftfleet.ckpt")
-
-#: The emergency path stops waiting for the durable upload this long before the
-#: notice's deadline: the commit marker and the exit must fit in it.
-DEADLINE_MARGIN_S = 5.0
 
 
 @dataclasses.dataclass
@@ -77,23 +80,34 @@ def staging_options(cuda: bool) -> StagingOptions:
 
 
 class CheckpointManager:
+    """``cfg``: a :class:`~ftfleet.trainer.config.CheckpointConfig`, or just the fast
+    tier's directory. ``app_state``: the :class:`~ftfleet.trainer.checkpoint.state.AppState`
+    to save and load. ``run_id`` and ``config_hash`` go into every manifest; a checkpoint
+    of another run or config is refused on restore (``checkpoint.force_load``).
+
+    Under an initialised ``torch.distributed``, the manager needs its own gloo groups
+    (DCP's background save and the upload run collectives while training runs its own):
+    without ``ckpt_group``/``upload_group`` it creates them, which is collective, so
+    every rank builds its manager at the same point of the program."""
+
     def __init__(
         self,
-        cfg: CheckpointConfig,
+        cfg: CheckpointConfig | str | os.PathLike[str],
         app_state: AppState,
         *,
-        run_id: str,
-        config_hash: str,
+        run_id: str = "run",
+        config_hash: str = "",
         ckpt_group: Any = None,
         upload_group: Any = None,
         stores: dict[str, ObjectStore] | None = None,
     ):
+        if not isinstance(cfg, CheckpointConfig):
+            cfg = CheckpointConfig(dir=os.fspath(cfg))
+        if not cfg.dir:
+            raise ConfigError("checkpoint.dir is empty: name the fast tier's directory (every rank must see it)")
         self.cfg = cfg
         self.app_state = app_state
         self.identity = Identity(run_id, config_hash)
-        self.ckpt_group = ckpt_group
-        self.comm = DistComm(ckpt_group) if ckpt_group is not None else LocalComm()
-        self.local = LocalTier(cfg.dir)
         if stores is None:
             stores = {}
             for name, uri in (("primary", cfg.uri), ("replica", cfg.replica_uri)):
@@ -106,17 +120,29 @@ class CheckpointManager:
                         workers=cfg.transfer_workers,
                     )
         self.stores = stores
+        uploads = cfg.enabled and cfg.upload == "trainer" and "primary" in stores
+        if dist.is_available() and dist.is_initialized():
+            timeout = datetime.timedelta(seconds=cfg.timeout_s)
+            if ckpt_group is None:
+                ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
+            if upload_group is None and uploads:
+                upload_group = dist.new_group(backend="gloo", timeout=timeout)
+        self.ckpt_group = ckpt_group
+        self.comm = DistComm(ckpt_group) if ckpt_group is not None else LocalComm()
+        self.local = LocalTier(cfg.dir)
         self.stats = SaveStats()
         self.committed: list[int] = []
         self.on_commit: list[Callable[[Manifest], None]] = []
-        self._stager = DefaultStager(staging_options(torch.cuda.is_available())) if cfg.async_save else None
+        self._stager = OrderedStager(staging_options(torch.cuda.is_available())) if cfg.async_save else None
         self._commit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftfleet-ckpt-commit")
         self._inflight: Future[Manifest] | None = None
         #: The step of the newest save started (committed or still in flight).
         self.last_saved_step: int | None = None
+        #: The step the state was last loaded from (restore or rollback): it is committed.
+        self.restored_step: int | None = None
         self._staging: Future[None] | None = None
         self.uploader: Uploader | None = None
-        if cfg.enabled and cfg.upload == "trainer" and "primary" in stores:
+        if uploads:
             up_comm = DistComm(upload_group) if upload_group is not None else LocalComm()
             self.uploader = Uploader(
                 stores["primary"],
@@ -160,11 +186,23 @@ class CheckpointManager:
         # A rank beyond the writer's world size has no RNG entry to load.
         self.app_state.include_rng = self.comm.rank < found.manifest.world_size
         try:
-            load_into({"app": self.app_state}, self.local.step_dir(found.step), self.ckpt_group)
+            absent = load_into({"app": self.app_state}, self.local.step_dir(found.step), self.ckpt_group)
+        except CheckpointMismatch as exc:
+            raise CheckpointMismatch(
+                f"checkpoint step-{found.step} in {found.location} does not fit: {exc}; load it into the "
+                "state that wrote it, or start without it (checkpoint.load=false)"
+            ) from None
         finally:
             self.app_state.include_rng = True
+        if absent and self.comm.rank == 0:
+            log.info(
+                "restore: step-%d has no %s: kept as they are",
+                found.step,
+                ", ".join(a.removeprefix("app.") for a in absent),
+            )
         if self.app_state.progress.step != found.step:
             raise CommitError(f"step-{found.step} holds the state of step {self.app_state.progress.step}")
+        self.restored_step = found.step
         if self.comm.rank == 0:
             log.info(
                 "restore: loaded step-%d (written by %d ranks, %d now) in %.2f s",
@@ -311,25 +349,20 @@ class CheckpointManager:
 
     def close(self, wait_for_upload: bool = True, upload_deadline: float | None = None) -> bool:
         """Finish the save in flight and (``wait_for_upload``) the uploads. Collective.
-        ``upload_deadline`` (epoch seconds; the emergency path) waits for the uploads
-        until then at most. Returns whether the uploads were drained."""
+        ``upload_deadline`` (epoch seconds) bounds the wait for the uploads. Returns
+        whether the uploads were drained."""
         self.wait_for_staging()
         self.wait()
         drained = True
         if self.uploader is not None:
-            if upload_deadline is not None:
-                left = max(0.0, upload_deadline - time.time())
-                drained = self.uploader.close(wait=True, timeout=left)
-                if not drained:
-                    log.warning(
-                        "upload not finished %.0f s before the notice's deadline: "
-                        "the checkpoint is committed on the fast tier only",
-                        DEADLINE_MARGIN_S,
-                    )
-            else:
-                drained = self.uploader.close(wait=wait_for_upload)
-                if not drained and wait_for_upload:
-                    log.warning("uploads still pending at close")
+            timeout = None if upload_deadline is None else max(0.0, upload_deadline - time.time())
+            drained = self.uploader.close(wait=wait_for_upload, timeout=timeout)
+            if not drained and wait_for_upload:
+                log.warning(
+                    "uploads not finished %s: the newest checkpoint is on the fast tier only "
+                    "(the next start from it uploads it)",
+                    "by the deadline" if upload_deadline is not None else "at close",
+                )
         self._commit_pool.shutdown(wait=True)
         if self._stager is not None:
             self._stager.close()

@@ -23,8 +23,11 @@ from torch.distributed.checkpoint.default_planner import (
     DefaultLoadPlanner,
     _EmptyStateDictLoadPlanner,
 )
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+
+from ftfleet.contract import EXIT_CONFIG
+from ftfleet.errors import UserError
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
@@ -47,11 +50,57 @@ class CheckpointLoadError(RuntimeError):
     ordinary ``except Exception`` handlers would let through)."""
 
 
+class CheckpointMismatch(UserError):
+    """The checkpoint cannot fit the state it is loaded into: a restart cannot fix that."""
+
+    exit_code = EXIT_CONFIG
+
+
 def _loading(fn, *args, **kwargs) -> None:
     try:
         fn(*args, **kwargs)
     except CheckpointException as exc:
+        for error, _trace in exc.failures.values():  # the same mismatch on every rank
+            if isinstance(error, CheckpointMismatch):
+                raise error from None
         raise CheckpointLoadError(f"loading the checkpoint failed: {exc}") from None
+
+
+#: Entries that must be in the checkpoint, with the shape they have here: the weights
+#: and the optimizer's per-parameter state. Anything else a checkpoint lacks (an extra,
+#: a scheduler, another device's RNG state, a hyperparameter) keeps its current value.
+REQUIRED = ("app.model.", "app.optim.state.")
+
+
+def _shape(md: Any) -> list[int] | None:
+    return list(md.size) if isinstance(md, TensorStorageMetadata) else None
+
+
+def fit(state_dict: dict[str, Any], metadata: Metadata, required: tuple[str, ...] = REQUIRED) -> list[str]:
+    """Check that a flattened state dict can be loaded from a checkpoint. Raises
+    :class:`CheckpointMismatch` naming the first entry that does not fit; returns the
+    optional entries the checkpoint does not have."""
+    saved = metadata.state_dict_metadata
+    absent = []
+    for fqn, obj in state_dict.items():
+        name = fqn.removeprefix("app.")
+        if fqn not in saved:
+            if fqn.startswith(required):
+                raise CheckpointMismatch(f"{name} is not in the checkpoint")
+            absent.append(fqn)
+            continue
+        here = list(obj.size()) if isinstance(obj, torch.Tensor) else None
+        there = _shape(saved[fqn])
+        if here != there:
+
+            def what(shape: list[int] | None) -> str:
+                return "not a tensor" if shape is None else f"shape {shape}"
+
+            raise CheckpointMismatch(f"{name} has {what(there)} in the checkpoint and {what(here)} here")
+    for fqn in saved:
+        if fqn.startswith(required[0]) and fqn not in state_dict:
+            raise CheckpointMismatch(f"the checkpoint has {fqn.removeprefix('app.')}, which this model does not")
+    return absent
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -101,6 +150,21 @@ def _load_bytes_safely(planner: DefaultLoadPlanner, read_item: ReadItem, value: 
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
+    """Loads non-tensor entries with ``weights_only=True``, refuses a checkpoint that
+    does not fit (:func:`fit`), and leaves the optional entries it lacks alone
+    (``absent``, for the log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.absent: list[str] = []
+
+    def create_local_plan(self) -> LoadPlan:
+        assert self.metadata is not None
+        self.absent = fit(self.state_dict, self.metadata)
+        for fqn in self.absent:
+            del self.state_dict[fqn]
+        return super().create_local_plan()
+
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         _load_bytes_safely(self, read_item, value)
 
@@ -110,15 +174,18 @@ class _SafeEmptyLoadPlanner(_EmptyStateDictLoadPlanner):
         _load_bytes_safely(self, read_item, value)
 
 
-def load_into(state: dict[str, Any], step_dir: Path, process_group: Any = None) -> None:
-    """Load ``step_dir`` into ``state`` in place (collective over ``process_group``)."""
+def load_into(state: dict[str, Any], step_dir: Path, process_group: Any = None) -> list[str]:
+    """Load ``step_dir`` into ``state`` in place (collective over ``process_group``).
+    Returns the optional entries the checkpoint lacked (they keep their values)."""
+    planner = SafeLoadPlanner()
     _loading(
         dcp.load,
         state,
         storage_reader=SafeFileSystemReader(step_dir),
-        planner=SafeLoadPlanner(),
+        planner=planner,
         process_group=process_group,
     )
+    return planner.absent
 
 
 def load_offline(step_dir: Path, keys: set[str] | None = None) -> dict[str, Any]:

@@ -22,7 +22,9 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
@@ -39,6 +41,12 @@ class TrainProgress:
 
 def rng_key(rank: int) -> str:
     return f"rng_rank{rank}"
+
+
+def rank_key(name: str, rank: int) -> str:
+    """Where a per-rank part is saved: one key per rank, since DCP keeps one copy of a
+    key that every rank saves."""
+    return f"{name}_rank{rank}"
 
 
 def seed_rngs(seed: int, rank: int, step: int = 0) -> None:
@@ -95,57 +103,84 @@ def restore_rng(state: dict[str, Any]) -> None:
 class AppState:
     """DCP ``Stateful`` over the whole training state of this rank.
 
-    ``extras`` are further parts of the run's state, each an object with
-    ``state_tensor() -> Tensor`` (the same shape every time) and ``load_tensor(t)``,
-    saved under ``extras/<name>``. A plain tensor is replicated: every rank loads the
-    value rank 0 saved.
+    ``model`` and ``optimizer`` go through ``get_state_dict`` (sharded under FSDP2,
+    keyed by parameter name); ``scheduler`` (optional) is saved by its own state dict;
+    ``progress`` is the step and the data position. Further parts of the run are
+    ``Stateful`` objects (``state_dict()`` / ``load_state_dict(sd)``):
+
+    * ``extras``: the same on every rank (an EMA of the weights, a tokenizer's
+      counters); saved once, loaded on every rank;
+    * ``per_rank``: this rank's own (a data loader's position over its shard, as
+      ``StatefulDataLoader`` keeps it), saved under a rank-unique key; a rank that did
+      not exist when the checkpoint was written keeps its current state.
+
+    A checkpoint written by another loop or on another device may lack some of these
+    parts (an extra, a scheduler, the CUDA RNG state): they keep their current state
+    and the restore logs it. Model and optimizer state must fit exactly.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        progress: TrainProgress,
-        rank: int,
-        seed: int,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        progress: TrainProgress | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        *,
         extras: dict[str, Any] | None = None,
+        per_rank: dict[str, Any] | None = None,
     ):
+        if rank is None:
+            dist = torch.distributed
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.progress = progress
+        self.progress = progress if progress is not None else TrainProgress()
         self.rank = rank
         self.seed = seed
         #: Set before a load: whether the checkpoint has an RNG entry for this rank
         #: (a rank beyond the writer's world size has none and is seeded afresh).
         self.include_rng = True
         self.extras = dict(extras or {})
+        self.per_rank = dict(per_rank or {})
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        sd: dict[str, Any] = {
-            "model": model_sd,
-            "optim": optim_sd,
-            "lr_schedule": self.scheduler.state_dict(),
-            "progress": {
-                "step": torch.tensor(self.progress.step),
-                "samples_seen": torch.tensor(self.progress.samples_seen),
-            },
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            sd: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        else:
+            sd = {"model": get_model_state_dict(self.model)}
+        if self.scheduler is not None:
+            sd["lr_schedule"] = self.scheduler.state_dict()
+        sd["progress"] = {
+            "step": torch.tensor(self.progress.step),
+            "samples_seen": torch.tensor(self.progress.samples_seen),
         }
         if self.extras:
-            sd["extras"] = {name: obj.state_tensor() for name, obj in self.extras.items()}
+            sd["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
+        for name, obj in self.per_rank.items():
+            sd[rank_key(name, self.rank)] = obj.state_dict()
         if self.include_rng:
             sd[rng_key(self.rank)] = capture_rng()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-        self.scheduler.load_state_dict(sd["lr_schedule"])
+        if self.optimizer is not None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        else:
+            set_model_state_dict(self.model, sd["model"])
+        if self.scheduler is not None and "lr_schedule" in sd:
+            self.scheduler.load_state_dict(sd["lr_schedule"])
         self.progress.step = int(sd["progress"]["step"])
         self.progress.samples_seen = int(sd["progress"]["samples_seen"])
         for name, obj in self.extras.items():
-            obj.load_tensor(sd["extras"][name])
+            if name in sd.get("extras", {}):
+                obj.load_state_dict(sd["extras"][name])
+        for name, obj in self.per_rank.items():
+            if rank_key(name, self.rank) in sd:
+                obj.load_state_dict(sd[rank_key(name, self.rank)])
         if rng_key(self.rank) in sd:
             restore_rng(sd[rng_key(self.rank)])
         else:

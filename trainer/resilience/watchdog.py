@@ -13,12 +13,14 @@ hung thread may hold the logging lock.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO
 
 from ftfleet.contract import EXIT_HUNG
@@ -37,6 +39,11 @@ class WatchdogConfig:
     first_step_timeout_s: float | None = None
     """Allowance for the first step (compilation, data loader warm-up, restore). None: same
     as timeout_s."""
+    drain_timeout_s: float = 1800.0
+    """Allowance for the end of a run: the final (or emergency) save, the wait for the
+    durable uploads and the commit marker. The upload wait gives up shortly before it
+    (the checkpoint stays on the fast tier and the next start uploads it), so the
+    watchdog fires only on a real hang."""
 
     def __post_init__(self) -> None:
         if self.timeout_s < 0:
@@ -46,6 +53,8 @@ class WatchdogConfig:
                 f"{_KEY}.first_step_timeout_s={self.first_step_timeout_s}: "
                 "use seconds > 0, or leave it unset to use timeout_s"
             )
+        if not self.drain_timeout_s > 0:
+            raise ConfigError(f"{_KEY}.drain_timeout_s={self.drain_timeout_s}: use seconds > 0")
 
     def build(self) -> Watchdog | None:
         """The configured watchdog, or None when it is off."""
@@ -71,7 +80,9 @@ class Watchdog:
         self._stream = stream
         self._last_beat = time.monotonic()
         self._step: int | None = None
+        self._phase: tuple[str, float] | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> Watchdog:
@@ -88,8 +99,22 @@ class Watchdog:
         self._step = step
         self._last_beat = time.monotonic()
 
+    @contextlib.contextmanager
+    def phase(self, what: str, timeout_s: float) -> Iterator[None]:
+        """A stretch without step beats that may take up to ``timeout_s`` (the end of
+        the run): the watchdog still ends the process if it takes longer, naming it."""
+        self._phase = (what, float(timeout_s))
+        self._last_beat = time.monotonic()
+        self._wake.set()  # a shorter allowance takes effect now, not at the next wake-up
+        try:
+            yield
+        finally:
+            self._phase = None
+            self._last_beat = time.monotonic()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
         self._thread = None
@@ -101,6 +126,8 @@ class Watchdog:
         self.stop()
 
     def _limit(self) -> float:
+        if self._phase is not None:
+            return self._phase[1]
         return self.timeout_s if self._step is not None else self.first_step_timeout_s
 
     def _run(self) -> None:
@@ -111,12 +138,16 @@ class Watchdog:
             if remaining <= 0:
                 self._fire(time.monotonic() - self._last_beat)
                 return
-            if self._stop.wait(min(remaining, 5.0) + 0.01):
+            self._wake.wait(min(remaining, 5.0) + 0.01)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
 
     def _fire(self, silent_s: float) -> None:
         stream = self._stream or sys.stderr
         where = f"after step {self._step}" if self._step is not None else "before the first step"
+        if self._phase is not None:
+            where = f"in {self._phase[0]}"
         message = (
             f"hang watchdog: no step progress for {silent_s:.1f}s {where} "
             f"(limit {self._limit():g}s); dumping all threads' stacks and "

@@ -9,6 +9,8 @@ Three sources feed one store of pending notices:
 * **The metadata service** of AWS (IMDSv2 spot instance-action and rebalance
   recommendation) or GCP (preempted, maintenance-event): daemon threads in
   :mod:`ftfleet.trainer.resilience.metadata`.
+* **Any other source** added with :meth:`NoticeWatcher.add_source` (or ``sources=``):
+  one more thread of the same shape (:data:`SourceFactory`).
 
 The pollers never hold the store's lock during I/O, so the training thread's
 :meth:`~NoticeWatcher.pending` costs a lock and a dict lookup.
@@ -22,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from ftfleet.contract import CLOUDS as CONTRACT_CLOUDS
 from ftfleet.contract import DEFAULT_METADATA_ENDPOINT
@@ -43,6 +45,12 @@ from ftfleet.trainer.resilience.notices import (
 log = logging.getLogger(__name__)
 
 CLOUDS = (*CONTRACT_CLOUDS, "none")
+
+#: A source of notices: given the watcher's ``report(notice)``, ``clear(source)`` and
+#: stop event, returns a daemon thread (:class:`~ftfleet.trainer.resilience.metadata.Poller`:
+#: ``start``, ``abort``, ``join``) that reports :class:`Notice` objects. Every source
+#: produces the same notice type; agreement and the actions never care which it was.
+SourceFactory = Callable[[Callable[[Notice], None], Callable[[NoticeSource], None], threading.Event], Poller]
 
 
 #: Where the trainer config nests this block (ResilienceConfig), for error messages.
@@ -139,7 +147,13 @@ class NoticeWatcher:
     metadata service's base URL (default: the cloud's link-local address).
     """
 
-    def __init__(self, cloud: str, endpoint: str | None = None, config: WatcherConfig | None = None) -> None:
+    def __init__(
+        self,
+        cloud: str,
+        endpoint: str | None = None,
+        config: WatcherConfig | None = None,
+        sources: Sequence[SourceFactory] = (),
+    ) -> None:
         if cloud not in CLOUDS:
             raise ConfigError(f"cloud={cloud!r}: use one of {', '.join(CLOUDS)} (FTFLEET_CLOUD)")
         self.cloud = cloud
@@ -148,6 +162,7 @@ class NoticeWatcher:
         if cloud != "none" and not self.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"metadata endpoint {endpoint!r}: use an http:// URL (FTFLEET_METADATA_ENDPOINT)")
         self._signal_grace_s = self.config.resolved_signal_grace_s()
+        self._extra_sources = list(sources)
         self._lock = threading.Lock()
         self._notices: dict[NoticeSource, Notice] = {}
         self._cooldown_until: dict[NoticeKind, float] = {}
@@ -193,13 +208,7 @@ class NoticeWatcher:
         self._stop.clear()
         self._install_signal_handlers()
         cfg = self.config
-        if self.cloud == "aws":
-            self._threads.append(AwsPoller(self.endpoint, cfg, self._report, self._stop))
-        elif self.cloud == "gcp":
-            self._threads += [
-                GcpPoller(self.endpoint, GCP_PREEMPTED_PATH, cfg, self._report, self._clear, self._stop),
-                GcpPoller(self.endpoint, GCP_MAINTENANCE_PATH, cfg, self._report, self._clear, self._stop),
-            ]
+        self._threads = [make(self._report, self._clear, self._stop) for make in self.sources()]
         for thread in self._threads:
             thread.start()
         log.info(
@@ -209,6 +218,25 @@ class NoticeWatcher:
             ",".join(cfg.signals),
         )
         return self
+
+    def sources(self) -> list[SourceFactory]:
+        """The metadata sources this watcher polls: the cloud's, then any added ones."""
+        cfg, url = self.config, self.endpoint
+        cloud: list[SourceFactory] = []
+        if self.cloud == "aws":
+            cloud = [lambda report, clear, stop: AwsPoller(url, cfg, report, stop)]
+        elif self.cloud == "gcp":
+            cloud = [
+                lambda report, clear, stop, path=path: GcpPoller(url, path, cfg, report, clear, stop)
+                for path in (GCP_PREEMPTED_PATH, GCP_MAINTENANCE_PATH)
+            ]
+        return cloud + self._extra_sources
+
+    def add_source(self, make: SourceFactory) -> None:
+        """One more source of notices (before :meth:`start`)."""
+        if self._started:
+            raise RuntimeError("NoticeWatcher.add_source() after start()")
+        self._extra_sources.append(make)
 
     def stop(self, timeout_s: float = 1.0) -> None:
         """Stop polling (cutting a long poll in flight) and restore the previous signal

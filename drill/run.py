@@ -1,6 +1,6 @@
 """The drill itself: an uninterrupted reference run, then the faulted run, node after
 node, with the faults of the plan injected as the run reaches their steps; then the
-report. :func:`run_drill` is what ``ftfleet drill`` calls.
+report. :func:`run_drill` is what ``python -m drill`` calls.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from drill import damage
+from drill.cloud import CREDENTIALS, LocalCloud
+from drill.faults import KINDS, FaultRecord, measure
+from drill.lives import steady_step_time
+from drill.report import DrillReport, Goodput
+from drill.runner import EventTail, Node, WorkerGroup
+from drill.scenario import Plan, SegmentPlan, build_plan
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
-from ftfleet.trainer.drill import damage
-from ftfleet.trainer.drill.cloud import CREDENTIALS, LocalCloud
-from ftfleet.trainer.drill.faults import KINDS, FaultRecord, measure
-from ftfleet.trainer.drill.lives import steady_step_time
-from ftfleet.trainer.drill.report import DrillReport, Goodput
-from ftfleet.trainer.drill.runner import EventTail, Node, WorkerGroup
-from ftfleet.trainer.drill.scenario import Plan, SegmentPlan, build_plan
 
-#: The package root's parent: children import the same ``trainer`` as this process.
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
+#: The repository root: children import the same ``drill`` and ``ftfleet`` as this process.
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = SOURCE_ROOT / "trainer" / "configs" / "tiny.yaml"
 
 
@@ -84,6 +84,7 @@ class Drill:
             "run_id=drill",
             f"train.steps={plan.steps}",
             "train.step_events=true",
+            "train.state_hash=true",
             f"train.log_every={max(plan.steps, 1)}",
             f"faults.step_delay_s={o.step_delay_s}",
             f"resilience.anomaly.policy={o.nan_policy}",
@@ -114,7 +115,7 @@ class Drill:
             f"--nproc-per-node={self.opts.nproc}",
             f"--max-restarts={self.opts.max_restarts}",
             "-m",
-            "ftfleet.trainer",
+            "drill.worker",  # the trainer, with this drill's faults as callbacks
             "--config",
             str(self.opts.config),
             *self.common_overrides(),

@@ -19,7 +19,7 @@ GCP (``/computeMetadata/v1/instance/...``; without ``Metadata-Flavor: Google``: 
   changes or after ``timeout_sec``.
 
 Control it from Python (:class:`FakeMetadataServer` methods) or, when it runs as a
-process (``python -m ftfleet.trainer.testing.fake_metadata --port N``), over HTTP with
+process (``python -m drill.fake_metadata --port N``), over HTTP with
 :class:`FakeMetadataClient`, which has the same methods. The process prints one JSON
 line ``{"url": ..., "port": ...}`` once it listens.
 
@@ -371,9 +371,7 @@ class FakeMetadataClient:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ftfleet.trainer.testing.fake_metadata", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m drill.fake_metadata", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--instance-id", default="i-0fake0000000000000")

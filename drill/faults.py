@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ftfleet.trainer.drill.lives import STEP_EVENTS, Life, life_after, life_at, split_lives
+from drill.lives import STEP_EVENTS, Life, life_after, life_at, split_lives
 
 #: Fault kinds, in the order the drill injects them, and how the report names them.
 KINDS: dict[str, str] = {

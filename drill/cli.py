@@ -1,4 +1,4 @@
-"""``ftfleet drill``: the trainer under fire, on this machine, with no cloud account.
+"""``python -m drill``: the trainer under fire, on this machine, with no cloud account.
 
 It runs the reference trainer under torchrun with a local fast tier, an S3 server on
 127.0.0.1 (moto) holding a primary and a replica bucket, and a fake instance metadata
@@ -22,14 +22,14 @@ from ftfleet.errors import UserError
 
 EPILOG = """\
 examples:
-  ftfleet drill                                  # every fault, ~3 minutes on 2 cores
-  ftfleet drill --faults notice,sigkill          # a short drill
-  ftfleet drill --json drill.json --markdown drill.md --workdir /tmp/drill
+  python -m drill                                # every fault, ~3 minutes on 2 cores
+  python -m drill --faults notice,sigkill        # a short drill
+  python -m drill --json drill.json --markdown drill.md --workdir /tmp/drill
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ftfleet.trainer.drill.scenario import FAULTS
+    from drill.scenario import FAULTS
 
     parser.add_argument(
         "--faults",
@@ -92,21 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "drill",
-        help="inject every failure into a local training run",
-        description=__doc__.split("\n\n")[1],
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
 def options(args: argparse.Namespace, workdir: Path) -> Any:
-    from ftfleet.trainer.drill.run import DEFAULT_CONFIG, DrillOptions
-    from ftfleet.trainer.drill.scenario import build_plan, parse_faults
+    from drill.run import DEFAULT_CONFIG, DrillOptions
+    from drill.scenario import build_plan, parse_faults
 
     interval = args.interval.strip().lower()
     if interval != "adaptive" and not (interval.isdigit() and int(interval) > 0):
@@ -136,7 +124,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ftfleet.trainer.drill.run import DrillError, run_drill
+    from drill.run import DrillError, run_drill
 
     opts = options(args, Path())  # validate before anything is created
     tmp = None
@@ -180,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ftfleet.trainer.drill",
+        prog="python -m drill",
         description=__doc__.split("\n\n")[1],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from drill.cloud import LocalCloud, flip_middle
+from drill.faults import FaultRecord
 from ftfleet.contract import MANIFEST_NAME, parse_step_dir
 from ftfleet.trainer.checkpoint.tiers import LocalTier
-from ftfleet.trainer.drill.cloud import LocalCloud, flip_middle
-from ftfleet.trainer.drill.faults import FaultRecord
 
 
 def committed_steps(cloud: LocalCloud, fast_dir: Path) -> dict[str, list[int]]:

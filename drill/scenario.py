@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from drill.faults import KINDS
 from ftfleet.errors import UserError
-from ftfleet.trainer.drill.faults import KINDS
 
 #: Every fault, in the order the drill injects them.
 FAULTS: tuple[str, ...] = tuple(KINDS)

@@ -14,9 +14,9 @@ import logging
 import threading
 from typing import Any
 
+from drill.fake_metadata import FakeMetadataServer
 from ftfleet.contract import MANIFEST_NAME
 from ftfleet.errors import UserError
-from ftfleet.trainer.testing.fake_metadata import FakeMetadataServer
 
 log = logging.getLogger("ftfleet.drill")
 

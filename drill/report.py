@@ -1,4 +1,4 @@
-"""The drill's report: every fault's measures (:mod:`ftfleet.trainer.drill.faults`), the goodput,
+"""The drill's report: every fault's measures (:mod:`drill.faults`), the goodput,
 and whether the final state equals the uninterrupted reference run's; as text, Markdown
 and JSON.
 
@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from ftfleet.trainer.drill.faults import FaultResult
+from drill.faults import FaultResult
 
 
 def daly_goodput(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:

@@ -1,0 +1,45 @@
+"""A checkpoint's model weights as one plain file: for inference, or another framework.
+
+The weights are read through the same safe loader as ``ftfleet ckpt inspect``
+(:func:`~ftfleet.trainer.checkpoint.safe_load.load_offline`: tensors only, metadata
+through an allowlist) and only the ``model`` entries are loaded, unsharded, in this
+process. Stock ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` would
+unpickle the metadata with plain ``pickle`` and write the optimizer state too.
+
+* ``torch``: ``torch.save`` of the model's state dict, keyed as the model's own
+  ``state_dict()`` (FSDP and DDP wrappers add nothing): ``model.load_state_dict(
+  torch.load(path, weights_only=True))``;
+* ``safetensors``: the same tensors in a safetensors file, with the step, run id and
+  config hash in its metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("torch", "safetensors")
+SUFFIX = {"torch": ".pt", "safetensors": ".safetensors"}
+
+
+def model_weights(step_dir: Path) -> dict[str, Any]:
+    """The ``model`` entries of the checkpoint in ``step_dir``, unsharded."""
+    from ftfleet.trainer.checkpoint.safe_load import load_offline
+
+    state = load_offline(step_dir, keys={"app.model"})
+    return dict(state["app"]["model"])
+
+
+def write_weights(weights: dict[str, Any], out: Path, fmt: str, metadata: dict[str, str]) -> None:
+    """Write atomically: a partial file never carries the final name."""
+    import torch
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "torch":
+        torch.save(weights, tmp)
+    else:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp), metadata=metadata)
+    tmp.replace(out)

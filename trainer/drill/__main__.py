@@ -1,5 +1,0 @@
-import sys
-
-from ftfleet.trainer.drill.cli import main
-
-sys.exit(main())

@@ -1,0 +1,171 @@
+"""When the reference loop saves: :class:`SaveSchedule`, the adaptive interval applied.
+
+After each step (a :class:`~ftfleet.trainer.callbacks.Callback`) it feeds the step's
+time to :class:`~ftfleet.trainer.resilience.interval.AdaptiveInterval` and starts a
+save when one is due. After each save it chooses the next save step: rank 0 computes
+it from its measurements and broadcasts it, since each rank measures slightly
+different times and a save is a collective. Every save of the run (interval, early,
+final, emergency) goes through :meth:`SaveSchedule.save`, so each is logged with its
+reason and its commit is measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ftfleet.trainer.callbacks import Callback, StepInfo
+from ftfleet.trainer.resilience.interval import AdaptiveInterval, IntervalConfig
+
+if TYPE_CHECKING:
+    from ftfleet.trainer.checkpoint.manager import CheckpointManager
+    from ftfleet.trainer.events import EventLog
+    from ftfleet.trainer.resilience.metrics import Metrics
+    from ftfleet.trainer.resilience.watchdog import Watchdog
+    from ftfleet.trainer.train import Run
+
+log = logging.getLogger("ftfleet.schedule")
+
+
+class IntervalState:
+    """The adaptive interval's history in the checkpoint (a ``Stateful`` extra of the
+    app state), so that a replacement node continues the run's interruption count."""
+
+    _FIELDS = ("elapsed_s", "interruptions", "blocked_s", "persist_s", "saves")
+
+    def __init__(self, interval: AdaptiveInterval) -> None:
+        self.interval = interval
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = self.interval.state_dict()
+        values = [math.nan if state[k] is None else float(state[k]) for k in self._FIELDS]
+        return {"history": torch.tensor(values, dtype=torch.float64)}
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        values = sd["history"].tolist()
+        self.interval.load_state_dict(
+            {k: (None if math.isnan(v) else v) for k, v in zip(self._FIELDS, values, strict=True)}
+        )
+
+
+class SaveSchedule(Callback):
+    """``last_step``: no interval save at or after it (the final save follows).
+    ``group``: the group the choice is broadcast over (the training group: the main
+    thread's; None: the default group)."""
+
+    def __init__(
+        self,
+        cfg: IntervalConfig,
+        ckpt: CheckpointManager,
+        *,
+        last_step: int,
+        events: EventLog | None = None,
+        metrics: Metrics | None = None,
+        watchdog: Watchdog | None = None,
+        group: Any = None,
+    ) -> None:
+        self.cfg = cfg
+        self.ckpt = ckpt
+        self.last_step = last_step
+        self.events = events
+        self.metrics = metrics
+        self.watchdog = watchdog
+        self.group = group
+        self.interval = AdaptiveInterval(cfg)
+        self.next_save = cfg.fixed_steps
+        self.reason = ""
+        """Why the current interval (for the log and summary.json)."""
+        self._step_times: deque[float] = deque(maxlen=50)
+        self._pending: dict[int, dict[str, Any]] = {}
+        ckpt.on_commit.append(self._on_commit)
+        ckpt.app_state.extras["interval"] = IntervalState(self.interval)
+
+    # -- the loop's side -----------------------------------------------------------
+
+    def restored(self, restored: Any, step: int) -> None:
+        """After the restore. A resumed process follows an interruption (a preemption,
+        a crash, a hang) or a planned stop; both count, which errs on the side of
+        checkpointing more often."""
+        if restored is not None:
+            self.interval.record_interruption()
+        self.reschedule(step)
+
+    def record_notice(self, received_at: float) -> None:
+        self.interval.record_interruption(received_at)
+
+    def on_step_end(self, run: Run, info: StepInfo) -> None:
+        self._step_times.append(info.step_time_s)
+        # Steps that overlapped a background save measure what persisting costs training.
+        self.interval.record_step(info.step_time_s, info.saving)
+        if self.due(info.step) and info.step < self.last_step:
+            self.save(info.step, "interval")
+
+    def due(self, step: int) -> bool:
+        return self.ckpt.cfg.enabled and step >= self.next_save
+
+    def save(self, step: int, reason: str, blocking: bool = False, **event_fields: Any) -> Any:
+        """Collective. Start (or with ``blocking``, commit) a save of ``step``, then
+        choose the next one. ``event_fields`` go into its ``committed`` event (an
+        emergency save's ``deadline``)."""
+        self._pending[step] = {"reason": reason, **event_fields}
+        self._emit("save", step=step, reason=reason, blocking=blocking)
+        if self.watchdog is not None:
+            self.watchdog.beat(step)  # waiting for the previous commit is progress
+        manifest = self.ckpt.save(step, blocking=blocking)
+        if not blocking:  # a blocking save is the last one (final, emergency)
+            self.reschedule(step)
+        return manifest
+
+    def reschedule(self, step: int) -> None:
+        """Choose the next save step after ``step`` (collective in adaptive mode)."""
+        fixed = self.cfg.fixed_steps
+        if self.cfg.mode == "fixed":
+            self.next_save = (step // fixed + 1) * fixed
+            return
+        steps, why = fixed, f"adaptive: no step measured yet, every {fixed} steps"
+        if self._step_times:
+            steps, why = self.interval.interval_steps(statistics.median(self._step_times))
+        choice = [steps, why]
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.broadcast_object_list(choice, src=0, group=self.group)
+        steps, why = int(choice[0]), str(choice[1])
+        self.next_save = step + steps
+        if self.metrics is not None:
+            self.metrics.checkpoint_interval_steps.set(steps)
+        if why != self.reason:
+            self.reason = why
+            log.info("checkpoint interval: %d steps (%s)", steps, why)
+        cost = self.interval.cost()  # rank 0's, the one that chose (events are rank 0's)
+        self._emit("interval", steps=steps, why=why, cost_s=round(cost[0], 4) if cost else None)
+
+    # -- the commit thread's side --------------------------------------------------
+
+    def _on_commit(self, manifest: Any) -> None:
+        """On the commit thread of every rank, after ``step-N``'s manifest landed."""
+        stats = self.ckpt.stats
+        persist = max(0.0, stats.last_commit_s - stats.last_blocked_s)
+        self.interval.record_save(stats.last_blocked_s, persist)
+        if self.metrics is not None:
+            self.metrics.checkpoint_saved(stats.last_blocked_s, persist)
+            self.metrics.last_committed_step.set(manifest.step)
+        fields = self._pending.pop(manifest.step, {"reason": ""})
+        if "deadline" in fields:
+            fields["within_deadline"] = time.time() <= fields["deadline"]
+        self._emit(
+            "committed",
+            step=manifest.step,
+            blocked_s=round(stats.last_blocked_s, 4),
+            commit_s=round(stats.last_commit_s, 4),
+            **fields,
+        )
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(event, **fields)

@@ -1,1 +1,0 @@
-"""Test doubles that ship with the package because drills use them at run time."""
