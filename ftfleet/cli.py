@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "config-reference": "ftfleet.infra.reference",
     "ckpt": "ftfleet.trainer.checkpoint.cli",
     "drill": "ftfleet.trainer.drill",
+    "data": "ftfleet.trainer.data",
 }
 
 

@@ -239,8 +239,8 @@ def in_process_manager(ckpt_dir: Path, *overrides: str):
 
     cfg = load_config(CONFIG, [*BASE, f"checkpoint.dir={ckpt_dir}", *overrides], environ={})
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    model = GPT(cfg.model.factories["factory"].args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.factories["factory"].args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed)
     return CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash())

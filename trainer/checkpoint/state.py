@@ -3,16 +3,17 @@
 :class:`AppState` is the one object handed to DCP. It holds the complete training state:
 model and optimizer (through ``get_state_dict``, so sharded FSDP2 state reshards on load
 and DDP/FSDP checkpoints are interchangeable), the LR schedule, the step, the data
-position in global samples, and the RNG state of every rank (torch, CUDA when present,
-numpy, Python) under a rank-unique key: one key shared by all ranks would load one
-rank's value on every rank. Everything is a tensor or a plain Python value, so loading
-needs nothing beyond ``torch.load(weights_only=True)``.
+position in global samples, the RNG state of every rank (torch, CUDA when present,
+numpy, Python) and the state of every rank's data reader, under rank-unique keys: one
+key shared by all ranks would load one rank's value on every rank. Everything is a
+tensor or a plain Python value, so loading needs nothing beyond ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import logging
 import random
 from typing import Any
@@ -39,6 +40,10 @@ class TrainProgress:
 
 def rng_key(rank: int) -> str:
     return f"rng_rank{rank}"
+
+
+def data_key(rank: int) -> str:
+    return f"data_rank{rank}"
 
 
 def seed_rngs(seed: int, rank: int, step: int = 0) -> None:
@@ -110,6 +115,7 @@ class AppState:
         rank: int,
         seed: int,
         extras: dict[str, Any] | None = None,
+        data: Any = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -121,6 +127,7 @@ class AppState:
         #: (a rank beyond the writer's world size has none and is seeded afresh).
         self.include_rng = True
         self.extras = dict(extras or {})
+        self.data = data
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
@@ -137,6 +144,8 @@ class AppState:
             sd["extras"] = {name: obj.state_tensor() for name, obj in self.extras.items()}
         if self.include_rng:
             sd[rng_key(self.rank)] = capture_rng()
+            if self.data is not None:
+                sd[data_key(self.rank)] = _pack(self.data.state_dict())
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -146,6 +155,9 @@ class AppState:
         self.progress.samples_seen = int(sd["progress"]["samples_seen"])
         for name, obj in self.extras.items():
             obj.load_tensor(sd["extras"][name])
+        if self.data is not None:
+            blob = sd.get(data_key(self.rank))
+            self.data.load_state_dict(_unpack(blob) if blob else None)
         if rng_key(self.rank) in sd:
             restore_rng(sd[rng_key(self.rank)])
         else:
@@ -154,6 +166,16 @@ class AppState:
                 self.rank,
             )
             seed_rngs(self.seed, self.rank, self.progress.step)
+
+
+def _pack(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _unpack(blob: bytes) -> dict[str, Any]:
+    return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 # ---------------------------------------------------------------------------
