@@ -79,6 +79,7 @@ def mixed_precision_policy(cfg: ParallelConfig) -> Any:
 def parallelize(model: nn.Module, cfg: ParallelConfig, env: Any, *, on_meta: bool, seed: int) -> nn.Module:
     """FSDP2 or DDP. A model built normally must be identical on every rank (same
     seed); one built on the meta device is materialised and initialised here."""
+    name = type(model).__name__  # fully_shard changes the class to FSDP<name>
     if cfg.mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -93,18 +94,18 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: Any, *, on_meta: boo
                 fully_shard(m, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         if on_meta:
-            materialize(model, env.device, seed, env.rank if env.device.type == "cpu" else 0)
+            materialize(model, env.device, seed, env.rank if env.device.type == "cpu" else 0, name)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     if on_meta:  # every rank the same values; DDP also broadcasts rank 0's
-        materialize(model, env.device, seed, 0)
+        materialize(model, env.device, seed, 0, name)
     else:
         model.to(env.device)
     return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
 
 
-def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: int) -> str:
+def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: int, name: str = "") -> str:
     """Allocate a meta model's parameters and buffers on ``device`` and initialise them
     with the model's own init, under an RNG seeded from ``seed`` (and ``rank_salt``),
     leaving the caller's RNG state as it was. Returns what initialised it."""
@@ -113,18 +114,18 @@ def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: in
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed * 1_000_003 + rank_salt * 7_919 + 1)
         with torch.no_grad():
-            return init_weights(model)
+            return init_weights(model, name or type(model).__name__)
 
 
-def init_weights(model: nn.Module) -> str:
+def init_weights(model: nn.Module, name: str) -> str:
     """The model's init: ``init_weights()`` (torchtitan, Hugging Face), else
     ``reset_parameters()``, else every submodule's ``reset_parameters()``. Whatever is
     called must also recompute buffers that are not saved (rotary tables...)."""
-    for name in ("init_weights", "reset_parameters"):
-        fn = getattr(model, name, None)
+    for method in ("init_weights", "reset_parameters"):
+        fn = getattr(model, method, None)
         if callable(fn):
             fn()
-            return f"{type(model).__name__}.{name}()"
+            return f"{name}.{method}()"
     count = 0
     for m in model.modules():
         if m is not model and callable(getattr(m, "reset_parameters", None)):
@@ -132,7 +133,7 @@ def init_weights(model: nn.Module) -> str:
             count += 1
     if not count:
         raise ConfigError(
-            f"model.meta_init: {type(model).__name__} has no init_weights() or reset_parameters() "
+            f"model.meta_init: {name} has no init_weights() or reset_parameters() "
             "to initialise it after sharding: add one, or set model.meta_init=false"
         )
     return f"reset_parameters() of {count} submodules"

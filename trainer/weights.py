@@ -63,7 +63,7 @@ class TorchFile(Source):
         while isinstance(obj, dict) and len(obj) == 1 and next(iter(obj)) in _WRAPPERS:
             obj = next(iter(obj.values()))
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise UserError("a torch.save file of init_from must hold a state dict (names -> tensors)")
+            raise UserError("a torch.save file that does not hold a state dict (names -> tensors)")
         self._sd: dict[str, torch.Tensor] = obj
 
     def shapes(self) -> dict[str, tuple[int, ...]]:

@@ -227,6 +227,22 @@ def bucket(s3, request) -> str:
     return name
 
 
+@pytest.fixture
+def one_rank(monkeypatch):
+    """The trainer's process groups in this process: one rank, an in-memory store
+    (init_distributed without torchrun). Yields its DistEnv."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    from ftfleet.trainer import distributed
+    from ftfleet.trainer.config import ParallelConfig
+
+    env = distributed.init_distributed(ParallelConfig(), 60)
+    try:
+        yield env
+    finally:
+        distributed.shutdown()
+
+
 def in_process_manager(ckpt_dir: Path, *overrides: str):
     """A CheckpointManager over the BASE model in this process (one rank, no process
     group): for protocol tests that need a real load but not a training run."""

@@ -130,10 +130,18 @@ class AppState:
         self.data = data
 
     def state_dict(self) -> dict[str, Any]:
+        # An optimizer that has taken no step has no state, and get_state_dict makes one
+        # with a zero-lr step (AdamW's step count becomes 1, shifting its bias
+        # correction). Undo that on the live optimizer, and record it so that a load
+        # undoes it too: a run saved before its first update resumes as if never saved.
+        fresh = not self.optimizer.state
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if fresh:
+            self.optimizer.state.clear()
         sd: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
+            "optim_fresh": torch.tensor(fresh),
             "lr_schedule": self.scheduler.state_dict(),
             "progress": {
                 "step": torch.tensor(self.progress.step),
@@ -150,6 +158,8 @@ class AppState:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        if bool(sd["optim_fresh"]):
+            self.optimizer.state.clear()
         self.scheduler.load_state_dict(sd["lr_schedule"])
         self.progress.step = int(sd["progress"]["step"])
         self.progress.samples_seen = int(sd["progress"]["samples_seen"])
