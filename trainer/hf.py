@@ -25,4 +25,5 @@ def causal_lm(cfg: HFCausalLMConfig) -> nn.Module:
         what = f"model.config={cfg.config}" if cfg.config else f"model.model_type={cfg.model_type}"
         detail = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(f"{what}: no usable Hugging Face config ({type(exc).__name__}: {detail[:200]})") from None
+    hf_config.use_cache = False  # a key/value cache serves generation, not training
     return AutoModelForCausalLM.from_config(hf_config)

@@ -220,6 +220,18 @@ def test_an_interrupted_prepare_leaves_no_set_a_reader_accepts(tmp_path, capsys)
     assert not list((tmp_path / "s").glob(".*"))
 
 
+def test_prepare_and_the_shard_reader_start_without_torch(tmp_path):
+    write_corpus(tmp_path / "in", docs=2)
+    code = (
+        "import sys; from ftfleet.cli import main; "
+        f"main(['data', 'prepare', {str(tmp_path / 'in')!r}, '--out', {str(tmp_path / 's')!r}]); "
+        "from ftfleet.trainer.data.shards import TokenShards; "
+        f"TokenShards({str(tmp_path / 's')!r}, 8)[0]; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr
+
+
 def test_a_damaged_set_is_refused_naming_the_file(tmp_path, capsys):
     write_corpus(tmp_path / "in")
     assert prepare(capsys, tmp_path / "in", "--out", tmp_path / "s", "--shard-tokens", 600)[0] == 0
