@@ -145,7 +145,7 @@ def build(cfg: JobConfig) -> Run:
         num_workers=cfg.data.num_workers,
         trace_dir=trace,
     )
-    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed, data=data)
+    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed, per_rank={"data": data})
     ckpt = CheckpointManager(
         cfg.checkpoint,
         app,

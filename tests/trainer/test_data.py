@@ -288,7 +288,8 @@ def reader(dataset, rank=0, world=2, workers=0) -> GlobalBatches:
 
 
 def through_a_checkpoint(state: dict) -> dict:
-    """What the checkpoint gives back (AppState stores it as torch.save bytes)."""
+    """What the checkpoint gives back (non-tensor values are torch.save'd and loaded
+    with weights_only=True)."""
     buf = io.BytesIO()
     torch.save(state, buf)
     return torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
@@ -378,13 +379,13 @@ def test_the_reader_state_is_saved_per_rank_in_the_checkpoint(tmp_path):
         model = torch.nn.Linear(2, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-        return AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=0, data=data)
+        return AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=0, per_rank={"data": data})
 
     a = reader(Numbered(), world=1, workers=2)
     for step in range(3):
         a.get(step * B, step + 1)
     dcp.save({"app": app(a)}, checkpoint_id=tmp_path / "ck")
-    assert isinstance(load_offline(tmp_path / "ck")["app"]["data_rank0"], bytes)
+    assert isinstance(load_offline(tmp_path / "ck")["app"]["data_rank0"]["reader"], bytes)
     b = reader(Numbered(), world=1, workers=2)
     load_into({"app": app(b)}, tmp_path / "ck")
     assert torch.equal(b.get(3 * B, 4).data, a.get(3 * B, 4).data)

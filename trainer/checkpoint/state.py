@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import logging
 import random
 from typing import Any
@@ -42,8 +41,10 @@ def rng_key(rank: int) -> str:
     return f"rng_rank{rank}"
 
 
-def data_key(rank: int) -> str:
-    return f"data_rank{rank}"
+def rank_key(name: str, rank: int) -> str:
+    """Where a per-rank part is saved: one key per rank, since DCP keeps one copy of a
+    key that every rank saves."""
+    return f"{name}_rank{rank}"
 
 
 def seed_rngs(seed: int, rank: int, step: int = 0) -> None:
@@ -115,7 +116,8 @@ class AppState:
         rank: int,
         seed: int,
         extras: dict[str, Any] | None = None,
-        data: Any = None,
+        *,
+        per_rank: dict[str, Any] | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -127,7 +129,7 @@ class AppState:
         #: (a rank beyond the writer's world size has none and is seeded afresh).
         self.include_rng = True
         self.extras = dict(extras or {})
-        self.data = data
+        self.per_rank = dict(per_rank or {})
 
     def state_dict(self) -> dict[str, Any]:
         # An optimizer that has taken no step has no state, and get_state_dict makes one
@@ -152,8 +154,8 @@ class AppState:
             sd["extras"] = {name: obj.state_tensor() for name, obj in self.extras.items()}
         if self.include_rng:
             sd[rng_key(self.rank)] = capture_rng()
-            if self.data is not None:
-                sd[data_key(self.rank)] = _pack(self.data.state_dict())
+            for name, obj in self.per_rank.items():
+                sd[rank_key(name, self.rank)] = obj.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -165,9 +167,9 @@ class AppState:
         self.progress.samples_seen = int(sd["progress"]["samples_seen"])
         for name, obj in self.extras.items():
             obj.load_tensor(sd["extras"][name])
-        if self.data is not None:
-            blob = sd.get(data_key(self.rank))
-            self.data.load_state_dict(_unpack(blob) if blob else None)
+        for name, obj in self.per_rank.items():
+            if rank_key(name, self.rank) in sd:
+                obj.load_state_dict(sd[rank_key(name, self.rank)])
         if rng_key(self.rank) in sd:
             restore_rng(sd[rng_key(self.rank)])
         else:
@@ -176,16 +178,6 @@ class AppState:
                 self.rank,
             )
             seed_rngs(self.seed, self.rank, self.progress.step)
-
-
-def _pack(state: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
-def _unpack(blob: bytes) -> dict[str, Any]:
-    return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 # ---------------------------------------------------------------------------

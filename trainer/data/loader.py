@@ -10,7 +10,10 @@ data path draws from the global RNG.
 Reading is a :class:`torchdata.stateful_dataloader.StatefulDataLoader` with worker
 processes, over a batch sampler that yields this rank's positions from a start. Its
 state (sampler position, worker and dataset states) goes into the checkpoint per rank
-(``data_rank<r>``). A map-style dataset resumes from that state when the world size and
+(``data_rank<r>``), as one opaque value: ``torch.save`` bytes, read back with
+``weights_only=True``. Its nested shape varies with the worker count and the dataset,
+and DCP loads only the keys of the state it loads into, which a reader that has not
+read yet cannot know. A map-style dataset resumes from that state when the world size and
 worker count are unchanged, and otherwise from the sample count alone, which is
 enough. An IterableDataset has no global positions: its state is the only record of
 where it stood, so it resumes only on the same world size and worker count.
@@ -19,6 +22,7 @@ where it stood, so it resumes only on the same world size and worker count.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import warnings
@@ -197,7 +201,16 @@ class GlobalBatches:
 
     # -- checkpoint --------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, bytes]:
+        buf = io.BytesIO()
+        torch.save(self._state(), buf)
+        return {"reader": buf.getvalue()}
+
+    def load_state_dict(self, packed: dict[str, bytes]) -> None:
+        blob = packed.get("reader", b"")
+        self._restore(torch.load(io.BytesIO(blob), weights_only=True) if blob else None)
+
+    def _state(self) -> dict[str, Any]:
         if self._it is None:  # nothing read since a restore: keep what was restored
             return self._loaded if self._loaded is not None else {}
         return {
@@ -210,9 +223,7 @@ class GlobalBatches:
             "loader": self.loader.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """``None``: the checkpoint has no reader state for this rank (it was written by
-        fewer ranks)."""
+    def _restore(self, state: dict[str, Any] | None) -> None:
         self._it, self._next, self._loaded, self._unusable = None, None, None, None
         if not state:
             self._unusable = "the checkpoint holds no reader state for this rank"
