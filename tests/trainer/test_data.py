@@ -246,6 +246,11 @@ def test_a_damaged_set_is_refused_naming_the_file(tmp_path, capsys):
         TokenShards(tmp_path / "s", seq_len=8)
 
 
+def test_a_missing_shard_directory_is_one_line_naming_it(tmp_path):
+    with pytest.raises(ShardSetError, match=f"^{tmp_path / 'nope'}: no such directory; write one with"):
+        TokenShards(tmp_path / "nope", seq_len=8)
+
+
 def test_a_set_from_another_format_version_is_refused(tmp_path, capsys):
     write_corpus(tmp_path / "in", docs=1)
     assert prepare(capsys, tmp_path / "in", "--out", tmp_path / "s")[0] == 0

@@ -98,6 +98,16 @@ def test_an_unknown_key_gets_a_did_you_mean_whoever_owns_the_section(byo_path, o
         ("parallel.mixed_precision=fp8", ["parallel.mixed_precision='fp8'", "none or bf16"]),
         ("parallel.mode=ddp parallel.mixed_precision=bf16", ["parallel.mixed_precision=bf16 needs parallel.mode=fsdp"]),
         ("model.factory=hf_causal_lm", ["exactly one of model.config", "model.model_type"]),
+        ("model.factory=hf_causal_lm model.model_type=llama model.overrides=7", ["model.overrides=7", "mapping"]),
+        ("data.num_workers=-1", ["data.num_workers=-1", "0 or more"]),
+        ("data.shuffle=sometimes", ["data.shuffle='sometimes'", "true or false"]),
+        ("data.seq_len=-4", ["data.seq_len=-4", "0 for the model's"]),
+        ("optim.grad_clip=-1", ["optim.grad_clip=-1.0", "0 (off)"]),
+        ("optim.weight_decay=-0.1", ["optim.weight_decay=-0.1", "0 or more"]),
+        ("optim.min_lr_ratio=2", ["optim.min_lr_ratio=2.0", "[0, 1]"]),
+        ("optim.scheduler=cosine", ["optim.scheduler='cosine'", "warmup_cosine, constant"]),
+        ("parallel.wrap=[]", ["parallel.wrap is empty"]),
+        ("model.meta_init=maybe", ["model.meta_init='maybe'", "true or false"]),
     ],
 )
 def test_a_bad_factory_is_one_line_naming_the_key(byo_path, bare, override, words):

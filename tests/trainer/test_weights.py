@@ -71,6 +71,15 @@ def test_a_hugging_face_directory_fills_a_hugging_face_model(tmp_path):
     assert same_weights(src, dst)
 
 
+def test_a_hugging_face_config_that_is_not_there_is_one_line(tmp_path):
+    from ftfleet.trainer.hf import causal_lm
+
+    with pytest.raises(ConfigError, match=f"^model.config={tmp_path}: no usable Hugging Face config"):
+        causal_lm(HFCausalLMConfig(config=str(tmp_path)))
+    with pytest.raises(ConfigError, match="^model.model_type=nosuchmodel: no usable Hugging Face config"):
+        causal_lm(HFCausalLMConfig(model_type="nosuchmodel"))
+
+
 def test_an_ftfleet_checkpoint_step_fills_the_model(tmp_path):
     ckpt = in_process_manager(tmp_path / "ck")
     try:
