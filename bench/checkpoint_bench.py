@@ -38,14 +38,15 @@ sys.path.insert(0, str(REPO))
 
 from ftfleet.trainer.checkpoint.manager import CheckpointManager  # noqa: E402
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress  # noqa: E402
-from ftfleet.trainer.config import CheckpointConfig, ModelConfig, ParallelConfig  # noqa: E402
+from ftfleet.trainer.config import CheckpointConfig, ParallelConfig  # noqa: E402
 from ftfleet.trainer.distributed import init_distributed  # noqa: E402
 from ftfleet.trainer.model import GPT  # noqa: E402
+from ftfleet.trainer.schemas import GPTConfig  # noqa: E402
 
 
 def build_state(vocab: int, d_model: int, layers: int):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers, n_heads=16))
+    model = GPT(GPTConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers, n_heads=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     one_step(model, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "plan": "ftfleet.infra.plan",
     "config-reference": "ftfleet.infra.reference",
     "ckpt": "ftfleet.trainer.checkpoint.cli",
+    "data": "ftfleet.trainer.data",
 }
 
 

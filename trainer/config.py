@@ -22,84 +22,9 @@ import yaml
 
 from ftfleet.contract import UPLOAD_MODES
 from ftfleet.errors import ConfigError
+from ftfleet.trainer.config_sections import DataConfig, LossConfig, ModelConfig, OptimConfig
+from ftfleet.trainer.factories import import_callable
 from ftfleet.trainer.resilience.config import ResilienceConfig
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class ModelConfig:
-    """A small GPT-style decoder."""
-
-    vocab_size: int = 256
-    """Tokens in the vocabulary; the synthetic stream draws from all of them."""
-    seq_len: int = 64
-    """Context length in tokens (each sample holds seq_len + 1 tokens)."""
-    d_model: int = 64
-    """Width of the residual stream."""
-    n_layers: int = 2
-    """Transformer blocks; FSDP2 shards each one separately."""
-    n_heads: int = 4
-    """Attention heads; must divide d_model."""
-    mlp_ratio: int = 4
-    """Hidden width of the MLP as a multiple of d_model."""
-    dropout: float = 0.0
-    """Dropout probability. Non-zero makes resume depend on the saved RNG state."""
-
-    def __post_init__(self) -> None:
-        for key in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "mlp_ratio"):
-            _positive(f"model.{key}", getattr(self, key))
-        if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"model.d_model={self.d_model} is not divisible by "
-                f"model.n_heads={self.n_heads}: choose n_heads dividing d_model"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout}: use a probability in [0, 1)")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class DataConfig:
-    """The deterministic token stream. Sample i depends only on (seed, i), so any rank
-    can produce any sample and a resumed run continues at a global sample index."""
-
-    kind: str = "synthetic"
-    """Only `synthetic`: a fixed random Markov chain over the vocabulary (learnable)."""
-    trace_samples: bool = False
-    """Write the global sample indices each rank consumed to <run_dir>/samples/ (tests)."""
-
-    def __post_init__(self) -> None:
-        if self.kind != "synthetic":
-            raise ConfigError(f"data.kind={self.kind!r}: only 'synthetic' is supported")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class OptimConfig:
-    """AdamW with linear warmup and cosine decay over train.steps."""
-
-    lr: float = 3e-3
-    """Peak learning rate."""
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    warmup_steps: int = 10
-    """Steps of linear warmup from 0 to optim.lr."""
-    min_lr_ratio: float = 0.1
-    """The cosine decays to lr * min_lr_ratio at train.steps."""
-    grad_clip: float = 1.0
-    """Max global gradient norm; 0 disables clipping."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr={self.lr}: use a positive learning rate")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"optim.warmup_steps={self.warmup_steps}: use 0 or more")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio}: use a value in [0, 1]")
-        if self.grad_clip < 0:
-            raise ConfigError(f"optim.grad_clip={self.grad_clip}: use 0 (off) or a positive norm")
-        for key in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"optim.{key}={getattr(self, key)}: use a value in [0, 1)")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -137,12 +62,35 @@ class ParallelConfig:
     backend: str = "auto"
     """`auto` (NCCL with a gloo side for CPU work when CUDA is present, else gloo),
     `gloo` or `nccl`."""
+    wrap: list[str] = dataclasses.field(default_factory=lambda: ["auto"])
+    """Which submodules FSDP2 shards as a unit (then the root): `auto` (a Hugging Face
+    model's _no_split_modules, else the blocks of the model's ModuleLists), class names
+    (`[Block]`, `[LlamaDecoderLayer]`), or one `module:callable` called as fn(model) ->
+    the modules."""
+    mixed_precision: str = "none"
+    """`bf16`: FSDP2 computes with bf16 parameters and reduces gradients in fp32; the
+    sharded parameters, the optimizer and the checkpoint stay fp32. `none`: fp32."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("fsdp", "ddp"):
             raise ConfigError(f"parallel.mode={self.mode!r}: use fsdp or ddp")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"parallel.backend={self.backend!r}: use auto, gloo or nccl")
+        if self.mixed_precision not in ("none", "bf16"):
+            raise ConfigError(f"parallel.mixed_precision={self.mixed_precision!r}: use none or bf16")
+        if self.mixed_precision != "none" and self.mode != "fsdp":
+            raise ConfigError(
+                f"parallel.mixed_precision={self.mixed_precision} needs parallel.mode=fsdp (FSDP2's policy)"
+            )
+        if not self.wrap:
+            raise ConfigError("parallel.wrap is empty: use auto, class names, or one module:callable")
+        special = [w for w in self.wrap if w == "auto" or ":" in w]
+        if special and len(self.wrap) > 1:
+            raise ConfigError(
+                f"parallel.wrap={self.wrap}: {special[0]} stands alone; list class names, or give it by itself"
+            )
+        if ":" in self.wrap[0]:
+            import_callable("parallel.wrap", self.wrap[0])
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -228,6 +176,7 @@ class JobConfig:
     """Seeds model init, the token stream and per-rank RNGs."""
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
@@ -243,19 +192,19 @@ class JobConfig:
             self.checkpoint.dir = str(Path(self.run_dir) / "checkpoints")
 
     def config_hash(self) -> str:
-        """Hash of what determines the training trajectory: model, data, optimizer, seed
-        and global batch. Run length, checkpointing and parallelism are excluded, so a run
-        can be extended or moved to another world size or FSDP/DDP and still resume."""
-        data = dataclasses.asdict(self.data)
-        data.pop("trace_samples")
+        """Hash of what determines the training trajectory: model, data, loss, optimizer,
+        seed and global batch. Run length, checkpointing, parallelism, how data is read
+        and where things are (paths, init_from) are excluded, so a run can be extended or
+        moved to another world size or FSDP/DDP and still resume."""
         identity = {
-            "model": dataclasses.asdict(self.model),
-            "data": data,
-            "optim": dataclasses.asdict(self.optim),
+            "model": _section_identity(self.model, skip=("init_from", "meta_init")),
+            "data": _section_identity(self.data, skip=("num_workers", "trace_samples")),
+            "loss": _section_identity(self.loss),
+            "optim": _section_identity(self.optim),
             "seed": self.seed,
             "global_batch_size": self.train.global_batch_size,
         }
-        blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -313,6 +262,17 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}: {' '.join(str(problem).split())}"
 
 
+def _section_identity(section: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        f.name: getattr(section, f.name)
+        for f in dataclasses.fields(section)
+        if f.init and f.metadata.get("config_key", True) and f.name not in skip
+    }
+    for key, factory in section.factories.items():
+        out[f"{key}.args"] = factory.hash_view()
+    return out
+
+
 def _set_dotted(raw: dict[str, Any], key: str, value: Any, source: str) -> None:
     node = raw
     parts = key.split(".")
@@ -325,22 +285,33 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any, source: str) -> None:
 
 
 def build(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
-    """Build dataclass ``cls`` from a mapping, checking keys and types."""
+    """Build dataclass ``cls`` from a mapping, checking keys and types. A factory
+    section (one with FACTORY_KEYS) hands the keys that are not its own to its
+    factories (trainer/factories.py), which check them."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("config_key", True)]
+    factory_section = hasattr(cls, "FACTORY_KEYS")
     kwargs: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in names:
+            if factory_section:
+                extras[str(key)] = value
+                continue
             near = difflib.get_close_matches(str(key), names, n=1)
             hint = f"did you mean {prefix}{near[0]}?" if near else f"valid keys: {', '.join(names)}"
             raise ConfigError(f"unknown config key {prefix}{key}: {hint}")
         kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+    if factory_section:
+        kwargs["args"] = extras
     return cls(**kwargs)
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
+    if tp is Any:
+        return value
     if dataclasses.is_dataclass(tp):
         return build(tp, value if value is not None else {}, prefix=f"{key}.")
     origin = typing.get_origin(tp)
@@ -349,6 +320,10 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("", "null", "none")):
             return None
         return _coerce(args[0], value, key)
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}={value!r}: expected a mapping of keys, e.g. {{a: 1}}")
+        return dict(value)
     if origin is list:
         (item,) = typing.get_args(tp)
         if isinstance(value, str):

@@ -1,4 +1,4 @@
-"""Process groups and model parallelism.
+"""Process groups (model parallelism is trainer/parallel.py).
 
 * Works under ``torchrun`` (any number of ranks) and as a plain ``python -m ftfleet.trainer``
   (one rank, an in-memory store), so every code path is the distributed one.
@@ -22,7 +22,6 @@ import uuid
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ftfleet.trainer.config import ParallelConfig
 
@@ -139,25 +138,3 @@ def agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout: dat
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
-    """FSDP2 (``fully_shard`` each block, then the root) or DDP. The model must be built
-    identically on every rank (same seed) before this call."""
-    model.to(env.device)
-    if cfg.mode == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)

@@ -1,6 +1,6 @@
-"""A small GPT-style decoder: token + position embeddings, pre-norm blocks of causal
-self-attention and an MLP, a final norm and an untied output head (untied so FSDP2 can
-shard every parameter on its own)."""
+"""The reference model (``model.factory: gpt``): a small GPT-style decoder with token +
+position embeddings, pre-norm blocks of causal self-attention and an MLP, a final norm
+and an untied output head (untied so FSDP2 can shard every parameter on its own)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ftfleet.trainer.config import ModelConfig
+from ftfleet.trainer.schemas import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.dropout = cfg.dropout
@@ -31,7 +31,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
@@ -49,7 +49,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -81,5 +81,6 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def build(cfg: GPTConfig) -> GPT:
+    """``model.factory: gpt``."""
+    return GPT(cfg)

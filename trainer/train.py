@@ -9,27 +9,29 @@ A loop of your own can use the same pieces without this one (README: "Your own l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ftfleet.contract import EXIT_OK
-from ftfleet.trainer import distributed
+from ftfleet.errors import ConfigError
+from ftfleet.trainer import distributed, parallel
 from ftfleet.trainer.callbacks import Callback, StepInfo, StopRequest, first_stop
 from ftfleet.trainer.checkpoint.manager import CheckpointManager
 from ftfleet.trainer.checkpoint.restore import Restored
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
 from ftfleet.trainer.config import JobConfig
-from ftfleet.trainer.data import GlobalBatches, SyntheticTokens
-from ftfleet.trainer.model import GPT, loss_fn
+from ftfleet.trainer.data.loader import GlobalBatches
 from ftfleet.trainer.preflight import preflight
 from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
 from ftfleet.trainer.resilience.reference import Resilience
@@ -49,25 +51,55 @@ class Run:
     progress: TrainProgress
     ckpt: CheckpointManager
     data: GlobalBatches
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+    """``loss.factory``'s loss(model, batch)."""
     restored: Restored | None = None
+
+    def load_pretrained(self) -> None:
+        """``model.init_from``, for a run that restored nothing (a checkpoint, when there
+        is one, holds newer weights). Collective."""
+        if not self.cfg.model.init_from:
+            return
+        from ftfleet.trainer.weights import load_pretrained
+
+        what = load_pretrained(self.model, self.cfg.model.init_from, rank=self.env.rank, group=self.env.ckpt_group)
+        if self.env.is_rank0:
+            log.info("model: initialised from %s", what)
 
 
 def build(cfg: JobConfig) -> Run:
+    """The run's parts, from the config's factories (trainer/factories.py). Every factory
+    is called before the RNGs are seeded for training, so whatever a user's factory
+    draws does not shift the training stream."""
     env = distributed.init_distributed(cfg.parallel, cfg.checkpoint.timeout_s)
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    model = distributed.parallelize(GPT(cfg.model), cfg.parallel, env)
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.optim.lr,
-        betas=(cfg.optim.beta1, cfg.optim.beta2),
-        eps=cfg.optim.eps,
-        weight_decay=cfg.optim.weight_decay,
-        fused=True,  # takes the anomaly verdict as found_inf: no host sync per step
+    model = build_model(cfg, env)
+    optimizer = cfg.optim.factories["factory"](model, job=cfg)
+    _expect(optimizer, torch.optim.Optimizer, "optim.factory", "a torch.optim.Optimizer")
+    scheduler = _expect(
+        cfg.optim.factories["scheduler"](optimizer, job=cfg),
+        torch.optim.lr_scheduler.LRScheduler,
+        "optim.scheduler",
+        "a torch.optim.lr_scheduler.LRScheduler",
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    loss_fn = cfg.loss.factories["factory"](job=cfg)
+    if not callable(loss_fn):
+        raise ConfigError(f"loss.factory returned {type(loss_fn).__name__}: return a callable loss(model, batch)")
+    dataset = build_dataset(cfg, model)
     seed_rngs(cfg.seed, env.rank)  # distinct dropout streams per rank
     progress = TrainProgress()
-    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed)
+    trace = Path(cfg.run_dir) / "samples" if cfg.data.trace_samples else None
+    data = GlobalBatches(
+        dataset,
+        cfg.train.global_batch_size,
+        env.rank,
+        env.world_size,
+        env.device,
+        seed=cfg.seed,
+        shuffle=cfg.data.shuffle,
+        num_workers=cfg.data.num_workers,
+        trace_dir=trace,
+    )
+    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed, per_rank={"data": data})
     ckpt = CheckpointManager(
         cfg.checkpoint,
         app,
@@ -76,28 +108,41 @@ def build(cfg: JobConfig) -> Run:
         ckpt_group=env.ckpt_group,
         upload_group=env.upload_group,
     )
-    trace = Path(cfg.run_dir) / "samples" if cfg.data.trace_samples else None
-    data = GlobalBatches(
-        SyntheticTokens(cfg.model.vocab_size, cfg.model.seq_len, cfg.seed),
-        cfg.train.global_batch_size,
-        env.rank,
-        env.world_size,
-        env.device,
-        trace,
-    )
-    return Run(cfg, env, model, optimizer, scheduler, progress, ckpt, data)
+    return Run(cfg, env, model, optimizer, scheduler, progress, ckpt, data, loss_fn)
 
 
-def lr_lambda(cfg: JobConfig):
-    warmup, total, floor = cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.min_lr_ratio
+def build_model(cfg: JobConfig, env: distributed.DistEnv) -> nn.Module:
+    """``model.factory``, on the meta device with ``model.meta_init``, then sharded (or
+    wrapped in DDP). Without meta_init every rank builds identical weights."""
+    factory = cfg.model.factories["factory"]
+    torch.manual_seed(cfg.seed)
+    with torch.device("meta") if cfg.model.meta_init else contextlib.nullcontext():
+        model = factory(job=cfg)
+    _expect(model, nn.Module, "model.factory", "a torch.nn.Module")
+    return parallel.parallelize(model, cfg.parallel, env, on_meta=cfg.model.meta_init, seed=cfg.seed)
 
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return factor
+def build_dataset(cfg: JobConfig, model: nn.Module) -> Any:
+    dataset = cfg.data.factories["factory"](job=cfg)
+    if not (callable(getattr(dataset, "__getitem__", None)) or isinstance(dataset, torch.utils.data.IterableDataset)):
+        raise ConfigError(
+            f"data.factory={cfg.data.factory} returned {type(dataset).__name__}: return a map-style dataset "
+            "(__getitem__, and __len__ when sized) or a torch.utils.data.IterableDataset"
+        )
+    vocab = getattr(dataset, "vocab_size", None)
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if isinstance(vocab, int) and embedding is not None and vocab > embedding.num_embeddings:
+        raise ConfigError(
+            f"data: token ids go up to {vocab - 1} but the model's embedding has {embedding.num_embeddings} rows: "
+            f"give the model a vocabulary of at least {vocab}"
+        )
+    return dataset
+
+
+def _expect(obj: Any, kind: type, key: str, what: str) -> Any:
+    if not isinstance(obj, kind):
+        raise ConfigError(f"{key} returned {type(obj).__name__}, not {what}: check what it returns")
+    return obj
 
 
 def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -116,6 +161,8 @@ def _train(run: Run, parts: Resilience, callbacks: list[Callback], t_start: floa
     parts.events.emit("start", world_size=run.env.world_size)
     parts.start()
     run.restored = ckpt.restore()
+    if run.restored is None:
+        run.load_pretrained()
     parts.restored(run.restored, progress.step)
     for cb in callbacks:
         cb.on_train_start(run)
@@ -159,7 +206,7 @@ def _loop(run: Run, anomalies: AnomalyGuard, callbacks: list[Callback]) -> tuple
         for cb in callbacks:
             cb.on_step_start(run, step)
         batch = run.data.get(progress.samples_seen, step)
-        loss = loss_fn(model(batch.inputs), batch.targets)
+        loss = run.loss_fn(model, batch.data)
         for cb in callbacks:
             loss = cb.on_loss(run, step, loss)
         loss.backward()

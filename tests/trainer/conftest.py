@@ -248,6 +248,22 @@ def bucket(s3, request) -> str:
     return name
 
 
+@pytest.fixture
+def one_rank(monkeypatch):
+    """The trainer's process groups in this process: one rank, an in-memory store
+    (init_distributed without torchrun). Yields its DistEnv."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    from ftfleet.trainer import distributed
+    from ftfleet.trainer.config import ParallelConfig
+
+    env = distributed.init_distributed(ParallelConfig(), 60)
+    try:
+        yield env
+    finally:
+        distributed.shutdown()
+
+
 def in_process_manager(ckpt_dir: Path, *overrides: str, **parts):
     """A CheckpointManager over the BASE model in this process (one rank, no process
     group): for protocol tests that need a real load but not a training run. ``parts``:
@@ -261,8 +277,8 @@ def in_process_manager(ckpt_dir: Path, *overrides: str, **parts):
 
     cfg = load_config(CONFIG, [*BASE, f"checkpoint.dir={ckpt_dir}", *overrides], environ={})
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    model = GPT(cfg.model.factories["factory"].args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.factories["factory"].args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     app = AppState(model, optimizer, scheduler, TrainProgress(), rank=0, seed=cfg.seed, **parts)
     return CheckpointManager(cfg.checkpoint, app, run_id=cfg.run_id, config_hash=cfg.config_hash())

@@ -148,7 +148,7 @@ def load_gpt(weights: dict):
     from ftfleet.trainer.model import GPT
     from tests.trainer.conftest import BASE, CONFIG
 
-    model = GPT(load_config(CONFIG, BASE, environ={}).model)
+    model = GPT(load_config(CONFIG, BASE, environ={}).model.factories["factory"].args)
     model.load_state_dict(weights, strict=True)
     return model
 

@@ -31,7 +31,7 @@ def test_overrides_are_typed_and_nested():
         ],
         environ={},
     )
-    assert cfg.train.steps == 7 and cfg.optim.lr == pytest.approx(1e-3)
+    assert cfg.train.steps == 7 and cfg.optim.factories["factory"].args.lr == pytest.approx(1e-3)
     assert cfg.checkpoint.pinned_steps == [2, 4]
     assert cfg.checkpoint.async_save is False
 

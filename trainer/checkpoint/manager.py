@@ -185,6 +185,7 @@ class CheckpointManager:
         t0 = time.monotonic()
         # A rank beyond the writer's world size has no RNG entry to load.
         self.app_state.include_rng = self.comm.rank < found.manifest.world_size
+        self.app_state.loading = True
         try:
             absent = load_into({"app": self.app_state}, self.local.step_dir(found.step), self.ckpt_group)
         except CheckpointMismatch as exc:
@@ -194,6 +195,7 @@ class CheckpointManager:
             ) from None
         finally:
             self.app_state.include_rng = True
+            self.app_state.loading = False
         if absent and self.comm.rank == 0:
             log.info(
                 "restore: step-%d has no %s: kept as they are",

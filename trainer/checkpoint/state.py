@@ -3,10 +3,10 @@
 :class:`AppState` is the one object handed to DCP. It holds the complete training state:
 model and optimizer (through ``get_state_dict``, so sharded FSDP2 state reshards on load
 and DDP/FSDP checkpoints are interchangeable), the LR schedule, the step, the data
-position in global samples, and the RNG state of every rank (torch, CUDA when present,
-numpy, Python) under a rank-unique key: one key shared by all ranks would load one
-rank's value on every rank. Everything is a tensor or a plain Python value, so loading
-needs nothing beyond ``torch.load(weights_only=True)``.
+position in global samples, the RNG state of every rank (torch, CUDA when present,
+numpy, Python) and the state of every rank's data reader, under rank-unique keys: one
+key shared by all ranks would load one rank's value on every rank. Everything is a
+tensor or a plain Python value, so loading needs nothing beyond ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -143,13 +143,27 @@ class AppState:
         #: Set before a load: whether the checkpoint has an RNG entry for this rank
         #: (a rank beyond the writer's world size has none and is seeded afresh).
         self.include_rng = True
+        #: Set while a checkpoint loads into this state (the template DCP fills).
+        self.loading = False
         self.extras = dict(extras or {})
         self.per_rank = dict(per_rank or {})
 
     def state_dict(self) -> dict[str, Any]:
         if self.optimizer is not None:
+            # An optimizer that has taken no step has no state, and get_state_dict makes
+            # one with a zero-lr step (AdamW's step count becomes 1, shifting its bias
+            # correction). Undo that on the live optimizer, and record it so that a load
+            # undoes it too: a run saved before its first update resumes as if never saved.
+            fresh = not self.optimizer.state
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-            sd: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+            if fresh:
+                self.optimizer.state.clear()
+            # Loading, this is the value a checkpoint without the entry leaves: not fresh.
+            sd: dict[str, Any] = {
+                "model": model_sd,
+                "optim": optim_sd,
+                "optim_fresh": torch.tensor(fresh and not self.loading),
+            }
         else:
             sd = {"model": get_model_state_dict(self.model)}
         if self.scheduler is not None:
@@ -169,6 +183,8 @@ class AppState:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         if self.optimizer is not None:
             set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            if bool(sd.get("optim_fresh", False)):
+                self.optimizer.state.clear()
         else:
             set_model_state_dict(self.model, sd["model"])
         if self.scheduler is not None and "lr_schedule" in sd:

@@ -1,0 +1,143 @@
+"""How the model is spread over the ranks: FSDP2 units, mixed precision, meta-device
+initialisation (or DDP).
+
+* ``parallel.wrap`` picks the submodules FSDP2 shards as units (then the root):
+  ``auto`` takes a Hugging Face model's ``_no_split_modules`` classes, else the blocks
+  of every ModuleList whose children share a class (``model.blocks``,
+  ``model.model.layers``); class names or a callable pick them explicitly.
+* ``parallel.mixed_precision: bf16`` is FSDP2's policy: parameters all-gathered and
+  computed in bf16, gradients reduced in fp32, the sharded parameters, the optimizer
+  state and the checkpoint in fp32. A resume therefore loads exactly what was saved.
+* ``model.meta_init`` builds the model on the meta device (no memory), shards it, and
+  only then allocates each rank's shards and initialises them with the model's own
+  ``init_weights()`` or ``reset_parameters()``. DTensor's random ops keep a shard's
+  values those of the whole tensor on CUDA; on CPU they do not, so there each rank
+  seeds its shards from (seed, rank) to keep them distinct.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ftfleet.errors import ConfigError
+from ftfleet.trainer.config import ParallelConfig
+from ftfleet.trainer.factories import import_callable
+
+log = logging.getLogger("ftfleet.parallel")
+
+
+def shard_units(model: nn.Module, wrap: list[str]) -> list[nn.Module]:
+    """The submodules FSDP2 shards as units, as ``parallel.wrap`` says."""
+    if wrap == ["auto"]:
+        names = getattr(model, "_no_split_modules", None)
+        if names:
+            return [m for m in model.modules() if type(m).__name__ in set(names)]
+        units = []
+        for m in model.modules():
+            if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1:
+                units += list(m)
+        if not units:
+            log.warning(
+                "parallel.wrap=auto found no blocks in %s: sharding it as one unit "
+                "(name its block classes in parallel.wrap to shard them separately)",
+                type(model).__name__,
+            )
+        return units
+    if ":" in wrap[0]:
+        fn = import_callable("parallel.wrap", wrap[0])
+        picked = list(fn(model))
+        inside = {id(m) for m in model.modules()}
+        for m in picked:
+            if not isinstance(m, nn.Module) or id(m) not in inside:
+                raise ConfigError(
+                    f"parallel.wrap={wrap[0]} returned {type(m).__name__}, not a submodule of the model: "
+                    "return the modules to shard"
+                )
+        return picked
+    classes = {type(m).__name__ for m in model.modules()}
+    for name in wrap:
+        if name not in classes:
+            near = difflib.get_close_matches(name, sorted(classes), n=1)
+            hint = f"did you mean {near[0]}?" if near else f"its classes are {', '.join(sorted(classes))}"
+            raise ConfigError(f"parallel.wrap: the model has no module of class {name}: {hint}")
+    return [m for m in model.modules() if type(m).__name__ in set(wrap)]
+
+
+def mixed_precision_policy(cfg: ParallelConfig) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if cfg.mixed_precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def parallelize(model: nn.Module, cfg: ParallelConfig, env: Any, *, on_meta: bool, seed: int) -> nn.Module:
+    """FSDP2 or DDP. A model built normally must be identical on every rank (same
+    seed); one built on the meta device is materialised and initialised here."""
+    name = type(model).__name__  # fully_shard changes the class to FSDP<name>
+    if cfg.mode == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        if not on_meta:
+            model.to(env.device)
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        policy = mixed_precision_policy(cfg)
+        units = {id(m) for m in shard_units(model, cfg.wrap)}
+        for m in reversed(list(model.modules())):  # FSDP2 wants children before parents
+            if m is not model and id(m) in units:
+                fully_shard(m, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        if on_meta:
+            materialize(model, env.device, seed, env.rank if env.device.type == "cpu" else 0, name)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    if on_meta:  # every rank the same values; DDP also broadcasts rank 0's
+        materialize(model, env.device, seed, 0, name)
+    else:
+        model.to(env.device)
+    return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+
+
+def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: int, name: str = "") -> str:
+    """Allocate a meta model's parameters and buffers on ``device`` and initialise them
+    with the model's own init, under an RNG seeded from ``seed`` (and ``rank_salt``),
+    leaving the caller's RNG state as it was. Returns what initialised it."""
+    model.to_empty(device=device)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed * 1_000_003 + rank_salt * 7_919 + 1)
+        with torch.no_grad():
+            return init_weights(model, name or type(model).__name__)
+
+
+def init_weights(model: nn.Module, name: str) -> str:
+    """The model's init: ``init_weights()`` (torchtitan, Hugging Face), else
+    ``reset_parameters()``, else every submodule's ``reset_parameters()``. Whatever is
+    called must also recompute buffers that are not saved (rotary tables...)."""
+    for method in ("init_weights", "reset_parameters"):
+        fn = getattr(model, method, None)
+        if callable(fn):
+            fn()
+            return f"{name}.{method}()"
+    count = 0
+    for m in model.modules():
+        if m is not model and callable(getattr(m, "reset_parameters", None)):
+            m.reset_parameters()
+            count += 1
+    if not count:
+        raise ConfigError(
+            f"model.meta_init: {name} has no init_weights() or reset_parameters() "
+            "to initialise it after sharding: add one, or set model.meta_init=false"
+        )
+    return f"reset_parameters() of {count} submodules"
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
