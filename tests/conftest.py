@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 - fixtures for every folder
 from tests.trainer.conftest import run_trainer
 
 
