@@ -8,6 +8,11 @@ newest checkpoint, a NaN batch, a hang, and the loss of the primary bucket. It p
 for each fault, the time to detect, the work lost and the time to resume, then the
 goodput and whether the final state_sha256 equals the uninterrupted run's. Exit 0 when
 every recovery succeeded, 1 otherwise (with a one-line reason).
+
+With ``--cloud gcp`` the cloud is GCP's: a GCS emulator holds the one dual-region
+bucket, the notices are a preemption (``instance/preempted``) and a live-migration
+maintenance event, and the lost location takes the node and its zonal fast tier (the
+restore reads the bucket).
 """
 
 from __future__ import annotations

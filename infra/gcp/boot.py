@@ -2,8 +2,9 @@
 
 The container's environment is the contract in ftfleet/contract.py: `trainer_env`
 builds it from the settings and the deployed resources, the startup script adds the
-node's own name (FTFLEET_NODE_ID, read from the metadata server at boot), and a test
-checks the result against `contract.check_env`.
+node's own name (FTFLEET_NODE_ID, read from the metadata server at boot) and its run
+directory on the fast tier (FTFLEET_RUN_DIR, `run_root(s)/<name>`), and a test checks
+the result against `contract.check_env`.
 
 Checkpoints become durable by the trainer's upload (FTFLEET_CKPT_UPLOAD=trainer):
 neither Managed Lustre nor Parallelstore copies a directory to Cloud Storage on its
