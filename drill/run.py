@@ -422,7 +422,8 @@ class Drill:
     # -- all of it ------------------------------------------------------------------
 
     def run(self) -> DrillReport:
-        self.say("plan: " + "; ".join(self.plan.describe()) + f"; {self.plan.steps} steps in all")
+        names = GCP_KINDS if self.opts.cloud == "gcp" else KINDS
+        self.say("plan: " + "; ".join(self.plan.describe(names)) + f"; {self.plan.steps} steps in all")
         ref_summary, ref_events, ref_wall = self.run_reference()
         summary, events, t_begin, t_end, problem = self.run_faulted()
         if self.plan.nan_step:  # configured, not injected: the event log says when it hit
