@@ -42,9 +42,9 @@ def retry_budget_s(retries: int) -> float:
 class GCSStore(ObjectStore):
     name = "gcs"
 
-    def __init__(self, uri: str, *, retries: int = 10, chunk_mb: int = 64, client: Any = None):
+    def __init__(self, uri: str, *, retries: int = 10, chunk_mb: int = 64):
         super().__init__(uri)
-        self._client = client
+        self._client: Any = None  # built on first use: a node without credentials fails there, as unavailable
         self.chunk_size = chunk_mb << 20  # a multiple of 256 KiB, as GCS requires
         self.retry_budget_s = retry_budget_s(retries)
         from google.cloud.storage.retry import DEFAULT_RETRY
