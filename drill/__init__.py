@@ -7,7 +7,9 @@ only ``ftfleet``, so the trainer image carries no fault injection and no fake cl
 
 * :mod:`drill.scenario`: which faults, at which steps, on which node;
 * :mod:`drill.cloud`: moto S3 (primary and replica buckets) and the fake
-  metadata service (:mod:`drill.fake_metadata`) on 127.0.0.1;
+  metadata service (:mod:`drill.fake_metadata`) on 127.0.0.1; :mod:`drill.cloud_gcp`
+  (``--cloud gcp``): a GCS emulator holding the one dual-region bucket, and the same
+  fake speaking GCP's metadata protocol;
 * :mod:`drill.worker`: the trainer with the injected faults as its callbacks
   (:mod:`drill.inject`), what torchrun runs;
 * :mod:`drill.runner`: one torchrun (a node), its workers, the event log;

@@ -8,6 +8,11 @@ newest checkpoint, a NaN batch, a hang, and the loss of the primary bucket. It p
 for each fault, the time to detect, the work lost and the time to resume, then the
 goodput and whether the final state_sha256 equals the uninterrupted run's. Exit 0 when
 every recovery succeeded, 1 otherwise (with a one-line reason).
+
+With ``--cloud gcp`` the cloud is GCP's: a GCS emulator holds the one dual-region
+bucket, the notices are a preemption (``instance/preempted``) and a live-migration
+maintenance event, and the lost location takes the node and its zonal fast tier (the
+restore reads the bucket).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ EPILOG = """\
 examples:
   python -m drill                                # every fault, ~3 minutes on 2 cores
   python -m drill --faults notice,sigkill        # a short drill
+  python -m drill --cloud gcp                    # GCP: preemption, maintenance, GCS emulator
   python -m drill --json drill.json --markdown drill.md --workdir /tmp/drill
 """
 
@@ -36,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         metavar="LIST",
         help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} (always injected in that order)",
+    )
+    parser.add_argument(
+        "--cloud",
+        choices=("aws", "gcp"),
+        default="aws",
+        help="aws: moto S3 (primary + replica bucket) and IMDSv2; gcp: a GCS emulator (one dual-region "
+        "bucket) and the GCP metadata server: preemption, maintenance event, loss of a location (default aws)",
     )
     parser.add_argument(
         "--workdir",
@@ -108,6 +121,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
     return DrillOptions(
         faults=faults,
         workdir=workdir,
+        cloud=args.cloud,
         nproc=args.nproc,
         first_step=args.first_step,
         spacing=args.spacing,

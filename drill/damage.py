@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from drill.cloud import LocalCloud, flip_middle
 from drill.faults import FaultRecord
@@ -14,7 +15,7 @@ from ftfleet.contract import MANIFEST_NAME, parse_step_dir
 from ftfleet.trainer.checkpoint.tiers import LocalTier
 
 
-def committed_steps(cloud: LocalCloud, fast_dir: Path) -> dict[str, list[int]]:
+def committed_steps(cloud: Any, fast_dir: Path) -> dict[str, list[int]]:
     """Committed steps (those with a manifest) of the local tier and of both buckets."""
     out = {"local": LocalTier(fast_dir).committed_steps()}
     for name, bucket in (("primary", cloud.primary), ("replica", cloud.replica)):
@@ -28,7 +29,7 @@ def committed_steps(cloud: LocalCloud, fast_dir: Path) -> dict[str, list[int]]:
     return out
 
 
-def corrupt_newest(cloud: LocalCloud, fast_dir: Path) -> tuple[FaultRecord, str]:
+def corrupt_newest(cloud: Any, fast_dir: Path) -> tuple[FaultRecord, str]:
     """Flip bytes in the largest shard of the newest checkpoint, locally and in both
     buckets (replication has caught up first). The restore must skip it everywhere and
     use the one before. Call with replication paused."""
@@ -80,4 +81,25 @@ def lose_primary(cloud: LocalCloud, fast_dir: Path) -> tuple[FaultRecord, str]:
     return record, (
         f"primary bucket deleted ({deleted} object versions) and the fast tier wiped: "
         f"the next node is in the other region; the replica's newest step is {newest}"
+    )
+
+
+def lose_location(cloud: Any, fast_dir: Path) -> tuple[FaultRecord, str]:
+    """GCP: the zone of the node and its fast tier is gone (Managed Lustre and
+    Parallelstore are zonal); the dual-region bucket keeps serving from its other
+    region. The next node starts there with an empty fast tier: what it resumes from
+    is what the trainer uploaded."""
+    newest = max(committed_steps(cloud, fast_dir)["primary"], default=None)
+    shutil.rmtree(fast_dir, ignore_errors=True)
+    record = FaultRecord(
+        "bucket_loss",
+        0.0,
+        newest,
+        newest_step=newest,
+        expected_tier="primary",
+        error=None if newest is not None else "the bucket holds no checkpoint",
+    )
+    return record, (
+        f"location lost: the fast tier is wiped and the next node starts in the bucket's other region; "
+        f"the bucket's newest step is {newest}"
     )

@@ -112,13 +112,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         content_type: str = "text/plain",
     ) -> None:
         data = body.encode() if isinstance(body, str) else body
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client left during a long poll (a node killed or stopped): nobody to answer
 
     def _record(self) -> urllib.parse.SplitResult:
         url = urllib.parse.urlsplit(self.path)

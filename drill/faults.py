@@ -35,6 +35,16 @@ KINDS: dict[str, str] = {
     "hang": "hung rank",
     "bucket_loss": "loss of the primary bucket",
 }
+#: How the faults are named, and what they are, when the drill plays GCP: a preemption
+#: (instance/preempted), a live-migration maintenance event (advisory, like a rebalance
+#: recommendation), and the loss of the location holding the node and its zonal fast
+#: tier (the dual-region bucket survives it).
+GCP_KINDS: dict[str, str] = {
+    **KINDS,
+    "notice": "GCP preemption (instance/preempted)",
+    "rebalance": "maintenance event (MIGRATE_ON_HOST_MAINTENANCE)",
+    "bucket_loss": "loss of one location (node and fast tier)",
+}
 
 
 @dataclasses.dataclass
@@ -57,6 +67,12 @@ class FaultRecord:
     note: str = ""
     error: str | None = None
     """The drill could not inject or observe this fault (the fault fails)."""
+    label: str | None = None
+    """The report's name for the fault, when not the AWS one of :data:`KINDS`."""
+    notice_kind: str = "rebalance"
+    """The advisory notice the ``rebalance`` fault raises (GCP: ``maintenance``)."""
+    expected_tier: str = "replica"
+    """The tier ``bucket_loss`` must restore from (GCP: the one dual-region bucket, ``primary``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -73,10 +89,11 @@ class FaultResult:
     lost_steps: int | None = None
     resume_s: float | None = None
     at_step: int | None = None
+    label: str | None = None
 
     @property
     def name(self) -> str:
-        return KINDS[self.kind]
+        return self.label or KINDS[self.kind]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,9 +136,11 @@ def measure(rec: FaultRecord, events: Sequence[dict[str, Any]]) -> FaultResult:
     """Time to detect, work lost and time to resume for one fault, and whether the run
     recovered from it."""
     if rec.error:
-        return _fail(rec, rec.error)
+        return dataclasses.replace(_fail(rec, rec.error), label=rec.label)
     lives = split_lives(events)
-    return _MEASURES[rec.kind](rec, lives)
+    result = _MEASURES[rec.kind](rec, lives)
+    result.label = rec.label
+    return result
 
 
 def _commit_of(life: Life, notice: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,15 +191,17 @@ def _notice(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
 
 def _rebalance(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
     life = life_at(lives, rec.t_fault)
-    notice = life and life.first("notice", after=rec.t_fault, kind="rebalance")
+    notice = life and life.first("notice", after=rec.t_fault, kind=rec.notice_kind)
     if notice is None:
-        return _fail(rec, "no rebalance notice was agreed on after the recommendation")
+        return _fail(rec, f"no {rec.notice_kind} notice was agreed on after it was posted")
     detect = notice["t"] - rec.t_fault
     commit = _commit_of(life, notice)
     if commit is None:
         return _fail(rec, "no early checkpoint was committed after the recommendation", detect_s=detect)
     if life.first("exit", after=notice["t"], code=75) is not None:
-        return _fail(rec, "the run exited after a rebalance recommendation (it is not a termination)", detect_s=detect)
+        return _fail(
+            rec, f"the run exited after an advisory {rec.notice_kind} notice (not a termination)", detect_s=detect
+        )
     nxt_step = life.step_after(notice["t"], min_step=int(notice.get("step") or 0) + 1)
     if nxt_step is None:
         return _fail(rec, "training did not continue after the early checkpoint", detect_s=detect)
@@ -324,15 +345,17 @@ def _bucket_loss(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
         return _fail(rec, problem or "")
     restored = nxt.restored
     if restored is None:
-        return _fail(rec, "the new node started from step 0: the replica was not used")
+        return _fail(rec, f"the new node started from step 0: the {rec.expected_tier} bucket was not used")
     detect = restored["t"] - nxt.t_start
-    if restored.get("tier") != "replica":
-        return _fail(rec, f"restored from the {restored.get('tier')} tier, expected the replica", detect_s=detect)
+    if restored.get("tier") != rec.expected_tier:
+        return _fail(
+            rec, f"restored from the {restored.get('tier')} tier, expected the {rec.expected_tier}", detect_s=detect
+        )
     got = nxt.resumed_from
     return FaultResult(
         rec.kind,
         True,
-        f"restored step {got} from the replica bucket ({_breakdown(nxt, rec.t_fault)})",
+        f"restored step {got} from the {rec.expected_tier} bucket ({_breakdown(nxt, rec.t_fault)})",
         detect_s=detect,
         lost_steps=max(0, (rec.newest_step or got) - got),
         resume_s=nxt.first_step["t"] - rec.t_fault,

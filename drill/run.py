@@ -17,12 +17,12 @@ from typing import Any
 
 from drill import damage
 from drill.cloud import CREDENTIALS, LocalCloud
-from drill.faults import KINDS, FaultRecord, measure
+from drill.faults import GCP_KINDS, KINDS, FaultRecord, measure
 from drill.lives import steady_step_time
 from drill.report import DrillReport, Goodput
 from drill.runner import EventTail, Node, WorkerGroup
 from drill.scenario import Plan, SegmentPlan, build_plan
-from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED
+from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, GCP_PREEMPTION_NOTICE_S
 
 #: The repository root: children import the same ``drill`` and ``ftfleet`` as this process.
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +33,9 @@ DEFAULT_CONFIG = SOURCE_ROOT / "trainer" / "configs" / "tiny.yaml"
 class DrillOptions:
     faults: list[str]
     workdir: Path
+    cloud: str = "aws"
+    """``aws``: moto S3 (primary and replica buckets) and IMDSv2. ``gcp``: a GCS emulator
+    (one dual-region bucket) and the GCP metadata server (:mod:`drill.cloud_gcp`)."""
     nproc: int = 2
     first_step: int = 20
     spacing: int = 20
@@ -56,9 +59,7 @@ class DrillError(Exception):
 
 
 class Drill:
-    def __init__(
-        self, opts: DrillOptions, cloud: LocalCloud, say: Callable[[str], None] = print, bar: Any = None
-    ) -> None:
+    def __init__(self, opts: DrillOptions, cloud: Any, say: Callable[[str], None] = print, bar: Any = None) -> None:
         self.opts = opts
         self.cloud = cloud
         self.plan: Plan = build_plan(opts.faults, first_step=opts.first_step, spacing=opts.spacing)
@@ -220,16 +221,21 @@ class Drill:
             f"resilience.watchdog.timeout_s={self.opts.watchdog_s}",
             "resilience.watchdog.first_step_timeout_s=120",
             f"checkpoint.uri={self.cloud.primary_uri}",
-            f"checkpoint.replica_uri={self.cloud.replica_uri}",
-            f"checkpoint.s3_endpoint_url={self.cloud.endpoint_url}",
         ]
+        node_env = {"FTFLEET_CLOUD": self.opts.cloud, "FTFLEET_METADATA_ENDPOINT": self.cloud.metadata.url}
+        if self.opts.cloud == "gcp":
+            node_env.update(self.cloud.node_env())
+            node_env["FTFLEET_PREEMPTION_NOTICE_S"] = str(GCP_PREEMPTION_NOTICE_S)
+        else:
+            extra += [
+                f"checkpoint.replica_uri={self.cloud.replica_uri}",
+                f"checkpoint.s3_endpoint_url={self.cloud.endpoint_url}",
+            ]
         if self.plan.hang_step:
             extra += [f"faults.hang_at_step={self.plan.hang_step}", "faults.hang_rank=1"]
         if seg.stop_at_step:
             extra.append(f"train.stop_at_step={seg.stop_at_step}")
-        env = self.env(
-            {"FTFLEET_CLOUD": "aws", "FTFLEET_METADATA_ENDPOINT": self.cloud.metadata.url, "FTFLEET_NODE_ID": seg.node}
-        )
+        env = self.env({**node_env, "FTFLEET_NODE_ID": seg.node})
         node = Node(
             seg.node, self.cmd(self.run_dir, self.fast_dir, extra), env, SOURCE_ROOT, self.logs / f"{seg.node}.log"
         ).start()
@@ -321,8 +327,8 @@ class Drill:
             self.say(f"{seg.node}: no checkpoint, starting at step 0")
         elif kind == "notice":
             self.say(f"{seg.node}: ranks agreed on a {e.get('kind')} notice at step {e.get('step')}")
-            if e.get("kind") == "rebalance":
-                self.cloud.metadata.reset()  # the recommendation was acted on
+            if e.get("kind") in ("rebalance", "maintenance"):
+                self.cloud.metadata.reset()  # acted on (GCP: the maintenance event ends)
         elif kind == "committed" and e.get("reason") not in ("interval", None):
             self.say(
                 f"{seg.node}: committed step {e.get('step')} ({e.get('reason')}, {float(e.get('commit_s') or 0):.2f}s)"
@@ -337,7 +343,13 @@ class Drill:
         return step
 
     def _inject(self, kind: str, at: int, node: Node, step: int) -> FaultRecord:
-        if kind == "notice":
+        if kind == "notice" and self.opts.cloud == "gcp":
+            self.cloud.metadata.preempt()
+            what = f"instance/preempted set TRUE (stopped in {GCP_PREEMPTION_NOTICE_S} s)"
+        elif kind == "rebalance" and self.opts.cloud == "gcp":
+            self.cloud.metadata.maintenance("MIGRATE_ON_HOST_MAINTENANCE")
+            what = "instance/maintenance-event set MIGRATE_ON_HOST_MAINTENANCE"
+        elif kind == "notice":
             self.cloud.metadata.schedule_spot_interruption("terminate", in_seconds=120)
             what = "spot interruption notice posted (terminate in 120 s)"
         elif kind == "rebalance":
@@ -402,18 +414,23 @@ class Drill:
         return record
 
     def _lose_primary(self) -> FaultRecord:
-        record, what = damage.lose_primary(self.cloud, self.fast_dir)
+        lose = damage.lose_location if self.opts.cloud == "gcp" else damage.lose_primary
+        record, what = lose(self.cloud, self.fast_dir)
         self.say(what)
         return record
 
     # -- all of it ------------------------------------------------------------------
 
     def run(self) -> DrillReport:
-        self.say("plan: " + "; ".join(self.plan.describe()) + f"; {self.plan.steps} steps in all")
+        names = GCP_KINDS if self.opts.cloud == "gcp" else KINDS
+        self.say("plan: " + "; ".join(self.plan.describe(names)) + f"; {self.plan.steps} steps in all")
         ref_summary, ref_events, ref_wall = self.run_reference()
         summary, events, t_begin, t_end, problem = self.run_faulted()
         if self.plan.nan_step:  # configured, not injected: the event log says when it hit
             self.records.append(FaultRecord("nan", t_begin, self.plan.nan_step))
+        if self.opts.cloud == "gcp":
+            for r in self.records:
+                r.label, r.notice_kind = GCP_KINDS[r.kind], "maintenance"
         results = [measure(r, events) for r in self.records]
         order = {k: i for i, k in enumerate(KINDS)}
         results.sort(key=lambda r: order[r.kind])
@@ -426,12 +443,19 @@ class Drill:
         final_reason = problem or (
             f"not injected: {', '.join(KINDS[k] for k in missing)}" if missing else "the faulted run completed"
         )
-        notes = [
-            f"moto has no bucket replication: the drill copies the primary's objects "
-            f"to the replica every {self.cloud.replication_lag_s:g}s (manifests last)",
-            *self.notes,
-        ]
+        if self.opts.cloud == "gcp":
+            cloud_note = (
+                "GCP: one dual-region bucket on a GCS emulator (fake-gcs-server); the loss of a location "
+                "wipes the node's zonal fast tier and the next node restores from the bucket"
+            )
+        else:
+            cloud_note = (
+                f"moto has no bucket replication: the drill copies the primary's objects "
+                f"to the replica every {self.cloud.replication_lag_s:g}s (manifests last)"
+            )
+        notes = [cloud_note, *self.notes]
         settings = {
+            "cloud": self.opts.cloud,
             "faults": self.plan.faults,
             "steps": self.plan.steps,
             "nproc": self.opts.nproc,
@@ -462,5 +486,10 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def run_drill(opts: DrillOptions, say: Callable[[str], None] = print, bar: Any = None) -> DrillReport:
+    if opts.cloud == "gcp":
+        from drill.cloud_gcp import GcpCloud
+
+        with GcpCloud() as gcp:
+            return Drill(opts, gcp, say, bar).run()
     with LocalCloud() as cloud:
         return Drill(opts, cloud, say, bar).run()

@@ -74,11 +74,9 @@ class Plan:
                 return prev.stop_at_step
         return None
 
-    def describe(self) -> list[str]:
-        out = []
-        for kind in self.faults:
-            out.append(f"{KINDS[kind]} at step {self.step_of(kind)}")
-        return out
+    def describe(self, names: dict[str, str] = KINDS) -> list[str]:
+        """One line per fault; ``names``: how the report names the kinds (the cloud's)."""
+        return [f"{names[kind]} at step {self.step_of(kind)}" for kind in self.faults]
 
 
 def parse_faults(text: str) -> list[str]:

@@ -112,6 +112,16 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "http://169.254.169.254",
     ),
     EnvVar(
+        "FTFLEET_PREEMPTION_NOTICE_S",
+        False,
+        "GCP: seconds from `instance/preempted` turning TRUE to the VM being stopped, the "
+        "deadline of the emergency checkpoint. A Spot template with an extended preemption "
+        "notice (`gcpPreemptionNoticeSeconds` N) sets N + 30 (the notice, then the 30 s "
+        "shutdown after ACPI soft-off). Unset: 30, GCP's documented notice. AWS needs none: "
+        "spot/instance-action names its own time.",
+        "90",
+    ),
+    EnvVar(
         "FTFLEET_RUN_DIR",
         False,
         "Where the trainer writes `events.jsonl` and `summary.json`; must be writable by the "
@@ -135,6 +145,10 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
 )
 
 ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)
+
+#: GCE sets instance/preempted this long before it stops a Spot or preemptible VM (the
+#: ACPI soft-off and its shutdown period), when the template asks for no extended notice.
+GCP_PREEMPTION_NOTICE_S = 30
 
 #: The clouds a stack can deploy to (`ftfleet:cloud`, FTFLEET_CLOUD).
 CLOUDS = ("aws", "gcp")
@@ -183,8 +197,18 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     restarts = environ.get("FTFLEET_MAX_RESTARTS", "")
     if restarts and not restarts.isdigit():
         raise ContractError(f"FTFLEET_MAX_RESTARTS={restarts!r}: use a whole number >= 0")
+    notice = environ.get("FTFLEET_PREEMPTION_NOTICE_S", "")
+    if notice and not _positive_number(notice):
+        raise ContractError(f"FTFLEET_PREEMPTION_NOTICE_S={notice!r}: use a positive number of seconds")
     if environ.get("FTFLEET_CLOUD") not in CLOUDS:
         raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use one of {', '.join(CLOUDS)}")
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> str:

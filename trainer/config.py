@@ -219,6 +219,7 @@ ENV_OVERRIDES = {
     "FTFLEET_CKPT_URI": "checkpoint.uri",
     "FTFLEET_CKPT_REPLICA_URI": "checkpoint.replica_uri",
     "FTFLEET_CKPT_UPLOAD": "checkpoint.upload",
+    "FTFLEET_PREEMPTION_NOTICE_S": "resilience.watcher.gcp_preemption_notice_s",
 }
 
 

@@ -2,8 +2,9 @@
 
 The container's environment is the contract in ftfleet/contract.py: `trainer_env`
 builds it from the settings and the deployed resources, the startup script adds the
-node's own name (FTFLEET_NODE_ID, read from the metadata server at boot), and a test
-checks the result against `contract.check_env`.
+node's own name (FTFLEET_NODE_ID, read from the metadata server at boot) and its run
+directory on the fast tier (FTFLEET_RUN_DIR, `run_root(s)/<name>`), and a test checks
+the result against `contract.check_env`.
 
 Checkpoints become durable by the trainer's upload (FTFLEET_CKPT_UPLOAD=trainer):
 neither Managed Lustre nor Parallelstore copies a directory to Cloud Storage on its
@@ -39,6 +40,8 @@ ATTEMPTS = 5
 RETRY_SECONDS = 10
 #: Compute Engine accepts metadata values up to 256 KiB.
 METADATA_VALUE_LIMIT = 256 * 1024
+#: What the startup script adds to trainer_env: only the node knows them.
+NODE_ENV = ("FTFLEET_NODE_ID", "FTFLEET_RUN_DIR")
 NO_RESTART_EXIT_CODES = (contract.EXIT_PREEMPTED, contract.EXIT_UNRECOVERABLE, contract.EXIT_CONFIG)
 
 
@@ -59,8 +62,15 @@ def checkpoint_root(s: GcpSettings) -> str:
     return f"{s.buckets.checkpoint_prefix}{s.trainer.run_id}"
 
 
+def run_root(s: GcpSettings) -> str:
+    """Parent of the nodes' run directories (FTFLEET_RUN_DIR is `<this>/<instance name>`,
+    set by the startup script, which alone knows the name)."""
+    return f"{s.storage.mount_point}/runs/{s.trainer.run_id}"
+
+
 def trainer_env(s: GcpSettings, ctx: NodeContext) -> dict[str, str]:
-    """The container environment (contract.TRAINER_ENV) except FTFLEET_NODE_ID."""
+    """The container environment (contract.TRAINER_ENV) except FTFLEET_NODE_ID and
+    FTFLEET_RUN_DIR (NODE_ENV)."""
     root = checkpoint_root(s)
     f = s.fleet
     return {
@@ -77,6 +87,8 @@ def trainer_env(s: GcpSettings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_REPLICA_REGION": s.replica_region,
         "FTFLEET_METADATA_ENDPOINT": contract.DEFAULT_METADATA_ENDPOINT["gcp"],
         "FTFLEET_METRICS_PORT": str(METRICS_PORT),
+        # An extended notice comes before the ACPI soft-off and its 30 s shutdown.
+        "FTFLEET_PREEMPTION_NOTICE_S": str(f.preemption_notice_seconds + contract.GCP_PREEMPTION_NOTICE_S),
     }
 
 
@@ -90,7 +102,11 @@ def startup_script(
     retry_seconds: int = RETRY_SECONDS,
 ) -> str:
     """The startup script of one template. ``root`` and ``retry_seconds`` are for tests."""
-    env = "\n".join(f"{k}={v}" for k, v in trainer_env(s, ctx).items())
+    values = trainer_env(s, ctx)
+    for name in NODE_ENV:
+        if name in values:
+            raise bootscript.BootScriptError(f"trainer_env: {name} is the startup script's to set")
+    env = "\n".join(f"{k}={v}" for k, v in values.items())
     return bootscript.render(
         STARTUP,
         {
@@ -103,6 +119,7 @@ def startup_script(
             "MOUNT_SOURCE": ctx.mount_source,
             "MOUNT_POINT": s.storage.mount_point,
             "CKPT_DIR": f"{s.storage.mount_point}/{checkpoint_root(s)}",
+            "RUN_ROOT": run_root(s),
             "TRAINER_UID": contract.TRAINER_UID,
             "TRAINER_ENV": env,
             "STOP_SECONDS": STOP_SECONDS[provisioning_model],

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -51,3 +53,60 @@ def test_a_short_drill_recovers_from_a_notice_and_a_sigkill_and_matches_the_refe
     assert sigkill["detect_s"] is not None and sigkill["resume_s"] > sigkill["detect_s"]
     assert data["state_matches_reference"] is True
     assert 0 < data["goodput"]["goodput"] <= 1.0
+
+
+def run_drill(tmp_path, *args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_", "STORAGE_EMULATOR"))}
+    env["PYTHONPATH"] = str(REPO)
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drill",
+            *args,
+            "--no-progress",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(report),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return json.loads(report.read_text())
+
+
+def test_a_short_gcp_drill_survives_a_preemption_and_the_loss_of_a_location_and_matches_the_reference(tmp_path):
+    data = run_drill(
+        tmp_path,
+        "--cloud",
+        "gcp",
+        "--faults",
+        "notice,bucket_loss",
+        "--first-step",
+        "6",
+        "--spacing",
+        "6",
+        "--step-delay",
+        "0.02",
+    )
+    assert data["settings"]["cloud"] == "gcp"
+    assert [f["kind"] for f in data["faults"]] == ["notice", "bucket_loss"]
+    assert all(f["ok"] for f in data["faults"]), data["faults"]
+    preemption, location = data["faults"]
+    assert preemption["name"].startswith("GCP preemption") and preemption["lost_steps"] == 0
+    assert "restored step" in location["reason"] and "primary bucket" in location["reason"]
+    assert data["state_matches_reference"] is True
+
+
+@pytest.mark.chaos
+def test_the_whole_gcp_drill_recovers_from_every_fault_and_matches_the_reference(tmp_path):
+    data = run_drill(tmp_path, "--cloud", "gcp", timeout=600)
+    assert all(f["ok"] for f in data["faults"]), data["faults"]
+    assert {f["kind"] for f in data["faults"]} >= {"notice", "rebalance", "sigkill", "corrupt", "bucket_loss"}
+    assert data["state_matches_reference"] is True

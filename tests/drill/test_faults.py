@@ -230,3 +230,25 @@ def test_a_fault_the_drill_could_not_inject_fails_with_its_reason():
 def test_an_unknown_fault_kind_is_refused():
     with pytest.raises(ValueError, match="fault kind"):
         FaultRecord("meteor", 0.0)
+
+
+# -- GCP: the same measures, GCP's notices and its one dual-region bucket ----------------
+
+
+def test_a_gcp_live_migration_is_measured_as_an_advisory_maintenance_notice():
+    events = [
+        {**e, "kind": "maintenance", "source": "gcp-maintenance-event"} if e["event"] == "notice" else e
+        for e in rebalance_run()
+    ]
+    rec = FaultRecord("rebalance", 4.85, at_step=40, notice_kind="maintenance", label="maintenance event")
+    r = measure(rec, events)
+    assert r.ok, r.reason
+    assert r.name == "maintenance event"
+    assert not measure(FaultRecord("rebalance", 4.85, at_step=40), events).ok  # no rebalance notice in it
+
+
+@pytest.mark.parametrize("restored,tier,ok", [(140, "primary", True), (140, "local", False), (None, "local", False)])
+def test_after_losing_a_gcp_location_the_run_must_restore_from_the_bucket(restored, tier, ok):
+    events = life(100, 0.0, last=140) + life(200, 30.0, restored=restored, tier=tier, first=141)
+    rec = FaultRecord("bucket_loss", 29.0, newest_step=140, expected_tier="primary")
+    assert measure(rec, events).ok is ok

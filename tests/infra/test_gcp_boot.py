@@ -96,7 +96,13 @@ def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     )
     mount = stubs.calls("mount")[0].args
     assert mount == ["-t", "lustre", "-o", "noatime,flock", CTX.mount_source, f"{stubs.root}/ckpt"]
-    assert stubs.calls("chown")[0].args == ["10001:10001", f"{stubs.root}/ckpt/checkpoints/gcp-dev"]
+    assert stubs.calls("chown")[0].args == [
+        "10001:10001",
+        f"{stubs.root}/ckpt/checkpoints/gcp-dev",
+        f"{stubs.root}/ckpt/runs/gcp-dev",
+        f"{stubs.root}/ckpt/runs/gcp-dev/{NODE}",
+    ]
+    assert (stubs.root / f"ckpt/runs/gcp-dev/{NODE}").is_dir()
     login = stubs.calls("docker")[0]
     assert login.args[:3] == ["login", "--username", "oauth2accesstoken"] and login.stdin == TOKEN
     assert stubs.calls("docker")[1].args == ["pull", CTX.image_uri]
@@ -116,6 +122,16 @@ def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
     assert env["FTFLEET_RDZV_ENDPOINT"] == "10.40.0.10:29400"
     assert env["FTFLEET_NNODES"] == "1:5" and env["FTFLEET_NPROC_PER_NODE"] == "1"
     assert env["FTFLEET_METADATA_ENDPOINT"] == "http://metadata.google.internal"
+    assert env["FTFLEET_RUN_DIR"] == f"/ckpt/runs/gcp-dev/{NODE}"  # per node, on the fast tier
+
+
+@pytest.mark.parametrize("extended, deadline", [(0, "30"), (60, "90")])
+def test_the_trainers_preemption_deadline_is_the_extended_notice_plus_the_shutdown_period(extended, deadline):
+    base = settings_for()
+    settings = dataclasses.replace(base, fleet=dataclasses.replace(base.fleet, preemption_notice_seconds=extended))
+    env = boot.trainer_env(settings, CTX)
+    assert env["FTFLEET_PREEMPTION_NOTICE_S"] == deadline
+    contract.check_env({**env, "FTFLEET_NODE_ID": NODE})
 
 
 @pytest.mark.parametrize("model, stop", [("SPOT", 25), ("STANDARD", 100)])

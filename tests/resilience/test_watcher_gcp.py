@@ -101,3 +101,32 @@ def test_stop_cuts_a_long_poll_in_flight(fake_metadata, fast_config):
     )
     watcher.stop(timeout_s=2.0)  # the fake would hold each poll for 5 s
     assert not any(t.is_alive() for t in threads)
+
+
+def test_the_preemption_deadline_follows_ftfleet_preemption_notice_s(fake_metadata):
+    """An extended preemption notice (the GCP stack's gcpPreemptionNoticeSeconds) reaches
+    the watcher through the contract variable, via the trainer config."""
+    import dataclasses
+
+    from ftfleet.trainer.config import load_config
+    from tests.resilience.helpers import REPO
+
+    config = load_config(REPO / "trainer/configs/tiny.yaml", [], environ={"FTFLEET_PREEMPTION_NOTICE_S": "90"})
+    watcher_config = dataclasses.replace(
+        config.resilience.watcher, poll_interval_s=0.05, gcp_wait_timeout_s=2.0, max_backoff_s=0.2
+    )
+    with NoticeWatcher("gcp", fake_metadata.url, watcher_config) as watcher:
+        fake_metadata.preempt()
+        notice = wait_for(watcher.pending, what="preemption notice")
+    assert notice.deadline == pytest.approx(notice.received_at + 90.0)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+def test_a_bad_ftfleet_preemption_notice_s_is_refused_in_one_line_naming_it(value):
+    from ftfleet import contract
+
+    env = {v.name: v.example for v in contract.TRAINER_ENV if v.required}
+    contract.check_env(env)
+    with pytest.raises(contract.ContractError, match="FTFLEET_PREEMPTION_NOTICE_S") as err:
+        contract.check_env({**env, "FTFLEET_PREEMPTION_NOTICE_S": value})
+    assert "\n" not in str(err.value) and "positive number" in str(err.value)

@@ -125,20 +125,20 @@ def test_bucket_target_on_s3_lists_verifies_and_inspects_then_names_the_bad_obje
     assert rc == 1 and ".metadata: missing" in out
 
 
-def test_bucket_target_on_gcs_names_the_corrupt_object(tmp_path, ref1, monkeypatch, capsys):
+def test_bucket_target_on_gcs_names_the_corrupt_object(tmp_path, ref1, gcs_bucket, capsys):
     from ftfleet.trainer.checkpoint.tiers import gcs
-    from tests.trainer.test_gcs import FakeClient
+    from tests.gcs_emulator import gcs_client
 
-    client = FakeClient("b")
-    monkeypatch.setattr(gcs, "make_client", lambda: client)
+    uri = f"gs://{gcs_bucket}/run"
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24])
-    upload(gcs.GCSStore("gs://b/run", client=client), root, [24])
-    assert run(capsys, "verify", "gs://b/run")[0] == 0
+    upload(gcs.GCSStore(uri), root, [24])
+    assert run(capsys, "verify", uri)[0] == 0
     key = f"run/step-24/{shard(root / 'step-24').name}"
-    client.buckets["b"][key] = flip_first_byte(client.buckets["b"][key])
-    rc, out, err = run(capsys, "verify", "gs://b/run")
+    blob = gcs_client().bucket(gcs_bucket).blob(key)
+    blob.upload_from_string(flip_first_byte(blob.download_as_bytes()))
+    rc, out, err = run(capsys, "verify", uri)
     assert rc == 1 and f"{key.split('/')[-1]}: crc32c" in out
-    rc, _, err = run(capsys, "inspect", "gs://b/run")
+    rc, _, err = run(capsys, "inspect", uri)
     assert rc == 1 and f"CORRUPT {key.split('/')[-1]}" in err
 
 

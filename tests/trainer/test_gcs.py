@@ -1,88 +1,25 @@
-"""The durable tier on GCS, through a fake at the google-cloud-storage client boundary
-(the calls GCSStore makes: Client.bucket/list_blobs, Blob.upload_from_filename,
-upload_from_string, download_to_filename, download_as_bytes, open, delete)."""
+"""The durable tier on GCS, against a real GCS emulator (fake-gcs-server, see
+tests/gcs_emulator.py) through the real google-cloud-storage client: the store builds
+its own client, which finds the emulator through STORAGE_EMULATOR_HOST as it would find
+Google's endpoint on a node."""
 
 from __future__ import annotations
 
-import io
+import base64
 import logging
+import time
 
 import pytest
-from google.api_core import exceptions as gexc
 
 from ftfleet.trainer.checkpoint.comm import LocalComm
 from ftfleet.trainer.checkpoint.manifest import read_manifest
 from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
-from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable
-from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore
+from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
+from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore, retry_budget_s
 from ftfleet.trainer.checkpoint.upload import Uploader
+from tests.gcs_emulator import gcs_client
 from tests.trainer.conftest import copy_steps
-
-
-class FakeBlob:
-    def __init__(self, client, bucket, name):
-        self.client, self.bucket_name, self.name = client, bucket, name
-
-    @property
-    def _objects(self):
-        if self.bucket_name not in self.client.buckets:
-            raise gexc.NotFound(f"bucket {self.bucket_name}")
-        return self.client.buckets[self.bucket_name]
-
-    @property
-    def size(self):
-        return len(self._objects[self.name])
-
-    def _put(self, data, checksum, retry):
-        assert checksum == "crc32c" and retry is not None
-        self._objects[self.name] = bytes(data)
-        self.client.writes.append(self.name)
-
-    def upload_from_filename(self, path, checksum=None, retry=None):
-        self._put(open(path, "rb").read(), checksum, retry)
-
-    def upload_from_string(self, data, checksum=None, retry=None):
-        self._put(data, checksum, retry)
-
-    def download_as_bytes(self, checksum=None, retry=None):
-        if self.name not in self._objects:
-            raise gexc.NotFound(self.name)
-        return self._objects[self.name]
-
-    def download_to_filename(self, path, checksum=None, retry=None):
-        data = self.download_as_bytes(checksum, retry)
-        with open(path, "wb") as f:
-            f.write(data)
-
-    def open(self, mode, retry=None):
-        return io.BytesIO(self.download_as_bytes())
-
-    def delete(self, retry=None):
-        if self._objects.pop(self.name, None) is None:
-            raise gexc.NotFound(self.name)
-
-
-class FakeBucket:
-    def __init__(self, client, name):
-        self.client, self.name = client, name
-
-    def blob(self, name, chunk_size=None):
-        assert chunk_size is None or chunk_size % (256 * 1024) == 0
-        return FakeBlob(self.client, self.name, name)
-
-
-class FakeClient:
-    def __init__(self, *buckets):
-        self.buckets = {b: {} for b in buckets}
-        self.writes: list[str] = []
-
-    def bucket(self, name):
-        return FakeBucket(self, name)
-
-    def list_blobs(self, bucket, prefix="", retry=None):
-        if bucket not in self.buckets:
-            raise gexc.NotFound(f"bucket {bucket}")
-        return [FakeBlob(self, bucket, k) for k in sorted(self.buckets[bucket]) if k.startswith(prefix)]
+from tests.trainer.s3proxy import FaultProxy
 
 
 @pytest.fixture
@@ -93,8 +30,6 @@ def local(tmp_path, ref1):
 
 def upload_all(store, local, one_by_one=True):
     """Upload steps 20, 22, 24; all at once, the uploader skips to the newest."""
-    import time
-
     up = Uploader(store, local, LocalComm(), workers=4, keep=5)
     for step in (20, 22, 24):
         up.submit(read_manifest(local.step_dir(step)))
@@ -109,41 +44,66 @@ def identity(local):
     return Identity(m.run_id, m.config_hash)
 
 
-def test_upload_writes_every_file_then_the_manifest(local):
-    client = FakeClient("b")
-    store = GCSStore("gs://b/run", client=client)
+def blobs(bucket, prefix="run/"):
+    return {b.name: b for b in gcs_client().list_blobs(bucket, prefix=prefix)}
+
+
+def test_the_store_reaches_the_emulator_through_storage_emulator_host_alone(gcs_bucket, gcs_emulator):
+    store = open_store(f"gs://{gcs_bucket}/run")
+    assert isinstance(store, GCSStore)
+    store.put_bytes("probe", b"x")
+    assert store.client._connection.API_BASE_URL == gcs_emulator.url
+    assert gcs_client().bucket(gcs_bucket).blob("run/probe").download_as_bytes() == b"x"
+
+
+def test_upload_writes_every_file_with_its_crc32c_then_the_manifest(gcs_bucket, local):
+    store = GCSStore(f"gs://{gcs_bucket}/run")
     up = upload_all(store, local)
     assert up.durable_steps == [20, 22, 24]
-    assert store.committed_steps() == up.durable_steps
+    assert store.committed_steps() == [20, 22, 24]
+    stored = blobs(gcs_bucket)
     for step in up.durable_steps:
-        ours = [w for w in client.writes if f"run/step-{step}/" in w]
-        assert ours[-1] == f"run/step-{step}/manifest.json" and len(ours) == 4
+        manifest = read_manifest(local.step_dir(step))
+        ours = {name: b for name, b in stored.items() if name.startswith(f"run/step-{step}/")}
+        files = {name.rsplit("/", 1)[-1]: b for name, b in ours.items()}
+        assert set(files) == {*manifest.files, "manifest.json"}
+        for name, entry in manifest.files.items():
+            # what the bucket computed from the bytes it received equals what the trainer wrote
+            assert base64.b64decode(files[name].crc32c).hex() == entry.crc32c
+            assert files[name].size == entry.size
+        # the manifest is the last object of its step (generations grow with time)
+        last = max(ours.values(), key=lambda b: b.generation)
+        assert last.name == f"run/step-{step}/manifest.json"
 
 
-def test_queued_uploads_skip_to_the_newest_commit(local):
-    store = GCSStore("gs://b/run", client=FakeClient("b"))
+def test_queued_uploads_skip_to_the_newest_commit(gcs_bucket, local):
+    store = GCSStore(f"gs://{gcs_bucket}/run")
     up = upload_all(store, local, one_by_one=False)
     assert up.durable_steps[-1] == 24 and len(up.durable_steps) < 3
+    assert store.committed_steps() == up.durable_steps
 
 
-def test_restore_downloads_verifies_and_commits_locally(tmp_path, local):
-    store = GCSStore("gs://b/run", client=FakeClient("b"))
+def test_restore_downloads_verifies_and_commits_locally(tmp_path, gcs_bucket, local):
+    store = GCSStore(f"gs://{gcs_bucket}/run")
     upload_all(store, local)
     fresh = LocalTier(tmp_path / "fresh")
     found = find_and_prepare(LocalComm(), fresh, [("primary", store)], identity(local))
     assert (found.tier, found.step) == ("primary", 24)
     assert fresh.committed_steps() == [24]
     assert read_manifest(fresh.step_dir(24)) == read_manifest(local.step_dir(24))
+    for name in read_manifest(local.step_dir(24)).files:
+        assert (fresh.step_dir(24) / name).read_bytes() == (local.step_dir(24) / name).read_bytes()
 
 
-def test_a_corrupt_or_partial_bucket_copy_falls_back_to_the_previous_step(tmp_path, local, caplog):
-    client = FakeClient("b")
-    store = GCSStore("gs://b/run", client=client)
+def test_a_corrupt_or_partial_bucket_copy_falls_back_to_the_previous_step(tmp_path, gcs_bucket, local, caplog):
+    store = GCSStore(f"gs://{gcs_bucket}/run")
     upload_all(store, local)
-    objects = client.buckets["b"]
-    shard = sorted(k for k in objects if k.startswith("run/step-24/__"))[0]
-    objects[shard] = objects[shard][:-1] + bytes([objects[shard][-1] ^ 1])  # bit flip
-    del objects[sorted(k for k in objects if k.startswith("run/step-22/__"))[0]]  # exported early
+    bucket = gcs_client().bucket(gcs_bucket)
+    shard = sorted(n for n in blobs(gcs_bucket) if n.startswith("run/step-24/__"))[0]
+    data = bytearray(bucket.blob(shard).download_as_bytes())
+    data[-1] ^= 1  # rewritten whole: the bucket's own checksum matches, the manifest's does not
+    bucket.blob(shard).upload_from_string(bytes(data))
+    bucket.blob(sorted(n for n in blobs(gcs_bucket) if n.startswith("run/step-22/__"))[0]).delete()
     with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
         found = find_and_prepare(LocalComm(), LocalTier(tmp_path / "fresh"), [("primary", store)], identity(local))
     assert found.step == 20
@@ -152,13 +112,55 @@ def test_a_corrupt_or_partial_bucket_copy_falls_back_to_the_previous_step(tmp_pa
     assert "step-22" in text and "download failed" in text
 
 
-def test_a_missing_gcs_bucket_is_unavailable_and_restore_goes_on(tmp_path, local):
-    missing = GCSStore("gs://gone/run", client=FakeClient())
-    with pytest.raises(TierUnavailable):
+def test_a_missing_gcs_bucket_is_unavailable_and_restore_goes_on(tmp_path, gcs_bucket, local):
+    missing = GCSStore("gs://ftfleet-no-such-bucket/run")
+    with pytest.raises(TierUnavailable, match="does not exist"):
         missing.committed_steps()
-    replica = GCSStore("gs://rep/run", client=FakeClient("rep"))
+    with pytest.raises(TierUnavailable, match="does not exist"):
+        missing.put_bytes("step-1/manifest.json", b"{}")
+    replica = GCSStore(f"gs://{gcs_bucket}/run")
     upload_all(replica, local)
     found = find_and_prepare(
         LocalComm(), LocalTier(tmp_path / "fresh"), [("primary", missing), ("replica", replica)], identity(local)
     )
     assert (found.tier, found.step) == ("replica", 24)
+
+
+def test_server_errors_are_retried_until_the_request_succeeds(gcs_emulator, gcs_bucket, local, monkeypatch):
+    proxy = FaultProxy(gcs_emulator.url)
+    proxy.start()
+    try:
+        proxy.fail_every(2, status=503, methods=("GET", "POST"))  # every other request, first included
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        store = GCSStore(f"gs://{gcs_bucket}/run", retries=4)
+        store.put_bytes("step-1/manifest.json", b"{}")
+        assert store.committed_steps() == [1]
+        assert store.get_bytes("step-1/manifest.json") == b"{}"
+        assert proxy.injected >= 3
+    finally:
+        proxy.stop()
+
+
+def test_an_unreachable_endpoint_is_unavailable_after_the_retry_budget(unused_port, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{unused_port}")
+    store = GCSStore("gs://ftfleet-somewhere/run", retries=2)
+    with pytest.raises(TierUnavailable, match="no answer after retrying"):
+        store.committed_steps()
+    with pytest.raises(TierUnavailable, match="no answer after retrying"):
+        store.put_bytes("step-1/manifest.json", b"{}")
+
+
+def test_the_retry_budget_follows_the_configured_attempts():
+    assert retry_budget_s(1) == 1.0
+    assert retry_budget_s(3) == 1.0 + 2.0
+    assert retry_budget_s(10) == 1 + 2 + 4 + 8 + 16 + 30 + 30 + 30 + 30
+    assert retry_budget_s(10) < 300
+
+
+@pytest.fixture
+def unused_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

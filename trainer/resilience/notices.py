@@ -19,11 +19,14 @@ import enum
 import time
 from collections.abc import Iterable
 
+from ftfleet import contract
+
 #: AWS posts spot/instance-action two minutes before it stops or terminates a Spot
 #: Instance.
 AWS_TERMINATION_NOTICE_S = 120.0
-#: GCE sets instance/preempted 30 s before it stops a preemptible or Spot VM.
-GCP_PREEMPTION_NOTICE_S = 30.0
+#: GCE sets instance/preempted 30 s before it stops a preemptible or Spot VM (the
+#: contract's value; FTFLEET_PREEMPTION_NOTICE_S when the stack extends the notice).
+GCP_PREEMPTION_NOTICE_S = float(contract.GCP_PREEMPTION_NOTICE_S)
 #: GCE changes instance/maintenance-event 60 s before a host maintenance event.
 GCP_MAINTENANCE_NOTICE_S = 60.0
 #: torchrun waits this long after forwarding SIGTERM before it SIGKILLs the workers

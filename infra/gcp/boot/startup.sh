@@ -11,7 +11,7 @@
 #
 # Rendered by infra/gcp/boot.py (values header: infra/bootscript.py). Every path the
 # script writes starts with $ROOT: empty on a node, a temporary directory in tests.
-# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR TRAINER_UID TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
+# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -60,6 +60,9 @@ codename() {
 }
 
 NODE_ID=$(metadata instance/name)
+# The trainer's events.jsonl and summary.json: one directory per node on the fast tier,
+# which outlives the container and the VM's boot disk.
+RUN_DIR="$RUN_ROOT/$NODE_ID"
 log "node $NODE_ID: preparing ($STORAGE_KIND at $MOUNT_POINT, image $IMAGE_URI)"
 
 # --- packages: one apt run for everything missing ------------------------------
@@ -129,8 +132,8 @@ else
   retry dfuse -m "$ROOT$MOUNT_POINT" --pool default-pool --container default-container \
     --disable-wb-cache --multi-user --thread-count="$threads" --eq-count=$(((threads + 1) / 2))
 fi
-mkdir -p "$ROOT$CKPT_DIR"
-chown "$TRAINER_UID:$TRAINER_UID" "$ROOT$CKPT_DIR"
+mkdir -p "$ROOT$CKPT_DIR" "$ROOT$RUN_DIR"
+chown "$TRAINER_UID:$TRAINER_UID" "$ROOT$CKPT_DIR" "$ROOT$RUN_ROOT" "$ROOT$RUN_DIR"
 
 # --- the trainer image -----------------------------------------------------------
 registry_login() {
@@ -147,6 +150,7 @@ mkdir -p "$ROOT/etc/ftfleet" "$ROOT/etc/systemd/system"
 {
   printf '%s\n' "$TRAINER_ENV"
   printf 'FTFLEET_NODE_ID=%s\n' "$NODE_ID"
+  printf 'FTFLEET_RUN_DIR=%s\n' "$RUN_DIR"
 } >"$ROOT/etc/ftfleet/trainer.env"
 
 cat >"$ROOT/etc/systemd/system/$SERVICE.service" <<UNIT

@@ -18,4 +18,4 @@ def open_store(
         return S3Store(uri, endpoint_url=endpoint_url, retries=retries, chunk_mb=chunk_mb, workers=workers)
     from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore
 
-    return GCSStore(uri, chunk_mb=chunk_mb)
+    return GCSStore(uri, retries=retries, chunk_mb=chunk_mb)
