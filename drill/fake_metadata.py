@@ -11,8 +11,8 @@ AWS (IMDSv2 only, as the fleet's launch templates require):
   ``{"noticeTime": "...Z"}`` once recommended, else 404. ``instance-id``.
 * ``autoscaling/target-lifecycle-state``: ``InService`` until the group terminates
   the instance (:meth:`FakeMetadataServer.terminate_in_group`), then ``Terminated``.
-  ``tags/instance/aws:autoscaling:groupName``: the group's name (the launch templates
-  allow tags in metadata).
+  ``tags/instance/aws:autoscaling:groupName``: the group's name when one is given
+  (``group_name``; else 404, as outside a group).
 
 GCP (``/computeMetadata/v1/instance/...``; without ``Metadata-Flavor: Google``: 403):
 
@@ -66,7 +66,7 @@ class _State:
     """Everything the fake knows, guarded by one condition variable that long polls
     wait on."""
 
-    def __init__(self, instance_id: str, max_wait_s: float, group_name: str) -> None:
+    def __init__(self, instance_id: str, max_wait_s: float, group_name: str | None) -> None:
         self.instance_id = instance_id
         self.group_name = group_name
         self.max_wait_s = max_wait_s
@@ -240,7 +240,7 @@ class FakeMetadataServer:
         port: int = 0,
         *,
         instance_id: str = "i-0fake0000000000000",
-        group_name: str = "ftfleet-fake-workers",
+        group_name: str | None = None,
         max_wait_s: float = 30.0,
         quiet: bool = True,
     ) -> None:
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--instance-id", default="i-0fake0000000000000")
-    parser.add_argument("--group-name", default="ftfleet-fake-workers", help="the instance's Auto Scaling group")
+    parser.add_argument("--group-name", default=None, help="the instance's Auto Scaling group (default: none)")
     parser.add_argument("--max-wait", type=float, default=30.0, help="ceiling of a wait_for_change long poll, seconds")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
