@@ -33,6 +33,7 @@ from ftfleet.trainer.resilience.metrics import Metrics, metrics_port
 from ftfleet.trainer.resilience.monitor import StepMonitor
 from ftfleet.trainer.resilience.node_metrics import NodeMetrics
 from ftfleet.trainer.resilience.preemption import Preemption
+from ftfleet.trainer.resilience.prior import prior_for
 from ftfleet.trainer.resilience.schedule import SaveSchedule
 from ftfleet.trainer.resilience.watcher import NoticeWatcher
 
@@ -72,8 +73,10 @@ class Resilience:
         self.events = EventLog(cfg.run_dir, enabled=run.env.is_rank0)
         self.metrics = Metrics.from_env(environ)
         self.watchdog = res.watchdog.build()
+        # The interval is chosen on rank 0 and broadcast: only rank 0 needs the prior.
+        interval = prior_for(res.interval, run.ckpt) if run.env.is_rank0 else res.interval
         self.schedule = SaveSchedule(
-            res.interval,
+            interval,
             run.ckpt,
             last_step=cfg.train.steps,
             events=self.events,
