@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 
 import boto3
@@ -17,7 +18,7 @@ import pytest
 from drill.aws_standin import AwsStandIn
 from drill.fake_metadata import FakeMetadataServer
 from ftfleet import contract
-from ftfleet.contract import CommitMarker, marker_key
+from ftfleet.contract import CommitMarker, Interruption, InterruptionPrior, marker_key
 from tests.resilience.aws_group import GROUP, make_group
 from tests.trainer.conftest import start_trainer, wait_for
 from tests.trainer.test_under_fire import PACED, assert_emergency, events, finish, started
@@ -34,6 +35,14 @@ def standin():
 def test_a_group_termination_commits_marks_and_then_completes_the_lifecycle_action(tmp_path, standin):
     instance = make_group(standin.moto_url)
     run_dir = tmp_path / "run"
+    # The fleet's interruption prior on the fast tier (as an FSx association imports it):
+    # three job interruptions 10 h apart, so the trainer's MTBF prior becomes ~15 h.
+    prior, now = InterruptionPrior("aws", RUN_ID, time.time()), time.time()
+    for i, hours in enumerate((30, 20, 10)):
+        prior, _ = prior.with_interruption(Interruption(f"i-{i}", now - hours * 3600, "us-east-1a", "p5"), now)
+    prior_path = run_dir / "checkpoints" / contract.INTERRUPTION_PRIOR_KEY
+    prior_path.parent.mkdir(parents=True)
+    prior_path.write_text(prior.to_json())
     with FakeMetadataServer(instance_id=instance, group_name=GROUP) as imds:
         env = {
             "FTFLEET_CLOUD": "aws",
@@ -64,6 +73,7 @@ def test_a_group_termination_commits_marks_and_then_completes_the_lifecycle_acti
     }
     assert call["at"] >= marker.written_at, "the action was completed before the marker was written"
     assert s["emergency"]["lifecycle"]["result"] == "completed"
+    assert re.search(r"MTBF prior 540\d\ds from the fleet's interruptions", (tmp_path / "run.log").read_text())
 
     # The node's heartbeat reached CloudWatch with the contract's name and dimensions.
     cw = boto3.session.Session(aws_access_key_id="t", aws_secret_access_key="t", region_name="us-east-1").client(
