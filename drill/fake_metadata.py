@@ -9,6 +9,10 @@ AWS (IMDSv2 only, as the fleet's launch templates require):
 * ``spot/instance-action``: ``{"action": ..., "time": "...Z"}`` once an interruption
   is scheduled, else 404. ``events/recommendations/rebalance``:
   ``{"noticeTime": "...Z"}`` once recommended, else 404. ``instance-id``.
+* ``autoscaling/target-lifecycle-state``: ``InService`` until the group terminates
+  the instance (:meth:`FakeMetadataServer.terminate_in_group`), then ``Terminated``.
+  ``tags/instance/aws:autoscaling:groupName``: the group's name when one is given
+  (``group_name``; else 404, as outside a group).
 
 GCP (``/computeMetadata/v1/instance/...``; without ``Metadata-Flavor: Google``: 403):
 
@@ -62,8 +66,9 @@ class _State:
     """Everything the fake knows, guarded by one condition variable that long polls
     wait on."""
 
-    def __init__(self, instance_id: str, max_wait_s: float) -> None:
+    def __init__(self, instance_id: str, max_wait_s: float, group_name: str | None) -> None:
         self.instance_id = instance_id
+        self.group_name = group_name
         self.max_wait_s = max_wait_s
         self.cond = threading.Condition()
         self.closing = False
@@ -75,6 +80,7 @@ class _State:
         with self.cond:
             self.instance_action: dict[str, str] | None = None
             self.rebalance: dict[str, str] | None = None
+            self.lifecycle_state = "InService"
             self.gcp = {"preempted": "FALSE", "maintenance-event": "NONE", "name": self.instance_id}
             self.tokens.clear()
             self.cond.notify_all()
@@ -89,6 +95,7 @@ class _State:
             return {
                 "instance_action": self.instance_action,
                 "rebalance": self.rebalance,
+                "lifecycle_state": self.lifecycle_state,
                 "gcp": dict(self.gcp),
                 "tokens_issued": len(self.tokens),
                 "requests": len(self.requests),
@@ -152,6 +159,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "spot/instance-action": st.instance_action,
                 "events/recommendations/rebalance": st.rebalance,
                 "instance-id": st.instance_id,
+                "autoscaling/target-lifecycle-state": st.lifecycle_state,
+                "tags/instance/aws:autoscaling:groupName": st.group_name,
             }
         if expiry is None or expiry < time.monotonic():
             return self._send(401, "Unauthorized")
@@ -213,6 +222,7 @@ def _control(server: FakeMetadataServer, op: str, args: dict[str, Any]) -> Any:
     ops = {
         "spot-interruption": lambda: server.schedule_spot_interruption(**args),
         "rebalance": lambda: server.recommend_rebalance(**args),
+        "group-termination": lambda: server.terminate_in_group(**args),
         "preempt": lambda: server.preempt(**args),
         "maintenance": lambda: server.maintenance(**args),
         "expire-tokens": lambda: server.expire_tokens(),
@@ -233,12 +243,13 @@ class FakeMetadataServer:
         port: int = 0,
         *,
         instance_id: str = "i-0fake0000000000000",
+        group_name: str | None = None,
         max_wait_s: float = 30.0,
         quiet: bool = True,
     ) -> None:
         self.host = host
         self.port = port
-        self._state = _State(instance_id, max_wait_s)
+        self._state = _State(instance_id, max_wait_s, group_name)
         self._quiet = quiet
         self._httpd: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -299,6 +310,14 @@ class FakeMetadataServer:
             self._state.rebalance = item
         return item
 
+    def terminate_in_group(self) -> str:
+        """Set autoscaling/target-lifecycle-state to Terminated: the Auto Scaling group
+        is terminating the instance (scale-in, rebalancing, a health replacement) and its
+        lifecycle hook holds it in Terminating:Wait."""
+        with self._state.cond:
+            self._state.lifecycle_state = "Terminated"
+        return "Terminated"
+
     def preempt(self) -> str:
         """Set instance/preempted to TRUE (GCE stops the VM 30 s later)."""
         self._state.set_gcp("preempted", "TRUE")
@@ -356,6 +375,9 @@ class FakeMetadataClient:
     def recommend_rebalance(self) -> dict[str, str]:
         return self._post("rebalance")
 
+    def terminate_in_group(self) -> str:
+        return self._post("group-termination")
+
     def preempt(self) -> str:
         return self._post("preempt")
 
@@ -378,11 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--instance-id", default="i-0fake0000000000000")
+    parser.add_argument("--group-name", default=None, help="the instance's Auto Scaling group (default: none)")
     parser.add_argument("--max-wait", type=float, default=30.0, help="ceiling of a wait_for_change long poll, seconds")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
     server = FakeMetadataServer(
-        args.host, args.port, instance_id=args.instance_id, max_wait_s=args.max_wait, quiet=not args.verbose
+        args.host,
+        args.port,
+        instance_id=args.instance_id,
+        group_name=args.group_name,
+        max_wait_s=args.max_wait,
+        quiet=not args.verbose,
     ).start()
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -103,6 +103,14 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "This node's identity (EC2 instance id or GCE instance name); names its commit marker.",
         "i-0123456789abcdef0",
     ),
+    EnvVar(
+        "FTFLEET_GROUP_NAME",
+        False,
+        "AWS: the node's Auto Scaling group, whose termination lifecycle action the node "
+        "completes after its commit marker. Unset: the instance's `aws:autoscaling:groupName` "
+        "tag, read from IMDS (the launch templates allow tags in metadata).",
+        "ftfleet-aws-prod-workers",
+    ),
     EnvVar("FTFLEET_REGION", True, "Primary region.", "us-east-1"),
     EnvVar("FTFLEET_REPLICA_REGION", False, "Replica region.", "us-west-2"),
     EnvVar(
@@ -509,6 +517,7 @@ def marker_releases(marker: CommitMarker, *, node_id: str, run_id: str, notice_a
     )
 
 
+#: The trainer reads it at start (rank 0) into ``resilience.interval.mtbf_s``.
 #: The interruption-rate prior lives at ``<tier root>/fleet/interruptions.json`` of the
 #: durable tier (FTFLEET_CKPT_URI): the trainer reads it with the access it already
 #: has (on AWS, the FSx association also imports it onto the fast tier), and the AWS and
@@ -651,8 +660,9 @@ def _render_remediation() -> list[str]:
         "",
         f"- Metrics namespace: `{METRICS_NAMESPACE}` (the node role may publish only there).",
         f"- Termination lifecycle hook on every group: `{TERMINATION_HOOK_NAME}`. The node completes its "
-        "action (CONTINUE) once its commit marker is written; lifecycle_handoff completes it when "
-        "it sees the marker, or at its deadline.",
+        "action (CONTINUE) right after its commit marker is written, whether the notice was the spot "
+        "warning or the group's own termination (IMDS `autoscaling/target-lifecycle-state` = "
+        "`Terminated`); lifecycle_handoff completes it when it sees the marker, or at its deadline.",
         f"- A termination marker releases its node when it names the node and the run, its reason is not "
         f"`rebalance`, and it was written at most {MARKER_NOTICE_SLACK_S:.0f} s before the lifecycle event "
         "(an older one is stale).",

@@ -113,6 +113,7 @@ def node_policy(g: NodeGrants) -> dict:
                 "Resource": [g.repository_arn],
             },
             *self_replacement_statements(g),
+            lifecycle_statement(g),
         ],
     }
 
@@ -142,6 +143,19 @@ def self_replacement_statements(g: NodeGrants) -> list[dict]:
             "Condition": {"StringEquals": {"aws:ResourceTag/ftfleet:stack": g.stack}},
         },
     ]
+
+
+def lifecycle_statement(g: NodeGrants) -> dict:
+    """A node whose emergency checkpoint is committed completes its own termination
+    lifecycle action (contract.TERMINATION_HOOK_NAME), so the group stops waiting for
+    the hook's timeout; only in this stack's groups."""
+    return {
+        "Sid": "CompleteOwnLifecycleAction",
+        "Effect": "Allow",
+        "Action": ["autoscaling:CompleteLifecycleAction"],
+        "Resource": [g.group_arn_pattern],
+        "Condition": {"StringEquals": {"aws:ResourceTag/ftfleet:stack": g.stack}},
+    }
 
 
 def coordinator_policy(zone_arn: str, record_name: str) -> dict:

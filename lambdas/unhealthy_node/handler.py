@@ -12,6 +12,12 @@ that does not publish is not a fleet of dead nodes). Then:
 * no progress (no data, or a sum of 0): replace, unless more than half of the judged
   nodes (and at least two) are stalled at once: that is the job (rendezvous, data, a
   restore) and not the nodes, and replacing them would only churn the fleet;
+* no data at all from a node that has never published (CloudWatch lists no metric of
+  it): withheld (``never-published``), never replaced. A trainer that cannot publish
+  (its heartbeat turned off, a denied or unreachable ``PutMetricData``) may well be
+  training; only a node that published and then went silent, or that reports 0 steps,
+  has shown that it stopped. It still counts towards a fleet-wide stall. (A new
+  metric can take minutes to be listed: in doubt, the node is withheld.)
 * never more than FTFLEET_MAX_REPLACEMENTS_PER_HOUR per group in any hour: each
   replacement is first reserved in ``<root>/fleet/replacements.json`` with a conditional
   write, so concurrent sweeps cannot exceed the limit; a node over the limit is withheld
@@ -53,7 +59,8 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     nodes = _in_service(cfg, now)
     if not nodes:
         return log.decision("swept", judged=0, reason="no InService node launched more than the grace period ago")
-    if not _run_publishes(cfg):
+    published = _published_nodes(cfg)
+    if not published:
         return log.decision(
             "not-judged",
             judged=0,
@@ -74,6 +81,9 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
             continue
         if fleet_stalled:
             _withhold(cfg, log, node, "fleet-stalled", stalled=len(stalled), judged=len(nodes))
+            withheld.append(node["instance_id"])
+        elif node["instance_id"] not in published:
+            _withhold(cfg, log, node, "never-published", metric=contract.PROGRESS_METRIC.name)
             withheld.append(node["instance_id"])
         elif _replace(cfg, log, node, "no-progress", now):
             replaced.append(node["instance_id"])
@@ -117,13 +127,22 @@ def _in_service(cfg: Config, now: float) -> list[dict[str, Any]]:
     return [n for n in nodes if n["instance_id"] in launched and launched[n["instance_id"]] <= now - cfg.grace_s]
 
 
-def _run_publishes(cfg: Config) -> bool:
-    found = aws.client("cloudwatch").list_metrics(
-        Namespace=contract.METRICS_NAMESPACE,
-        MetricName=contract.PROGRESS_METRIC.name,
-        Dimensions=[{"Name": "RunId", "Value": cfg.run_id}],
+def _published_nodes(cfg: Config) -> set[str]:
+    """NodeIds of the run that have ever published progress (empty: the run does not)."""
+    nodes = set()
+    pages = (
+        aws.client("cloudwatch")
+        .get_paginator("list_metrics")
+        .paginate(
+            Namespace=contract.METRICS_NAMESPACE,
+            MetricName=contract.PROGRESS_METRIC.name,
+            Dimensions=[{"Name": "RunId", "Value": cfg.run_id}],
+        )
     )
-    return bool(found.get("Metrics"))
+    for page in pages:
+        for metric in page.get("Metrics", []):
+            nodes.update(d["Value"] for d in metric.get("Dimensions", []) if d.get("Name") == "NodeId")
+    return nodes
 
 
 def _node_sums(cfg: Config, ids: list[str], now: float) -> tuple[dict[str, float], dict[str, float]]:

@@ -128,6 +128,16 @@ def test_a_node_may_replace_itself_only_in_this_stacks_groups(role):
         assert tags["ftfleet:stack"] == "aws-prod"
 
 
+@pytest.mark.parametrize("role", ["coordinator", "worker"])
+def test_a_node_may_complete_lifecycle_actions_only_in_this_stacks_groups(role):
+    rec = recording("aws-prod")
+    statements = policy(rec, f"-{role}-checkpoints")
+    complete = statements["CompleteOwnLifecycleAction"]
+    assert complete["Action"] == ["autoscaling:CompleteLifecycleAction"]
+    assert complete["Resource"] == statements["ReplaceSelfInStackGroups"]["Resource"]
+    assert complete["Condition"] == {"StringEquals": {"aws:ResourceTag/ftfleet:stack": "aws-prod"}}
+
+
 def test_a_node_records_and_counts_replacements_only_under_its_runs_prefix():
     rec = recording("aws-prod")
     statements = policy(rec, "-worker-checkpoints")

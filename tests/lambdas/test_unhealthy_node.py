@@ -103,11 +103,24 @@ def test_a_node_without_progress_is_marked_unhealthy_and_the_others_are_not(swee
     assert metric_sum("NodesWithoutProgress", {"Stack": STACK}) == 1
 
 
-def test_a_node_that_publishes_nothing_counts_as_stalled(sweep):
+def test_a_node_that_published_and_then_went_silent_counts_as_stalled(sweep):
     a, b, c = make_group(GROUP, size=3)
     publish(a, 40, sweep.clock)
     publish(b, 40, sweep.clock)
+    publish(c, 40, sweep.clock, minutes=(30, 31))  # long before the grace window
     assert sweep()["replaced"] == [c]
+
+
+def test_a_node_that_never_published_is_withheld_and_never_replaced(sweep, capsys):
+    a, b, c = make_group(GROUP, size=3)
+    publish(a, 40, sweep.clock)
+    publish(b, 40, sweep.clock)
+    result = sweep()
+    assert result["replaced"] == [] and result["withheld"] == [c]
+    assert unhealthy_nodes() == []
+    (withheld,) = [d for d in decisions(capsys) if d["decision"] == "withheld"]
+    assert (withheld["reason"], withheld["instance_id"]) == ("never-published", c)
+    assert metric_sum("ReplacementsWithheld", {"Stack": STACK, "Reason": "never-published"}) == 1
 
 
 def test_a_node_inside_its_grace_period_is_not_judged(sweep):
@@ -150,6 +163,8 @@ def test_replacements_per_group_and_hour_never_exceed_the_limit(sweep):
     ids = make_group(GROUP, size=5)
     for node in ids[:3]:
         publish(node, 40, sweep.clock)
+    for node in ids[3:]:
+        publish(node, 0, sweep.clock)
     result = sweep(max_per_hour=1)
     assert len(result["replaced"]) == 1 and len(result["withheld"]) == 1
     assert len(unhealthy_nodes()) == 1
@@ -158,6 +173,8 @@ def test_replacements_per_group_and_hour_never_exceed_the_limit(sweep):
     sweep.clock.t += 3601
     for node in ids[:3]:
         publish(node, 40, sweep.clock)
+    for node in ids[3:]:
+        publish(node, 0, sweep.clock)
     assert len(sweep(max_per_hour=1)["replaced"]) == 1
     assert len(unhealthy_nodes()) == 2
     log = json.loads(
@@ -187,6 +204,7 @@ def test_a_duplicate_sweep_replaces_nobody_twice(sweep):
     a, b, c = make_group(GROUP, size=3)
     publish(a, 40, sweep.clock)
     publish(b, 40, sweep.clock)
+    publish(c, 0, sweep.clock)
     sweep()
     again = sweep()
     assert again["replaced"] == [] and unhealthy_nodes() == [c]
@@ -197,6 +215,7 @@ def test_throttled_calls_are_retried(sweep):
     a, b, c = make_group(GROUP, size=3)
     publish(a, 40, sweep.clock)
     publish(b, 40, sweep.clock)
+    publish(c, 0, sweep.clock)
     hits = throttle(aws.client("autoscaling"), "SetInstanceHealth", times=2)
     assert sweep()["replaced"] == [c] and len(hits) == 2
     assert unhealthy_nodes() == [c]

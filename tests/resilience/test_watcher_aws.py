@@ -183,3 +183,25 @@ def test_a_watcher_cannot_be_started_twice(fast_config):
             watcher.start()
     finally:
         watcher.stop()
+
+
+def test_the_groups_termination_becomes_a_terminal_notice_with_the_hooks_budget(fake_metadata, aws_watcher):
+    wait_for(
+        lambda: ("GET", "/latest/meta-data/autoscaling/target-lifecycle-state") in fake_metadata.requests,
+        what="a poll of target-lifecycle-state",
+    )
+    assert aws_watcher.pending() is None, "InService is no notice"
+    before = time.time()
+    fake_metadata.terminate_in_group()
+    notice = wait_for(aws_watcher.pending, what="group termination notice")
+    assert notice.kind is NoticeKind.TERMINATION and notice.terminal
+    assert notice.source is NoticeSource.AWS_LIFECYCLE
+    assert notice.received_at >= before
+    assert notice.deadline == pytest.approx(notice.received_at + aws_watcher.config.aws_lifecycle_notice_s)
+
+
+def test_the_fake_posts_a_group_termination_for_a_client_in_another_process(fake_metadata):
+    from drill.fake_metadata import FakeMetadataClient
+
+    assert FakeMetadataClient(fake_metadata.url).terminate_in_group() == "Terminated"
+    assert fake_metadata.state()["lifecycle_state"] == "Terminated"

@@ -8,13 +8,14 @@ import dataclasses
 
 from ftfleet.trainer.resilience.anomaly import AnomalyConfig
 from ftfleet.trainer.resilience.interval import IntervalConfig
+from ftfleet.trainer.resilience.node_metrics import NodeMetricsConfig
 from ftfleet.trainer.resilience.watchdog import WatchdogConfig
 from ftfleet.trainer.resilience.watcher import WatcherConfig
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class ResilienceConfig:
-    """Notices, anomalies, the hang watchdog and the checkpoint interval."""
+    """Notices, anomalies, the hang watchdog, the checkpoint interval and the node's heartbeat."""
 
     watcher: WatcherConfig = dataclasses.field(default_factory=WatcherConfig)
     """How interruption notices are watched (poll intervals, deadlines, signals)."""
@@ -24,3 +25,5 @@ class ResilienceConfig:
     """When a rank counts as hung."""
     interval: IntervalConfig = dataclasses.field(default_factory=IntervalConfig)
     """How often to checkpoint (Daly's optimum or a fixed interval)."""
+    node_metrics: NodeMetricsConfig = dataclasses.field(default_factory=NodeMetricsConfig)
+    """The per-node CloudWatch heartbeat (AWS) that the unhealthy_node function judges."""

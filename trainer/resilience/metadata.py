@@ -1,8 +1,10 @@
 """Pollers of the clouds' instance metadata services, one daemon thread each.
 
 * **AWS IMDSv2**: a session token from ``PUT /latest/api/token`` (TTL header), then
-  ``GET /latest/meta-data/spot/instance-action`` (404: no interruption) and
-  ``GET /latest/meta-data/events/recommendations/rebalance`` (404: none), polled.
+  ``GET /latest/meta-data/spot/instance-action`` (404: no interruption),
+  ``GET /latest/meta-data/events/recommendations/rebalance`` (404: none) and
+  ``GET /latest/meta-data/autoscaling/target-lifecycle-state`` (``Terminated``: the
+  Auto Scaling group is terminating the instance; 404 outside a group), polled.
 * **GCP**: ``instance/preempted`` and ``instance/maintenance-event`` (header
   ``Metadata-Flavor: Google``), each long-polled with ``wait_for_change`` and
   ``last_etag``.
@@ -37,6 +39,9 @@ AWS_TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 AWS_TOKEN_HEADER = "X-aws-ec2-metadata-token"
 AWS_INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 AWS_REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+AWS_LIFECYCLE_PATH = "/latest/meta-data/autoscaling/target-lifecycle-state"
+#: The group's name as an instance tag (the launch templates allow tags in metadata).
+AWS_GROUP_TAG_PATH = "/latest/meta-data/tags/instance/aws:autoscaling:groupName"
 
 GCP_HEADERS = {"Metadata-Flavor": "Google"}
 GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
@@ -193,6 +198,18 @@ class AwsPoller(Poller):
                     NoticeSource.AWS_REBALANCE,
                     self.config.rebalance_budget_s,
                     terminal=False,
+                    received_at=time.time(),
+                )
+            )
+        lifecycle = self._get(AWS_LIFECYCLE_PATH)
+        if lifecycle is not None and lifecycle.strip() == b"Terminated" and (AWS_LIFECYCLE_PATH, b"") not in self._seen:
+            self._seen.add((AWS_LIFECYCLE_PATH, b""))
+            log.warning("autoscaling target-lifecycle-state: Terminated (the group is terminating this instance)")
+            self.report(
+                Notice.create(
+                    NoticeKind.TERMINATION,
+                    NoticeSource.AWS_LIFECYCLE,
+                    self.config.aws_lifecycle_notice_s,
                     received_at=time.time(),
                 )
             )

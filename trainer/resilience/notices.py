@@ -35,6 +35,9 @@ SIGNAL_GRACE_S = 30.0
 #: A rebalance recommendation has no deadline of its own. The early checkpoint is
 #: budgeted as if the two-minute interruption notice could follow at once.
 REBALANCE_BUDGET_S = 120.0
+#: An Auto Scaling group holds a terminating instance for its lifecycle hook's heartbeat
+#: timeout (the stack's terminationHookSeconds, at least 120 s) before it goes on.
+AWS_LIFECYCLE_NOTICE_S = 120.0
 
 
 class NoticeKind(enum.StrEnum):
@@ -56,6 +59,9 @@ class NoticeSource(enum.StrEnum):
     GCP_MAINTENANCE = "gcp-maintenance-event"
     #: Raised by the trainer itself (a drill, an operator request).
     INJECTED = "injected"
+    #: IMDS ``autoscaling/target-lifecycle-state`` turned ``Terminated``: the Auto
+    #: Scaling group is terminating the instance (scale-in, rebalancing, a replacement).
+    AWS_LIFECYCLE = "aws-target-lifecycle-state"
 
 
 #: Kinds that never end the process, whatever the source says.

@@ -2,6 +2,7 @@
 
     notice ─▶ agreed at a step boundary ─▶ stop ─▶ emergency save (blocking, committed)
            ─▶ durable upload until shortly before the deadline ─▶ commit marker
+           ─▶ (AWS) this node's termination lifecycle action completed
            ─▶ exit 75 ─▶ this node's torchrun agent released
 
 ::
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, CommitMarker
 from ftfleet.trainer.agent import stop_agent
 from ftfleet.trainer.resilience.interruptions import AgreedNotice, Interruptions
+from ftfleet.trainer.resilience.lifecycle import LifecycleRelease
 from ftfleet.trainer.resilience.markers import publish_marker
 
 if TYPE_CHECKING:
@@ -52,7 +54,8 @@ class Preemption:
     """``ckpt``: the run's :class:`~ftfleet.trainer.checkpoint.manager.CheckpointManager`.
     ``interruptions``: where notices come from (default: this process's signals and, on
     local rank 0, the metadata service named by ``FTFLEET_CLOUD``). ``save``: how to save
-    (default: ``ckpt.save``)."""
+    (default: ``ckpt.save``). ``lifecycle``: completes this node's termination lifecycle
+    action after its marker (default: on AWS, from the environment; None elsewhere)."""
 
     def __init__(
         self,
@@ -64,6 +67,7 @@ class Preemption:
         local_rank: int | None = None,
         events: EventLog | None = None,
         environ: Mapping[str, str] | None = None,
+        lifecycle: LifecycleRelease | None = None,
     ) -> None:
         environ = os.environ if environ is None else environ
         self.ckpt = ckpt
@@ -72,6 +76,7 @@ class Preemption:
         self.node_id = node_id or environ.get("FTFLEET_NODE_ID") or socket.gethostname()
         self.local_rank = int(environ.get("LOCAL_RANK") or 0) if local_rank is None else local_rank
         self.events = events
+        self.lifecycle = lifecycle if lifecycle is not None else LifecycleRelease.from_env(environ)
         #: After :meth:`finish`: whether the uploads were drained (an upload still in a
         #: collective would make the process group's teardown hang).
         self.drained = True
@@ -174,6 +179,7 @@ class Preemption:
             return EXIT_OK
         if ckpt.cfg.enabled:
             self.write_marker(step)
+        self.complete_lifecycle()
         if release:
             self.release_node()
         return EXIT_PREEMPTED
@@ -204,6 +210,17 @@ class Preemption:
         }
         self._emit("marker", **result)
         return result
+
+    def complete_lifecycle(self) -> dict[str, Any] | None:
+        """Right after the marker, on local rank 0 of the node whose own watcher saw the
+        termination: complete its lifecycle action, so the group terminates it now rather
+        than at the hook's timeout (AWS; never raises)."""
+        stopping = self.stopping
+        if stopping is None or not stopping.local or self.local_rank != 0 or self.lifecycle is None:
+            return None
+        outcome = self.lifecycle.complete()
+        self._emit("lifecycle", **outcome)
+        return outcome
 
     def release_node(self) -> int | None:
         """The very last thing a preempted node does: on the node whose own watcher saw
@@ -242,6 +259,7 @@ class Preemption:
             if committed_at is None
             else max(0.0, round(committed_at - notice.received_at, 3)),
             "within_deadline": committed_at is not None and committed_at <= notice.deadline,
+            "lifecycle": self.lifecycle.outcome if self.lifecycle is not None else None,
         }
 
     def _emit(self, event: str, **fields: Any) -> None:

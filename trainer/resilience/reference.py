@@ -9,6 +9,7 @@ Each piece stands alone (and a loop of your own can use it alone, see the README
 | anomaly handling | ``anomaly_guard.py`` | judge after backward, gated optimizer step, rollback |
 | the save schedule | ``schedule.py`` | after each step (a callback): the adaptive interval |
 | the step monitor | ``monitor.py`` | after each step (a callback): watchdog, metrics, events |
+| the node's heartbeat | ``node_metrics.py`` | after each step (a callback): counted; published by a thread (AWS) |
 
 :class:`Resilience` builds them for one process, hands the loop its callbacks, and
 starts and stops what runs in the background (the notice watcher, the hang watchdog,
@@ -30,7 +31,9 @@ from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
 from ftfleet.trainer.resilience.interruptions import Interruptions
 from ftfleet.trainer.resilience.metrics import Metrics, metrics_port
 from ftfleet.trainer.resilience.monitor import StepMonitor
+from ftfleet.trainer.resilience.node_metrics import NodeMetrics
 from ftfleet.trainer.resilience.preemption import Preemption
+from ftfleet.trainer.resilience.prior import prior_for
 from ftfleet.trainer.resilience.schedule import SaveSchedule
 from ftfleet.trainer.resilience.watcher import NoticeWatcher
 
@@ -70,8 +73,10 @@ class Resilience:
         self.events = EventLog(cfg.run_dir, enabled=run.env.is_rank0)
         self.metrics = Metrics.from_env(environ)
         self.watchdog = res.watchdog.build()
+        # The interval is chosen on rank 0 and broadcast: only rank 0 needs the prior.
+        interval = prior_for(res.interval, run.ckpt) if run.env.is_rank0 else res.interval
         self.schedule = SaveSchedule(
-            res.interval,
+            interval,
             run.ckpt,
             last_step=cfg.train.steps,
             events=self.events,
@@ -102,6 +107,7 @@ class Resilience:
         self.monitor = StepMonitor(
             watchdog=self.watchdog, metrics=self.metrics, events=self.events, step_events=cfg.train.step_events
         )
+        self.node_metrics = NodeMetrics.from_env(res.node_metrics, local_rank=run.env.local_rank, environ=environ)
 
     def callbacks(self, extra: Sequence[Callback] = ()) -> list[Callback]:
         """The loop's callbacks, in order. Stops that need no collective come before the
@@ -114,6 +120,7 @@ class Resilience:
             *extra,
             NoticeStop(self.preemption, self.schedule, train.steps),
             self.monitor,
+            *([self.node_metrics] if self.node_metrics is not None else []),
             self.anomalies,
             LogProgress(train.log_every),
             self.schedule,
@@ -125,6 +132,8 @@ class Resilience:
         self.preemption.start()
         if self.watchdog is not None:
             self.watchdog.start()  # the first-step allowance covers the restore
+        if self.node_metrics is not None:
+            self.node_metrics.start()
         port = self.metrics.serve(metrics_port(self.environ), local_rank=self.preemption.local_rank)
         if port:
             log.info("metrics on :%d/metrics", port)
@@ -165,5 +174,7 @@ class Resilience:
         if self.watchdog is not None:
             self.watchdog.stop()
         self.preemption.close()
+        if self.node_metrics is not None:
+            self.node_metrics.close()
         self.metrics.close()
         self.events.close()

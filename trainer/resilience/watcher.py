@@ -31,6 +31,7 @@ from ftfleet.contract import DEFAULT_METADATA_ENDPOINT
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.resilience.metadata import GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH, AwsPoller, GcpPoller, Poller
 from ftfleet.trainer.resilience.notices import (
+    AWS_LIFECYCLE_NOTICE_S,
     AWS_TERMINATION_NOTICE_S,
     GCP_MAINTENANCE_NOTICE_S,
     GCP_PREEMPTION_NOTICE_S,
@@ -83,6 +84,9 @@ class WatcherConfig:
     (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s)."""
     aws_termination_notice_s: float = AWS_TERMINATION_NOTICE_S
     """Longest time between an AWS spot instance-action and the interruption."""
+    aws_lifecycle_notice_s: float = AWS_LIFECYCLE_NOTICE_S
+    """Time between the group's termination (IMDS target-lifecycle-state ``Terminated``)
+    and the end of its lifecycle hook's wait: the stack's terminationHookSeconds, or less."""
     gcp_preemption_notice_s: float = GCP_PREEMPTION_NOTICE_S
     """Time between GCP's instance/preempted turning TRUE and the VM stopping."""
     gcp_maintenance_notice_s: float = GCP_MAINTENANCE_NOTICE_S
@@ -101,6 +105,7 @@ class WatcherConfig:
             "request_timeout_s",
             "max_backoff_s",
             "aws_termination_notice_s",
+            "aws_lifecycle_notice_s",
             "gcp_preemption_notice_s",
             "gcp_maintenance_notice_s",
             "rebalance_budget_s",

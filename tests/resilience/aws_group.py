@@ -1,0 +1,38 @@
+"""An Auto Scaling group with the contract's termination hook, in a moto server, for
+the lifecycle tests: what the fleet would have made."""
+
+from __future__ import annotations
+
+import boto3
+
+from ftfleet import contract
+
+GROUP = "ftfleet-drill-workers"
+
+
+def make_group(endpoint_url: str, name: str = GROUP) -> str:
+    """The group (one instance) and its hook; returns the instance id."""
+    session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
+    ec2 = session.client("ec2", endpoint_url=endpoint_url)
+    asg = session.client("autoscaling", endpoint_url=endpoint_url)
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    ec2.create_launch_template(
+        LaunchTemplateName=f"{name}-lt", LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"}
+    )
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name,
+        LaunchTemplate={"LaunchTemplateName": f"{name}-lt"},
+        MinSize=1,
+        MaxSize=1,
+        DesiredCapacity=1,
+        AvailabilityZones=["us-east-1a"],
+    )
+    asg.put_lifecycle_hook(
+        AutoScalingGroupName=name,
+        LifecycleHookName=contract.TERMINATION_HOOK_NAME,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING",
+        HeartbeatTimeout=300,
+        DefaultResult="CONTINUE",
+    )
+    (group,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    return group["Instances"][0]["InstanceId"]
