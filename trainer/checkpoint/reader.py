@@ -48,6 +48,7 @@ from ftfleet.trainer.checkpoint.manifest import FileEntry, crc32c_extend
 from ftfleet.trainer.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError, _MetadataUnpickler
 
 _CHUNK = 16 << 20
+_ADVICE = (mmap.MADV_SEQUENTIAL,)
 METADATA = ".metadata"
 
 
@@ -94,7 +95,8 @@ class _Mapped:
             size = os.fstat(self._file.fileno()).st_size
             if size:
                 self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-                self._map.madvise(mmap.MADV_SEQUENTIAL)
+                for advice in _ADVICE:
+                    self._map.madvise(advice)
                 self.view = memoryview(self._map)
             _check_crc(path.name, self.view, expected)
         except BaseException:
