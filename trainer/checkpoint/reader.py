@@ -48,6 +48,7 @@ from ftfleet.trainer.checkpoint.manifest import FileEntry, crc32c_extend
 from ftfleet.trainer.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError, _MetadataUnpickler
 
 _CHUNK = 16 << 20
+#: Aggressive read-ahead for the sequential CRC pass over each mapped shard.
 _ADVICE = (mmap.MADV_SEQUENTIAL,)
 METADATA = ".metadata"
 
