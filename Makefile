@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftfleet-installed
 
-.PHONY: setup test demo plan drill bench bench-titan chaos lint docs clean
+.PHONY: setup test demo plan drill bench bench-restore bench-titan chaos lint docs clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ bench: setup
 	  echo "bench python: $$py"; \
 	  $$py bench/checkpoint_bench.py --dir /tmp/ftfleet-bench --repeats 5 \
 	    --d-model 1024 --layers 4 --vocab 20000 --threads 2
+
+## Restore benchmark: the fast tier's restore against reading the checkpoint's bytes once,
+## and against the two-pass restore it replaced, same state as `make bench`.
+bench-restore: setup
+	$(PY) bench/restore_bench.py --dir /tmp/ftfleet-restore-bench --repeats 7 \
+	  --d-model 1024 --layers 4 --vocab 20000 --threads 2
 
 ## A second venv for the benchmark's (d): the trainer's deps, then torchtitan and only the
 ## packages its checkpoint and optimizer modules import (bench/requirements-titan.txt,

@@ -389,7 +389,7 @@ def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, 
         print("| (d) torchtitan CheckpointManager | not installed | - | - | - | - | - |")
     print(f"\n(d): {titan_note}\n")
     print(
-        f"Restore (ftfleet: find, verify every CRC32C, load with DCP): **{restore_s:.3f} s**, "
+        f"Restore (ftfleet: find, load through the reader that checks each CRC32C as it reads): **{restore_s:.3f} s**, "
         f"{restore_s / read_s:.2f}x the time to read the bytes.\n"
     )
     e = rows["(e) ftfleet"]

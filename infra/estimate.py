@@ -53,16 +53,25 @@ def estimate(s: Settings) -> dict:
     f = s.fleet
     coordinator = catalog.instance(s.cloud, f.coordinator_instance_type)
     workers = [catalog.instance(s.cloud, t) for t in f.worker_instance_types]
-    desired = f.worker_desired_size
-    # Mixed-instances arithmetic: the base first, then the percentage of the rest.
-    od_workers = min(desired, f.on_demand_base_capacity)
-    od_workers += math.ceil(max(0, desired - od_workers) * f.on_demand_percent_above_base / 100)
-    spot_workers = desired - od_workers
     od_price = workers[0].on_demand_hourly  # prioritized: the first listed type
     spot_avg = sum(w.spot_hourly for w in workers) / len(workers)  # spread over every type
-    volumes = round((1 + desired) * root_volume_monthly(s) / HOURS_PER_MONTH, 2)
-    all_on_demand = coordinator.on_demand_hourly + desired * od_price + volumes
-    mixed = coordinator.on_demand_hourly + od_workers * od_price + spot_workers * spot_avg + volumes
+    node_volume = root_volume_monthly(s) / HOURS_PER_MONTH
+
+    def fleet_at(size: int) -> tuple[int, int, float, float]:
+        """(on-demand workers, spot workers, $/h with spot, $/h all on-demand) of a
+        worker group running ``size`` nodes, the coordinator and root volumes included.
+        Mixed-instances arithmetic: the base first, then the percentage of the rest."""
+        od = min(size, f.on_demand_base_capacity)
+        od += math.ceil(max(0, size - od) * f.on_demand_percent_above_base / 100)
+        volumes = (1 + size) * node_volume
+        mixed = coordinator.on_demand_hourly + od * od_price + (size - od) * spot_avg + volumes
+        return od, size - od, mixed, coordinator.on_demand_hourly + size * od_price + volumes
+
+    # The spares run in the same group: its distribution applies to them too, and what
+    # they cost is the difference they make.
+    od_workers, spot_workers, mixed, all_on_demand = fleet_at(f.group_desired_size)
+    without_spares = fleet_at(f.worker_desired_size)
+    volumes = round((1 + f.group_desired_size) * node_volume, 2)
     prices = catalog.storage_prices(s.cloud)
     fsx_rate = prices["fsx_persistent2_gib_month"][str(s.storage.fsx_throughput_per_tib)]
     per_tib = GIB_PER_TIB * (2 * prices["s3_standard_gib_month"])  # primary + replica, before tiering
@@ -80,18 +89,22 @@ def estimate(s: Settings) -> dict:
             f"every node has a {f.root_volume_gib} GiB gp3 root volume ({ROOT_IOPS} IOPS, "
             f"{ROOT_THROUGHPUT_MIBPS} MiB/s)",
             "the checkpoint interval adapts at run time, so replication is priced per TiB written",
+            f"{f.spare_nodes} spare node(s) run in the worker group beside the job's {f.worker_desired_size} "
+            "(spareNodes), counted in the workers above",
         ],
         "nodes": {
             "coordinator_on_demand": 1,
             "workers_on_demand": od_workers,
             "workers_spot": spot_workers,
-            "gpus": (1 + desired) * f.gpus_per_node,
+            "workers_spare": f.spare_nodes,
+            "gpus": (1 + f.group_desired_size) * f.gpus_per_node,
         },
         "fleet_usd_per_hour": {
             "all_on_demand": round(all_on_demand, 2),
             "with_spot": round(mixed, 2),
             "savings_percent": round(100 * (1 - mixed / all_on_demand), 1),
             "root_volumes": volumes,
+            "spare_nodes": round(mixed - without_spares[2], 2),
         },
         "storage_usd_per_month": {
             "fsx": round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2),

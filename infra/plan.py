@@ -187,12 +187,13 @@ def render_table(rec: offline.Recording, est: dict) -> str:
         lines += [*gcp_plan.cost_lines(est), "", "Outputs:"]
         return "\n".join(lines + [f"  {k}: {v}" for k, v in rec.outputs.items()])
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
+    spares_note = gcp_plan.spares_note
     repl, net = est["replication_usd_per_tib_written"], est["network_usd_per_month"]
     lines += [
         "",
         f"Cost {est['label']}:",
         f"  fleet at desired size ({1 + nodes['workers_on_demand']} on-demand + {nodes['workers_spot']} spot "
-        f"nodes, {nodes['gpus']} GPUs): ${fleet['with_spot']:,.2f}/hour with spot vs "
+        f"nodes{spares_note(nodes, fleet)}, {nodes['gpus']} GPUs): ${fleet['with_spot']:,.2f}/hour with spot vs "
         f"${fleet['all_on_demand']:,.2f}/hour all on-demand ({fleet['savings_percent']}% less), "
         f"root volumes ${fleet['root_volumes']:,.2f}/hour of that",
         f"  FSx for Lustre: ${storage['fsx']:,.2f}/month; buckets: ${storage['buckets_per_tib_stored']:,.2f}"

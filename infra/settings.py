@@ -78,6 +78,13 @@ class FleetSettings:
     termination_hook_seconds: int
     gpus_per_node: int
     """Derived from the instance catalog; every type in the fleet has this many GPUs."""
+    spare_nodes: int = 0
+    """Booted worker nodes kept beyond workerDesiredSize (extra desired capacity)."""
+
+    @property
+    def group_desired_size(self) -> int:
+        """What the worker group runs: the job's nodes and the spares."""
+        return self.worker_desired_size + self.spare_nodes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -379,6 +386,7 @@ def _fleet(r: _Reader, cloud: str) -> FleetSettings:
             "workerDesiredSize",
             f"({desired}) must lie between workerMinSize ({min_size}) and workerMaxSize ({max_size})",
         )
+    spares = spare_nodes(r, desired, max_size)
     base = r.int("onDemandBaseCapacity", minimum=0)
     if base > max_size:
         raise _err(
@@ -417,7 +425,22 @@ def _fleet(r: _Reader, cloud: str) -> FleetSettings:
         root_volume_gib=r.int("rootVolumeGiB", minimum=50, maximum=16384),
         termination_hook_seconds=r.int("terminationHookSeconds", minimum=120, maximum=7200),
         gpus_per_node=gpus.pop(),
+        spare_nodes=spares,
     )
+
+
+def spare_nodes(r: _Reader, desired: int, max_size: int) -> int:
+    """``spareNodes``, which the worker group runs on top of ``workerDesiredSize``: both
+    together must fit under ``workerMaxSize`` (the group's ceiling on AWS, the
+    rendezvous' node range on both clouds)."""
+    spares = r.int("spareNodes", minimum=0)
+    if desired + spares > max_size:
+        raise _err(
+            "spareNodes",
+            f"({spares}) plus workerDesiredSize ({desired}) exceeds workerMaxSize ({max_size}); "
+            "raise workerMaxSize or lower spareNodes",
+        )
+    return spares
 
 
 def _storage(r: _Reader) -> StorageSettings:

@@ -142,7 +142,13 @@ class GpuFleet(pulumi.ComponentResource):
             f"{name}-workers",
             min_size=held(f.worker_min_size),
             max_size=f.worker_max_size,
-            desired_capacity=held(f.worker_desired_size),
+            # spareNodes are extra desired capacity, not a warm pool: PutWarmPool refuses
+            # a group with a mixed instances policy or spot ("Warm pools for Amazon EC2
+            # Auto Scaling", https://docs.aws.amazon.com/autoscaling/ec2/userguide/
+            # ec2-auto-scaling-warm-pools.html; API reference PutWarmPool), and this group
+            # has both. A spare is thus an in-service node, booted with the image pulled,
+            # billed and priced like the others (infra/estimate.py).
+            desired_capacity=held(f.group_desired_size),
             vpc_zone_identifiers=subnet_ids,
             placement_group=self.placement_group.id if self.placement_group else None,
             capacity_rebalance=True,

@@ -24,8 +24,10 @@ def estimate(s: GcpSettings) -> dict:
     # The worker templates name the first type; the flexibility policy may pick others.
     worker_type = f.worker_machine_types[0]
     on_demand, spot = _node_hourly(s, worker_type, spot=False), _node_hourly(s, worker_type, spot=True)
-    all_on_demand = coordinator + f.worker_desired_size * on_demand
-    mixed = coordinator + f.on_demand_workers * on_demand + f.spot_workers * spot
+    # spareNodes run in the main worker group: Spot when it is.
+    spares = f.spare_nodes * (spot if f.spot else on_demand)
+    all_on_demand = coordinator + (f.worker_desired_size + f.spare_nodes) * on_demand
+    mixed = coordinator + f.on_demand_workers * on_demand + f.spot_workers * spot + spares
     if st.kind == "managed-lustre":
         fs_rate = prices["managed_lustre_gib_month"][str(st.lustre_throughput_per_tib)]
         fs_label = f"Managed Lustre ({st.lustre_capacity_gib:,} GiB at {st.lustre_throughput_per_tib} MB/s/TiB)"
@@ -43,13 +45,15 @@ def estimate(s: GcpSettings) -> dict:
         "nodes": {
             "coordinator_on_demand": 1,
             "workers_on_demand": f.on_demand_workers,
-            "workers_spot": f.spot_workers,
-            "gpus": (1 + f.worker_desired_size) * f.gpus_per_node,
+            "workers_spot": f.spot_workers + (f.spare_nodes if f.spot else 0),
+            "workers_spare": f.spare_nodes,
+            "gpus": (1 + f.worker_desired_size + f.spare_nodes) * f.gpus_per_node,
         },
         "fleet_usd_per_hour": {
             "all_on_demand": round(all_on_demand, 2),
             "with_spot": round(mixed, 2),
             "savings_percent": round(100 * (1 - mixed / all_on_demand), 1),
+            "spare_nodes": round(spares, 2),
         },
         "storage_usd_per_month": {
             "file_system": round(st.capacity_gib * fs_rate, 2),

@@ -113,7 +113,9 @@ class GpuFleet(pulumi.ComponentResource):
         )
 
         self.workers: dict[str, c.RegionInstanceGroupManager] = {}
-        groups = [("workers", f.worker_provisioning_model, f.spot_workers if f.spot else f.worker_desired_size)]
+        # spareNodes: booted workers beyond the job's, in the main group (Spot when it is).
+        main = (f.spot_workers if f.spot else f.worker_desired_size) + f.spare_nodes
+        groups = [("workers", f.worker_provisioning_model, main)]
         if f.spot and f.on_demand_workers:
             groups.append(("workers-ondemand", "STANDARD", f.on_demand_workers))
         for role, model, size in groups:

@@ -7,7 +7,7 @@ import re
 
 from ftfleet.infra import catalog
 from ftfleet.infra.gcp import machines
-from ftfleet.infra.settings import _err, _Reader
+from ftfleet.infra.settings import _err, _Reader, spare_nodes
 
 PROVISIONING_MODELS = ("SPOT", "STANDARD")
 #: ftfleet's cap on the extended preemption notice: the trainer's emergency checkpoint
@@ -36,6 +36,8 @@ class GcpFleetSettings:
     image_project: str
     image_family: str
     boot_disk_gib: int
+    spare_nodes: int = 0
+    """Booted workers kept beyond workerDesiredSize, in the main worker MIG."""
 
     @property
     def spot_workers(self) -> int:
@@ -127,6 +129,7 @@ def parse_fleet(r: _Reader) -> GcpFleetSettings:
             "workerDesiredSize",
             f"({desired}) must lie between workerMinSize ({min_size}) and workerMaxSize ({max_size})",
         )
+    spares = spare_nodes(r, desired, max_size)
     base = r.int("onDemandBaseCapacity", minimum=0)
     if base > desired:
         raise _err("onDemandBaseCapacity", f"({base}) exceeds workerDesiredSize ({desired}); lower it")
@@ -165,4 +168,5 @@ def parse_fleet(r: _Reader) -> GcpFleetSettings:
         image_project=image_project,
         image_family=image_family,
         boot_disk_gib=r.int("rootVolumeGiB", minimum=50, maximum=65536),
+        spare_nodes=spares,
     )

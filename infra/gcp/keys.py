@@ -31,6 +31,7 @@ SHARED = frozenset(
         "workerMaxSize",
         "workerDesiredSize",
         "onDemandBaseCapacity",
+        "spareNodes",
         "rootVolumeGiB",
         "checkpointPrefix",
         "pinnedPrefix",

@@ -49,13 +49,20 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def spares_note(nodes: dict, fleet: dict) -> str:
+    """The spareNodes part of a plan's fleet line (both clouds); empty without spares."""
+    if not nodes.get("workers_spare"):
+        return ""
+    return f", {nodes['workers_spare']} of them spare (${fleet['spare_nodes']:,.2f}/hour)"
+
+
 def cost_lines(est: dict) -> list[str]:
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
     return [
         "",
         f"Cost {est['label']}:",
         f"  fleet at desired size ({1 + nodes['workers_on_demand']} on-demand + {nodes['workers_spot']} Spot "
-        f"nodes, {nodes['gpus']} GPUs): ${fleet['with_spot']:,.2f}/hour with Spot vs "
+        f"nodes{spares_note(nodes, fleet)}, {nodes['gpus']} GPUs): ${fleet['with_spot']:,.2f}/hour with Spot vs "
         f"${fleet['all_on_demand']:,.2f}/hour all on-demand ({fleet['savings_percent']}% less)",
         f"  {storage['file_system_label']}: ${storage['file_system']:,.2f}/month; dual-region bucket: "
         f"${storage['buckets_per_tib_stored']:,.2f}/month per TiB of checkpoints (both regions, before "

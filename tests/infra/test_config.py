@@ -54,6 +54,11 @@ BAD = {
         "unknown config key ftfleet:workerMaxSise: did you mean ftfleet:workerMaxSize?",
     ),
     "desired outside bounds": ({"ftfleet:workerDesiredSize": 7}, "ftfleet:workerDesiredSize (7) must lie between"),
+    "spares above the group's maximum": (
+        {"ftfleet:spareNodes": 99},
+        "ftfleet:spareNodes (99) plus workerDesiredSize",
+    ),
+    "negative spares": ({"ftfleet:spareNodes": -1}, "ftfleet:spareNodes is -1; it must be at least 0"),
     "efa on a type without it": ({"ftfleet:efaEnabled": True}, "does not support EFA"),
     "pinned inside checkpoints": ({"ftfleet:pinnedPrefix": "checkpoints/keep/"}, "overlaps checkpointPrefix"),
     "zone of another region": ({"ftfleet:availabilityZones": ["us-west-2a"]}, "not a zone of us-east-1"),

@@ -68,3 +68,30 @@ def test_the_plan_shows_replication_per_tib_written_in_the_table_and_the_json(ca
     assert main(["plan", "aws-prod", "--json"]) == 0
     est = json.loads(capsys.readouterr().out)["estimate"]
     assert est["replication_usd_per_tib_written"]["total"] == 35.84
+
+
+def test_spare_nodes_are_priced_as_nodes_of_the_worker_group():
+    plain, spared = estimate.estimate(PROD), estimate.estimate(with_fleet(PROD, spare_nodes=2))
+    fleet, base = spared["fleet_usd_per_hour"], plain["fleet_usd_per_hour"]
+    per_node_volume = estimate.root_volume_monthly(PROD) / 730
+    first = PROD.fleet.worker_instance_types[0]
+    extra = 2 * (price(first) + per_node_volume)
+    assert fleet["all_on_demand"] - base["all_on_demand"] == pytest.approx(extra, abs=0.02)
+    assert fleet["spare_nodes"] > 0
+    assert fleet["spare_nodes"] == pytest.approx(fleet["with_spot"] - base["with_spot"], abs=0.02)
+    assert base["spare_nodes"] == 0 and spared["nodes"]["workers_spare"] == 2
+    nodes = spared["nodes"]
+    assert nodes["workers_on_demand"] + nodes["workers_spot"] == PROD.fleet.worker_desired_size + 2
+    assert nodes["gpus"] == plain["nodes"]["gpus"] + 2 * PROD.fleet.gpus_per_node
+
+
+def test_the_plan_of_a_stack_with_spares_names_them_in_the_table_and_the_json(capsys, tmp_path):
+    text = (stackfile.STACKS_DIR / "Pulumi.aws-dev.yaml").read_text()
+    assert "config:\n" in text
+    path = tmp_path / "Pulumi.spares.yaml"
+    path.write_text(text.replace("config:\n", "config:\n  ftfleet:spareNodes: 1\n", 1))
+    assert main(["plan", str(path)]) == 0
+    assert "1 of them spare ($" in capsys.readouterr().out
+    assert main(["plan", str(path), "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    assert est["nodes"]["workers_spare"] == 1 and est["fleet_usd_per_hour"]["spare_nodes"] > 0

@@ -317,8 +317,20 @@ def test_plan_json_of_gcp_prod_has_the_documented_shape(capsys):
     est = doc["estimate"]
     assert "ESTIMATE" in est["label"] and est["prices_as_of"] and est["cloud"] == "gcp"
     assert 0 < est["fleet_usd_per_hour"]["with_spot"] < est["fleet_usd_per_hour"]["all_on_demand"]
-    assert est["nodes"] == {"coordinator_on_demand": 1, "workers_on_demand": 2, "workers_spot": 14, "gpus": 136}
+    assert est["nodes"] == {
+        "coordinator_on_demand": 1,
+        "workers_on_demand": 2,
+        "workers_spot": 14,
+        "workers_spare": 0,
+        "gpus": 136,
+    }
     assert est["replication_usd_per_tib_written"] > 0
     assert doc["outputs"]["checkpoint_uri"].startswith("gs://") and doc["outputs"]["checkpoint_uri"].endswith(
         "/checkpoints/llm-prod"
     )
+
+
+def test_spare_nodes_grow_the_main_worker_groups_target_size(gcp_variant):
+    plain, spared = gcp_variant(), gcp_variant(spareNodes=2)
+    assert one(spared, MIG, "-workers").inputs["targetSize"] == one(plain, MIG, "-workers").inputs["targetSize"] + 2
+    assert one(spared, MIG, "-coordinator").inputs["targetSize"] == 1

@@ -130,6 +130,10 @@ BAD = {
         {"ftfleet:gcpWorkerProvisioningModel": "PREEMPTIBLE"},
         "ftfleet:gcpWorkerProvisioningModel is 'PREEMPTIBLE'; use SPOT or STANDARD",
     ),
+    "spares above the group's maximum": (
+        {"ftfleet:spareNodes": 99},
+        "ftfleet:spareNodes (99) plus workerDesiredSize",
+    ),
     "on-demand base above desired": (
         {"ftfleet:onDemandBaseCapacity": 3},
         "ftfleet:onDemandBaseCapacity (3) exceeds workerDesiredSize (2)",

@@ -163,3 +163,10 @@ def test_the_zone_forgets_a_missing_name_within_seconds():
     assert fields[0] == "ns-1536.awsdns-00.co.uk." and len(fields) == 7
     # Resolvers cache a miss for min(SOA TTL, SOA minimum) (RFC 2308).
     assert min(soa.inputs["ttl"], int(fields[-1])) == userdata.RECORD_TTL
+
+
+def test_spare_nodes_are_extra_desired_capacity_of_the_worker_group(variant):
+    plain, spared = groups(variant()), groups(variant(spareNodes=1))
+    assert spared["workers"]["desiredCapacity"] == plain["workers"]["desiredCapacity"] + 1
+    assert spared["workers"]["minSize"] == plain["workers"]["minSize"]
+    assert spared["coordinator"] == plain["coordinator"]

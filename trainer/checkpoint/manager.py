@@ -47,6 +47,7 @@ from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
 from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
 from ftfleet.trainer.checkpoint.manifest import Manifest
+from ftfleet.trainer.checkpoint.reader import CorruptFile
 from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare
 from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into
 from ftfleet.trainer.checkpoint.staging import OrderedStager
@@ -169,25 +170,48 @@ class CheckpointManager:
 
     def _load(self, load_step: int | None) -> Restored | None:
         stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
-        found = find_and_prepare(
-            self.comm,
-            self.local,
-            stores,
-            self.identity,
-            force=self.cfg.force_load,
-            load_step=load_step,
-            workers=self.cfg.transfer_workers,
-        )
-        if found is None:
-            if self.comm.rank == 0:
-                log.info("restore: no checkpoint in any tier; starting from step 0")
-            return None
-        t0 = time.monotonic()
+        invalid: set[tuple[int, str]] = set()
+        while True:
+            # Local files are checked by size here and by CRC32C as they are loaded (one
+            # read per byte); a download is checked as before, then loaded the same way.
+            found = find_and_prepare(
+                self.comm,
+                self.local,
+                stores,
+                self.identity,
+                force=self.cfg.force_load,
+                load_step=load_step,
+                workers=self.cfg.transfer_workers,
+                local_crc=False,
+                exclude=invalid,
+            )
+            if found is None:
+                if self.comm.rank == 0:
+                    log.info("restore: no checkpoint in any tier; starting from step 0")
+                return None
+            t0 = time.monotonic()
+            try:
+                absent = self._load_found(found)
+            except CorruptFile as exc:  # raised on every rank before any state changed
+                if self.comm.rank == 0:
+                    log.warning("restore: step-%d in %s is invalid, skipping it: %s", found.step, found.location, exc)
+                invalid.add((found.step, found.tier))
+                continue
+            break
+        self._after_load(found, absent, t0)
+        return found
+
+    def _load_found(self, found: Restored) -> list[str]:
         # A rank beyond the writer's world size has no RNG entry to load.
         self.app_state.include_rng = self.comm.rank < found.manifest.world_size
         self.app_state.loading = True
         try:
-            absent = load_into({"app": self.app_state}, self.local.step_dir(found.step), self.ckpt_group)
+            return load_into(
+                {"app": self.app_state},
+                self.local.step_dir(found.step),
+                self.ckpt_group,
+                expected=found.manifest.files,
+            )
         except CheckpointMismatch as exc:
             raise CheckpointMismatch(
                 f"checkpoint step-{found.step} in {found.location} does not fit: {exc}; load it into the "
@@ -196,6 +220,8 @@ class CheckpointManager:
         finally:
             self.app_state.include_rng = True
             self.app_state.loading = False
+
+    def _after_load(self, found: Restored, absent: list[str], t0: float) -> None:
         if absent and self.comm.rank == 0:
             log.info(
                 "restore: step-%d has no %s: kept as they are",
@@ -214,7 +240,6 @@ class CheckpointManager:
                 time.monotonic() - t0,
             )
         self._resubmit_if_not_durable(found)
-        return found
 
     def _resubmit_if_not_durable(self, found: Restored) -> None:
         """A checkpoint committed locally but killed before its upload finished becomes

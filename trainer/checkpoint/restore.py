@@ -6,10 +6,11 @@ copy is preferred, then the primary, then the replica. For each candidate, in tu
 
 * rank 0 reads and parses its manifest (a malformed one is skipped) and checks it
   belongs to this run and config (a foreign one is refused unless forced);
-* every rank checks its share of the files: locally, by size and CRC32C; from a
-  bucket, by downloading its share into ``<local>/step-N/`` in parallel and then
-  checking it, after which rank 0 writes the manifest locally (the download is then an
-  ordinary local commit);
+* every rank checks its share of the files: locally, by size and CRC32C (or by size
+  only, ``local_crc=False``, when the load that follows checks the CRC as it reads:
+  :mod:`~ftfleet.trainer.checkpoint.reader`); from a bucket, by downloading its share
+  into ``<local>/step-N/`` in parallel and then checking it, after which rank 0 writes
+  the manifest locally (the download is then an ordinary local commit);
 * the first candidate whose every file checks out is the one. Each failure is logged
   in one line naming the tier, the step and the bad file, and the next is tried.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
@@ -70,9 +71,13 @@ class Identity:
 
 
 def list_candidates(
-    local: LocalTier, stores: Sequence[tuple[str, ObjectStore]], load_step: int | None = None
+    local: LocalTier,
+    stores: Sequence[tuple[str, ObjectStore]],
+    load_step: int | None = None,
+    exclude: Collection[tuple[int, str]] = (),
 ) -> list[tuple[int, int]]:
-    """(step, tier index) newest first; tier 0 is local, then ``stores`` in order."""
+    """(step, tier index) newest first; tier 0 is local, then ``stores`` in order.
+    ``exclude``: (step, tier name) pairs already found invalid."""
     found = [(s, 0) for s in local.committed_steps()]
     for i, (name, store) in enumerate(stores, start=1):
         # Any failure of a bucket (missing, no access, 5xx after the retries) skips that
@@ -86,6 +91,8 @@ def list_candidates(
             log.warning("restore: cannot list the %s tier, skipping it: %s: %s", name, type(exc).__name__, exc)
     if load_step is not None:
         found = [c for c in found if c[0] == load_step]
+    names = ["local", *(name for name, _ in stores)]
+    found = [c for c in found if (c[0], names[c[1]]) not in exclude]
     return sorted(found, key=lambda c: (-c[0], c[1]))
 
 
@@ -98,11 +105,15 @@ def find_and_prepare(
     force: bool = False,
     load_step: int | None = None,
     workers: int = 8,
+    local_crc: bool = True,
+    exclude: Collection[tuple[int, str]] = (),
 ) -> Restored | None:
     """Collective. The newest valid checkpoint, present and verified in the local tier,
-    or None when there is none."""
+    or None when there is none. ``local_crc=False``: local files are checked by size
+    only (the caller loads them through the verifying reader). ``exclude``: (step, tier
+    name) pairs to pass over."""
     tiers: list[tuple[str, Any]] = [("local", local), *stores]
-    candidates = list_candidates(local, stores, load_step) if comm.rank == 0 else []
+    candidates = list_candidates(local, stores, load_step, exclude) if comm.rank == 0 else []
     while True:
         decision: tuple | None = None
         if comm.rank == 0:
@@ -121,7 +132,7 @@ def find_and_prepare(
         _, tier_index, payload = decision
         manifest = Manifest.from_json(payload)
         name, tier = tiers[tier_index]
-        problems = _fetch_and_check(comm, local, name, tier, manifest, workers)
+        problems = _fetch_and_check(comm, local, name, tier, manifest, workers, local_crc)
         gathered = comm.gather(problems)
         verdict = None
         if comm.rank == 0:
@@ -184,13 +195,15 @@ def _next_candidate(
     return ("none",)
 
 
-def _fetch_and_check(comm: Any, local: LocalTier, name: str, tier: Any, manifest: Manifest, workers: int) -> list[str]:
+def _fetch_and_check(
+    comm: Any, local: LocalTier, name: str, tier: Any, manifest: Manifest, workers: int, local_crc: bool = True
+) -> list[str]:
     """This rank's share: check local files, or download then check. Problems found."""
     step_dir = local.step_dir(manifest.step)
     mine = assign_files({n: e.size for n, e in manifest.files.items()}, comm.world_size)[comm.rank]
     if name == "local":
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine) or 1))) as pool:
-            return [p for p in pool.map(lambda n: check_file(step_dir / n, manifest.files[n]), mine) if p]
+            return [p for p in pool.map(lambda n: check_file(step_dir / n, manifest.files[n], local_crc), mine) if p]
 
     if comm.rank == 0:  # replace whatever local copy of this step there is
         local.remove_step(manifest.step)

@@ -57,12 +57,17 @@ class CheckpointMismatch(UserError):
 
 
 def _loading(fn, *args, **kwargs) -> None:
+    from ftfleet.trainer.checkpoint.reader import CorruptFile
+
     try:
         fn(*args, **kwargs)
     except CheckpointException as exc:
-        for error, _trace in exc.failures.values():  # the same mismatch on every rank
-            if isinstance(error, CheckpointMismatch):
-                raise error from None
+        # Every rank gets the same failures (by rank): each raises the same one.
+        failures = [error for error, _trace in exc.failures.values()]
+        for kind in (CheckpointMismatch, CorruptFile):
+            for error in failures:
+                if isinstance(error, kind):
+                    raise error from None
         raise CheckpointLoadError(f"loading the checkpoint failed: {exc}") from None
 
 
@@ -174,17 +179,29 @@ class _SafeEmptyLoadPlanner(_EmptyStateDictLoadPlanner):
         _load_bytes_safely(self, read_item, value)
 
 
-def load_into(state: dict[str, Any], step_dir: Path, process_group: Any = None) -> list[str]:
+def load_into(
+    state: dict[str, Any], step_dir: Path, process_group: Any = None, expected: dict[str, Any] | None = None
+) -> list[str]:
     """Load ``step_dir`` into ``state`` in place (collective over ``process_group``).
-    Returns the optional entries the checkpoint lacked (they keep their values)."""
+    Returns the optional entries the checkpoint lacked (they keep their values).
+
+    ``expected``: the manifest's file entries. Every file read is then checked against
+    them as it is read (:mod:`~ftfleet.trainer.checkpoint.reader`); one that does not
+    match raises :class:`~ftfleet.trainer.checkpoint.reader.CorruptFile` on every rank,
+    before any rank has changed ``state``."""
     planner = SafeLoadPlanner()
-    _loading(
-        dcp.load,
-        state,
-        storage_reader=SafeFileSystemReader(step_dir),
-        planner=planner,
-        process_group=process_group,
-    )
+    if expected is None:
+        reader: SafeFileSystemReader = SafeFileSystemReader(step_dir)
+    else:
+        from ftfleet.trainer.checkpoint.reader import VerifyingReader
+
+        reader = VerifyingReader(step_dir, expected)
+        reader.check_metadata()  # the same file on every rank: all raise, or none
+    try:
+        _loading(dcp.load, state, storage_reader=reader, planner=planner, process_group=process_group)
+    finally:
+        if expected is not None:
+            reader.close()
     return planner.absent
 
 

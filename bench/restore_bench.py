@@ -1,0 +1,113 @@
+"""Restore benchmark: the fast tier's restore against reading the checkpoint's bytes once,
+in the same run (issue 13: "restore from the fast tier <= 1.2x the time to read the
+bytes once").
+
+    .venv/bin/python bench/restore_bench.py --dir /tmp/ftfleet-restore-bench --repeats 5
+
+One model + AdamW state (default 1.02 GiB, the checkpoint bench's), saved once by
+ftfleet's CheckpointManager. Then, --repeats times, each with the page cache of the
+checkpoint's files dropped (posix_fadvise) first:
+
+* read once: every file read sequentially into an 8 MiB buffer, nothing else;
+* ftfleet: ``CheckpointManager.restore()`` (find the step, check sizes, load through the
+  verifying reader, which checks each file's CRC32C as it reads it);
+* two passes (the restore before issue 13): a CRC32C pass over every file, then DCP's
+  own read and parse (``load_into`` with the safe reader, no check).
+
+The three alternate within each repeat, so that a shared machine's drifting load hits
+them alike; the ratios are medians of the per-repeat ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from checkpoint_bench import build_state, evict, files_under, timed  # noqa: E402
+
+from ftfleet.trainer.checkpoint.manager import CheckpointManager  # noqa: E402
+from ftfleet.trainer.checkpoint.restore import find_and_prepare  # noqa: E402
+from ftfleet.trainer.checkpoint.safe_load import load_into  # noqa: E402
+from ftfleet.trainer.checkpoint.state import AppState, TrainProgress  # noqa: E402
+from ftfleet.trainer.config import CheckpointConfig, ParallelConfig  # noqa: E402
+from ftfleet.trainer.distributed import init_distributed  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="/tmp/ftfleet-restore-bench", help="where the checkpoint is written")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--d-model", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=20000)
+    ap.add_argument("--threads", type=int, default=2, help="DCP writer threads (files per rank)")
+    args = ap.parse_args()
+
+    root = Path(args.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    env = init_distributed(ParallelConfig(), 3600)
+    model, opt, sched = build_state(args.vocab, args.d_model, args.layers)
+    progress = TrainProgress()
+    app = AppState(model, opt, sched, progress, rank=0, seed=0)
+    cfg = CheckpointConfig(dir=str(root), keep=2, thread_count=args.threads)
+    mgr = CheckpointManager(cfg, app, run_id="bench", config_hash="bench", ckpt_group=env.ckpt_group)
+    progress.step = 1
+    manifest = mgr.save(1, blocking=True)
+    paths = files_under(root / "step-1")
+
+    def read_once() -> None:
+        buf = bytearray(8 << 20)
+        for p in paths:
+            with open(p, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+
+    def ftfleet() -> None:
+        progress.step = 0
+        assert mgr.restore().step == 1 and progress.step == 1
+
+    def two_passes() -> None:
+        progress.step = 0
+        found = find_and_prepare(mgr.comm, mgr.local, [], mgr.identity, local_crc=True)
+        app.loading = True
+        try:
+            load_into({"app": app}, mgr.local.step_dir(found.step), env.ckpt_group)
+        finally:
+            app.loading = False
+        assert progress.step == 1
+
+    times: dict[str, list[float]] = {"read once": [], "ftfleet": [], "two passes": []}
+    fns = {"read once": read_once, "ftfleet": ftfleet, "two passes": two_passes}
+    for _ in range(args.repeats):
+        for name, fn in fns.items():
+            evict(paths)
+            times[name].append(timed(fn))
+    mgr.close()
+
+    nbytes = manifest.total_bytes
+    read = times["read once"]
+    print(
+        f"checkpoint {nbytes / 1e9:.3f} GB in {len(paths) - 1} files + manifest, "
+        f"{os.cpu_count()} CPUs, medians of {args.repeats} (page cache dropped before each):\n"
+    )
+    print("| restore path | time (s) | x read once |")
+    print("| --- | ---: | ---: |")
+    for name, ts in times.items():
+        ratio = statistics.median(t / r for t, r in zip(ts, read, strict=True))
+        print(f"| {name} | {statistics.median(ts):.3f} | {ratio:.2f}x |")
+    ours = statistics.median(t / r for t, r in zip(times["ftfleet"], read, strict=True))
+    print(f"\nTarget (restore <= 1.2x read once): {'met' if ours <= 1.2 else 'NOT met'} ({ours:.2f}x)")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
