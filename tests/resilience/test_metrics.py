@@ -24,6 +24,19 @@ NAMES = (
 )
 
 
+@pytest.fixture
+def root_logger_restored():
+    """configure_json_logging replaces the root logger's handlers and level: put pytest's back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,18 +99,15 @@ def test_metrics_objects_do_not_share_a_registry():
     assert b.registry.get_sample_value("ftfleet_steps_total", {"node": "", "rank": "0"}) == 0.0
 
 
-def test_log_lines_are_json_with_static_and_extra_fields():
+def test_log_lines_are_json_with_static_and_extra_fields(root_logger_restored):
     stream = io.StringIO()
-    handler = configure_json_logging(static={"node": "i-0abc", "rank": 0}, stream=stream)
+    configure_json_logging(static={"node": "i-0abc", "rank": 0}, stream=stream)
+    log = logging.getLogger("ftfleet.trainer.test")
+    log.info("checkpoint %d committed", 1200, extra={"blocked_s": 0.5})
     try:
-        log = logging.getLogger("ftfleet.trainer.test")
-        log.info("checkpoint %d committed", 1200, extra={"blocked_s": 0.5})
-        try:
-            raise RuntimeError("boom")
-        except RuntimeError:
-            log.exception("save failed")
-    finally:
-        logging.getLogger().removeHandler(handler)
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("save failed")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["msg"] == "checkpoint 1200 committed" and first["level"] == "INFO"
     assert (first["node"], first["rank"], first["blocked_s"]) == ("i-0abc", 0, 0.5)
