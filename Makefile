@@ -21,9 +21,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-## The linters, then the whole test suite (under ~10 minutes on 2 cores).
+## The linters, then the whole test suite (under ~10 minutes on 2 cores). Most tests wait
+## on subprocesses and servers, so two workers (pytest-xdist, whole files per worker, so
+## that a file's session fixtures are built once) finish well before one.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 ## The main job, offline: the plan of every stack, then the trainer under fire (the drill).
 demo: setup

@@ -71,5 +71,8 @@ def gcs_emulator() -> Iterator[GcsEmulator]:
 
 
 @pytest.fixture
-def gcs_bucket(gcs_emulator: GcsEmulator) -> str:
+def gcs_bucket(gcs_emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> str:
+    # Code under test finds the emulator through the environment, as it would find Google:
+    # point it there for this test, whatever an earlier test in this process did to it.
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
     return gcs_emulator.new_bucket()

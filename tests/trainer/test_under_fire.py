@@ -237,7 +237,11 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
         "drill.worker",
         *args,
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"").decode(errors="replace")[-6000:]
+        raise AssertionError(f"the restarted run never ended\n{tail}") from None
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "hang watchdog: no step progress" in proc.stderr
     assert "Thread" in proc.stderr  # the stacks were dumped
