@@ -248,15 +248,23 @@ class GlobalBatches:
         are thrown away anyway."""
         from torch.utils.data._utils import signal_handling
 
-        for obj in (self._it, getattr(self.loader, "_iterator", None)):
+        iterators = {id(obj): obj for obj in (self._it, getattr(self.loader, "_iterator", None)) if obj is not None}
+        for key, obj in iterators.items():
             workers = [w for w in getattr(obj, "_workers", None) or () if w.is_alive()]
-            if workers:
+            if not workers:
+                continue
+            try:
                 # Unwatched first: the loader's SIGCHLD handler would raise "worker killed"
                 # over the failure being handled.
-                signal_handling._remove_worker_pids(id(obj))
-                for worker in workers:
-                    worker.kill()
-        self.close()
+                signal_handling._remove_worker_pids(key)
+            except ValueError:  # not watched (any more)
+                pass
+            for worker in workers:
+                worker.kill()
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - the failure being handled is the one to report
+            log.warning("data loader: closing after a failure: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
         """Stop the loader's worker processes now. The loader keeps its iterator (for
