@@ -2,7 +2,11 @@
 in-process restart with a warm spare (``python -m ftfleet.trainer.inprocess``) beside
 torchrun's whole-group restart, both restoring from the in-memory snapshots.
 
-    .venv/bin/python bench/restart_bench.py --runs 5 --modes inprocess torchrun
+    .venv/bin/python bench/restart_bench.py --runs 5 --modes inprocess torchrun shrink
+
+``shrink``: in-process without a spare, so the survivor goes on alone (world 1): the
+snapshots are refused at the new world size, the restore reshards the newest durable
+checkpoint, and the result is not the 2-rank reference (it is the smaller-world rung).
 
 Each run: 2 training processes (+ 1 spare in-process), snapshots every step, durable
 checkpoints every 8; once rank 0 logged step ``--kill-at``, rank 1 gets SIGKILL. From rank 0's
@@ -57,7 +61,7 @@ def _events(run_dir: Path) -> list[dict]:
 
 
 def _launch(run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inprocess") -> subprocess.Popen:
-    if mode == "inprocess":
+    if mode in ("inprocess", "shrink"):
         head = [
             sys.executable,
             "-m",
@@ -82,7 +86,7 @@ def _launch(run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inpro
 
 
 def _rank_pid(launcher: int, rank: int, log: Path, mode: str) -> int:
-    if mode == "inprocess":
+    if mode in ("inprocess", "shrink"):
         prefix = f"ftfleet.inprocess: process {rank} "
         return next(int(x.split()[4]) for x in log.read_text().splitlines() if x.startswith(prefix))
     for entry in Path("/proc").iterdir():  # torchrun's worker whose RANK is ``rank``
@@ -100,7 +104,7 @@ def _rank_pid(launcher: int, rank: int, log: Path, mode: str) -> int:
 
 def one(work: Path, kill_at: int, mode: str) -> dict:
     run_dir, shm, log = work / "run", work / "shm", work / "launch.log"
-    proc = _launch(run_dir, shm, 1, log, mode)
+    proc = _launch(run_dir, shm, 0 if mode == "shrink" else 1, log, mode)
     deadline = time.monotonic() + 120
     while not any(e["event"] == "step" and e["step"] >= kill_at for e in _events(run_dir)):
         if time.monotonic() > deadline or proc.poll() is not None:
@@ -130,7 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--kill-at", type=int, default=10)
-    parser.add_argument("--modes", nargs="+", choices=("inprocess", "torchrun"), default=["inprocess", "torchrun"])
+    modes = ("inprocess", "torchrun", "shrink")
+    parser.add_argument("--modes", nargs="+", choices=modes, default=["inprocess", "torchrun"])
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ftfleet-restart-"))
     ref = root / "ref"
