@@ -11,7 +11,12 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 \
 	  | grep -v "is ignored: it is neither a file nor a directory" || true
+	# In-process restart (trainer/inprocess/): nvidia-resiliency-ext without its NVML
+	# packages (pynvml makes every `import torch` on a CPU box print a FutureWarning).
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps \
+	  nvidia-resiliency-ext psutil defusedxml 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 	$(PY) -c "import torch, pulumi_aws, moto; assert '+cpu' in torch.__version__ or not torch.cuda.is_available()"
+	$(PY) -c "import nvidia_resiliency_ext.inprocess"
 	touch $@
 
 setup: $(STAMP)

@@ -139,6 +139,15 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "/fsx/runs/aws-prod-llm/i-0123456789abcdef0",
     ),
     EnvVar(
+        "FTFLEET_SHM_DIR",
+        False,
+        "Where the in-memory snapshot tier lives (`checkpoint.memory`): each rank's latest "
+        "snapshots, and the copy of the next node's, under `<dir>/ftfleet-<run id>/`. Must be "
+        "a RAM file system that outlives the training process (survives a crash or a "
+        "torchrun restart, not a node loss). Unset: `/dev/shm`.",
+        "/dev/shm",
+    ),
+    EnvVar(
         "FTFLEET_METRICS_PORT",
         False,
         "Port of the Prometheus exporter of local rank 0 (rank r: port + r; 0: off).",
@@ -370,6 +379,15 @@ STEP_DIR_PREFIX = "step-"
 MANIFEST_NAME = "manifest.json"
 #: Per-node commit markers live in <tier root>/markers/<node id>.json.
 MARKER_DIR = "markers"
+
+
+#: The default of FTFLEET_SHM_DIR.
+SHM_ROOT = "/dev/shm"
+
+
+def memory_dir(root: str, run_id: str) -> str:
+    """The run's in-memory snapshot tier under FTFLEET_SHM_DIR (``root``)."""
+    return os.path.join(root or SHM_ROOT, f"ftfleet-{run_id}")
 
 
 def step_dir_name(step: int) -> str:

@@ -134,6 +134,19 @@ class CheckpointConfig:
     """Load a checkpoint whose manifest names another run_id or config hash."""
     timeout_s: int = 1800
     """Timeout of checkpoint collectives (the checkpoint process groups)."""
+    memory: bool = False
+    """Keep in-memory snapshots: each rank's latest state in host shared memory (outlives
+    the process, not the node) and a copy of the next node's (outlives the node). A
+    restart restores from them when they are the newest (docs/RESILIENCE.md); the disk
+    tiers stay the durable ones. How often: resilience.interval.snapshot_*."""
+    memory_root: str = "/dev/shm"
+    """The RAM file system of the snapshots; the run's are under <memory_root>/ftfleet-<run_id>.
+    Env: FTFLEET_SHM_DIR."""
+    memory_keep: int = 2
+    """Snapshots kept per rank in memory, 1 or 2 (2: the newest may be torn by a kill)."""
+    ranks_per_node: int = 0
+    """Ranks per node for the snapshot ring (node i holds node i+1's copy). 0: torchrun's
+    LOCAL_WORLD_SIZE. Smaller values simulate several nodes on one machine (tests, drills)."""
 
     def __post_init__(self) -> None:
         if self.keep < 2:
@@ -159,6 +172,14 @@ class CheckpointConfig:
                 raise ConfigError(
                     f"checkpoint.{key}={value!r}: use s3://bucket/prefix or gs://bucket/prefix (or empty for none)"
                 )
+        if self.memory_keep not in (1, 2):
+            raise ConfigError(
+                f"checkpoint.memory_keep={self.memory_keep}: use 1 or 2 (each is a copy of the state in RAM)"
+            )
+        if self.ranks_per_node < 0:
+            raise ConfigError(f"checkpoint.ranks_per_node={self.ranks_per_node}: use 0 (torchrun's) or a count >= 1")
+        if self.memory and not self.memory_root:
+            raise ConfigError("checkpoint.memory_root is empty: name a RAM file system such as /dev/shm")
         if self.replica_uri and not self.uri:
             raise ConfigError(
                 "checkpoint.replica_uri is set but checkpoint.uri is empty: set the primary durable tier too"
@@ -219,6 +240,7 @@ ENV_OVERRIDES = {
     "FTFLEET_CKPT_URI": "checkpoint.uri",
     "FTFLEET_CKPT_REPLICA_URI": "checkpoint.replica_uri",
     "FTFLEET_CKPT_UPLOAD": "checkpoint.upload",
+    "FTFLEET_SHM_DIR": "checkpoint.memory_root",
     "FTFLEET_PREEMPTION_NOTICE_S": "resilience.watcher.gcp_preemption_notice_s",
 }
 

@@ -8,12 +8,13 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | event | fields | when |
 | --- | --- | --- |
 | ``start`` | world_size | the process group is up, before restore |
-| ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded |
+| ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded (or a snapshot) |
 | ``fresh`` | | no checkpoint: step 0 |
 | ``first_step`` | step | the first step after start (or restore) finished |
 | ``step`` | step, loss, seconds, saving | each step, only with ``train.step_events`` (saving: a save in flight) |
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
 | ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
+| ``snapshot`` | step, blocked_s | an in-memory snapshot was taken (``checkpoint.memory``) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |
 | ``interval`` | steps, why, cost_s | the adaptive interval chose the next save (cost_s: C) |
 | ``anomaly`` | step, action, reason | a step was skipped or rolled back |

@@ -152,6 +152,9 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     parts = Resilience(run)
     try:
         return _train(run, parts, parts.callbacks(callbacks), t_start)
+    except BaseException:
+        run.data.abort()  # now, not when the loader is collected (an in-process restart)
+        raise
     finally:
         parts.close()
 

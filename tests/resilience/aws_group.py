@@ -16,6 +16,14 @@ def make_group(endpoint_url: str, name: str = GROUP) -> str:
     ec2 = session.client("ec2", endpoint_url=endpoint_url)
     asg = session.client("autoscaling", endpoint_url=endpoint_url)
     image = ec2.describe_images()["Images"][0]["ImageId"]
+    # moto's backends are per process, shared by every moto server a test session starts:
+    # another module's group of this name (tests/trainer/test_lifecycle_handoff.py) goes.
+    if asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]:
+        asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+    if ec2.describe_launch_templates(Filters=[{"Name": "launch-template-name", "Values": [f"{name}-lt"]}])[
+        "LaunchTemplates"
+    ]:
+        ec2.delete_launch_template(LaunchTemplateName=f"{name}-lt")
     ec2.create_launch_template(
         LaunchTemplateName=f"{name}-lt", LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"}
     )

@@ -187,3 +187,24 @@ def test_bad_interval_settings_name_the_field_and_the_fix(field, value, fix):
     with pytest.raises(ConfigError, match=fix) as exc:
         IntervalConfig(**{field: value})
     assert f"resilience.interval.{field}" in str(exc.value)
+
+
+def test_snapshots_follow_daly_for_their_own_cost_and_the_same_mtbf():
+    cfg = IntervalConfig(mtbf_s=3600.0, mtbf_source="config", snapshot_fixed_steps=7)
+    iv = AdaptiveInterval(cfg, clock=Clock())
+    assert iv.snapshot_interval_steps(0.5)[0] == 7  # nothing measured yet
+    iv.record_snapshot(0.02)
+    iv.record_save(1.0, 9.0)  # a durable save 500x dearer: much rarer
+    steps, why = iv.snapshot_interval_steps(0.5)
+    assert steps == round(daly_interval(0.02, 3600.0) / 0.5) == 24
+    assert "snapshot" in why and "M=3600s" in why
+    durable, _ = iv.interval_steps(0.5)
+    assert durable > 10 * steps
+
+
+def test_snapshots_in_fixed_mode_come_every_snapshot_fixed_steps():
+    iv = AdaptiveInterval(IntervalConfig(mode="fixed", snapshot_fixed_steps=3))
+    iv.record_snapshot(0.02)
+    assert iv.snapshot_interval_steps(0.5)[0] == 3
+    with pytest.raises(ConfigError, match="snapshot_fixed_steps=0: use 1 or more"):
+        IntervalConfig(snapshot_fixed_steps=0)

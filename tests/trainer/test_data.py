@@ -449,3 +449,26 @@ def test_close_stops_the_reader_workers_at_once():
     assert workers and all(w.is_alive() for w in workers)
     r.close()
     assert not any(w.is_alive() for w in workers)
+
+
+def test_a_loader_worker_drops_the_tcp_sockets_it_inherited_and_keeps_the_rest(tmp_path):
+    """Run in a child: closing descriptors in the test process would close pytest's."""
+    import subprocess
+    import sys
+
+    code = """
+import os, socket
+from ftfleet.trainer.data.loader import drop_inherited_sockets
+tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen()
+a, b = socket.socketpair()
+r, w = os.pipe()
+drop_inherited_sockets(0)
+def alive(fd):
+    try:
+        os.fstat(fd); return True
+    except OSError:
+        return False
+print(alive(tcp.fileno()), alive(a.fileno()), alive(r))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "True", "True"], out.stderr

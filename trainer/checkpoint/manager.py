@@ -42,14 +42,17 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import StagingOptions
 
+from ftfleet.contract import memory_dir
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
 from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
 from ftfleet.trainer.checkpoint.manifest import Manifest
+from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.reader import CorruptFile
-from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare
+from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare, list_candidates
 from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into
+from ftfleet.trainer.checkpoint.snapshots import Snapshots
 from ftfleet.trainer.checkpoint.staging import OrderedStager
 from ftfleet.trainer.checkpoint.state import AppState
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
@@ -130,6 +133,21 @@ class CheckpointManager:
                 upload_group = dist.new_group(backend="gloo", timeout=timeout)
         self.ckpt_group = ckpt_group
         self.comm = DistComm(ckpt_group) if ckpt_group is not None else LocalComm()
+        #: The in-memory snapshot tier (checkpoint.memory), on a gloo group of its own:
+        #: its transfers run on the training thread while a save may use ckpt_group.
+        self.snapshots: Snapshots | None = None
+        if cfg.memory:
+            group = dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() else None
+            comm = DistComm(group) if group is not None else LocalComm()
+            per_node = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))
+            if comm.world_size % per_node:
+                raise ConfigError(
+                    f"checkpoint.ranks_per_node={per_node} does not divide the world size {comm.world_size}: "
+                    "use 0 (torchrun's LOCAL_WORLD_SIZE) or a divisor"
+                )
+            ring = Ring(comm.rank, comm.world_size, per_node)
+            tier = MemoryTier(memory_dir(cfg.memory_root, run_id), ring, keep=cfg.memory_keep)
+            self.snapshots = Snapshots(tier, app_state, self.identity, comm, group)
         self.local = LocalTier(cfg.dir)
         self.stats = SaveStats()
         self.committed: list[int] = []
@@ -160,7 +178,40 @@ class CheckpointManager:
         it, and load it into the app state. None when there is nothing to resume."""
         if not self.cfg.load:
             return None
-        return self._load(self.cfg.load_step)
+        if self.snapshots is not None and self.cfg.load_step is None:
+            found = self._load_from_memory()
+            if found is not None:
+                return found
+        found = self._load(self.cfg.load_step)
+        if found is None and self.snapshots is not None and self.cfg.load_step is None:
+            found = self._load_from_memory(any_step=True)  # nothing on disk loads
+        return found
+
+    def _load_from_memory(self, any_step: bool = False) -> Restored | None:
+        """The newest snapshot in memory, when no disk tier has a newer step (or with
+        ``any_step``, whatever its step). The disk tiers are listed (rank 0), not
+        verified: a newer step there is tried first, and memory is asked again, for any
+        step, when nothing on disk loads."""
+        newest = None
+        if self.comm.rank == 0 and not any_step:
+            stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
+            candidates = list_candidates(self.local, stores)
+            newest = candidates[0][0] if candidates else None
+        newest = self.comm.broadcast(newest)
+        t0 = time.monotonic()
+        found = self.snapshots.restore(min_step=newest)
+        if found is not None:
+            self._after_load(found, [], t0)
+        return found
+
+    def snapshot(self, step: int) -> float:
+        """Collective: snapshot the current state into memory (checkpoint.memory) as
+        ``step``. Returns the seconds it blocked training."""
+        if self.snapshots is None:
+            raise ConfigError("checkpoint.memory is off: no in-memory snapshots to take")
+        t0 = time.monotonic()
+        self.snapshots.take(step)
+        return time.monotonic() - t0
 
     def rollback(self) -> Restored | None:
         """Collective. Reload the newest valid checkpoint (after an anomalous step),
@@ -230,7 +281,8 @@ class CheckpointManager:
             )
         if self.app_state.progress.step != found.step:
             raise CommitError(f"step-{found.step} holds the state of step {self.app_state.progress.step}")
-        self.restored_step = found.step
+        # A step restored from memory is not on disk: a stop right after it still saves.
+        self.restored_step = None if found.tier.startswith("memory") else found.step
         if self.comm.rank == 0:
             log.info(
                 "restore: loaded step-%d (written by %d ranks, %d now) in %.2f s",

@@ -91,6 +91,10 @@ class IntervalConfig:
     persist_overhead: float | None = None
     """Fraction of the background persist time that training loses to it; null (the
     default): measured from the step times with and without a save in flight."""
+    snapshot_fixed_steps: int = 10
+    """In-memory snapshots (checkpoint.memory): every this many steps in fixed mode, and in
+    adaptive mode until one has been measured. Adaptive: Daly's optimum for the snapshot's
+    own cost (the time it blocks training) and the same MTBF."""
     min_steps: int = 1
     """Bounds on the interval in steps; max_steps 0: no upper bound. The floor of one save's
     duration wins over max_steps."""
@@ -114,6 +118,8 @@ class IntervalConfig:
             raise ConfigError(
                 f"{_KEY}.persist_overhead={self.persist_overhead}: use a fraction from 0 to 1, or null to measure it"
             )
+        if self.snapshot_fixed_steps < 1:
+            raise ConfigError(f"{_KEY}.snapshot_fixed_steps={self.snapshot_fixed_steps}: use 1 or more")
         if self.min_steps < 1:
             raise ConfigError(f"{_KEY}.min_steps={self.min_steps}: use 1 or more")
         if self.max_steps and self.max_steps < self.min_steps:
@@ -139,6 +145,9 @@ class AdaptiveInterval:
         self.blocked_s: float | None = None
         self.persist_s: float | None = None
         self.saves = 0
+        #: EWMA of the seconds an in-memory snapshot blocked training, and their count.
+        self.snapshot_s: float | None = None
+        self.snapshots = 0
         # Recent step times, without and with a save in flight (not checkpointed: a
         # restarted process measures its own machine again).
         self._quiet: deque[float] = deque(maxlen=STEP_SAMPLES)
@@ -154,6 +163,14 @@ class AdaptiveInterval:
         self.blocked_s = self._ewma(self.blocked_s, blocked_s)
         self.persist_s = self._ewma(self.persist_s, persist_s)
         self.saves += 1
+
+    def record_snapshot(self, blocked_s: float) -> None:
+        """One in-memory snapshot: seconds training was blocked (it runs on the training
+        thread, so that is its whole cost)."""
+        if not blocked_s >= 0:
+            raise ValueError(f"snapshot duration must be >= 0 (got {blocked_s!r})")
+        self.snapshot_s = self._ewma(self.snapshot_s, blocked_s)
+        self.snapshots += 1
 
     def _ewma(self, average: float | None, sample: float) -> float:
         a = self.config.ewma_alpha
@@ -241,6 +258,26 @@ class AdaptiveInterval:
                 why += f", capped at {capped} (max_steps {cfg.max_steps}"
                 why += ", but not below one save's duration)" if capped > cfg.max_steps else ")"
                 steps = capped
+        return steps, why
+
+    def snapshot_interval_steps(self, step_time_s: float) -> tuple[int, str]:
+        """The in-memory snapshot interval in steps of ``step_time_s`` seconds: Daly's
+        optimum for the snapshot's cost and the job's MTBF (a snapshot is lost with its
+        node only when the peer holding its copy goes too, which the disk tiers cover)."""
+        if not step_time_s > 0:
+            raise ValueError(f"step_time_s={step_time_s!r}: use the measured seconds per step (> 0)")
+        fixed = self.config.snapshot_fixed_steps
+        if self.config.mode == "fixed":
+            return fixed, f"fixed: every {fixed} steps (interval.mode=fixed)"
+        if self.snapshot_s is None:
+            return fixed, f"adaptive: no snapshot measured yet, every {fixed} steps until one is"
+        c, (m, m_why) = self.snapshot_s, self.mtbf()
+        t = daly_interval(c, m)
+        steps = max(1, round(t / step_time_s))
+        why = (
+            f"Daly: C={c:.4f}s (snapshot, EWMA of {self.snapshots}), {m_why} -> T={t:.1f}s"
+            f" = {steps} steps at {step_time_s:.3f}s/step"
+        )
         return steps, why
 
     # -- persistence -------------------------------------------------------------

@@ -80,6 +80,9 @@ class SaveSchedule(Callback):
         self.group = group
         self.interval = AdaptiveInterval(cfg)
         self.next_save = cfg.fixed_steps
+        #: The next in-memory snapshot (None: checkpoint.memory is off).
+        self.next_snapshot: int | None = cfg.snapshot_fixed_steps if ckpt.snapshots is not None else None
+        self.snapshot_reason = ""
         self.reason = ""
         """Why the current interval (for the log and summary.json)."""
         self._step_times: deque[float] = deque(maxlen=50)
@@ -96,6 +99,8 @@ class SaveSchedule(Callback):
         if restored is not None:
             self.interval.record_interruption()
         self.reschedule(step)
+        if self.next_snapshot is not None:
+            self.reschedule_snapshot(step)
 
     def record_notice(self, received_at: float) -> None:
         self.interval.record_interruption(received_at)
@@ -104,6 +109,8 @@ class SaveSchedule(Callback):
         self._step_times.append(info.step_time_s)
         # Steps that overlapped a background save measure what persisting costs training.
         self.interval.record_step(info.step_time_s, info.saving)
+        if self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step:
+            self.snapshot(info.step)
         if self.due(info.step) and info.step < self.last_step:
             self.save(info.step, "interval")
 
@@ -122,6 +129,31 @@ class SaveSchedule(Callback):
         if not blocking:  # a blocking save is the last one (final, emergency)
             self.reschedule(step)
         return manifest
+
+    def snapshot(self, step: int) -> None:
+        """Collective. Snapshot ``step`` into memory, then choose the next snapshot."""
+        blocked = self.ckpt.snapshot(step)
+        self.interval.record_snapshot(blocked)
+        self._emit("snapshot", step=step, blocked_s=round(blocked, 4))
+        self.reschedule_snapshot(step)
+
+    def reschedule_snapshot(self, step: int) -> None:
+        """Choose the next snapshot step after ``step`` (collective in adaptive mode)."""
+        fixed = self.cfg.snapshot_fixed_steps
+        if self.cfg.mode == "fixed":
+            self.next_snapshot = (step // fixed + 1) * fixed
+            return
+        steps, why = fixed, f"adaptive: no step measured yet, every {fixed} steps"
+        if self._step_times:
+            steps, why = self.interval.snapshot_interval_steps(statistics.median(self._step_times))
+        choice = [steps, why]
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.broadcast_object_list(choice, src=0, group=self.group)
+        steps, why = int(choice[0]), str(choice[1])
+        self.next_snapshot = step + steps
+        if why != self.snapshot_reason:
+            self.snapshot_reason = why
+            log.info("snapshot interval: %d steps (%s)", steps, why)
 
     def reschedule(self, step: int) -> None:
         """Choose the next save step after ``step`` (collective in adaptive mode)."""

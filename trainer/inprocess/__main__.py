@@ -1,0 +1,5 @@
+import sys
+
+from ftfleet.trainer.inprocess.launch import main
+
+sys.exit(main())

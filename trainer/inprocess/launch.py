@@ -1,0 +1,101 @@
+"""The launcher of an in-process-restartable run on one machine.
+
+torchrun cannot host it: its agent stops every worker of the group as soon as one
+exits (measured: a SIGKILLed rank made it SIGTERM the survivor within a second), which
+is the whole-group restart this mode avoids. Here the launcher:
+
+* hosts the two stores in its own process, so that they outlive any rank: the
+  trainer's (``MASTER_PORT``; the ranks connect as clients, as under torchrun's agent
+  store, ``TORCHELASTIC_USE_AGENT_STORE=True``) and the wrapper's (``MASTER_PORT + 1``);
+* starts N + K worker processes (:mod:`.worker`): ranks 0..N-1 train, N..N+K-1 are
+  warm spares, torch imported, waiting in the wrapper;
+* waits for all of them and exits with the first nonzero code of a process that was
+  not killed by a signal (a killed rank is the failure the others recovered from), or
+  1 when every worker was killed.
+
+One launcher per machine is what this covers (tests, drills, a single node); across
+nodes the same workers need a store every node reaches (the rendezvous endpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import torch.distributed as dist
+
+
+def free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ftfleet.trainer.inprocess",
+        description="N training processes and K warm spares, restarted in-process on a failure.",
+    )
+    parser.add_argument("--nproc", type=int, required=True, help="training ranks (the world size)")
+    parser.add_argument("--spares", type=int, default=1, help="warm spare processes")
+    parser.add_argument("--worker", default="ftfleet.trainer.inprocess.worker", help="the worker's module")
+    parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the trainer's arguments")
+    args = parser.parse_args(argv)
+    if args.nproc < 1 or args.spares < 0:
+        parser.error(f"--nproc {args.nproc} --spares {args.spares}: use at least 1 rank and 0 or more spares")
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    port = int(os.environ.get("MASTER_PORT") or free_port_pair())
+    total = args.nproc + args.spares
+    timeout = datetime.timedelta(seconds=300)
+    stores = [
+        dist.TCPStore("127.0.0.1", p, total, is_master=True, wait_for_workers=False, timeout=timeout)
+        for p in (port, port + 1)
+    ]
+    procs = []
+    for rank in range(total):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(total),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(args.nproc),
+            "FTFLEET_ACTIVE_WORLD_SIZE": str(args.nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+        cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout), *rest]
+        procs.append(subprocess.Popen(cmd, env=env))
+        print(f"ftfleet.inprocess: process {rank} pid {procs[-1].pid}", file=sys.stderr, flush=True)
+
+    def forward(signum, _frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    codes = [p.returncode for p in procs]
+    print(f"ftfleet.inprocess: exit codes {codes}", file=sys.stderr, flush=True)
+    del stores
+    clean = [c for c in codes if c >= 0]
+    if not clean:
+        return 1
+    return next((c for c in clean if c != 0), 0)

@@ -1,0 +1,120 @@
+"""One process of an in-process-restartable run: the reference trainer inside
+nvidia-resiliency-ext's ``inprocess.Wrapper``. Started by :mod:`.launch`, which sets
+RANK (0 .. N+K-1), WORLD_SIZE (N+K), FTFLEET_ACTIVE_WORLD_SIZE (N) and hosts the stores.
+
+The config is loaded and checked once, before the wrapper: bad input exits 2 and is
+never retried. Inside, each iteration is one :func:`~ftfleet.trainer.train.train`:
+``init_distributed`` draws a fresh attempt prefix in the launcher's store (stale keys
+of the failed iteration are never read), and the restore takes the newest in-memory
+snapshot. An exception from the run (a peer's socket closed in a collective, a rank
+hung past the soft timeout) goes to the wrapper, which aborts the process groups,
+reassigns ranks and calls again; a :class:`~ftfleet.errors.UserError` (a checkpoint
+that does not fit) is an exit code, not a restart: it would fail the same way again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ftfleet.errors import ConfigError, UserError
+from ftfleet.trainer.__main__ import CallbackFactory
+from ftfleet.trainer.callbacks import Callback
+
+log = logging.getLogger("ftfleet.inprocess")
+
+
+class Ping(Callback):
+    """Tells the wrapper's progress watchdog that training moves, after every step."""
+
+    def __init__(self, call_wrapper: Any) -> None:
+        self.call_wrapper = call_wrapper
+
+    def on_step_end(self, run: Any, info: Any) -> None:
+        self.call_wrapper.ping()
+
+
+def _seconds(value: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=value)
+
+
+def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.05) -> Any:
+    """The wrapper: survivors keep their ranks, a spare fills a dead rank's place
+    (``FillGaps``), and at most ``active_world_size`` ranks train; the others wait,
+    warm. ``soft_timeout_s``: no step for this long counts as a hang."""
+    import nvidia_resiliency_ext.inprocess as inprocess
+    from nvidia_resiliency_ext.inprocess.rank_assignment import FillGaps, MaxActiveWorldSize
+
+    return inprocess.Wrapper(
+        store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
+        rank_assignment=inprocess.Compose(MaxActiveWorldSize(active_world_size), FillGaps()),
+        health_check=None,  # its only check is CUDA's
+        # The monitor thread waits in the store for the "a rank was interrupted" key, one
+        # wait of this length after another; a set key returns the wait at once. With
+        # 50 ms waits, a spare's monitor thread saw the key 2.9-4.1 s late (measured,
+        # every run); with 1 s waits, the restart began 0.85 s after the kill.
+        monitor_thread_interval=_seconds(1.0),
+        monitor_process_interval=_seconds(poll_s),
+        heartbeat_interval=_seconds(poll_s),
+        progress_watchdog_interval=_seconds(poll_s),
+        last_call_wait=_seconds(poll_s),
+        soft_timeout=_seconds(soft_timeout_s),
+        hard_timeout=_seconds(soft_timeout_s + 30),
+        heartbeat_timeout=_seconds(max(5.0, soft_timeout_s / 2)),
+        termination_grace_time=_seconds(2),
+    )
+
+
+def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
+    parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"))
+    parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        stream=sys.stderr,
+        format=f"%(asctime)s [proc{rank}] %(name)s: %(message)s",
+    )
+    try:
+        if not args.config:
+            raise ConfigError("no config: pass --config FILE (or set FTFLEET_CONFIG)")
+        from ftfleet.trainer.config import load_config
+
+        extra, overrides = callbacks(list(args.overrides)) if callbacks else ((), list(args.overrides))
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    # torch and the whole trainer are imported now: a spare that takes over starts warm.
+    from ftfleet.trainer.train import train
+
+    active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
+
+    def attempt(call_wrapper: Any = None) -> int:
+        # Which iteration this is, for the event log's `attempt` and the summary's
+        # `restarts` (torchrun's counter, which the trainer already reads).
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(call_wrapper.iteration)
+        try:
+            return int(train(cfg, [*extra, Ping(call_wrapper)])["exit_code"])
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+
+    from nvidia_resiliency_ext.inprocess import CallWrapper
+
+    # The wrapper hands itself to the parameter annotated with its class; this module's
+    # annotations are strings (``from __future__ import annotations``).
+    attempt.__annotations__["call_wrapper"] = CallWrapper
+    code = build_wrapper(active, args.soft_timeout)(attempt)()
+    return 0 if code is None else int(code)  # a spare never called returns None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
