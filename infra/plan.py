@@ -145,7 +145,7 @@ def functions(rec: offline.Recording) -> list[dict[str, Any]]:
                 "triggers": triggers,
             }
         )
-    return out
+    return out + gcp_plan.functions(rec)
 
 
 def as_json(rec: offline.Recording, est: dict) -> dict:
@@ -172,6 +172,20 @@ def as_json(rec: offline.Recording, est: dict) -> dict:
     }
 
 
+def function_lines(fns: list[dict[str, Any]]) -> list[str]:
+    """The plan's lines about the remediation functions (none: no lines)."""
+    if not fns:
+        return []
+    lines = ["Remediation functions:"]
+    for f in fns:
+        on = ", ".join(t.get("schedule") or t.get("rule") or f"log sink {t['log_sink']}" for t in f["triggers"])
+        lines.append(
+            f"  {f['function']}: {f['runtime']}, timeout {f['timeout']} s, {f['retries']} retries, "
+            f"dead letters to {f['dead_letter_queue']}; triggered by {on}"
+        )
+    return [*lines, ""]
+
+
 def render_table(rec: offline.Recording, est: dict) -> str:
     custom = [r for r in rec.resources if r.custom and not r.type.startswith("pulumi:providers:")]
     rows = [(r.type.split(":")[-1], r.name, rec.region_of(r) or "global", summary(r)) for r in custom]
@@ -184,7 +198,7 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     lines.append(f"{'TYPE':<{widths[0]}}  {'NAME':<{widths[1]}}  {'REGION':<{widths[2]}}  SETTINGS")
     lines += [f"{t:<{widths[0]}}  {n:<{widths[1]}}  {g:<{widths[2]}}  {s}" for t, n, g, s in rows]
     if est.get("cloud") == "gcp":
-        lines += [*gcp_plan.cost_lines(est), "", "Outputs:"]
+        lines += [*gcp_plan.cost_lines(est), "", *function_lines(functions(rec)), "Outputs:"]
         return "\n".join(lines + [f"  {k}: {v}" for k, v in rec.outputs.items()])
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
     spares_note = gcp_plan.spares_note
@@ -205,16 +219,7 @@ def render_table(rec: offline.Recording, est: dict) -> str:
         "  assuming: " + "; ".join(est["assumptions"]),
         "",
     ]
-    fns = functions(rec)
-    if fns:
-        lines.append("Remediation functions:")
-        for f in fns:
-            on = ", ".join(t["schedule"] or t["rule"] for t in f["triggers"])
-            lines.append(
-                f"  {f['function']}: {f['runtime']}, timeout {f['timeout']} s, {f['retries']} retries, "
-                f"dead letters to {f['dead_letter_queue']}; triggered by {on}"
-            )
-        lines.append("")
+    lines += function_lines(functions(rec))
     lines.append("Outputs:")
     lines += [f"  {k}: {v}" for k, v in rec.outputs.items()]
     return "\n".join(lines)

@@ -86,6 +86,26 @@ def new_resource(typ: str, name: str, inputs: dict[str, Any], region: str, proje
     if typ == "gcp:kms/cryptoKey:CryptoKey":
         rid = f"{inputs['keyRing']}/cryptoKeys/{inputs['name']}"
         return rid, outs
+    if typ == "gcp:pubsub/topic:Topic":
+        topic = inputs.get("name") or physical
+        outs["name"] = topic
+        return f"projects/{project}/topics/{topic}", outs
+    if typ == "gcp:pubsub/subscription:Subscription":
+        sub = inputs.get("name") or physical
+        outs["name"] = sub
+        return f"projects/{project}/subscriptions/{sub}", outs
+    if typ == "gcp:cloudfunctionsv2/function:Function":
+        fn, location = inputs.get("name") or physical, inputs.get("location") or region
+        rid = f"projects/{project}/locations/{location}/functions/{fn}"
+        outs.update(name=fn, url=f"https://{location}-{project}.cloudfunctions.net/{fn}", state="ACTIVE")
+        return rid, outs
+    if typ == "gcp:logging/projectSink:ProjectSink":
+        outs["writerIdentity"] = f"serviceAccount:service-{PLAN_PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
+        return f"projects/{project}/sinks/{inputs.get('name') or physical}", outs
+    if typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+        rid = f"projects/{project}/roles/{inputs['roleId']}"
+        outs["name"] = rid
+        return rid, outs
     if typ == "gcp:servicenetworking/connection:Connection":
         outs["peering"] = "servicenetworking-googleapis-com"
         return f"{inputs.get('network')}:{inputs.get('service')}", outs
@@ -120,6 +140,8 @@ def call(token: str, args: dict[str, Any], project: str | None) -> dict | None:
             "project": image_project,
             "selfLink": f"{COMPUTE}/projects/{image_project}/global/images/{image}",
         }
+    if token == "gcp:organizations/getProject:getProject":
+        return {"projectId": project, "number": PLAN_PROJECT_NUMBER, "name": project, "id": f"projects/{project}"}
     if token == "gcp:storage/getProjectServiceAccount:getProjectServiceAccount":
         email = f"service-{PLAN_PROJECT_NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
         return {"emailAddress": email, "member": f"serviceAccount:{email}", "project": project, "id": email}

@@ -3,6 +3,8 @@ the cost lines of the table."""
 
 from __future__ import annotations
 
+from typing import Any
+
 KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "gcp:compute/network:Network": ("mtu", "routingMode"),
     "gcp:compute/subnetwork:Subnetwork": ("ipCidrRange", "privateIpGoogleAccess"),
@@ -46,7 +48,53 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": ("role",),
     "gcp:kms/cryptoKey:CryptoKey": ("rotationPeriod",),
     "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": ("role",),
+    "gcp:cloudfunctionsv2/function:Function": (
+        "buildConfig.runtime",
+        "serviceConfig.timeoutSeconds",
+        "serviceConfig.ingressSettings",
+    ),
+    "gcp:pubsub/subscription:Subscription": ("ackDeadlineSeconds", "deadLetterPolicy.maxDeliveryAttempts"),
+    "gcp:logging/projectSink:ProjectSink": ("filter",),
+    "gcp:cloudscheduler/job:Job": ("schedule",),
+    "gcp:monitoring/alertPolicy:AlertPolicy": ("conditions.*.conditionThreshold.thresholdValue",),
+    "gcp:projects/iAMCustomRole:IAMCustomRole": ("permissions",),
 }
+
+
+def functions(rec: Any) -> list[dict[str, Any]]:
+    """Each GCP remediation function with its push subscription (retries, dead-letter
+    topic) and what feeds its topic (a log sink's filter or a schedule)."""
+    urns = rec.by_urn()
+    out = []
+    for fn in rec.of_type("gcp:cloudfunctionsv2/function:Function"):
+        subs = [s for s in rec.of_type("gcp:pubsub/subscription:Subscription") if fn.urn in s.deps("pushConfig")]
+        triggers, dead, attempts = [], None, None
+        for sub in subs:
+            topic_urns = sub.deps("topic")
+            policy = sub.inputs.get("deadLetterPolicy") or {}
+            attempts = policy.get("maxDeliveryAttempts")
+            dead = next((urns[u].inputs.get("name") for u in sub.deps("deadLetterPolicy") if u in urns), None)
+            for sink in rec.of_type("gcp:logging/projectSink:ProjectSink"):
+                if set(sink.deps("destination")) & set(topic_urns):
+                    triggers.append({"log_sink": sink.inputs.get("name"), "filter": sink.inputs.get("filter")})
+            for job in rec.of_type("gcp:cloudscheduler/job:Job"):
+                if set(job.deps("pubsubTarget")) & set(topic_urns):
+                    triggers.append({"schedule": job.inputs.get("schedule")})
+        service = fn.inputs.get("serviceConfig") or {}
+        out.append(
+            {
+                "function": str(fn.inputs.get("description", "")).split()[1]
+                if fn.inputs.get("description")
+                else fn.name,
+                "name": fn.inputs.get("name"),
+                "runtime": (fn.inputs.get("buildConfig") or {}).get("runtime"),
+                "timeout": service.get("timeoutSeconds"),
+                "dead_letter_queue": dead,
+                "retries": attempts - 1 if isinstance(attempts, int) else None,
+                "triggers": triggers,
+            }
+        )
+    return out
 
 
 def spares_note(nodes: dict, fleet: dict) -> str:

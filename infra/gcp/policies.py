@@ -38,6 +38,12 @@ def _known(v: Any) -> bool:
     return isinstance(v, (str, int, float, bool))
 
 
+def _checkpoint_bucket(r) -> bool:
+    """A bucket that holds checkpoints: every bucket but the functions' source bucket,
+    which holds only zips the program uploads again (label ftfleet-purpose)."""
+    return r.type == BUCKET and (r.props.get("labels") or {}).get("ftfleet-purpose") != "function-source"
+
+
 # --- Cloud Storage ---------------------------------------------------------------------
 
 
@@ -72,7 +78,7 @@ def two_locations(r) -> list[str]:
     `customPlacementConfig.dataLocations` of that code. Turbo replication (RPO
     ASYNC_TURBO) exists only for dual-regions ("Data availability and durability",
     https://cloud.google.com/storage/docs/availability-durability#turbo-replication)."""
-    if r.type != BUCKET or not _known(r.props.get("location", "")):
+    if not _checkpoint_bucket(r) or not _known(r.props.get("location", "")):
         return []
     location = str(r.props.get("location", "")).upper()
     data = [d.lower() for d in (r.props.get("customPlacementConfig") or {}).get("dataLocations") or []]
@@ -343,7 +349,129 @@ def stateful_protected(r) -> list[str]:
     replacing change cannot delete checkpoints."""
     if r.type not in STATEFUL or getattr(r, "protect", None) is not False:
         return []
+    if r.type == BUCKET and not _checkpoint_bucket(r):
+        return []
     return [f"{r.type.rsplit(':', 1)[-1]} is not protected"]
+
+
+# --- Remediation functions ----------------------------------------------------------------
+
+FUNCTION = "gcp:cloudfunctionsv2/function:Function"
+SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
+#: "Runtime support", https://cloud.google.com/functions/docs/runtime-support (as of 2026-11).
+SUPPORTED_PYTHON = ("python310", "python311", "python312", "python313")
+DEFAULT_COMPUTE_SA = "-compute@developer.gserviceaccount.com"
+
+
+def functions_run_as_their_own_account(r) -> list[str]:
+    """ "Function identity", https://cloud.google.com/functions/docs/securing/function-identity:
+    without a service account a function runs as the Compute Engine default service
+    account, which often holds the Editor role on the whole project."""
+    if r.type != FUNCTION:
+        return []
+    email = (r.props.get("serviceConfig") or {}).get("serviceAccountEmail")
+    if email is None:
+        return ["runs as the default compute service account; set serviceConfig.serviceAccountEmail"]
+    if isinstance(email, str) and email.endswith(DEFAULT_COMPUTE_SA):
+        return [f"runs as the default compute service account {email}"]
+    return []
+
+
+def functions_internal_only(r) -> list[str]:
+    """ "Configure network settings", https://cloud.google.com/functions/docs/networking/network-settings:
+    ALLOW_INTERNAL_ONLY admits requests from the project's VPC and from Pub/Sub, Cloud
+    Scheduler and Eventarc of the project; ALLOW_ALL puts the function on the internet."""
+    if r.type != FUNCTION:
+        return []
+    ingress = (r.props.get("serviceConfig") or {}).get("ingressSettings", "ALLOW_ALL")
+    return [] if ingress == "ALLOW_INTERNAL_ONLY" or not _known(ingress) else [f"ingress is {ingress}"]
+
+
+def functions_supported_runtime(r) -> list[str]:
+    """ "Runtime support", https://cloud.google.com/functions/docs/runtime-support: a
+    runtime past its decommission date can no longer be deployed."""
+    if r.type != FUNCTION:
+        return []
+    runtime = (r.props.get("buildConfig") or {}).get("runtime")
+    if not _known(runtime) or runtime in SUPPORTED_PYTHON:
+        return []
+    return [f"runtime {runtime} is not one of {', '.join(SUPPORTED_PYTHON)}"]
+
+
+def push_subscriptions_dead_letter(r) -> list[str]:
+    """ "Handle message failures", https://cloud.google.com/pubsub/docs/handling-failures:
+    a dead-letter policy takes 5 to 100 delivery attempts, and without one a message
+    that always fails is redelivered until it expires (7 days); "Subscription
+    properties", https://cloud.google.com/pubsub/docs/subscription-properties: the
+    acknowledgement deadline is 10 to 600 s."""
+    if r.type != SUBSCRIPTION or not r.props.get("pushConfig"):
+        return []
+    out = []
+    attempts = (r.props.get("deadLetterPolicy") or {}).get("maxDeliveryAttempts")
+    if attempts is None:
+        out.append("push subscription has no dead-letter policy")
+    elif isinstance(attempts, (int, float)) and not 5 <= attempts <= 100:
+        out.append(f"maxDeliveryAttempts is {attempts:g}; Pub/Sub takes 5 to 100")
+    deadline = r.props.get("ackDeadlineSeconds")
+    if isinstance(deadline, (int, float)) and not 10 <= deadline <= 600:
+        out.append(f"ackDeadlineSeconds is {deadline:g}; Pub/Sub takes 10 to 600")
+    return out
+
+
+def dead_letters_can_be_forwarded(resources: list) -> list[tuple[str, str]]:
+    """ "Handle message failures", https://cloud.google.com/pubsub/docs/handling-failures#grant_forwarding_permissions:
+    Pub/Sub's service agent forwards a dead letter only with the Publisher role on the
+    dead-letter topic and the Subscriber role on the source subscription; without them
+    failed messages stay in the subscription."""
+    agent = "@gcp-sa-pubsub.iam.gserviceaccount.com"
+    topics = {
+        r.props.get("topic")
+        for r in resources
+        if r.type == "gcp:pubsub/topicIAMMember:TopicIAMMember"
+        and r.props.get("role") == "roles/pubsub.publisher"
+        and agent in str(r.props.get("member", ""))
+    }
+    subs = {
+        r.props.get("subscription")
+        for r in resources
+        if r.type == "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember"
+        and r.props.get("role") == "roles/pubsub.subscriber"
+        and agent in str(r.props.get("member", ""))
+    }
+
+    def last(value: Any) -> str:
+        return str(value).rsplit("/", 1)[-1]
+
+    out = []
+    for sub in (r for r in resources if r.type == SUBSCRIPTION):
+        dead = (sub.props.get("deadLetterPolicy") or {}).get("deadLetterTopic")
+        if not isinstance(dead, str):
+            continue
+        if last(dead) not in {last(t) for t in topics}:
+            out.append((sub.name, f"Pub/Sub's service agent cannot publish to the dead-letter topic {last(dead)}"))
+        name = sub.props.get("name")
+        if isinstance(name, str) and name not in {last(x) for x in subs}:
+            out.append((sub.name, f"Pub/Sub's service agent cannot acknowledge on subscription {name}"))
+    return out
+
+
+def sinks_can_publish(resources: list) -> list[tuple[str, str]]:
+    """ "Route logs to supported destinations", https://cloud.google.com/logging/docs/export/configure_export_v2#dest-auth:
+    a sink's writer identity needs the Publisher role on its Pub/Sub topic, or nothing
+    it matches arrives."""
+    granted = {
+        (str(r.props.get("topic")).rsplit("/", 1)[-1], r.props.get("member"))
+        for r in resources
+        if r.type == "gcp:pubsub/topicIAMMember:TopicIAMMember" and r.props.get("role") == "roles/pubsub.publisher"
+    }
+    out = []
+    for sink in (r for r in resources if r.type == "gcp:logging/projectSink:ProjectSink"):
+        dest, writer = sink.props.get("destination"), sink.props.get("writerIdentity")
+        if not (isinstance(dest, str) and dest.startswith("pubsub.googleapis.com/") and isinstance(writer, str)):
+            continue
+        if (dest.rsplit("/", 1)[-1], writer) not in granted:
+            out.append((sink.name, f"its writer identity may not publish to {dest.rsplit('/', 1)[-1]}"))
+    return out
 
 
 #: (name, description, check, stack policy, advisory): infra/policies.py wraps them.
@@ -400,6 +528,27 @@ SPECS = (
         file_system_has_private_access,
         True,
     ),
+    (
+        "gcp-functions-own-identity",
+        "Functions run as their own service account.",
+        functions_run_as_their_own_account,
+        False,
+    ),
+    ("gcp-functions-internal-only", "Functions admit internal traffic only.", functions_internal_only, False),
+    ("gcp-functions-runtime", "Functions use a supported Python runtime.", functions_supported_runtime, False),
+    (
+        "gcp-push-dead-letters",
+        "Push subscriptions have a dead-letter policy and valid deadlines.",
+        push_subscriptions_dead_letter,
+        False,
+    ),
+    (
+        "gcp-dead-letters-forwarded",
+        "Pub/Sub's agent may forward dead letters.",
+        dead_letters_can_be_forwarded,
+        True,
+    ),
+    ("gcp-sinks-can-publish", "Log sinks may publish to their topics.", sinks_can_publish, True),
     (
         "gcp-cmek-agent-granted",
         "A CMEK bucket's key is granted to the Cloud Storage agent.",

@@ -47,6 +47,8 @@ class GcpRemediationSettings:
     replication_lag: bool
     replication_lag_alarm_seconds: int
     unhealthy_node_grace_seconds: int
+    alert_channels: tuple[str, ...] = ()
+    """Cloud Monitoring notification channels of the replication-lag alert policy."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,10 +111,27 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
             replication_lag=r.bool("remediationReplicationLag"),
             replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60),
             unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60),
+            alert_channels=_alert_channels(r),
         ),
         trainer=_trainer(r, stack),
         tags=_labels(r),
     )
+
+
+#: A notification channel's resource name, as `gcloud beta monitoring channels list` prints it.
+CHANNEL = re.compile(r"projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/notificationChannels/[0-9]+")
+
+
+def _alert_channels(r: _Reader) -> tuple[str, ...]:
+    channels = r.list("gcpAlertNotificationChannels")
+    for channel in channels:
+        if not CHANNEL.fullmatch(channel):
+            raise _err(
+                "gcpAlertNotificationChannels",
+                f"holds {channel!r}; use a channel's resource name, projects/<project>/notificationChannels/<id> "
+                "(`gcloud beta monitoring channels list`)",
+            )
+    return channels
 
 
 def _known_region(region: str, key: str) -> None:

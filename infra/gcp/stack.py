@@ -9,6 +9,7 @@ from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
 from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
 from ftfleet.infra.gcp.fleet import GpuFleet
+from ftfleet.infra.gcp.functions import RemediationFunctions
 from ftfleet.infra.gcp.iam import NodeIdentity
 from ftfleet.infra.gcp.kms import BucketKey
 from ftfleet.infra.gcp.network import Network
@@ -79,11 +80,9 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
         provider,
     )
 
-    # Remediation functions (Cloud Functions 2nd gen, lambdas/) plug in here: preemption
-    # accounting (log sink on compute.instances.preempted -> Pub/Sub), storage drift
-    # (Eventarc audit events on the bucket) and the replication watch (Cloud Scheduler).
-    # They receive these components and s.remediation. Managed instance groups already
-    # recreate preempted and unhealthy VMs; no function duplicates that.
+    # Managed instance groups already recreate preempted and unhealthy VMs; no function
+    # duplicates that (infra/gcp/functions.py).
+    functions = RemediationFunctions(f"{s.name}-remediation", s, buckets.bucket, provider)
 
     root = boot.checkpoint_root(s)
     pulumi.export("checkpoint_bucket", buckets.bucket.name)
@@ -101,6 +100,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     pulumi.export("registry_url", registry.registry_uri)
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_service_account", nodes.email)
+    pulumi.export("remediation_functions", {k: f.name for k, f in functions.functions.items()})
     pulumi.export(
         "coordinator_address",
         pulumi.Output.concat(
@@ -115,5 +115,6 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
         "store": store,
         "nodes": nodes,
         "fleet": fleet,
+        "functions": functions,
         **({"key": key} if key else {}),
     }

@@ -20,70 +20,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftfleet import contract
-from ftfleet.lambdas.common import aws, eventbridge, runtime
+from ftfleet.lambdas.common import aws, checkpoints, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.replication_watch.config import Config
 
 NAME = "replication_watch"
-#: Step directories examined per bucket and sweep (newest first).
-SCAN_LIMIT = 100
+SCAN_LIMIT = checkpoints.SCAN_LIMIT
 
 clock = runtime.Clock()
 
 
-class Bucket:
+class Bucket(checkpoints.CheckpointListing):
+    """A run's checkpoints in one S3 bucket."""
+
     def __init__(self, name: str, region: str | None, root: str):
-        self.name, self.root = name, root
+        super().__init__(name, root)
         self.s3 = aws.client("s3", region)
-        self._committed: dict[int, float | None] = {}
 
-    def steps(self) -> list[int]:
-        """Step directories under the root, newest first."""
-        found = []
-        pages = self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.name, Prefix=f"{self.root}/", Delimiter="/"
-        )
-        for page in pages:
-            for prefix in page.get("CommonPrefixes", []):
-                step = contract.parse_step_dir(prefix["Prefix"].rstrip("/").rsplit("/", 1)[-1])
-                if step is not None:
-                    found.append(step)
-        return sorted(found, reverse=True)[:SCAN_LIMIT]
+    def child_prefixes(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix, Delimiter="/")
+        return [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", [])]
 
-    def manifest_key(self, step: int) -> str:
-        return f"{self.root}/{contract.step_dir_name(step)}/{contract.MANIFEST_NAME}"
-
-    def committed_at(self, step: int) -> float | None:
-        """When the step's manifest arrived, or None without one."""
-        if step not in self._committed:
-            try:
-                head = self.s3.head_object(Bucket=self.name, Key=self.manifest_key(step))
-                self._committed[step] = head["LastModified"].timestamp()
-            except Exception as exc:
-                if aws.error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                    raise
-                self._committed[step] = None
-        return self._committed[step]
-
-    def complete(self, step: int) -> bool:
-        """The manifest and every file it lists, with the listed sizes."""
-        if self.committed_at(step) is None:
-            return False
-        body = self.s3.get_object(Bucket=self.name, Key=self.manifest_key(step))["Body"].read()
+    def arrival(self, key: str) -> float | None:
         try:
-            wanted = contract.manifest_file_sizes(body)
-        except contract.ContractError:
-            return False
-        prefix = f"{self.root}/{contract.step_dir_name(step)}/"
+            return self.s3.head_object(Bucket=self.name, Key=key)["LastModified"].timestamp()
+        except Exception as exc:
+            if aws.error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
+                raise
+            return None
+
+    def read(self, key: str) -> bytes:
+        return self.s3.get_object(Bucket=self.name, Key=key)["Body"].read()
+
+    def sizes(self, prefix: str) -> dict[str, int]:
         have = {}
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
             for item in page.get("Contents", []):
                 have[item["Key"][len(prefix) :]] = item["Size"]
-        return all(have.get(name) == size for name, size in wanted.items())
-
-    def newest_complete(self, steps: list[int]) -> int | None:
-        return next((s for s in steps if self.complete(s)), None)
+        return have
 
 
 def handler(event: Any, context: Any) -> dict[str, Any]:

@@ -104,7 +104,7 @@ def test_spot_workers_never_restart_are_deleted_on_preemption_and_get_the_extend
 
 def test_templates_use_gvnic_no_external_address_the_node_account_and_one_pinned_image():
     rec = recording("gcp-prod")
-    account = one(rec, "gcp:serviceaccount/account:Account")
+    account = one(rec, "gcp:serviceaccount/account:Account", "-nodes-sa")
     images = set()
     for t in rec.of_type(TEMPLATE):
         nic = t.inputs["networkInterfaces"][0]
@@ -197,9 +197,9 @@ def test_standard_workers_form_one_on_demand_group(gcp_variant):
 
 
 def test_dev_bucket_is_a_configurable_dual_region_and_prod_the_predefined_nam4():
-    dev = one(recording("gcp-dev"), BUCKET).inputs
+    dev = one(recording("gcp-dev"), BUCKET, "-ckpt-bucket").inputs
     assert dev["location"] == "US" and dev["customPlacementConfig"] == {"dataLocations": ["US-CENTRAL1", "US-EAST4"]}
-    prod = one(recording("gcp-prod"), BUCKET).inputs
+    prod = one(recording("gcp-prod"), BUCKET, "-ckpt-bucket").inputs
     assert prod["location"] == "NAM4" and "customPlacementConfig" not in prod
     for b in (dev, prod):
         assert b["rpo"] == "ASYNC_TURBO" and b["versioning"] == {"enabled": True}
@@ -209,7 +209,7 @@ def test_dev_bucket_is_a_configurable_dual_region_and_prod_the_predefined_nam4()
 
 
 def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
-    rules = one(recording("gcp-prod"), BUCKET).inputs["lifecycleRules"]
+    rules = one(recording("gcp-prod"), BUCKET, "-ckpt-bucket").inputs["lifecycleRules"]
     actions = [(r["action"]["type"], r["action"].get("storageClass")) for r in rules]
     assert actions == [
         ("AbortIncompleteMultipartUpload", None),
@@ -230,12 +230,12 @@ def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
 
 
 def test_dev_expires_old_checkpoints_and_turbo_replication_follows_config(gcp_variant):
-    rules = one(recording("gcp-dev"), BUCKET).inputs["lifecycleRules"]
+    rules = one(recording("gcp-dev"), BUCKET, "-ckpt-bucket").inputs["lifecycleRules"]
     assert rules[-1] == {
         "action": {"type": "Delete"},
         "condition": {"age": 120, "matchesPrefixes": ["checkpoints/"], "withState": "LIVE"},
     }
-    assert one(gcp_variant(gcsTurboReplication=False), BUCKET).inputs["rpo"] == "DEFAULT"
+    assert one(gcp_variant(gcsTurboReplication=False), BUCKET, "-ckpt-bucket").inputs["rpo"] == "DEFAULT"
 
 
 def test_prod_bucket_is_encrypted_with_a_key_the_storage_agent_may_use_before_the_bucket_exists():
@@ -243,7 +243,7 @@ def test_prod_bucket_is_encrypted_with_a_key_the_storage_agent_may_use_before_th
     key = one(rec, "gcp:kms/cryptoKey:CryptoKey")
     ring = one(rec, "gcp:kms/keyRing:KeyRing")
     assert ring.inputs["location"] == "nam4" and key.inputs["rotationPeriod"] == "7776000s"
-    bucket = one(rec, BUCKET)
+    bucket = one(rec, BUCKET, "-ckpt-bucket")
     assert bucket.inputs["encryption"] == {"defaultKmsKeyName": key.id}
     grant = one(rec, "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")
     assert grant.inputs["cryptoKeyId"] == key.id
@@ -263,8 +263,8 @@ def test_registry_keeps_releases_immutable_and_cleans_untagged_images():
 
 def test_the_node_account_holds_only_what_nodes_need():
     rec = recording("gcp-prod")
-    email = one(rec, "gcp:serviceaccount/account:Account").outputs["email"]
-    bucket = one(rec, BUCKET).outputs["name"]
+    email = one(rec, "gcp:serviceaccount/account:Account", "-nodes-sa").outputs["email"]
+    bucket = one(rec, BUCKET, "-ckpt-bucket").outputs["name"]
     grants = {
         (r.type.split(":")[1], r.inputs["role"])
         for r in rec.resources
@@ -276,7 +276,7 @@ def test_the_node_account_holds_only_what_nodes_need():
         ("projects/iAMMember", "roles/logging.logWriter"),
         ("projects/iAMMember", "roles/monitoring.metricWriter"),
     }
-    assert one(rec, "gcp:storage/bucketIAMMember:BucketIAMMember").inputs["bucket"] == bucket
+    assert one(rec, "gcp:storage/bucketIAMMember:BucketIAMMember", "-nodes-checkpoints").inputs["bucket"] == bucket
 
 
 def test_every_resource_carries_the_stack_labels_through_the_provider():
@@ -311,7 +311,13 @@ def test_plan_json_of_gcp_prod_has_the_documented_shape(capsys):
     assert main(["plan", "gcp-prod", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"stack", "resources", "outputs", "estimate", "functions"}
-    assert doc["functions"] == []  # GCP's remediation functions are not built yet
+    fns = {f["function"]: f for f in doc["functions"]}
+    assert set(fns) == {"gcp_preemption", "gcp_storage_drift", "gcp_replication_watch"}
+    for f in fns.values():
+        assert f["runtime"] == "python313" and f["timeout"] > 0 and f["retries"] == 4
+        assert f["dead_letter_queue"].endswith("-dead-letters") and len(f["triggers"]) == 1
+    assert fns["gcp_replication_watch"]["triggers"] == [{"schedule": "*/5 * * * *"}]
+    assert "compute.instances.preempted" in fns["gcp_preemption"]["triggers"][0]["filter"]
     lustre = next(r for r in doc["resources"] if r["type"] == "gcp:lustre/instance:Instance")
     assert lustre["inputs"]["capacityGib"] == "36000" and lustre["parent"].endswith("-fs")
     est = doc["estimate"]

@@ -13,6 +13,11 @@ from ftfleet.infra.gcp import keys, locations
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.gcp-dev.yaml"))["config"]
 
 BAD = {
+    "alert channel not a resource name": (
+        {"ftfleet:gcpAlertNotificationChannels": ["ops@example.com"]},
+        "ftfleet:gcpAlertNotificationChannels holds 'ops@example.com'; use a channel's resource name, "
+        "projects/<project>/notificationChannels/<id>",
+    ),
     "lustre capacity below the tier minimum": (
         {"ftfleet:lustreThroughputPerTiB": 500, "ftfleet:lustreCapacityGiB": 9000},
         "ftfleet:lustreCapacityGiB is 9000; the 500 MB/s/TiB tier takes 18,000 to 20,016,000 GiB",

@@ -55,6 +55,19 @@ GOOD_MIG = {
         "maxUnavailableFixed": 1,
     },
 }
+FUNCTION = "gcp:cloudfunctionsv2/function:Function"
+SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
+INTERNAL = "ALLOW_INTERNAL_ONLY"
+GOOD_FUNCTION = {
+    "buildConfig": {"runtime": "python313"},
+    "serviceConfig": {"serviceAccountEmail": "fn@p.iam.gserviceaccount.com", "ingressSettings": INTERNAL},
+}
+GOOD_PUSH = {
+    "name": "s",
+    "pushConfig": {"pushEndpoint": "https://f"},
+    "ackDeadlineSeconds": 90,
+    "deadLetterPolicy": {"deadLetterTopic": "projects/p/topics/dead", "maxDeliveryAttempts": 5},
+}
 
 
 def res(type_token, props, name="r", **kw):
@@ -102,6 +115,12 @@ BAD_RESOURCES = {
         "gcp:parallelstore/instance:Instance", {"capacityGib": "14000", "deploymentType": "SCRATCH"}
     ),
     "gcp-stateful-protected": res(BUCKET, GOOD_BUCKET, protect=False),
+    "gcp-functions-own-identity": res(FUNCTION, {**GOOD_FUNCTION, "serviceConfig": {"ingressSettings": INTERNAL}}),
+    "gcp-functions-internal-only": res(
+        FUNCTION, {**GOOD_FUNCTION, "serviceConfig": {**GOOD_FUNCTION["serviceConfig"], "ingressSettings": "ALLOW_ALL"}}
+    ),
+    "gcp-functions-runtime": res(FUNCTION, {**GOOD_FUNCTION, "buildConfig": {"runtime": "python37"}}),
+    "gcp-push-dead-letters": res(SUBSCRIPTION, {**GOOD_PUSH, "deadLetterPolicy": None}),
 }
 
 
@@ -126,8 +145,55 @@ def test_the_good_examples_pass_so_each_bad_one_fails_for_its_own_reason():
         res(BUCKET, GOOD_BUCKET, protect=True),
         res(TEMPLATE, {"machineType": "g2-standard-8", "scheduling": SPOT}),
         res(MIG, GOOD_MIG),
+        res(FUNCTION, GOOD_FUNCTION),
+        res(SUBSCRIPTION, GOOD_PUSH),
+        *forwarding_grants(),
     ]
     assert policies.evaluate(good) == []
+
+
+def forwarding_grants(topic="projects/p/topics/dead", subscription="s"):
+    agent = "serviceAccount:service-1@gcp-sa-pubsub.iam.gserviceaccount.com"
+    return [
+        res(
+            "gcp:pubsub/topicIAMMember:TopicIAMMember",
+            {"topic": topic, "role": "roles/pubsub.publisher", "member": agent},
+        ),
+        res(
+            "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember",
+            {"subscription": subscription, "role": "roles/pubsub.subscriber", "member": agent},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("drop", [0, 1])
+def test_dead_letters_the_pubsub_agent_cannot_forward_are_caught(drop):
+    grants = forwarding_grants()
+    del grants[drop]
+    found = gcp_policies.dead_letters_can_be_forwarded([res(SUBSCRIPTION, GOOD_PUSH, name="push"), *grants])
+    assert len(found) == 1 and found[0][0] == "push"
+    assert ("publish to the dead-letter topic dead" if drop == 0 else "acknowledge on subscription s") in found[0][1]
+
+
+def test_a_sink_whose_writer_may_not_publish_to_its_topic_is_caught():
+    sink = res(
+        "gcp:logging/projectSink:ProjectSink",
+        {"destination": "pubsub.googleapis.com/projects/p/topics/t", "writerIdentity": "serviceAccount:w@x"},
+        name="sink",
+    )
+    grant = res(
+        "gcp:pubsub/topicIAMMember:TopicIAMMember",
+        {"topic": "t", "role": "roles/pubsub.publisher", "member": "serviceAccount:w@x"},
+    )
+    assert gcp_policies.sinks_can_publish([sink, grant]) == []
+    assert gcp_policies.sinks_can_publish([sink]) == [("sink", "its writer identity may not publish to t")]
+
+
+def test_the_function_source_bucket_is_held_to_the_bucket_rules_but_not_to_checkpoint_placement():
+    source = {**GOOD_BUCKET, "location": "US-CENTRAL1", "customPlacementConfig": None}
+    source["labels"] = {"ftfleet-purpose": "function-source"}
+    assert policies.evaluate([res(BUCKET, source, protect=False)]) == []
+    assert policies.evaluate([res(BUCKET, {**source, "uniformBucketLevelAccess": False}, protect=False)])
 
 
 @pytest.mark.parametrize(
@@ -224,7 +290,12 @@ def test_gcp_stack_passes_every_invariant_advisory_included(stack):
 
 def test_every_stateful_gcp_resource_of_prod_is_protected():
     rec = recording("gcp-prod")
-    stateful = [r for r in rec.resources if r.type in gcp_policies.STATEFUL]
+    stateful = [
+        r
+        for r in rec.resources
+        if r.type in gcp_policies.STATEFUL
+        and (r.inputs.get("labels") or {}).get("ftfleet-purpose") != "function-source"
+    ]
     assert {r.type for r in stateful} == set(gcp_policies.STATEFUL) - {"gcp:parallelstore/instance:Instance"}
     assert all(r.protect for r in stateful)
 

@@ -1,0 +1,429 @@
+"""RemediationFunctions: the GCP stack's remediation functions (Cloud Functions 2nd gen).
+
+Three functions, each switched by its ``remediation*`` key (the code is in lambdas/):
+
+* ``gcp_preemption`` (remediationSpotInterruption): a project log sink routes the
+  ``compute.instances.preempted`` system events of this stack's instances to a topic;
+  the function adds each to the interruption prior next to the checkpoints (the MTBF
+  prior the trainer reads, as on AWS) and counts preemptions per zone and machine type.
+* ``gcp_storage_drift`` (remediationStorageDrift): a sink routes the Admin Activity audit
+  entries that change the checkpoint bucket's settings or IAM policy to a topic; the
+  function restores what the program rendered and reads it back.
+* ``gcp_replication_watch`` (remediationReplicationLag): Cloud Scheduler publishes to a
+  topic every five minutes; the function measures how far the newest committed checkpoint
+  may be from both regions and writes the lag metric; an alert policy fires above
+  replicationLagAlarmSeconds.
+
+remediationUnhealthyNodes has no function on GCP: the managed instance groups' health
+check already recreates a node that stops answering (infra/gcp/fleet.py).
+
+Delivery: each function is an HTTP function reached only from inside the project
+(``ALLOW_INTERNAL_ONLY``) through a push subscription the stack owns, with an OIDC token
+of a push identity that alone may invoke it. An Eventarc trigger would create its own
+subscription, without the dead-letter topic and the retry backoff set here; with the
+stack's subscription a message that keeps failing goes, after MAX_DELIVERY_ATTEMPTS, to
+the function's dead-letter topic, whose subscription keeps it for a week. Each function
+runs as its own service account with only what it needs, on this stack's resources.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+
+import pulumi
+import pulumi_gcp as gcp
+
+from ftfleet.infra.gcp import boot
+from ftfleet.infra.gcp import function_package as package
+from ftfleet.infra.gcp.settings import GcpSettings
+from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD
+from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
+from ftfleet.lambdas.gcp_storage_drift.config import WATCHED_METHODS
+from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
+
+#: Pub/Sub's bounds are 5 to 100 ("Dead-letter topics", https://cloud.google.com/pubsub/docs/handling-failures).
+MAX_DELIVERY_ATTEMPTS = 5
+#: Redelivery backoff of a failed message (Pub/Sub allows 0 to 600 s).
+RETRY_BACKOFF = ("10s", "600s")
+DEAD_LETTER_RETENTION = "604800s"
+REPLICATION_SCHEDULE = "*/5 * * * *"
+#: APIs the functions need; left enabled on destroy (other stacks of the project use them).
+SERVICES = (
+    "cloudfunctions.googleapis.com",
+    "run.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "pubsub.googleapis.com",
+    "cloudscheduler.googleapis.com",
+)
+#: Permissions of the storage-drift function on the checkpoint bucket, and no more.
+DRIFT_PERMISSIONS = (
+    "storage.buckets.get",
+    "storage.buckets.update",
+    "storage.buckets.getIamPolicy",
+    "storage.buckets.setIamPolicy",
+)
+LAG_METRIC = "custom.googleapis.com/ftfleet/replication_lag_seconds"
+#: Label of the functions' source bucket: infra/gcp/policies.py holds checkpoint buckets,
+#: not this one, to their dual-region and protection rules.
+SOURCE_PURPOSE = {"ftfleet-purpose": "function-source"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSpec:
+    function: str
+    short: str
+    """Suffix of its resource and account names (account ids are at most 30 characters)."""
+    timeout_s: int
+    env: pulumi.Output[dict[str, str]]
+
+
+def desired_bucket_settings(s: GcpSettings) -> dict:
+    """What the storage-drift function restores: the settings infra/gcp/bucket.py renders."""
+    return {
+        "versioning": True,
+        "uniform_bucket_level_access": True,
+        "public_access_prevention": "enforced",
+        "soft_delete_seconds": s.buckets.soft_delete_days * 24 * 3600,
+    }
+
+
+def instance_machine_types(s: GcpSettings) -> dict[str, str]:
+    """Base instance name -> machine type of its group (a flexible group: its types,
+    joined by '|'; a preempted VM is deleted before anyone can ask which it was)."""
+    workers = "|".join(s.fleet.worker_machine_types)
+    out = {f"{s.name}-coordinator": s.fleet.coordinator_machine_type, f"{s.name}-workers": workers}
+    if s.fleet.spot and s.fleet.on_demand_workers:
+        out[f"{s.name}-workers-ondemand"] = s.fleet.worker_machine_types[0]
+    return out
+
+
+class RemediationFunctions(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        s: GcpSettings,
+        bucket: gcp.storage.Bucket,
+        provider: gcp.Provider,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("ftfleet:gcp:RemediationFunctions", name, None, opts)
+        self._name, self._s = name, s
+        self._o = pulumi.ResourceOptions(parent=self, provider=provider)
+        r = s.remediation
+        common = {"stack": s.stack, "run_id": s.trainer.run_id}
+        root = boot.checkpoint_root(s)
+        project = gcp.organizations.get_project_output(opts=pulumi.InvokeOutputOptions(provider=provider))
+        self._project_id, self._project_number = project.project_id, project.number
+        specs: list[FunctionSpec] = []
+        if r.spot_interruption:
+            env = pulumi.Output.all(self._project_id, bucket.name).apply(
+                lambda a: PreemptionConfig(
+                    **common,
+                    project=a[0],
+                    prefixes=tuple(instance_machine_types(s)),
+                    machine_types=instance_machine_types(s),
+                    bucket=a[1],
+                    root=root,
+                ).to_env()
+            )
+            specs.append(FunctionSpec("gcp_preemption", "preempt", 60, env))
+        if r.storage_drift:
+            env = pulumi.Output.all(self._project_id, bucket.name).apply(
+                lambda a: DriftConfig(
+                    **common, project=a[0], buckets=(a[1],), desired=desired_bucket_settings(s)
+                ).to_env()
+            )
+            specs.append(FunctionSpec("gcp_storage_drift", "drift", 300, env))
+        if r.replication_lag:
+            env = pulumi.Output.all(self._project_id, bucket.name).apply(
+                lambda a: WatchConfig(
+                    **common,
+                    project=a[0],
+                    bucket=a[1],
+                    root=root,
+                    rpo="ASYNC_TURBO" if s.buckets.turbo_replication else "DEFAULT",
+                    lag_alarm_s=float(r.replication_lag_alarm_seconds),
+                ).to_env()
+            )
+            specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env))
+
+        self.functions: dict[str, gcp.cloudfunctionsv2.Function] = {}
+        self.topics: dict[str, gcp.pubsub.Topic] = {}
+        self.dead_letter_topics: dict[str, gcp.pubsub.Topic] = {}
+        if not specs:
+            self.register_outputs({})
+            return
+        self.services = [
+            gcp.projects.Service(f"{name}-{api.split('.')[0]}", service=api, disable_on_destroy=False, opts=self._o)
+            for api in SERVICES
+        ]
+        self.source = gcp.storage.Bucket(
+            f"{name}-source",
+            location=s.region,
+            storage_class="STANDARD",
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
+            soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(retention_duration_seconds=0),
+            lifecycle_rules=[
+                gcp.storage.BucketLifecycleRuleArgs(
+                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
+                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
+                        days_since_noncurrent_time=7, matches_prefixes=["functions/"], with_state="ARCHIVED"
+                    ),
+                )
+            ],
+            labels=SOURCE_PURPOSE,
+            force_destroy=True,
+            opts=self._o,
+        )
+        # The identity in the push subscriptions' OIDC tokens: it may invoke the
+        # functions and nothing else. Pub/Sub's service agent mints its tokens.
+        self.pusher = gcp.serviceaccount.Account(
+            f"{name}-push",
+            account_id=self._account_id("push"),
+            display_name=f"{s.name} Pub/Sub push to remediation functions",
+            opts=self._o,
+        )
+        self.pusher_tokens = gcp.serviceaccount.IAMMember(
+            f"{name}-push-tokens",
+            service_account_id=self.pusher.name,
+            role="roles/iam.serviceAccountTokenCreator",
+            member=self._pubsub_agent(),
+            opts=self._o,
+        )
+        for spec in specs:
+            self._function(spec, bucket)
+        if r.spot_interruption:
+            self._log_sink(
+                "preempt",
+                "gcp_preemption",
+                " AND ".join(
+                    [
+                        'resource.type="gce_instance"',
+                        f'protoPayload.methodName="{PREEMPTED_METHOD}"',
+                        f'protoPayload.resourceName:"/instances/{s.name}-"',
+                    ]
+                ),
+            )
+        if r.storage_drift:
+            methods = " OR ".join(f'"{m}"' for m in WATCHED_METHODS)
+            self._log_sink(
+                "drift",
+                "gcp_storage_drift",
+                bucket.name.apply(
+                    lambda b: " AND ".join(
+                        [
+                            'resource.type="gcs_bucket"',
+                            f'resource.labels.bucket_name="{b}"',
+                            'logName:"cloudaudit.googleapis.com%2Factivity"',
+                            f"protoPayload.methodName=({methods})",
+                        ]
+                    )
+                ),
+            )
+        if r.replication_lag:
+            self.schedule = gcp.cloudscheduler.Job(
+                f"{name}-replwatch",
+                region=s.region,
+                schedule=REPLICATION_SCHEDULE,
+                time_zone="Etc/UTC",
+                description=f"{s.name}: run the replication watch",
+                pubsub_target=gcp.cloudscheduler.JobPubsubTargetArgs(
+                    topic_name=self.topics["gcp_replication_watch"].id,
+                    data=base64.b64encode(json.dumps({"stack": s.stack}).encode()).decode(),
+                ),
+                opts=self._opts(depends_on=self.services),
+            )
+            self.lag_alert = gcp.monitoring.AlertPolicy(
+                f"{name}-replication-lag",
+                display_name=f"{s.name}: checkpoint replication lag",
+                combiner="OR",
+                conditions=[
+                    gcp.monitoring.AlertPolicyConditionArgs(
+                        display_name=f"replication lag above {r.replication_lag_alarm_seconds} s",
+                        condition_threshold=gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
+                            filter=f'metric.type="{LAG_METRIC}" AND metric.label.stack="{s.stack}"',
+                            comparison="COMPARISON_GT",
+                            threshold_value=r.replication_lag_alarm_seconds,
+                            duration="600s",
+                            aggregations=[
+                                gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
+                                    alignment_period="300s", per_series_aligner="ALIGN_MAX"
+                                )
+                            ],
+                        ),
+                    )
+                ],
+                notification_channels=list(r.alert_channels),
+                documentation=gcp.monitoring.AlertPolicyDocumentationArgs(
+                    content=(
+                        "The newest committed checkpoint may not have reached both regions of the bucket "
+                        "for longer than the stack's replicationLagAlarmSeconds. See the replication watch "
+                        "function's decisions in Cloud Logging."
+                    ),
+                    mime_type="text/markdown",
+                ),
+                opts=self._o,
+            )
+        self.register_outputs({"functions": {k: f.name for k, f in self.functions.items()}})
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _opts(self, **kw) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions.merge(self._o, pulumi.ResourceOptions(**kw))
+
+    def _account_id(self, short: str) -> str:
+        """6-30 characters: the stack's name, cut to fit, then the function's suffix."""
+        return f"{self._s.name[: 29 - len(short)].rstrip('-')}-{short}"
+
+    def _pubsub_agent(self) -> pulumi.Output[str]:
+        return self._project_number.apply(lambda n: f"serviceAccount:service-{n}@gcp-sa-pubsub.iam.gserviceaccount.com")
+
+    def _function(self, spec: FunctionSpec, bucket: gcp.storage.Bucket) -> None:
+        n, s = f"{self._name}-{spec.short}", self._s
+        account = gcp.serviceaccount.Account(
+            f"{n}-sa",
+            account_id=self._account_id(spec.short),
+            display_name=f"{s.name} {spec.function}",
+            description=f"Runs the {spec.function} remediation function",
+            opts=self._o,
+        )
+        self._grants(spec.function, n, account.member, bucket)
+        object_name, archive = package.archive(spec.function)
+        source = gcp.storage.BucketObject(
+            f"{n}-source", bucket=self.source.name, name=object_name, source=archive, opts=self._o
+        )
+        fn = gcp.cloudfunctionsv2.Function(
+            n,
+            name=f"{s.name}-{spec.function.removeprefix('gcp_').replace('_', '-')}",
+            location=s.region,
+            description=f"ftfleet {spec.function} for stack {s.stack}",
+            build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
+                runtime=package.RUNTIME,
+                entry_point=package.ENTRY_POINT,
+                source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
+                    storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
+                        bucket=self.source.name, object=source.name
+                    )
+                ),
+            ),
+            service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
+                available_memory="256M",
+                timeout_seconds=spec.timeout_s,
+                max_instance_count=3,
+                min_instance_count=0,
+                max_instance_request_concurrency=1,
+                ingress_settings="ALLOW_INTERNAL_ONLY",
+                all_traffic_on_latest_revision=True,
+                service_account_email=account.email,
+                environment_variables=spec.env,
+            ),
+            opts=self._opts(depends_on=self.services),
+        )
+        invoker = gcp.cloudrunv2.ServiceIamMember(
+            f"{n}-invoker",
+            location=s.region,
+            name=fn.name,
+            role="roles/run.invoker",
+            member=self.pusher.member,
+            opts=self._o,
+        )
+        topic = gcp.pubsub.Topic(
+            f"{n}-events", name=f"{s.name}-{spec.short}-events", opts=self._opts(depends_on=self.services)
+        )
+        dead = gcp.pubsub.Topic(
+            f"{n}-dead-letters", name=f"{s.name}-{spec.short}-dead-letters", opts=self._opts(depends_on=self.services)
+        )
+        gcp.pubsub.Subscription(
+            f"{n}-dead-letters",
+            name=f"{s.name}-{spec.short}-dead-letters",
+            topic=dead.id,
+            message_retention_duration=DEAD_LETTER_RETENTION,
+            ack_deadline_seconds=60,
+            expiration_policy=gcp.pubsub.SubscriptionExpirationPolicyArgs(ttl=""),
+            opts=self._o,
+        )
+        push = gcp.pubsub.Subscription(
+            f"{n}-push",
+            name=f"{s.name}-{spec.short}-push",
+            topic=topic.id,
+            ack_deadline_seconds=max(10, min(600, spec.timeout_s + 30)),
+            push_config=gcp.pubsub.SubscriptionPushConfigArgs(
+                push_endpoint=fn.url,
+                oidc_token=gcp.pubsub.SubscriptionPushConfigOidcTokenArgs(
+                    service_account_email=self.pusher.email, audience=fn.url
+                ),
+            ),
+            retry_policy=gcp.pubsub.SubscriptionRetryPolicyArgs(
+                minimum_backoff=RETRY_BACKOFF[0], maximum_backoff=RETRY_BACKOFF[1]
+            ),
+            dead_letter_policy=gcp.pubsub.SubscriptionDeadLetterPolicyArgs(
+                dead_letter_topic=dead.id, max_delivery_attempts=MAX_DELIVERY_ATTEMPTS
+            ),
+            expiration_policy=gcp.pubsub.SubscriptionExpirationPolicyArgs(ttl=""),
+            opts=self._opts(depends_on=[invoker, self.pusher_tokens]),
+        )
+        # Forwarding to the dead-letter topic is done by Pub/Sub's service agent, which
+        # needs to publish there and to acknowledge on the source subscription.
+        agent = self._pubsub_agent()
+        gcp.pubsub.TopicIAMMember(
+            f"{n}-dead-letters-publisher", topic=dead.name, role="roles/pubsub.publisher", member=agent, opts=self._o
+        )
+        gcp.pubsub.SubscriptionIAMMember(
+            f"{n}-push-subscriber", subscription=push.name, role="roles/pubsub.subscriber", member=agent, opts=self._o
+        )
+        self.functions[spec.function] = fn
+        self.topics[spec.function] = topic
+        self.dead_letter_topics[spec.function] = dead
+
+    def _grants(self, function: str, n: str, member: pulumi.Output[str], bucket: gcp.storage.Bucket) -> None:
+        """Least privilege, scoped to this stack's bucket where the role allows it."""
+        grants: list[tuple[str, pulumi.Input[str]]] = []
+        if function == "gcp_preemption":
+            grants = [("prior", "roles/storage.objectUser")]
+        elif function == "gcp_replication_watch":
+            grants = [("read", "roles/storage.objectViewer")]
+        elif function == "gcp_storage_drift":
+            role = gcp.projects.IAMCustomRole(
+                f"{n}-role",
+                role_id=f"ftfleetDrift{''.join(p.title() for p in self._s.stack.split('-'))}"[:64],
+                title=f"{self._s.name} storage drift repair",
+                description="Read and restore the checkpoint bucket's settings and IAM policy",
+                permissions=list(DRIFT_PERMISSIONS),
+                opts=self._o,
+            )
+            grants = [("repair", role.name)]
+        for label, role in grants:
+            gcp.storage.BucketIAMMember(f"{n}-{label}", bucket=bucket.name, role=role, member=member, opts=self._o)
+        if function in ("gcp_preemption", "gcp_replication_watch"):
+            gcp.projects.IAMMember(
+                f"{n}-metrics",
+                project=self._project_id,
+                role="roles/monitoring.metricWriter",
+                member=member,
+                opts=self._o,
+            )
+
+    def _log_sink(self, short: str, function: str, log_filter: pulumi.Input[str]) -> None:
+        n = f"{self._name}-{short}"
+        topic = self.topics[function]
+        sink = gcp.logging.ProjectSink(
+            f"{n}-sink",
+            name=f"{self._s.name}-{short}",
+            destination=pulumi.Output.concat("pubsub.googleapis.com/", topic.id),
+            filter=log_filter,
+            unique_writer_identity=True,
+            description=f"{self._s.name}: events for {function}",
+            opts=self._o,
+        )
+        gcp.pubsub.TopicIAMMember(
+            f"{n}-sink-publisher",
+            topic=topic.name,
+            role="roles/pubsub.publisher",
+            member=sink.writer_identity,
+            opts=self._o,
+        )

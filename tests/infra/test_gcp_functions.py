@@ -1,0 +1,164 @@
+"""The GCP remediation functions as the program declares them (infra/gcp/functions.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftfleet.infra.gcp import function_package, functions
+from ftfleet.lambdas.common import push
+from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
+from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
+from tests.infra.conftest import recording
+
+FUNCTION = "gcp:cloudfunctionsv2/function:Function"
+SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
+CONFIGS = {"gcp_preemption": PreemptionConfig, "gcp_storage_drift": DriftConfig, "gcp_replication_watch": WatchConfig}
+SWITCHES = {
+    "remediationSpotInterruption": ("gcp_preemption", "gcp:logging/projectSink:ProjectSink"),
+    "remediationStorageDrift": ("gcp_storage_drift", "gcp:logging/projectSink:ProjectSink"),
+    "remediationReplicationLag": ("gcp_replication_watch", "gcp:cloudscheduler/job:Job"),
+}
+
+
+def by_function(rec):
+    return {f.inputs["description"].split()[1]: f for f in rec.of_type(FUNCTION)}
+
+
+@pytest.mark.parametrize("stack", ["gcp-dev", "gcp-prod"])
+def test_every_function_is_private_runs_as_its_own_account_and_reads_back_its_config(stack):
+    rec = recording(stack)
+    fns = by_function(rec)
+    assert set(fns) == set(CONFIGS)
+    accounts = {a.outputs["email"] for a in rec.of_type("gcp:serviceaccount/account:Account")}
+    emails = set()
+    for name, fn in fns.items():
+        service = fn.inputs["serviceConfig"]
+        assert service["ingressSettings"] == "ALLOW_INTERNAL_ONLY"
+        assert service["serviceAccountEmail"] in accounts and "-nodes@" not in service["serviceAccountEmail"]
+        emails.add(service["serviceAccountEmail"])
+        assert fn.inputs["buildConfig"]["runtime"] == function_package.RUNTIME
+        cfg = CONFIGS[name].from_env(service["environmentVariables"])  # what the cold start reads
+        assert cfg.stack == stack
+    assert len(emails) == 3
+
+
+def test_each_push_subscription_authenticates_backs_off_and_dead_letters_into_a_kept_topic():
+    rec = recording("gcp-prod")
+    urns = rec.by_urn()
+    pusher = next(a for a in rec.of_type("gcp:serviceaccount/account:Account") if a.name.endswith("-push"))
+    pushes = [s for s in rec.of_type(SUBSCRIPTION) if s.inputs.get("pushConfig")]
+    assert len(pushes) == 3
+    for sub in pushes:
+        (fn,) = [urns[u] for u in sub.deps("pushConfig") if urns[u].type == FUNCTION]
+        assert sub.inputs["pushConfig"]["oidcToken"]["serviceAccountEmail"] == pusher.outputs["email"]
+        assert sub.inputs["pushConfig"]["pushEndpoint"] == fn.outputs["url"]
+        assert sub.inputs["deadLetterPolicy"]["maxDeliveryAttempts"] == functions.MAX_DELIVERY_ATTEMPTS
+        assert sub.inputs["ackDeadlineSeconds"] >= fn.inputs["serviceConfig"]["timeoutSeconds"]
+        dead_topic = sub.inputs["deadLetterPolicy"]["deadLetterTopic"]
+        keepers = [s for s in rec.of_type(SUBSCRIPTION) if s.inputs["topic"] == dead_topic]
+        assert len(keepers) == 1 and keepers[0].inputs["messageRetentionDuration"] == "604800s"
+    invokers = {
+        (r.inputs["name"], r.inputs["member"]) for r in rec.of_type("gcp:cloudrunv2/serviceIamMember:ServiceIamMember")
+    }
+    assert invokers == {(f.outputs["name"], pusher.outputs["member"]) for f in rec.of_type(FUNCTION)}
+
+
+def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
+    rec = recording("gcp-prod")
+    bucket = next(b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-ckpt-bucket"))
+    grants: dict[str, set] = {}
+    for name, fn in by_function(rec).items():
+        member = f"serviceAccount:{fn.inputs['serviceConfig']['serviceAccountEmail']}"
+        grants[name] = set()
+        for r in rec.resources:
+            if r.inputs.get("member") == member:
+                scope = "bucket" if r.inputs.get("bucket") == bucket.outputs["name"] else r.type.split(":")[1]
+                grants[name].add((scope, r.inputs["role"]))
+    (drift_role,) = rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    assert grants == {
+        "gcp_preemption": {
+            ("bucket", "roles/storage.objectUser"),
+            ("projects/iAMMember", "roles/monitoring.metricWriter"),
+        },
+        "gcp_storage_drift": {("bucket", drift_role.outputs["name"])},
+        "gcp_replication_watch": {
+            ("bucket", "roles/storage.objectViewer"),
+            ("projects/iAMMember", "roles/monitoring.metricWriter"),
+        },
+    }
+    assert sorted(drift_role.inputs["permissions"]) == sorted(functions.DRIFT_PERMISSIONS)
+
+
+def test_the_sinks_match_only_this_stack_and_their_writers_may_publish():
+    rec = recording("gcp-prod")
+    sinks = {s.inputs["name"]: s for s in rec.of_type("gcp:logging/projectSink:ProjectSink")}
+    preempt, drift = sinks["ftfleet-gcp-prod-preempt"], sinks["ftfleet-gcp-prod-drift"]
+    assert 'protoPayload.methodName="compute.instances.preempted"' in preempt.inputs["filter"]
+    assert 'protoPayload.resourceName:"/instances/ftfleet-gcp-prod-"' in preempt.inputs["filter"]
+    bucket = next(b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-ckpt-bucket"))
+    assert f'resource.labels.bucket_name="{bucket.outputs["name"]}"' in drift.inputs["filter"]
+    for sink in sinks.values():
+        assert sink.inputs["uniqueWriterIdentity"] is True
+        assert sink.inputs["destination"].startswith("pubsub.googleapis.com/projects/")
+
+
+@pytest.mark.parametrize("key", sorted(SWITCHES))
+def test_each_switch_removes_its_function_with_what_feeds_it(gcp_variant, key):
+    function, feeder = SWITCHES[key]
+    on, off = gcp_variant(), gcp_variant(**{key: False})
+    assert function in by_function(on) and function not in by_function(off)
+    assert len(list(off.of_type(feeder))) == len(list(on.of_type(feeder))) - 1
+    if key == "remediationReplicationLag":
+        assert not list(off.of_type("gcp:monitoring/alertPolicy:AlertPolicy"))
+
+
+def test_with_every_switch_off_nothing_of_the_functions_is_declared(gcp_variant):
+    rec = gcp_variant(**{key: False for key in SWITCHES})
+    assert not list(rec.of_type(FUNCTION))
+    assert not [r for r in rec.resources if "RemediationFunctions$" in r.urn and r.custom]
+
+
+def test_the_alert_notifies_the_configured_channels(gcp_variant):
+    channel = "projects/my-project/notificationChannels/12345"
+    rec = gcp_variant(gcpAlertNotificationChannels=[channel], replicationLagAlarmSeconds=1200)
+    (alert,) = rec.of_type("gcp:monitoring/alertPolicy:AlertPolicy")
+    assert alert.inputs["notificationChannels"] == [channel]
+    threshold = alert.inputs["conditions"][0]["conditionThreshold"]
+    assert threshold["thresholdValue"] == 1200 and functions.LAG_METRIC in threshold["filter"]
+
+
+def test_the_source_zip_holds_the_entry_point_the_handler_and_the_shared_code():
+    name, _ = function_package.archive("gcp_preemption")
+    files = function_package.contents("gcp_preemption")
+    assert name == f"functions/gcp_preemption-{function_package.digest(files)}.zip"
+    assert "from ftfleet.lambdas.gcp_preemption.handler import handler" in files["main.py"].decode()
+    assert b"functions-framework==" in files["requirements.txt"]
+    for path in ("ftfleet/contract.py", "ftfleet/lambdas/common/push.py", "ftfleet/lambdas/gcp_preemption/handler.py"):
+        assert path in files
+    assert not any("__pycache__" in p for p in files)
+    compile(files["main.py"], "main.py", "exec")  # the entry point is valid Python
+    changed = {**files, "ftfleet/contract.py": files["ftfleet/contract.py"] + b"\n"}
+    assert function_package.digest(changed) != function_package.digest(files)
+
+
+class Request:
+    def __init__(self, body):
+        self.body = body
+
+    def get_json(self, silent=False):
+        return self.body
+
+
+def test_a_push_request_reaches_the_handler_as_its_data_and_is_acknowledged():
+    seen = []
+    assert push.serve(seen.append, Request({"message": {"data": "e30="}})) == ("", 204)
+    assert seen == [{"data": {"message": {"data": "e30="}}}]
+
+
+def test_a_handler_failure_is_not_acknowledged_so_pubsub_redelivers():
+    def failing(event):
+        raise RuntimeError("transient")
+
+    with pytest.raises(RuntimeError):
+        push.serve(failing, Request({"message": {}}))
