@@ -19,6 +19,7 @@ calls, which are no-ops here).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from drill.cloud import flip_middle
@@ -26,6 +27,21 @@ from drill.fake_metadata import FakeMetadataServer
 from ftfleet.errors import UserError
 
 PROJECT = "ftfleet-drill"
+
+
+def start_emulator(server: Any) -> Any:
+    """Start a ``FakeGCSServer`` and keep reading its stderr: the wrapper pipes the
+    server's log there and never reads it, so after a few hundred requests the pipe is
+    full and the server stops answering (seen in the tests: reads timed out)."""
+    server.start()
+    pipe = server._process.stderr
+
+    def drain() -> None:
+        for _ in iter(lambda: pipe.read1(65536), b""):
+            pass
+
+    threading.Thread(target=drain, name="fake-gcs-server-stderr", daemon=True).start()
+    return server
 
 
 class GcpCloud:
@@ -51,8 +67,7 @@ class GcpCloud:
                 "`pip install -e '.[dev]'` (or `make setup`)"
             ) from None
         previous = os.environ.get("STORAGE_EMULATOR_HOST")
-        self._server = FakeGCSServer()
-        self._server.start()
+        self._server = start_emulator(FakeGCSServer())
         self.emulator_url = self._server.url
         # The wrapper points this process at its server; the drill passes the URL to
         # the nodes explicitly instead, and leaves its caller's environment alone.

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from drill.cloud_gcp import start_emulator
+
 PROJECT = "ftfleet-test"
 _names = itertools.count()
 
@@ -31,7 +33,7 @@ class GcsEmulator:
 
     def start(self) -> GcsEmulator:
         previous = os.environ.get("STORAGE_EMULATOR_HOST")
-        self._server.start()  # sets STORAGE_EMULATOR_HOST for this process and its children
+        start_emulator(self._server)  # sets STORAGE_EMULATOR_HOST for this process and its children
         self._previous = previous
         return self
 
