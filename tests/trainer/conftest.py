@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ftfleet.trainer.inprocess.launch import free_port_pair  # noqa: F401 - re-exported for the tests
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -139,23 +141,6 @@ def wait_for(predicate, timeout: float, interval: float = 0.002, what: str = "co
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (rank r serves on p + local rank)."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def sample_trace(*run_dirs: Path, max_step: dict[Path, int] | None = None) -> dict[int, list[tuple[int, int]]]:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 
 def free_port_pair() -> int:
+    """A port p with p and p + 1 free (the trainer's store and the wrapper's)."""
     for _ in range(50):
         with socket.socket() as a:
             a.bind(("127.0.0.1", 0))
