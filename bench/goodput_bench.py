@@ -97,7 +97,23 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def cmd(nproc: int, run_dir: Path, overrides: list[str]) -> list[str]:
+def cmd(nproc: int, run_dir: Path, overrides: list[str], *, spares: int = 0, wait_for: Path | None = None) -> list[str]:
+    """torchrun (``spares`` 0) or, with ``spares`` >= 1, the in-process launcher with
+    that many warm spare processes; ``wait_for``: a spare node, held until the file exists."""
+    trainer = ["--config", str(CONFIG), f"run_dir={run_dir}", *overrides]
+    if spares:
+        gate = ["--wait-for", str(wait_for)] if wait_for else []
+        return [
+            sys.executable,
+            "-m",
+            "ftfleet.trainer.inprocess",
+            f"--nproc={nproc}",
+            f"--spares={spares}",
+            "--soft-timeout=600",
+            *gate,
+            "--",
+            *trainer,
+        ]
     return [
         sys.executable,
         "-m",
@@ -107,10 +123,7 @@ def cmd(nproc: int, run_dir: Path, overrides: list[str]) -> list[str]:
         "--max-restarts=100",
         "-m",
         "ftfleet.trainer",
-        "--config",
-        str(CONFIG),
-        f"run_dir={run_dir}",
-        *overrides,
+        *trainer,
     ]
 
 
@@ -224,28 +237,76 @@ class FaultedRun:
         args: Any,
         work: Path,
         metadata: FakeMetadataServer,
+        spares: int = 0,
     ) -> None:
         self.name, self.overrides, self.watch = name, overrides, watch_notices
         self.args, self.metadata = args, metadata
+        self.spares = spares
+        """0: torchrun; >= 1: the in-process launcher with that many warm spare processes,
+        and one warm spare node behind the active one."""
         self.run_dir = work / name
         self.failures: list[Failure] = []
         self.nodes: list[Node] = []
+        self.standby: Node | None = None
+        self._gates: dict[str, Path] = {}
+        self._shm: dict[str, Path] = {}
 
-    def launch(self) -> Node:
-        extra = {"FTFLEET_NODE_ID": f"{self.name}-node-{len(self.nodes) + 1}"}
+    def _start(self, gate: Path | None = None) -> Node:
+        n = len(self.nodes) + 1
+        extra = {"FTFLEET_NODE_ID": f"{self.name}-node-{n}"}
         if self.watch:
             extra.update(FTFLEET_CLOUD="aws", FTFLEET_METADATA_ENDPOINT=self.metadata.url)
+        name = f"{self.name}-{n}"
+        if self.spares:
+            # Each node's own RAM: a replacement node does not find its predecessor's.
+            self._shm[name] = Path("/dev/shm") / f"ftfleet-goodput-{os.getpid()}-{name}"
+            extra["FTFLEET_SHM_DIR"] = str(self._shm[name])
         node = Node(
-            f"{self.name}-{len(self.nodes) + 1}",
-            cmd(self.args.nproc, self.run_dir, self.overrides),
+            name,
+            cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate),
             env(extra),
             REPO,
-            self.run_dir.parent / f"{self.name}-{len(self.nodes) + 1}.log",
+            self.run_dir.parent / f"{name}.log",
         ).start()
+        if gate is not None:
+            self._gates[name] = gate
         self.nodes.append(node)
         return node
 
+    def launch(self) -> Node:
+        """The next node to train: the warm spare node, told to go, when there is one (a
+        booted node with torch imported, waiting: ``spareNodes``), else a fresh one. An
+        in-process run keeps one spare node warm behind the active one."""
+        if self.standby is not None:
+            node, self.standby = self.standby, None
+            self._gates[node.name].touch()
+        else:
+            node = self._start()
+        if self.spares:
+            self.standby = self._start(self.run_dir.parent / f"{self.name}-go-{len(self.nodes) + 1}")
+        return node
+
+    def gone(self, node: Node) -> None:
+        """The machine is gone: its processes and its RAM."""
+        node.kill()
+        shutil.rmtree(self._shm.pop(node.name, "/nonexistent"), ignore_errors=True)
+
+    def close(self) -> None:
+        if self.standby is not None:
+            self.gone(self.standby)
+            self.standby = None
+        for name in list(self._shm):
+            shutil.rmtree(self._shm.pop(name), ignore_errors=True)
+        for gate in self._gates.values():
+            gate.unlink(missing_ok=True)
+
     def run(self) -> list[dict[str, Any]]:
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> list[dict[str, Any]]:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.metadata.reset()
         tail, node = EventTail(self.run_dir), self.launch()
@@ -275,6 +336,8 @@ class FaultedRun:
                     pending_kill = Failure("sigkill", now, how=f"pid {pid}")
                     pending_kill._group = group  # type: ignore[attr-defined]
                     self.failures.append(pending_kill)
+                    if self.spares:  # the survivors never stop: the failure ends at once
+                        pending_kill.t_end, pending_kill = now, None
                     k += 1
                     say(f"{self.name}: failure {k}: SIGKILL of a worker")
             if pending_kill is not None and pending_kill._group.t_down is not None:  # type: ignore[attr-defined]
@@ -282,7 +345,7 @@ class FaultedRun:
                 pending_kill = None
             if notice is not None:
                 if marker or now >= notice.t + lead or rc is not None:
-                    node.kill()  # the instance is gone
+                    self.gone(node)  # the instance is gone
                     notice.t_end = time.time()
                     notice.how = (
                         "terminated once its commit marker was written" if marker else "terminated at the deadline"
@@ -296,7 +359,9 @@ class FaultedRun:
                     continue
             if rc is not None:
                 if rc != 0:
-                    raise SystemExit(f"{self.name}: torchrun exited {rc}; see {node.log_path}\n{node.log_tail(2000)}")
+                    raise SystemExit(
+                        f"{self.name}: the launcher exited {rc}; see {node.log_path}\n{node.log_tail(2000)}"
+                    )
                 break
             if time.monotonic() > end:
                 node.kill()
@@ -504,7 +569,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--d-model", type=int, default=None, help="skip the calibration and use this model width")
-    p.add_argument("--configs", default="sync,async,ftfleet", help="which configurations (default sync,async,ftfleet)")
+    p.add_argument(
+        "--configs",
+        default="sync,async,ftfleet,inprocess",
+        help="which configurations (default sync,async,ftfleet,inprocess)",
+    )
+    p.add_argument(
+        "--memory-share",
+        type=float,
+        default=0.5,
+        help="inprocess: the share of failures the in-memory snapshots recover "
+        "(resilience.interval.memory_share; default 0.5, the bench's SIGKILLs)",
+    )
     p.add_argument(
         "--sweep",
         default="",
@@ -588,6 +664,25 @@ def main(argv: list[str] | None = None) -> int:
             ],
             True,
         ),
+        # ftfleet's recovery from memory: in-process restart with a warm spare process,
+        # in-memory snapshots at their own Daly interval, a warm spare node behind the
+        # active one; durable saves planned for the failures memory cannot recover.
+        "inprocess": (
+            common
+            + [
+                "checkpoint.async_save=true",
+                "checkpoint.memory=true",
+                "resilience.interval.mode=adaptive",
+                f"resilience.interval.fixed_steps={young_steps}",
+                "resilience.interval.snapshot_fixed_steps=2",
+                f"resilience.interval.memory_share={args.memory_share}",
+                "resilience.interval.mtbf_source=config",
+                f"resilience.interval.mtbf_s={T}",
+                "resilience.watcher.poll_interval_s=1",
+                *args.ftfleet_set,
+            ],
+            True,
+        ),
     }
     for factor in [float(f) for f in args.sweep.split(",") if f.strip()]:
         configs[f"sync x{factor:g}"] = (
@@ -607,7 +702,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in wanted:
             overrides, watch = configs[name]
             say(f"{name}: {steps} steps, a failure every {T:.0f}s")
-            run = FaultedRun(name, overrides, watch_notices=watch, args=args, work=work, metadata=metadata)
+            run = FaultedRun(
+                name,
+                overrides,
+                watch_notices=watch,
+                args=args,
+                work=work,
+                metadata=metadata,
+                spares=1 if name == "inprocess" else 0,
+            )
             runs.append((name, run, run.run()))
             shutil.rmtree(run.run_dir / "checkpoints", ignore_errors=True)
     # The machine's speed drifts (shared cores): the reference is measured before and

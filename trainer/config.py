@@ -207,6 +207,11 @@ class JobConfig:
     def __post_init__(self) -> None:
         if not self.run_id or "/" in self.run_id:
             raise ConfigError(f"run_id={self.run_id!r}: use a non-empty name without '/'")
+        if self.resilience.interval.memory_share and not self.checkpoint.memory:
+            raise ConfigError(
+                f"resilience.interval.memory_share={self.resilience.interval.memory_share}: set "
+                "checkpoint.memory=true (without in-memory snapshots every failure restores from disk), or use 0"
+            )
         if not self.run_dir:
             self.run_dir = str(Path("runs") / self.run_id)
         if not self.checkpoint.dir:

@@ -79,3 +79,50 @@ def test_a_sigkilled_rank_is_replaced_by_the_spare_and_the_survivor_never_exits(
     assert [e["attempt"] for e in starts] == [0, 1]
     assert starts[0]["pid"] == starts[1]["pid"] == pids[0], "rank 0 exited"
     assert "exit codes [0, -9, 0]" in (tmp_path / "launch.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_spare_node_starts_warm_and_trains_only_once_told(tmp_path):
+    run_dir, gate = tmp_path / "run", tmp_path / "go"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ftfleet.trainer.inprocess",
+        "--nproc=1",
+        "--spares=0",
+        f"--wait-for={gate}",
+        "--",
+        "--config",
+        str(CONFIG),
+        *BASE,
+        "train.steps=3",
+        f"run_dir={run_dir}",
+    ]
+    log = tmp_path / "launch.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "warm: waiting for" in log.read_text(), 60, what="the worker waiting, warm")
+        assert proc.poll() is None and not (run_dir / "events.jsonl").exists(), "trained before it was told"
+        gate.touch()
+        assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 3
+
+
+def test_the_wrapper_takes_any_soft_timeout_the_launcher_accepts(monkeypatch):
+    from ftfleet.trainer.inprocess.worker import build_wrapper
+
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    for soft in (2.0, 60.0, 600.0, 3600.0):  # 600 s was refused (its default barrier: 120 s)
+        build_wrapper(2, soft)
+
+
+def test_the_launcher_refuses_a_soft_timeout_the_wrapper_cannot_poll():
+    from ftfleet.trainer.inprocess.launch import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--nproc=1", "--soft-timeout=1", "--", "--config", str(CONFIG)])
+    assert exc.value.code == 2

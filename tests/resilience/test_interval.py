@@ -181,6 +181,8 @@ def test_step_time_must_be_measured():
         ("ewma_alpha", 0.0, "0 < alpha <= 1"),
         ("persist_overhead", 2.0, "fraction from 0 to 1"),
         ("fixed_steps", 0, "1 or more"),
+        ("memory_share", 1.0, "fraction from 0 to below 1"),
+        ("memory_share", -0.1, "fraction from 0 to below 1"),
     ],
 )
 def test_bad_interval_settings_name_the_field_and_the_fix(field, value, fix):
@@ -208,3 +210,27 @@ def test_snapshots_in_fixed_mode_come_every_snapshot_fixed_steps():
     assert iv.snapshot_interval_steps(0.5)[0] == 3
     with pytest.raises(ConfigError, match="snapshot_fixed_steps=0: use 1 or more"):
         IntervalConfig(snapshot_fixed_steps=0)
+
+
+def test_the_durable_interval_is_planned_for_the_failures_memory_cannot_recover():
+    iv = AdaptiveInterval(IntervalConfig(mtbf_s=600.0, mtbf_source="config", memory_share=0.9), clock=Clock())
+    iv.record_save(1.0, 0.0)
+    iv.record_snapshot(0.1)
+    durable, why = iv.interval_steps(1.0)
+    assert durable == round(daly_interval(1.0, 6000.0))  # 10% of the failures: M = 6000 s
+    assert "10% of them need the disk: M=6000s" in why
+    # The snapshots still cover every failure.
+    assert iv.snapshot_interval_steps(1.0)[0] == round(daly_interval(0.1, 600.0))
+    plain = AdaptiveInterval(IntervalConfig(mtbf_s=600.0, mtbf_source="config"), clock=Clock())
+    plain.record_save(1.0, 0.0)
+    assert plain.interval_steps(1.0)[0] == round(daly_interval(1.0, 600.0)) < durable
+
+
+def test_a_memory_share_needs_the_in_memory_snapshots(tmp_path):
+    from ftfleet.trainer.config import load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("resilience: {interval: {memory_share: 0.5}}\n")
+    with pytest.raises(ConfigError, match="memory_share=0.5: set checkpoint.memory=true"):
+        load_config(str(cfg), [])
+    assert load_config(str(cfg), ["checkpoint.memory=true"]).resilience.interval.memory_share == 0.5

@@ -55,10 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spares", type=int, default=1, help="warm spare processes")
     parser.add_argument("--worker", default="ftfleet.trainer.inprocess.worker", help="the worker's module")
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
+    parser.add_argument(
+        "--wait-for",
+        metavar="FILE",
+        help="start warm (torch and the trainer imported), train once FILE exists: a spare node held "
+        "until its predecessor is gone",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the trainer's arguments")
     args = parser.parse_args(argv)
     if args.nproc < 1 or args.spares < 0:
         parser.error(f"--nproc {args.nproc} --spares {args.spares}: use at least 1 rank and 0 or more spares")
+    if not args.soft_timeout >= 2:
+        parser.error(f"--soft-timeout {args.soft_timeout}: use 2 seconds or more (the wrapper polls every second)")
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
     total = args.nproc + args.spares
@@ -80,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
-        cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout), *rest]
+        cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout)]
+        cmd += ["--wait-for", args.wait_for] if args.wait_for else []
+        cmd += rest
         procs.append(subprocess.Popen(cmd, env=env))
         print(f"ftfleet.inprocess: process {rank} pid {procs[-1].pid}", file=sys.stderr, flush=True)
 

@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,14 +67,26 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         soft_timeout=_seconds(soft_timeout_s),
         hard_timeout=_seconds(soft_timeout_s + 30),
         heartbeat_timeout=_seconds(max(5.0, soft_timeout_s / 2)),
+        # Each must exceed the last (the wrapper checks soft < hard < barrier and
+        # heartbeat < barrier); its default barrier of 120 s refused a soft timeout of 600.
+        barrier_timeout=_seconds(max(120.0, soft_timeout_s + 60)),
+        completion_timeout=_seconds(max(120.0, soft_timeout_s + 60)),
         termination_grace_time=_seconds(2),
     )
+
+
+def wait_for(path: str, poll_s: float = 0.02) -> None:
+    """Block until ``path`` exists: a spare node, warm, held until it is told to take over."""
+    log.info("warm: waiting for %s", path)
+    while not os.path.exists(path):
+        time.sleep(poll_s)
 
 
 def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
     parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"))
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
+    parser.add_argument("--wait-for", metavar="FILE", help="train once FILE exists (a warm spare node)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -96,6 +109,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     from ftfleet.trainer.train import train
 
     active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
+    if args.wait_for:
+        wait_for(args.wait_for)
 
     def attempt(call_wrapper: Any = None) -> int:
         # Which iteration this is, for the event log's `attempt` and the summary's

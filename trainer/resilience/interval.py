@@ -91,6 +91,12 @@ class IntervalConfig:
     persist_overhead: float | None = None
     """Fraction of the background persist time that training loses to it; null (the
     default): measured from the step times with and without a save in flight."""
+    memory_share: float = 0.0
+    """With in-memory snapshots (checkpoint.memory): the share of failures, 0 to below 1,
+    that a snapshot recovers (a process lost, a node lost while the peer holding its copy
+    lives, a notice turned into an emergency checkpoint). The durable interval is planned
+    for the rest, M / (1 - share); the snapshot interval for every failure, M. A two-level
+    plan: frequent cheap snapshots, rare disk checkpoints. 0: every failure needs the disk."""
     snapshot_fixed_steps: int = 10
     """In-memory snapshots (checkpoint.memory): every this many steps in fixed mode, and in
     adaptive mode until one has been measured. Adaptive: Daly's optimum for the snapshot's
@@ -117,6 +123,11 @@ class IntervalConfig:
         if self.persist_overhead is not None and not 0 <= self.persist_overhead <= 1:
             raise ConfigError(
                 f"{_KEY}.persist_overhead={self.persist_overhead}: use a fraction from 0 to 1, or null to measure it"
+            )
+        if not 0 <= self.memory_share < 1:
+            raise ConfigError(
+                f"{_KEY}.memory_share={self.memory_share}: use a fraction from 0 to below 1 "
+                "(the share of failures in-memory snapshots recover)"
             )
         if self.snapshot_fixed_steps < 1:
             raise ConfigError(f"{_KEY}.snapshot_fixed_steps={self.snapshot_fixed_steps}: use 1 or more")
@@ -211,6 +222,15 @@ class AdaptiveInterval:
         m = (observed + cfg.mtbf_s) / (n + 1)
         return m, (f"M={m:.0f}s ({n} interruptions in {observed / 3600:.2f}h observed, prior {cfg.mtbf_s:.0f}s)")
 
+    def durable_mtbf(self) -> tuple[float, str]:
+        """The MTBF the durable interval is planned for: :meth:`mtbf` over the share of
+        failures the in-memory snapshots do not recover (``memory_share``)."""
+        m, why = self.mtbf()
+        share = self.config.memory_share
+        if not share:
+            return m, why
+        return m / (1 - share), f"{why}, {1 - share:.0%} of them need the disk: M={m / (1 - share):.0f}s"
+
     def cost(self) -> tuple[float, str] | None:
         if self.blocked_s is None or self.persist_s is None:
             return None
@@ -231,7 +251,7 @@ class AdaptiveInterval:
         cost = self.cost()
         if cost is None:
             return None, (f"adaptive: no save measured yet, every {self.config.fixed_steps} steps until one is")
-        (c, c_why), (m, m_why) = cost, self.mtbf()
+        (c, c_why), (m, m_why) = cost, self.durable_mtbf()
         t = daly_interval(c, m)
         why = f"Daly: {c_why}, {m_why} -> T={t:.1f}s"
         floor = self.blocked_s + self.persist_s  # type: ignore[operator]
