@@ -451,6 +451,39 @@ def test_close_stops_the_reader_workers_at_once():
     assert not any(w.is_alive() for w in workers)
 
 
+class RestartRequest(BaseException):
+    """Like nvidia-resiliency-ext's RankShouldRestart: raised into the main thread
+    asynchronously, wherever it happens to be."""
+
+
+def test_abort_kills_the_workers_and_closes_without_an_error_of_its_own(caplog):
+    r = reader(Numbered(), workers=2)
+    r.get(0, 1)
+    workers = list(r.loader._iterator._workers)
+    with caplog.at_level("WARNING", logger="ftfleet.data"):
+        r.abort()
+    assert not any(w.is_alive() for w in workers)
+    assert "closing after a failure" not in caplog.text
+
+
+def test_a_restart_request_arriving_while_abort_joins_the_workers_goes_on(monkeypatch):
+    """Seen in the goodput bench: the request came while the loader joined its killed
+    workers, the loader's own `finally` raised over it, and abort logged that error away;
+    the wrapper, never told to restart, gave the process up (a 143 s restart)."""
+    r = reader(Numbered(), workers=2)
+    r.get(0, 1)
+    worker = r.loader._iterator._workers[0]
+    join = type(worker).join
+
+    def interrupted_join(self, timeout=None):
+        join(self, timeout)
+        raise RestartRequest("asynchronous")
+
+    monkeypatch.setattr(type(worker), "join", interrupted_join)
+    with pytest.raises(RestartRequest):
+        r.abort()
+
+
 def test_a_loader_worker_drops_the_tcp_sockets_it_inherited_and_keeps_the_rest(tmp_path):
     """Run in a child: closing descriptors in the test process would close pytest's."""
     import subprocess

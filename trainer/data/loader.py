@@ -259,11 +259,19 @@ class GlobalBatches:
                 signal_handling._remove_worker_pids(key)
             except ValueError:  # not watched (any more)
                 pass
+            # ... and marked so: its shutdown unwatches them again in a `finally`, and the
+            # ValueError it raised there replaced whatever was in flight (an in-process
+            # restart's RankShouldRestart, delivered while the workers were joined, was
+            # caught below as that ValueError: the wrapper then gave up on the process).
+            obj._worker_pids_set = False
             for worker in workers:
                 worker.kill()
         try:
             self.close()
         except Exception as exc:  # noqa: BLE001 - the failure being handled is the one to report
+            interrupt = _interrupt_in(exc)
+            if interrupt is not None:
+                raise interrupt from None
             log.warning("data loader: closing after a failure: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
@@ -278,6 +286,20 @@ class GlobalBatches:
                 shutdown()
         if self._trace is not None:
             self._trace.close()
+
+
+def _interrupt_in(exc: BaseException) -> BaseException | None:
+    """A BaseException that is not an Exception (KeyboardInterrupt, SystemExit, an
+    asynchronous restart request) which ``exc`` replaced while it was handled: it must go
+    on, not be logged away with ``exc``."""
+    seen: set[int] = set()
+    cause = exc.__context__
+    while cause is not None and id(cause) not in seen:
+        if not isinstance(cause, Exception):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
 
 
 def drop_inherited_sockets(_worker_id: int = 0) -> None:
