@@ -70,8 +70,20 @@ class ParallelConfig:
     mixed_precision: str = "none"
     """`bf16`: FSDP2 computes with bf16 parameters and reduces gradients in fp32; the
     sharded parameters, the optimizer and the checkpoint stay fp32. `none`: fp32."""
+    collective_timeout_s: float | None = None
+    """Seconds a collective of the training group waits for a peer before it fails; null:
+    torch's default (30 min gloo, 10 min NCCL). Under in-process restart this is how the
+    survivors of a hung rank find out (the failed collective restarts them in place, the
+    hung rank is interrupted or, stuck in native code, replaced): set it well above the
+    slowest normal wait (a restore, the first step, a straggler), and below
+    resilience.watchdog.timeout_s, which ends the process instead."""
 
     def __post_init__(self) -> None:
+        if self.collective_timeout_s is not None and not 0 < self.collective_timeout_s < 86400:
+            raise ConfigError(
+                f"parallel.collective_timeout_s={self.collective_timeout_s}: "
+                "use seconds > 0 (under a day), or null for torch's default"
+            )
         if self.mode not in ("fsdp", "ddp"):
             raise ConfigError(f"parallel.mode={self.mode!r}: use fsdp or ddp")
         if self.backend not in ("auto", "gloo", "nccl"):

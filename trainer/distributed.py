@@ -19,6 +19,7 @@ import logging
 import os
 import time
 import uuid
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -84,8 +85,11 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
         if world_size != 1:
             raise RuntimeError("WORLD_SIZE > 1 without MASTER_ADDR: launch with torchrun")
         store = dist.HashStore()
+    extra: dict[str, Any] = {}
+    if cfg.collective_timeout_s is not None:
+        extra["timeout"] = datetime.timedelta(seconds=cfg.collective_timeout_s)
     dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, device_id=device if use_cuda else None
+        backend, store=store, rank=rank, world_size=world_size, device_id=device if use_cuda else None, **extra
     )
     timeout = datetime.timedelta(seconds=ckpt_timeout_s)
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)

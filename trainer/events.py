@@ -7,7 +7,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 
 | event | fields | when |
 | --- | --- | --- |
-| ``start`` | world_size | the process group is up, before restore |
+| ``start`` | world_size, pids | the process group is up, before restore (pids: every rank's process) |
 | ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded (or a snapshot) |
 | ``fresh`` | | no checkpoint: step 0 |
 | ``first_step`` | step | the first step after start (or restore) finished |

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ftfleet.contract import EXIT_OK
@@ -161,7 +162,12 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
 
 def _train(run: Run, parts: Resilience, callbacks: list[Callback], t_start: float) -> dict[str, Any]:
     progress, ckpt, preemption = run.progress, run.ckpt, parts.preemption
-    parts.events.emit("start", world_size=run.env.world_size)
+    # Every rank's pid, so that the event log says which processes a restart kept (an
+    # in-process restart) and which it replaced.
+    pids = [os.getpid()] * run.env.world_size
+    if run.env.world_size > 1:
+        dist.all_gather_object(pids, os.getpid(), group=run.env.ckpt_group)
+    parts.events.emit("start", world_size=run.env.world_size, pids=pids)
     parts.start()
     run.restored = ckpt.restore()
     if run.restored is None:
