@@ -93,6 +93,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-timeout", type=float, default=180.0, metavar="S", help="give up on a node after this long (default 180)"
     )
+    parser.add_argument(
+        "--launcher",
+        choices=("torchrun", "inprocess"),
+        default="torchrun",
+        help="torchrun: a failed worker restarts the whole group; inprocess: the survivors restart in place, "
+        "a warm spare takes a dead rank's place, state from the in-memory snapshots (default torchrun)",
+    )
+    parser.add_argument(
+        "--spares", type=int, default=1, metavar="N", help="inprocess: warm spare processes per node (default 1)"
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="inprocess: seconds a collective waits for a hung peer before the survivors restart (default 2)",
+    )
     parser.add_argument("--config", type=Path, help="trainer config (default: the package's tiny.yaml)")
     parser.add_argument(
         "--set",
@@ -114,6 +131,15 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
         raise UserError(f"--interval {args.interval}: use adaptive or a positive number of steps")
     if args.nproc < 1:
         raise UserError(f"--nproc {args.nproc}: use 1 or more")
+    if args.spares < 0:
+        raise UserError(f"--spares {args.spares}: use 0 or more")
+    if not args.collective_timeout > 0:
+        raise UserError(f"--collective-timeout {args.collective_timeout}: use seconds > 0")
+    if args.launcher == "inprocess" and not args.collective_timeout < args.watchdog:
+        raise UserError(
+            f"--collective-timeout {args.collective_timeout}: use less than --watchdog {args.watchdog} "
+            "(the watchdog ends a process; the failed collective restarts it in place)"
+        )
     faults = parse_faults(args.faults)
     if "sigkill" in faults and args.nproc < 2:
         raise UserError("--faults sigkill needs --nproc 2 or more (one worker dies, one survives)")
@@ -130,6 +156,9 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
         interval=interval,
         watchdog_s=args.watchdog,
         node_timeout_s=args.node_timeout,
+        launcher=args.launcher,
+        spares=args.spares,
+        collective_timeout_s=args.collective_timeout,
         config=args.config or DEFAULT_CONFIG,
         overrides=list(args.overrides),
     )

@@ -8,8 +8,10 @@ hung process writes no ``exit`` line), so the maths can be tested on synthetic l
   (corrupted checkpoint, lost bucket), the launch of the replacement node.
 * **Time to detect**: fault moment to the trainer acting on it: the ranks agreed on a
   notice; torchrun tore the group down after the SIGKILL; the watchdog ended a hung
-  worker; the anomaly detector flagged the step; for damage done while stopped, the
-  restore's search from the group being up to a good checkpoint chosen.
+  worker; under the in-process launcher, the restarted attempt's process group was up
+  (detection, abort and re-rendezvous in the surviving processes); the anomaly
+  detector flagged the step; for damage done while stopped, the restore's search from
+  the group being up to a good checkpoint chosen.
 * **Work lost**: steps computed and then thrown away: the furthest step reached before
   the failure minus the step the run resumed from (a skipped NaN batch is not counted:
   skipping it is the point).
@@ -73,6 +75,8 @@ class FaultRecord:
     """The advisory notice the ``rebalance`` fault raises (GCP: ``maintenance``)."""
     expected_tier: str = "replica"
     """The tier ``bucket_loss`` must restore from (GCP: the one dual-region bucket, ``primary``)."""
+    in_process: bool = False
+    """SIGKILL or hang under the in-process launcher: the survivors restart in place."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -247,11 +251,47 @@ def _group_failure(rec: FaultRecord, lives: Sequence[Life], what: str) -> FaultR
     )
 
 
+def _in_process_failure(rec: FaultRecord, lives: Sequence[Life], what: str) -> FaultResult:
+    """SIGKILL or hang under the in-process launcher: the next attempt starts in the
+    surviving processes (a warm spare takes a dead rank's place). The ``start`` events'
+    ``pids`` (every rank's) say which processes the restart kept."""
+    life = life_at(lives, rec.t_fault)
+    if life is None:
+        return _fail(rec, f"no running attempt when the {what} was injected")
+    nxt = _replacement(rec, lives, rec.t_fault)
+    if nxt is None:
+        return _fail(rec, f"no restarted attempt trained a step after the {what}")
+    before = (life.first("start") or {}).get("pids") or []
+    after = (nxt.first("start") or {}).get("pids") or []
+    kept = sorted(set(before) & set(after))
+    replaced = [f"rank {r}: pid {a} -> {b}" for r, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
+    exited = "every process kept" if not replaced else "; ".join(replaced)
+    reached, _ = life.progress(before=nxt.t_start)
+    restored = nxt.restored
+    up = nxt.t_start - rec.t_fault
+    return FaultResult(
+        rec.kind,
+        True,
+        f"in-process restart (attempt {nxt.attempt}): {len(kept)} of {len(before)} processes never exited "
+        f"({exited}); resumed from step {nxt.resumed_from} "
+        f"({restored.get('tier', '?') if restored else 'fresh'}; restart {up:.1f}s, restore "
+        f"{(restored['t'] - nxt.t_start) if restored else 0:.2f}s)",
+        detect_s=up,
+        lost_steps=max(0, reached - nxt.resumed_from),
+        resume_s=nxt.first_step["t"] - rec.t_fault,
+        at_step=rec.at_step,
+    )
+
+
 def _sigkill(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
+    if rec.in_process:
+        return _in_process_failure(rec, lives, "SIGKILL")
     return _group_failure(rec, lives, "SIGKILL")
 
 
 def _hang(rec: FaultRecord, lives: Sequence[Life]) -> FaultResult:
+    if rec.in_process:
+        return _in_process_failure(rec, lives, "hang")
     return _group_failure(rec, lives, "hang")
 
 

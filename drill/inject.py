@@ -118,8 +118,10 @@ class Hang(Callback):
         flag.parent.mkdir(parents=True, exist_ok=True)
         flag.write_text(f"{time.time()}\n")
         log.warning("fault injection: rank %d hangs before step %d", self.rank, step)
+        # Short sleeps: a Python-level hang, which an in-process restart's asynchronous
+        # exception reaches between two of them (one long sleep would hold it back).
         while True:
-            time.sleep(1)
+            time.sleep(0.05)
 
 
 class PoisonedBatches(Callback):

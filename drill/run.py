@@ -50,6 +50,14 @@ class DrillOptions:
     """The trainer's metadata poll interval (AWS suggests 5 s; shorter keeps the drill short)."""
     max_restarts: int = 3
     node_timeout_s: float = 180.0
+    launcher: str = "torchrun"
+    """``torchrun`` (a failed worker restarts the whole group) or ``inprocess``
+    (``python -m ftfleet.trainer.inprocess``: the survivors restart in place, a warm spare
+    takes a dead rank's place, state from the in-memory snapshots)."""
+    spares: int = 1
+    """inprocess: warm spare processes per node."""
+    collective_timeout_s: float = 2.0
+    """inprocess: parallel.collective_timeout_s, how the survivors of a hung rank find out."""
     config: Path = DEFAULT_CONFIG
     overrides: list[str] = dataclasses.field(default_factory=list)
 
@@ -73,6 +81,9 @@ class Drill:
         self.records: list[FaultRecord] = []
         self.notes: list[str] = []
         self._group_up = 0.0
+        #: Each node's RAM (in-process: the in-memory snapshots), gone with the node.
+        self.shm_root = Path("/dev/shm") / f"ftfleet-drill-{os.getpid()}"
+        self._last_attempt = 0
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -107,16 +118,42 @@ class Drill:
             out += ["resilience.interval.mode=fixed", f"resilience.interval.fixed_steps={int(o.interval)}"]
         return out + list(o.overrides)
 
+    @property
+    def in_process(self) -> bool:
+        return self.opts.launcher == "inprocess"
+
     def cmd(self, run_dir: Path, ckpt_dir: Path, overrides: list[str]) -> list[str]:
+        if self.in_process:
+            head = [
+                sys.executable,
+                "-m",
+                "ftfleet.trainer.inprocess",
+                f"--nproc={self.opts.nproc}",
+                f"--spares={self.opts.spares}",
+                "--worker=drill.inprocess_worker",
+                # Far above the collective timeout: a hang is found by the failed
+                # collective, not by the wrapper's progress watchdog.
+                f"--soft-timeout={max(30.0, 10 * self.opts.collective_timeout_s)}",
+                "--",
+            ]
+            overrides = [
+                "checkpoint.memory=true",
+                f"parallel.collective_timeout_s={self.opts.collective_timeout_s}",
+                *overrides,
+            ]
+        else:
+            head = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={self.opts.nproc}",
+                f"--max-restarts={self.opts.max_restarts}",
+                "-m",
+                "drill.worker",  # the trainer, with this drill's faults as callbacks
+            ]
         return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={self.opts.nproc}",
-            f"--max-restarts={self.opts.max_restarts}",
-            "-m",
-            "drill.worker",  # the trainer, with this drill's faults as callbacks
+            *head,
             "--config",
             str(self.opts.config),
             *self.common_overrides(),
@@ -164,7 +201,7 @@ class Drill:
                 self.ref_dir / "ckpt",
                 [f"resilience.watchdog.timeout_s={max(60.0, self.opts.watchdog_s)}"],
             ),
-            self.env(),
+            self.env({"FTFLEET_SHM_DIR": str(self.shm_root / "reference")}),
             SOURCE_ROOT,
             self.logs / "reference.log",
         ).start()
@@ -196,7 +233,7 @@ class Drill:
         did not complete ('' when it did)."""
         for d in (self.run_dir, self.fast_dir):
             shutil.rmtree(d, ignore_errors=True)
-        tail = EventTail(self.run_dir)
+        tail = self._tail = EventTail(self.run_dir)
         self.cloud.start_replication()
         t_begin = t_end = time.time()
         problem = ""
@@ -235,11 +272,19 @@ class Drill:
             extra += [f"faults.hang_at_step={self.plan.hang_step}", "faults.hang_rank=1"]
         if seg.stop_at_step:
             extra.append(f"train.stop_at_step={seg.stop_at_step}")
+        node_env["FTFLEET_SHM_DIR"] = str(self.shm_root / seg.node)
         env = self.env({**node_env, "FTFLEET_NODE_ID": seg.node})
         node = Node(
             seg.node, self.cmd(self.run_dir, self.fast_dir, extra), env, SOURCE_ROOT, self.logs / f"{seg.node}.log"
         ).start()
-        self.say(f"{seg.node}: torchrun launched ({self.opts.nproc} workers, --max-restarts={self.opts.max_restarts})")
+        if self.in_process:
+            self.say(
+                f"{seg.node}: in-process launcher started ({self.opts.nproc} workers, {self.opts.spares} warm spare)"
+            )
+        else:
+            self.say(
+                f"{seg.node}: torchrun launched ({self.opts.nproc} workers, --max-restarts={self.opts.max_restarts})"
+            )
         for rec in self.records:
             if rec.kind in seg.before and rec.t_fault == 0:
                 rec.t_fault = node.t_launch or time.time()
@@ -278,6 +323,7 @@ class Drill:
             if preempted and (node.group is None or node.group.t_down is not None or rc is not None):
                 # The fleet terminates the instance (before torchrun restarts the group).
                 node.kill()
+                shutil.rmtree(self.shm_root / seg.node, ignore_errors=True)  # and its RAM
                 self.say(f"{seg.node}: instance terminated (exit 75 after its emergency checkpoint)")
                 self.cloud.metadata.reset()  # the replacement is another instance
                 break
@@ -315,6 +361,10 @@ class Drill:
             self._progress(f"{seg.node} attempt {e.get('attempt', 0)}", step)
         elif kind == "start":
             self._group_up = float(e["t"])
+            attempt = int(e.get("attempt", 0))
+            if self.in_process and attempt > self._last_attempt:
+                self._restarted_in_place(node, attempt, float(e["t"]))
+            self._last_attempt = attempt
         elif kind == "restored":
             step = int(e["step"])
             took = float(e["t"]) - self._group_up if self._group_up else float(e.get("seconds") or 0)
@@ -358,10 +408,37 @@ class Drill:
         else:
             pid = node.kill_worker(rank=1 if self.opts.nproc > 1 else 0)
             what = f"SIGKILL sent to rank {1 if self.opts.nproc > 1 else 0} (pid {pid})"
-        rec = FaultRecord(kind, time.time(), at)
+        rec = FaultRecord(kind, time.time(), at, in_process=self.in_process and kind == "sigkill")
         self.records.append(rec)
         self.say(f"{node.name}: step {step}: {what}")
         return rec
+
+    def _restarted_in_place(self, node: Node, attempt: int, t: float) -> None:
+        """The in-process launcher began attempt ``attempt`` in the surviving processes:
+        after the SIGKILL the drill sent, after the hang (the last progress was the step
+        before it), or for no reason the drill knows (a note)."""
+        steps = [e for e in self._tail.events if e["event"] in ("step", "first_step") and e["t"] <= t]
+        last = steps[-1] if steps else None
+        hang = self.plan.hang_step
+        if any(r.kind == "sigkill" and r.in_process and r.t_fault <= t and not r.note for r in self.records):
+            rec = next(r for r in self.records if r.kind == "sigkill" and r.in_process and not r.note)
+            rec.note = f"attempt {attempt}"
+            self.say(f"{node.name}: attempt {attempt} began in place {t - rec.t_fault:.2f}s after the SIGKILL")
+        elif (
+            hang
+            and last is not None
+            and int(last["step"]) == hang - 1
+            and not any(r.kind == "hang" for r in self.records)
+        ):
+            self.records.append(FaultRecord("hang", last["t"], hang, in_process=True, note=f"attempt {attempt}"))
+            self.say(
+                f"{node.name}: attempt {attempt} began in place {t - last['t']:.2f}s after the last progress "
+                f"at step {last['step']} (a collective timed out: the hang)"
+            )
+        else:
+            where = last["step"] if last else "start-up"
+            self.notes.append(f"unexpected: an in-process restart of {node.name} at step {where}")
+            self.say(f"{node.name}: an unexpected in-process restart at step {where}")
 
     def _check_groups(self, seg: SegmentPlan, node: Node, tail: EventTail, expected_down: set[int]) -> None:
         """A group that went down on its own: the hang (once), or an unexpected failure."""
@@ -422,6 +499,12 @@ class Drill:
     # -- all of it ------------------------------------------------------------------
 
     def run(self) -> DrillReport:
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self.shm_root, ignore_errors=True)
+
+    def _run(self) -> DrillReport:
         names = GCP_KINDS if self.opts.cloud == "gcp" else KINDS
         self.say("plan: " + "; ".join(self.plan.describe(names)) + f"; {self.plan.steps} steps in all")
         ref_summary, ref_events, ref_wall = self.run_reference()
@@ -464,6 +547,12 @@ class Drill:
             "interval": self.opts.interval,
             "nan_policy": self.opts.nan_policy,
             "watchdog_s": self.opts.watchdog_s,
+            "launcher": self.opts.launcher,
+            **(
+                {"spares": self.opts.spares, "collective_timeout_s": self.opts.collective_timeout_s}
+                if self.in_process
+                else {}
+            ),
             "workdir": str(self.opts.workdir),
         }
         return DrillReport(

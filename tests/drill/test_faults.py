@@ -160,6 +160,38 @@ def test_an_undetected_hang_fails():
     assert not r.ok and "not detected" in r.reason
 
 
+def in_process_run(after_pids=(100, 102)):
+    """Rank 0 (pid 100) survives a failure after step 45; the next attempt starts in the
+    same process 0.8 s later and restores step 44 from memory."""
+    a = life(100, 0.0, last=45)  # step 45 at t=5.4
+    a[0]["pids"] = [100, 101]
+    b = life(100, 6.2, attempt=1, restored=44, tier="memory", first=45, last=60)
+    b[0]["pids"] = list(after_pids)
+    return a + b
+
+
+def test_an_in_process_sigkill_names_the_processes_kept_and_replaced():
+    r = measure(FaultRecord("sigkill", 5.45, at_step=45, in_process=True), in_process_run())
+    assert r.ok, r.reason
+    assert "1 of 2 processes never exited (rank 1: pid 101 -> 102)" in r.reason
+    assert "memory" in r.reason
+    assert r.detect_s == pytest.approx(6.2 - 5.45)
+    assert r.resume_s == pytest.approx(7.2 - 5.45)
+    assert r.lost_steps == 1
+
+
+def test_an_in_process_hang_that_kept_every_process():
+    r = measure(FaultRecord("hang", 5.4, at_step=46, in_process=True), in_process_run(after_pids=(100, 101)))
+    assert r.ok, r.reason
+    assert "2 of 2 processes never exited (every process kept)" in r.reason
+
+
+def test_an_in_process_failure_with_no_attempt_after_it_fails():
+    events = life(100, 0.0, last=45)
+    r = measure(FaultRecord("sigkill", 5.45, at_step=45, in_process=True), events)
+    assert not r.ok and "no restarted attempt" in r.reason
+
+
 # -- NaN batch ---------------------------------------------------------------------------
 
 

@@ -120,9 +120,79 @@ def test_the_wrapper_takes_any_soft_timeout_the_launcher_accepts(monkeypatch):
         build_wrapper(2, soft)
 
 
+@pytest.mark.timeout(120)
+def test_the_launcher_stops_the_rest_once_too_few_processes_are_left(tmp_path):
+    """2 ranks and no spare: one killed leaves a world nobody can fill. The wrapper
+    would wait out its barrier timeout; the launcher stops the survivor at once."""
+    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=2", "--spares=0", "--worker=sleeper"]
+    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    log = tmp_path / "launch.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: log.read_text().count("ready") == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
+        pids = [int(line.split()[-1]) for line in log.read_text().splitlines() if " pid " in line]
+        os.kill(pids[1], signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    rest = log.read_text()
+    assert "1 of 2 processes left, 2 needed: stopping" in rest, rest
+    assert "exit codes [-15, -9]" in rest, rest
+    assert proc.returncode == 1
+
+
 def test_the_launcher_refuses_a_soft_timeout_the_wrapper_cannot_poll():
     from ftfleet.trainer.inprocess.launch import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--nproc=1", "--soft-timeout=1", "--", "--config", str(CONFIG)])
     assert exc.value.code == 2
+
+
+@pytest.mark.timeout(240)
+def test_a_hung_rank_is_restarted_in_place_by_the_failed_collective(tmp_path, ref2):
+    """Rank 1 stops making progress before step 12. Rank 0's collective fails after
+    parallel.collective_timeout_s, the wrapper restarts every process in place (the hung
+    one is interrupted in its Python loop), nobody exits, and the run ends bit-identical.
+    Without the collective timeout, rank 0 waited in gloo until the wrapper's hard
+    timeout killed it (37.6 s, and the wrong process was replaced)."""
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ftfleet.trainer.inprocess",
+        "--nproc=2",
+        "--spares=1",
+        "--worker=drill.inprocess_worker",
+        "--soft-timeout=30",
+        "--",
+        "--config",
+        str(CONFIG),
+        *ARGS,
+        "parallel.collective_timeout_s=2",
+        "resilience.watchdog.timeout_s=20",
+        "faults.hang_at_step=12",
+        "faults.hang_rank=1",
+        f"run_dir={run_dir}",
+    ]
+    log = tmp_path / "launch.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=child_env({"FTFLEET_SHM_DIR": str(shm)}), stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        assert proc.wait(timeout=200) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state_sha256"] == ref2["state_sha256"]
+    assert summary["resumed_from"]["tier"] == "memory" and summary["resumed_from"]["step"] == 11
+    starts = [e for e in _events(run_dir) if e["event"] == "start"]
+    assert [e["attempt"] for e in starts] == [0, 1]
+    assert starts[0]["pids"] == starts[1]["pids"], "a process was replaced"
+    assert "exit codes [0, 0, 0]" in log.read_text()
+    hung = next(e for e in _events(run_dir) if e["event"] == "step" and e["step"] == 11)
+    assert starts[1]["t"] - hung["t"] < 20, "the restart waited for something else than the collective timeout"

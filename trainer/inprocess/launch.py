@@ -9,9 +9,9 @@ is the whole-group restart this mode avoids. Here the launcher:
   store, ``TORCHELASTIC_USE_AGENT_STORE=True``) and the wrapper's (``MASTER_PORT + 1``);
 * starts N + K worker processes (:mod:`.worker`): ranks 0..N-1 train, N..N+K-1 are
   warm spares, torch imported, waiting in the wrapper;
-* stops the others (SIGTERM, SIGKILL 10 s later) once fewer than N are left, since
-  no rank assignment can then fill the world: the machine restarts at once instead of
-  after the wrapper's barrier timeout;
+* stops the others (SIGTERM, SIGKILL 10 s later) once fewer than N are left (running
+  or finished with 0), since no rank assignment can then fill the world: the machine
+  restarts at once instead of after the wrapper's barrier timeout;
 * waits for all of them and exits with the first nonzero code of a process that was
   not killed by a signal (a killed rank is the failure the others recovered from), or
   1 when every worker was killed.
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     stopped = False
     while any(p.poll() is None for p in procs):
         alive = sum(p.poll() is None for p in procs)
-        if alive < args.nproc and not stopped:
+        done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
+        if alive + done < args.nproc and not stopped:
             # Too few left to fill N ranks: the wrapper would wait out its barrier timeout
             # (120 s or more) before giving up. Stop now, so that whatever restarts this
             # machine (systemd, the group, a drill) does it at once.
