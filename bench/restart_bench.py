@@ -68,6 +68,7 @@ def _launch(run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inpro
             "ftfleet.trainer.inprocess",
             "--nproc=2",
             f"--spares={spares}",
+            *(["--min-ranks=1"] if mode == "shrink" else []),
             "--worker=drill.inprocess_worker",
             "--",
         ]

@@ -9,6 +9,7 @@ bit-identical to the uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -129,14 +130,15 @@ def test_the_launcher_stops_the_rest_once_too_few_processes_are_left(tmp_path):
     env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
     log = tmp_path / "launch.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: log.read_text().count("ready") == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
         pids = [int(line.split()[-1]) for line in log.read_text().splitlines() if " pid " in line]
         os.kill(pids[1], signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
     rest = log.read_text()
     assert "1 of 2 processes left, 2 needed: stopping" in rest, rest
     assert "exit codes [-15, -9]" in rest, rest
@@ -149,6 +151,32 @@ def test_the_launcher_refuses_a_soft_timeout_the_wrapper_cannot_poll():
     with pytest.raises(SystemExit) as exc:
         main(["--nproc=1", "--soft-timeout=1", "--", "--config", str(CONFIG)])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("min_ranks", ["0", "3"])
+def test_the_launcher_refuses_a_minimum_outside_the_world(min_ranks, capsys):
+    from ftfleet.trainer.inprocess.launch import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--nproc=2", f"--min-ranks={min_ranks}", "--", "--config", str(CONFIG)])
+    assert exc.value.code == 2
+    assert f"--min-ranks {min_ranks}: use 1 to --nproc (2)" in capsys.readouterr().err
+
+
+def test_the_world_is_all_ranks_or_none_unless_it_may_shrink(monkeypatch):
+    """Two ranks, one spare, two processes lost: one left. Bit-exact mode makes it wait,
+    inactive (no training on another trajectory); shrink mode lets it go on alone."""
+    from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignmentCtx
+    from nvidia_resiliency_ext.inprocess.state import Mode, State
+
+    from ftfleet.trainer.inprocess.worker import build_wrapper
+
+    monkeypatch.setenv("MASTER_PORT", "29999")  # the wrapper's store is not started here
+    for shrink, mode in ((False, Mode.INACTIVE), (True, Mode.ACTIVE)):
+        assign = build_wrapper(2, 30, shrink=shrink).rank_assignment
+        state = State(rank=0, world_size=3, active_world_size=2, initial_rank=0, initial_world_size=3)
+        ctx = assign(RankAssignmentCtx(state, None, {1, 2}))
+        assert ctx.state.mode == mode, (shrink, ctx.state)
 
 
 @pytest.mark.timeout(240)

@@ -9,9 +9,11 @@ is the whole-group restart this mode avoids. Here the launcher:
   store, ``TORCHELASTIC_USE_AGENT_STORE=True``) and the wrapper's (``MASTER_PORT + 1``);
 * starts N + K worker processes (:mod:`.worker`): ranks 0..N-1 train, N..N+K-1 are
   warm spares, torch imported, waiting in the wrapper;
-* stops the others (SIGTERM, SIGKILL 10 s later) once fewer than N are left (running
-  or finished with 0), since no rank assignment can then fill the world: the machine
-  restarts at once instead of after the wrapper's barrier timeout;
+* keeps the world at N ranks (the same trajectory as an uninterrupted run): with fewer
+  processes left the ranks wait, inactive, and the launcher stops them (SIGTERM,
+  SIGKILL 2 s later) so that the machine restarts at once instead of after the
+  wrapper's barrier timeout; ``--min-ranks M`` lets the survivors go on as a smaller
+  world of at least M ranks instead (another trajectory);
 * waits for all of them and exits with the first nonzero code of a process that was
   not killed by a signal (a killed rank is the failure the others recovered from), or
   1 when every worker was killed.
@@ -64,12 +66,22 @@ def main(argv: list[str] | None = None) -> int:
         help="start warm (torch and the trainer imported), train once FILE exists: a spare node held "
         "until its predecessor is gone",
     )
+    parser.add_argument(
+        "--min-ranks",
+        type=int,
+        default=None,
+        help="let the world shrink to this many ranks when no spare is left (default: --nproc, "
+        "the world never shrinks: the same trajectory as an uninterrupted run)",
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the trainer's arguments")
     args = parser.parse_args(argv)
     if args.nproc < 1 or args.spares < 0:
         parser.error(f"--nproc {args.nproc} --spares {args.spares}: use at least 1 rank and 0 or more spares")
     if not args.soft_timeout >= 2:
         parser.error(f"--soft-timeout {args.soft_timeout}: use 2 seconds or more (the wrapper polls every second)")
+    min_ranks = args.nproc if args.min_ranks is None else args.min_ranks
+    if not 1 <= min_ranks <= args.nproc:
+        parser.error(f"--min-ranks {args.min_ranks}: use 1 to --nproc ({args.nproc})")
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
     total = args.nproc + args.spares
@@ -87,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(args.nproc),
             "FTFLEET_ACTIVE_WORLD_SIZE": str(args.nproc),
+            "FTFLEET_MIN_ACTIVE_WORLD_SIZE": str(min_ranks),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
@@ -108,17 +121,20 @@ def main(argv: list[str] | None = None) -> int:
     while any(p.poll() is None for p in procs):
         alive = sum(p.poll() is None for p in procs)
         done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
-        if alive + done < args.nproc and not stopped:
+        if alive + done < min_ranks and not stopped:
             # Too few left to fill N ranks: the wrapper would wait out its barrier timeout
             # (120 s or more) before giving up. Stop now, so that whatever restarts this
             # machine (systemd, the group, a drill) does it at once.
             print(
-                f"ftfleet.inprocess: {alive} of {total} processes left, {args.nproc} needed: stopping",
+                f"ftfleet.inprocess: {alive} of {total} processes left, {min_ranks} needed: stopping",
                 file=sys.stderr,
                 flush=True,
             )
             forward(signal.SIGTERM, None)
-            stopped, deadline = True, time.monotonic() + 10
+            # Not 10 s: a rank still in the failed attempt takes the SIGTERM for a notice
+            # and waits on peers that are gone (chaos: a 14.7 s recovery); nothing it could
+            # write now is a checkpoint (that needs every rank), the snapshots are kept.
+            stopped, deadline = True, time.monotonic() + 2
         if stopped and time.monotonic() > deadline:
             forward(signal.SIGKILL, None)
         time.sleep(0.1)

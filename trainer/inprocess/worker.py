@@ -44,16 +44,28 @@ def _seconds(value: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=value)
 
 
-def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.05) -> Any:
+def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.05, shrink: bool = False) -> Any:
     """The wrapper: survivors keep their ranks, a spare fills a dead rank's place
     (``FillGaps``), and at most ``active_world_size`` ranks train; the others wait,
-    warm. ``soft_timeout_s``: no step for this long counts as a hang."""
+    warm. ``soft_timeout_s``: no step for this long counts as a hang. Without
+    ``shrink`` the world is all ``active_world_size`` ranks or nobody
+    (``ActiveWorldSizeDivisibleBy``): too few processes left wait, inactive, for the
+    launcher to stop them, so a run never trains (or checkpoints) on a smaller world,
+    whose trajectory is another; with it, the survivors go on as a smaller world."""
     import nvidia_resiliency_ext.inprocess as inprocess
-    from nvidia_resiliency_ext.inprocess.rank_assignment import FillGaps, MaxActiveWorldSize
+    from nvidia_resiliency_ext.inprocess.rank_assignment import (
+        ActiveWorldSizeDivisibleBy,
+        FillGaps,
+        MaxActiveWorldSize,
+    )
 
+    # Compose applies the last first: fill the gaps, cap at N, then all-or-nothing.
+    filters = [MaxActiveWorldSize(active_world_size), FillGaps()]
+    if not shrink:
+        filters.insert(0, ActiveWorldSizeDivisibleBy(active_world_size))
     return inprocess.Wrapper(
         store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
-        rank_assignment=inprocess.Compose(MaxActiveWorldSize(active_world_size), FillGaps()),
+        rank_assignment=inprocess.Compose(*filters),
         health_check=None,  # its only check is CUDA's
         # The monitor thread waits in the store for the "a rank was interrupted" key, one
         # wait of this length after another; a set key returns the wait at once. With
@@ -109,6 +121,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     from ftfleet.trainer.train import train
 
     active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
+    shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
     if args.wait_for:
         wait_for(args.wait_for)
 
@@ -127,7 +140,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # The wrapper hands itself to the parameter annotated with its class; this module's
     # annotations are strings (``from __future__ import annotations``).
     attempt.__annotations__["call_wrapper"] = CallWrapper
-    code = build_wrapper(active, args.soft_timeout)(attempt)()
+    code = build_wrapper(active, args.soft_timeout, shrink=shrink)(attempt)()
     return 0 if code is None else int(code)  # a spare never called returns None
 
 
