@@ -27,13 +27,12 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import BASE, CONFIG, REPO, child_env, kill9, run_trainer
+from tests.trainer.conftest import BASE, REPO, child_env, inprocess_cmd, kill9, run_trainer
 
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
@@ -67,21 +66,7 @@ class Machine:
         self.launches = 0
 
     def start(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "ftfleet.trainer.inprocess",
-            "--nproc=2",
-            "--spares=1",
-            "--worker=drill.inprocess_worker",
-            "--soft-timeout=30",
-            "--",
-            "--config",
-            str(CONFIG),
-            *BASE,
-            *ARGS,
-            f"run_dir={self.run_dir}",
-        ]
+        cmd = inprocess_cmd(self.run_dir, *BASE, *ARGS, soft_timeout=30)
         with self.log.open("a") as out:
             out.write(f"--- launch {self.launches}\n")
             out.flush()

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import BASE, CONFIG, REPO, child_env, wait_for
+from tests.trainer.conftest import BASE, CONFIG, REPO, child_env, inprocess_cmd, wait_for
 
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
@@ -43,19 +43,7 @@ def _events(run_dir):
 @pytest.mark.timeout(240)
 def test_a_sigkilled_rank_is_replaced_by_the_spare_and_the_survivor_never_exits(tmp_path, ref2):
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ftfleet.trainer.inprocess",
-        "--nproc=2",
-        "--spares=1",
-        "--worker=drill.inprocess_worker",
-        "--",
-        "--config",
-        str(CONFIG),
-        *ARGS,
-        f"run_dir={run_dir}",
-    ]
+    cmd = inprocess_cmd(run_dir, *ARGS)
     log = open(tmp_path / "launch.log", "w")
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=child_env({"FTFLEET_SHM_DIR": str(shm)}), stdout=log, stderr=subprocess.STDOUT
@@ -187,24 +175,15 @@ def test_a_hung_rank_is_restarted_in_place_by_the_failed_collective(tmp_path, re
     Without the collective timeout, rank 0 waited in gloo until the wrapper's hard
     timeout killed it (37.6 s, and the wrong process was replaced)."""
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ftfleet.trainer.inprocess",
-        "--nproc=2",
-        "--spares=1",
-        "--worker=drill.inprocess_worker",
-        "--soft-timeout=30",
-        "--",
-        "--config",
-        str(CONFIG),
+    cmd = inprocess_cmd(
+        run_dir,
         *ARGS,
         "parallel.collective_timeout_s=2",
         "resilience.watchdog.timeout_s=20",
         "faults.hang_at_step=12",
         "faults.hang_rank=1",
-        f"run_dir={run_dir}",
-    ]
+        soft_timeout=30,
+    )
     log = tmp_path / "launch.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
