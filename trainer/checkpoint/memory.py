@@ -279,7 +279,9 @@ def prepare(app_state: Any, payload: bytes) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def exchange(transfers: list[tuple[int, int]], rank: int, outgoing: dict[int, bytes], group: Any) -> dict[int, bytes]:
+def exchange(
+    transfers: list[tuple[int, int]], rank: int, outgoing: dict[int, bytes | bytearray], group: Any
+) -> dict[int, memoryview]:
     """Point-to-point transfers ``(src, dst)``, the same list on every rank: this rank
     sends ``outgoing[dst]`` for each of its own and returns what it received, by
     source. A sender with nothing to send (``b""``) makes its receiver get ``b""``."""
@@ -295,29 +297,42 @@ def exchange(transfers: list[tuple[int, int]], rank: int, outgoing: dict[int, by
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     bufs_in = {s: torch.empty(int(t.item()), dtype=torch.uint8) for s, t in sizes_in.items()}
-    ops = [
-        dist.P2POp(dist.isend, torch.frombuffer(bytearray(outgoing[d]), dtype=torch.uint8), peer(d), group)
-        for d in sizes_out
-        if outgoing.get(d)
-    ]
+    ops = [dist.P2POp(dist.isend, _as_tensor(outgoing[d]), peer(d), group) for d in sizes_out if outgoing.get(d)]
     ops += [dist.P2POp(dist.irecv, b, peer(s), group) for s, b in bufs_in.items() if b.numel()]
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    return {s: b.numpy().tobytes() for s, b in bufs_in.items()}
+    # Views of the received tensors, not copies (each is the size of a rank's state).
+    return {s: memoryview(b.numpy()) for s, b in bufs_in.items()}
 
 
-def pack(payload: bytes, manifest: Manifest) -> bytes:
-    """A snapshot and its manifest as one message."""
+def _as_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:
+    """A uint8 tensor over ``data``: no copy when it is writable (what :func:`pack`
+    makes); torch.frombuffer refuses to share a read-only buffer silently."""
+    if isinstance(data, bytes) or (isinstance(data, memoryview) and data.readonly):
+        data = bytearray(data)
+    return torch.frombuffer(data, dtype=torch.uint8)
+
+
+def pack(payload: bytes | memoryview, manifest: Manifest) -> bytearray:
+    """A snapshot and its manifest as one message, in one writable buffer that
+    :func:`exchange` sends without another copy."""
     head = manifest.to_json().encode()
-    return len(head).to_bytes(8, "little") + head + payload
+    n, size = len(head), memoryview(payload).nbytes
+    message = bytearray(8 + n + size)
+    message[:8] = n.to_bytes(8, "little")
+    message[8 : 8 + n] = head
+    message[8 + n :] = payload
+    return message
 
 
-def unpack(message: bytes) -> tuple[bytes, Manifest]:
-    """Raises SnapshotMismatch for a message that is not a packed snapshot."""
+def unpack(message: bytes | bytearray | memoryview) -> tuple[memoryview, Manifest]:
+    """Raises SnapshotMismatch for a message that is not a packed snapshot. The payload
+    is a view into ``message``."""
+    view = memoryview(message)
     try:
-        n = int.from_bytes(message[:8], "little")
-        manifest = Manifest.from_json(message[8 : 8 + n])
+        n = int.from_bytes(view[:8], "little")
+        manifest = Manifest.from_json(bytes(view[8 : 8 + n]))
     except (ManifestError, ValueError) as exc:
         raise SnapshotMismatch(f"not a snapshot message: {exc}") from None
-    return message[8 + n :], manifest
+    return view[8 + n :], manifest
