@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -417,20 +417,14 @@ class Drill:
         """The in-process launcher began attempt ``attempt`` in the surviving processes:
         after the SIGKILL the drill sent, after the hang (the last progress was the step
         before it), or for no reason the drill knows (a note)."""
-        steps = [e for e in self._tail.events if e["event"] in ("step", "first_step") and e["t"] <= t]
-        last = steps[-1] if steps else None
-        hang = self.plan.hang_step
+        last = _last_progress(self._tail.events, t)
         if any(r.kind == "sigkill" and r.in_process and r.t_fault <= t and not r.note for r in self.records):
             rec = next(r for r in self.records if r.kind == "sigkill" and r.in_process and not r.note)
             rec.note = f"attempt {attempt}"
             self.say(f"{node.name}: attempt {attempt} began in place {t - rec.t_fault:.2f}s after the SIGKILL")
-        elif (
-            hang
-            and last is not None
-            and int(last["step"]) == hang - 1
-            and not any(r.kind == "hang" for r in self.records)
-        ):
-            self.records.append(FaultRecord("hang", last["t"], hang, in_process=True, note=f"attempt {attempt}"))
+        elif self._is_the_hang(last):
+            rec = FaultRecord("hang", last["t"], self.plan.hang_step, in_process=True, note=f"attempt {attempt}")
+            self.records.append(rec)
             self.say(
                 f"{node.name}: attempt {attempt} began in place {t - last['t']:.2f}s after the last progress "
                 f"at step {last['step']} (a collective timed out: the hang)"
@@ -440,6 +434,17 @@ class Drill:
             self.notes.append(f"unexpected: an in-process restart of {node.name} at step {where}")
             self.say(f"{node.name}: an unexpected in-process restart at step {where}")
 
+    def _is_the_hang(self, last: dict[str, Any] | None) -> bool:
+        """A failure whose last progress was the step before the planned hang, the first
+        such failure: the hang (recorded once)."""
+        hang = self.plan.hang_step
+        return bool(
+            hang
+            and last is not None
+            and int(last["step"]) == hang - 1
+            and not any(r.kind == "hang" for r in self.records)
+        )
+
     def _check_groups(self, seg: SegmentPlan, node: Node, tail: EventTail, expected_down: set[int]) -> None:
         """A group that went down on its own: the hang (once), or an unexpected failure."""
         for group in node.groups:
@@ -448,20 +453,11 @@ class Drill:
             expected_down.add(id(group))
             if node.proc is not None and node.proc.poll() is not None:
                 continue  # torchrun itself ended; judged by its exit status
-            progress = [
-                e
-                for e in tail.events
-                if e["event"] in ("step", "first_step") and e["t"] <= (group.t_first_exit or group.t_down)
-            ]
-            last = progress[-1] if progress else None
-            hang = self.plan.hang_step
-            if (
-                hang
-                and not any(r.kind == "hang" for r in self.records)
-                and last is not None
-                and int(last["step"]) == hang - 1
-            ):
-                rec = FaultRecord("hang", last["t"], hang, t_group_exit=group.t_first_exit, t_group_down=group.t_down)
+            last = _last_progress(tail.events, group.t_first_exit or group.t_down)
+            if self._is_the_hang(last):
+                rec = FaultRecord(
+                    "hang", last["t"], self.plan.hang_step, t_group_exit=group.t_first_exit, t_group_down=group.t_down
+                )
                 self.records.append(rec)
                 self.say(
                     f"{node.name}: a worker exited {group.t_first_exit - last['t']:.1f}s after "
@@ -582,3 +578,9 @@ def run_drill(opts: DrillOptions, say: Callable[[str], None] = print, bar: Any =
             return Drill(opts, gcp, say, bar).run()
     with LocalCloud() as cloud:
         return Drill(opts, cloud, say, bar).run()
+
+
+def _last_progress(events: Sequence[dict[str, Any]], t: float) -> dict[str, Any] | None:
+    """The last step (or first step) event at or before ``t``."""
+    steps = [e for e in events if e["event"] in ("step", "first_step") and e["t"] <= t]
+    return steps[-1] if steps else None

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import BASE, REPO, child_env, inprocess_cmd, kill9, run_trainer
+from tests.trainer.conftest import BASE, MEMORY, REPO, child_env, inprocess_cmd, kill9, run_trainer
 
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
@@ -40,15 +40,7 @@ KILLS = int(os.environ.get("FTFLEET_CHAOS_KILLS", "50"))
 SEED = int(os.environ.get("FTFLEET_CHAOS_SEED", "13"))
 #: Enough steps that every kill lands in training: at most 3 steps between kills.
 STEPS = 4 * KILLS + 16
-ARGS = [
-    f"train.steps={STEPS}",
-    "resilience.interval.fixed_steps=8",
-    "resilience.interval.snapshot_fixed_steps=1",
-    "checkpoint.memory=true",
-    "checkpoint.ranks_per_node=1",
-    "train.step_events=true",
-    "faults.step_delay_s=0.05",
-]
+ARGS = [f"train.steps={STEPS}", *MEMORY, "train.step_events=true"]
 
 
 def _events(run_dir: Path) -> list[dict]:

@@ -18,19 +18,11 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import BASE, CONFIG, REPO, child_env, inprocess_cmd, wait_for
+from tests.trainer.conftest import BASE, CONFIG, MEMORY, REPO, child_env, inprocess_cmd, wait_for
 
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
-ARGS = [
-    *BASE,
-    "resilience.interval.fixed_steps=8",
-    "resilience.interval.snapshot_fixed_steps=1",
-    "checkpoint.memory=true",
-    "checkpoint.ranks_per_node=1",
-    "train.step_events=true",
-    "faults.step_delay_s=0.05",
-]
+ARGS = [*BASE, *MEMORY, "train.step_events=true"]
 
 
 def _events(run_dir):

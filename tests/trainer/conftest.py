@@ -43,6 +43,16 @@ BASE = [
 ]
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
+#: Two ranks as two nodes, snapshots in shared memory every step, durable checkpoints
+#: every 8 steps, each step slowed a little so that a kill lands between durable ones.
+MEMORY = [
+    "resilience.interval.fixed_steps=8",
+    "resilience.interval.snapshot_fixed_steps=1",
+    "checkpoint.memory=true",
+    "checkpoint.ranks_per_node=1",
+    "faults.step_delay_s=0.05",
+]
+
 
 def trainer_cmd(nproc: int, run_dir: Path, *overrides: str) -> list[str]:
     """The trainer's command line. Overrides under ``faults.`` are injected faults: the

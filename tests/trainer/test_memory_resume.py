@@ -14,18 +14,9 @@ import shutil
 
 import pytest
 
-from tests.trainer.conftest import kill9, run_trainer, start_trainer, wait_for
+from tests.trainer.conftest import MEMORY, kill9, run_trainer, start_trainer, wait_for
 
 STEPS = 24
-#: Durable checkpoints every 8 steps, snapshots every step; each step slowed a little,
-#: so that the kill lands between durable checkpoints.
-MEMORY = [
-    "resilience.interval.fixed_steps=8",
-    "resilience.interval.snapshot_fixed_steps=1",
-    "checkpoint.memory=true",
-    "checkpoint.ranks_per_node=1",
-    "faults.step_delay_s=0.05",
-]
 
 
 def _newest_everywhere(shm) -> int:

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    stopped = False
+    stopped, deadline = False, None
     while any(p.poll() is None for p in procs):
         alive = sum(p.poll() is None for p in procs)
         done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             # and waits on peers that are gone (chaos: a 14.7 s recovery); nothing it could
             # write now is a checkpoint (that needs every rank), the snapshots are kept.
             stopped, deadline = True, time.monotonic() + 2
-        if stopped and time.monotonic() > deadline:
+        if stopped and deadline is not None and time.monotonic() > deadline:
             forward(signal.SIGKILL, None)
+            deadline = None  # once
         time.sleep(0.1)
     codes = [p.returncode for p in procs]
     print(f"ftfleet.inprocess: exit codes {codes}", file=sys.stderr, flush=True)
