@@ -387,10 +387,15 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         (int(o.split("=")[1]) for o in run.overrides if o.startswith("resilience.interval.fixed_steps=")), None
     )
     interval_steps = statistics.median(intervals) if intervals and "adaptive" in " ".join(run.overrides) else fixed
-    # Useful seconds per step: the median step of this very run with no save in flight
-    # (the machine's speed drifts between runs; a save's blocking and the slowdown of
-    # steps under a background save are overhead, not useful work).
-    quiet = [float(e["seconds"]) for e in events if e["event"] == "step" and not e.get("saving")]
+    # Useful seconds per step: the median step of this very run with no save and no
+    # snapshot in flight (the machine's speed drifts between runs; a save's blocking and
+    # the slowdown of steps beside a background save or snapshot are overhead, not
+    # useful work).
+    quiet = [
+        float(e["seconds"])
+        for e in events
+        if e["event"] == "step" and not e.get("saving") and not e.get("snapshotting")
+    ]
     useful_s = statistics.median(quiet) if quiet else None
     per_failure = []
     for f in run.failures:
@@ -422,6 +427,12 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         )
     restarts = [p["restart_s"] for p in per_failure]
     costs = [e["cost_s"] for e in events if e["event"] == "interval" and e.get("cost_s") is not None]
+    snaps = [e for e in events if e["event"] == "snapshot"]
+    done = [e for e in events if e["event"] == "snapshotted"]
+
+    def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+        return round(statistics.mean(float(e[key]) for e in rows), 3) if rows else None
+
     return {
         "name": name,
         "steps": steps,
@@ -437,6 +448,10 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "lost_steps": sum(p["lost_steps"] for p in per_failure),
         "restart_s": round(statistics.mean(restarts), 2) if restarts else None,
         "adaptive_cost_s": round(statistics.median(costs), 3) if costs else None,
+        "snapshots": len(snaps),
+        "snapshot_blocked_s": _mean(snaps, "blocked_s"),
+        "snapshot_background_s": _mean(done, "background_s"),
+        "snapshot_slowdown_s": _mean(done, "slowdown_s"),
     }
 
 
@@ -509,6 +524,13 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
             f"{r['wall_s']} | **{r['goodput']}** | {r['useful_step_s']} | "
             f"{r['goodput_vs_reference']} |"
         )
+    for r in results:
+        if r.get("snapshots"):
+            lines.append(
+                f"\n- {r['name']}: {r['snapshots']} in-memory snapshots, each blocking "
+                f"{r['snapshot_blocked_s']} s; their background part took {r['snapshot_background_s']} s "
+                f"and cost the steps beside it {r['snapshot_slowdown_s']} s (means)."
+            )
     lines += [
         "",
         f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "

@@ -1,19 +1,25 @@
-"""The in-memory snapshot tier: what a snapshot costs, and the two ways of moving a
-peer's copy between ranks (issue 13, part 3).
+"""The in-memory snapshot tier: what a snapshot costs training, end to end, and what a
+restore from it costs, against baselines run in the same script (issue 13, part 3).
 
-Run under torchrun with 2 processes (each one "node"); results go in docs/BENCHMARKS.md:
+Run under torchrun with 2 processes (each one "node": each holds the other's copy);
+results go in docs/BENCHMARKS.md:
 
-    .venv/bin/torchrun --standalone --nproc-per-node=2 bench/snapshot_bench.py --mb 1 16 64
+    .venv/bin/torchrun --standalone --nproc-per-node=2 bench/snapshot_bench.py --mb 64 679
 
-For each payload size it measures, median of ``--repeat`` runs:
+For each state size (MB per rank: model-like float32 tensors), median of ``--repeat``:
 
-* ``gloo p2p``: the copy as the trainer moves it (:func:`memory.exchange`: sizes, then
-  bytes, batched isend/irecv on a gloo group) — every rank sends and receives one;
-* ``store``: the same bytes through the TCPStore (set by the sender, get by the
-  receiver), the alternative that needs no process group; it refuses values over
-  8 MiB;
-* ``shm write``: writing the payload and its manifest into shared memory
-  (:meth:`MemoryTier.write`), and ``shm read+crc``: reading it back verified.
+* ``torch.save``: the baseline, ``torch.save`` of the state into a new file in
+  ``/dev/shm`` (what a snapshot written the obvious way blocks training for, before any
+  copy goes to a peer);
+* ``blocked``: :meth:`Snapshots.take`, what the trainer's training thread waits for:
+  the copy of the tensors into the stager's buffer (the previous snapshot is done);
+* ``end to end``: ``take`` and its background part (CRC32C, the file, the manifest,
+  the copy sent to the peer and the peer's received, checked and written);
+* ``restore``: :meth:`MemoryTier.load` of the own snapshot (read once, each tensor into
+  its own storage, CRC32C on the way), against ``read once``: the file's bytes read
+  into a buffer kept between reads, no check (the floor: a restore must also give each
+  tensor new memory, and on this machine the kernel's first touch of fresh pages is
+  most of the difference).
 """
 
 from __future__ import annotations
@@ -21,92 +27,127 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ftfleet.trainer.checkpoint.manifest import Crc32c, Manifest
-from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring, exchange
+from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
+from ftfleet.trainer.checkpoint.restore import Identity
+from ftfleet.trainer.checkpoint.snapshots import Snapshots
+from ftfleet.trainer.checkpoint.comm import DistComm
 
-STORE_MAX = 8 << 20
+
+class State:
+    """A stand-in for AppState: tensors that change between snapshots, and a step."""
+
+    def __init__(self, mb: float) -> None:
+        n = int(mb * (1 << 20) / 4)
+        # Three groups of eight tensors, like weights and two Adam moments.
+        self.tensors = {f"{g}.{i}": torch.randn(n // 24) for g in ("w", "m", "v") for i in range(8)}
+        self.step = 0
+        self.loading = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tensors": self.tensors, "step": self.step}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.tensors, self.step = sd["tensors"], sd["step"]
 
 
-def _median(fn, repeat: int) -> float:
+def _median(fn: Any, repeat: int, between: Any = None) -> float:
     times = []
     for _ in range(repeat):
+        if between is not None:
+            between()
         dist.barrier()
         t0 = time.perf_counter()
         fn()
-        dist.barrier()
         times.append(time.perf_counter() - t0)
+    dist.barrier()
     return statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=float, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--mb", type=float, nargs="+", default=[64, 679])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shm", default="/dev/shm")
     args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(backend="gloo")
-    store = dist.distributed_c10d._get_default_store()
-    ring = Ring(rank, world, 1)
-    holder, peer = ring.holder_of(rank), ring.peer_of(rank)
-    transfers = [(r, ring.holder_of(r)) for r in range(world)]
-    root = tempfile.mkdtemp(prefix="ftfleet-bench-", dir=args.shm) if rank == 0 else None
-    box = [root]
+    box = [tempfile.mkdtemp(prefix="ftfleet-bench-", dir=args.shm) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    tier = MemoryTier(box[0], ring, keep=1)
+    root = box[0]
     rows = []
     for mb in args.mb:
-        payload = os.urandom(int(mb * (1 << 20)))
-        crc = Crc32c()
-        crc.update(payload)
-        manifest = Manifest(
-            step=1,
-            run_id="bench",
-            config_hash="",
-            world_size=world,
-            files={f"__{rank}.pt": crc.entry()},
-            torch_version=torch.__version__,
-        )
+        state = State(mb)
+        tier = MemoryTier(os.path.join(root, f"{mb:g}"), Ring(rank, world, 1), keep=2)
+        snaps = Snapshots(tier, state, Identity("bench", ""), DistComm(group), group)
+
+        def bump(state: State = state) -> None:
+            state.step += 1
+            for t in state.tensors.values():
+                t.add_(1.0)  # the weights change between snapshots, as in training
+
         counter = [0]
 
-        def via_store(payload=payload, counter=counter, mb=mb):
+        def naive(state: State = state, mb: float = mb) -> None:
             counter[0] += 1
-            store.set(f"bench/{mb}/{counter[0]}/{rank}", payload)
-            got = store.get(f"bench/{mb}/{counter[0]}/{peer}")
-            assert len(got) == len(payload)
+            path = os.path.join(root, f"naive-{mb:g}-{rank}-{counter[0]}.pt")
+            torch.save(state.state_dict(), path)
+            if counter[0] > 1:  # keep one, like the tier
+                os.remove(os.path.join(root, f"naive-{mb:g}-{rank}-{counter[0] - 1}.pt"))
 
-        def via_p2p(payload=payload):
-            got = exchange(transfers, rank, {holder: payload}, group)
-            assert len(got[peer]) == len(payload)
+        baseline = _median(naive, args.repeat, bump)
+        snaps.take(state.step)  # the first allocates the stager's and receiver's buffers
+        snaps.wait()
+        def settled(snaps: Snapshots = snaps, bump: Any = bump) -> None:
+            snaps.wait()  # in training the previous snapshot is long done by the next
+            bump()
 
-        p2p = _median(via_p2p, args.repeat)
-        # The TCPStore's libuv server refuses a value over 8 MiB (measured: "Invalid
-        # payload size. size: 16777216, max: 8388608"): a copy of any real model's
-        # state cannot go that way in one piece.
-        st = _median(via_store, args.repeat) if len(payload) < STORE_MAX else None
-        write = _median(lambda payload=payload, manifest=manifest: tier.write(False, rank, 1, payload, manifest), 3)
-        read = _median(lambda: tier.read(False, 1), 3)
-        rows.append((mb, p2p, st, write, read))
+        blocked = _median(lambda snaps=snaps, state=state: snaps.take(state.step), args.repeat, settled)
+        snaps.wait()
+
+        def end_to_end(snaps: Snapshots = snaps, state: State = state) -> None:
+            snaps.take(state.step)
+            snaps.wait()
+
+        whole = _median(end_to_end, args.repeat, bump)
+        step = state.step
+        path = tier.path(False, step)
+        size = path.stat().st_size
+        buf = torch.empty(size, dtype=torch.uint8)
+
+        def read_once(path: Any = path, buf: torch.Tensor = buf) -> None:
+            with open(path, "rb", buffering=0) as f:
+                f.readinto(memoryview(buf.numpy()))
+
+        read = _median(read_once, args.repeat)
+        restore = _median(lambda tier=tier, step=step: tier.load(False, step), args.repeat)
+        rows.append((mb, size, baseline, blocked, whole, read, restore))
+        shutil.rmtree(tier.root, ignore_errors=True)
     if rank == 0:
-        print(f"{world} ranks, median of {args.repeat}")
-        print("| MB per rank | gloo p2p | store | shm write | shm read+crc |")
-        print("| --- | --- | --- | --- | --- |")
-        for mb, p2p, st, write, read in rows:
-            store = "refused (> 8 MiB)" if st is None else f"{st * 1e3:.1f} ms"
-            print(f"| {mb:g} | {p2p * 1e3:.1f} ms | {store} | {write * 1e3:.1f} ms | {read * 1e3:.1f} ms |")
+        print(f"{world} ranks (each holds the other's copy), median of {args.repeat}")
+        print(
+            "| MB per rank | torch.save to /dev/shm | take: blocked | take: end to end "
+            "| blocked / torch.save | read once | restore (load + CRC) | restore / read once |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for mb, _size, base, blocked, whole, read, restore in rows:
+            print(
+                f"| {mb:g} | {base * 1e3:.0f} ms | {blocked * 1e3:.0f} ms | {whole * 1e3:.0f} ms | "
+                f"{blocked / base:.3f} | {read * 1e3:.0f} ms | {restore * 1e3:.0f} ms | {restore / read:.2f} |"
+            )
     dist.barrier()
     if rank == 0:
-        import shutil
-
-        shutil.rmtree(box[0], ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
     dist.destroy_process_group()
 
 

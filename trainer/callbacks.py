@@ -58,6 +58,8 @@ class StepInfo:
     device; over many steps the two rates agree."""
     saving: bool = False
     """A background save was in flight during the step (it competed for the host)."""
+    snapshotting: bool = False
+    """An in-memory snapshot was being written or sent in the background during the step."""
 
 
 class Callback:

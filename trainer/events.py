@@ -11,10 +11,11 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``restored`` | step, tier, source, world_size_written, seconds | a checkpoint was loaded (or a snapshot) |
 | ``fresh`` | | no checkpoint: step 0 |
 | ``first_step`` | step | the first step after start (or restore) finished |
-| ``step`` | step, loss, seconds, saving | each step, only with ``train.step_events`` (saving: a save in flight) |
+| ``step`` | step, loss, seconds, saving, snapshotting | each step (``train.step_events``); a save, snapshot in flight |
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
 | ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
-| ``snapshot`` | step, blocked_s | an in-memory snapshot was taken (``checkpoint.memory``) |
+| ``snapshot`` | step, blocked_s | an in-memory snapshot was taken (``checkpoint.memory``): the state is copied |
+| ``snapshotted`` | step, background_s, slowdown_s | its background part is done (slowdown_s: steps beside it lost) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |
 | ``interval`` | steps, why, cost_s | the adaptive interval chose the next save (cost_s: C) |
 | ``anomaly`` | step, action, reason | a step was skipped or rolled back |

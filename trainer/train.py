@@ -208,7 +208,7 @@ def _loop(run: Run, anomalies: AnomalyGuard, callbacks: list[Callback]) -> tuple
     while progress.step < cfg.train.steps:
         if stop := first_stop(callbacks, run):
             return stop, loss
-        t0, step, busy = time.monotonic(), progress.step + 1, ckpt.save_in_flight
+        t0, step, busy, snap = time.monotonic(), progress.step + 1, ckpt.save_in_flight, ckpt.snapshot_in_flight
         if anomalies.skips(step):  # a rollback decided this batch is poison
             _advance(run)
             continue
@@ -228,8 +228,10 @@ def _loop(run: Run, anomalies: AnomalyGuard, callbacks: list[Callback]) -> tuple
         anomalies.apply(verdict)  # the optimizer step, unless the step is anomalous
         optimizer.zero_grad(set_to_none=True)
         _advance(run)
-        saving = busy or ckpt.save_in_flight
-        info = StepInfo(progress.step, loss.detach(), progress.samples_seen, time.monotonic() - t0, saving)
+        saving, snapshotting = busy or ckpt.save_in_flight, snap or ckpt.snapshot_in_flight
+        info = StepInfo(
+            progress.step, loss.detach(), progress.samples_seen, time.monotonic() - t0, saving, snapshotting
+        )
         for cb in callbacks:
             cb.on_step_end(run, info)
     return None, loss

@@ -204,6 +204,31 @@ def test_snapshots_follow_daly_for_their_own_cost_and_the_same_mtbf():
     assert durable > 10 * steps
 
 
+def test_a_snapshots_cost_is_what_it_blocked_plus_what_the_steps_beside_it_lost():
+    cfg = IntervalConfig(mtbf_s=3600.0, mtbf_source="config")
+    iv = AdaptiveInterval(cfg, clock=Clock())
+    # 0.05 s blocked, a 0.8 s background part that cost the step beside it 0.4 s.
+    iv.record_snapshot(0.05, slowdown_s=0.4, background_s=0.8)
+    steps, why = iv.snapshot_interval_steps(0.5)
+    assert steps == round(daly_interval(0.45, 3600.0) / 0.5)
+    assert "C=0.4500s (snapshot: blocked + slowdown" in why
+    # Never closer than one snapshot end to end: one is in flight at a time.
+    cheap = AdaptiveInterval(IntervalConfig(mtbf_s=10.0, mtbf_source="config"), clock=Clock())
+    cheap.record_snapshot(0.001, slowdown_s=0.0, background_s=2.0)
+    steps, why = cheap.snapshot_interval_steps(0.5)
+    assert steps == 5 and "raised to one snapshot's duration 2.00s" in why
+    with pytest.raises(ValueError, match="must be >= 0"):
+        iv.record_snapshot(0.1, slowdown_s=-1.0)
+
+
+def test_steps_beside_a_snapshot_are_not_quiet_steps():
+    iv = AdaptiveInterval(IntervalConfig(), clock=Clock())
+    for _ in range(3):
+        iv.record_step(1.0, during_save=False)
+    iv.record_step(5.0, during_save=False, during_snapshot=True)
+    assert iv.quiet_step_s() == 1.0
+
+
 def test_snapshots_in_fixed_mode_come_every_snapshot_fixed_steps():
     iv = AdaptiveInterval(IntervalConfig(mode="fixed", snapshot_fixed_steps=3))
     iv.record_snapshot(0.02)

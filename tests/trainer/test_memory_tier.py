@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.checkpoint.memory import Ring, SnapshotMismatch, prepare, serialize
+from ftfleet.trainer.checkpoint.memory import Ring, SnapshotMismatch, buffer_reader, decode, encode, prepare
 from ftfleet.trainer.checkpoint.state import state_sha256
 from tests.trainer.conftest import in_process_manager
 
@@ -28,13 +28,13 @@ def _two_snapshots(tmp_path):
     """Snapshots of step 2 and step 4 (different weights); returns the hash of step 2's."""
     m = _manager(tmp_path)
     m.app_state.progress.step = 2
-    m.snapshot(2)
+    m.snapshot(blocking=True, step=2)
     at_2 = _model_hash(m)
     with torch.no_grad():
         for p in m.app_state.model.parameters():
             p.add_(1.0)
     m.app_state.progress.step = 4
-    m.snapshot(4)
+    m.snapshot(blocking=True, step=4)
     assert _model_hash(m) != at_2
     return m.snapshots.tier.own_dir, at_2
 
@@ -42,7 +42,7 @@ def _two_snapshots(tmp_path):
 def test_the_newest_snapshot_restores_the_state_it_was_taken_from(tmp_path):
     m = _manager(tmp_path)
     m.app_state.progress.step = 3
-    m.snapshot(3)
+    m.snapshot(blocking=True, step=3)
     taken = _model_hash(m)
     fresh = _manager(tmp_path)
     with torch.no_grad():
@@ -65,7 +65,7 @@ def test_a_snapshot_without_its_manifest_is_not_listed(tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_torn_or_corrupt_snapshot_is_skipped_with_a_warning(tmp_path, caplog, damage):
     own, at_2 = _two_snapshots(tmp_path)
-    path = own / "step-4" / "__0.pt"
+    path = own / "step-4" / "__0.snap"
     data = bytearray(path.read_bytes())
     if damage == "truncate":
         data = data[: len(data) // 2]
@@ -92,31 +92,41 @@ def test_a_snapshot_of_another_config_is_skipped_and_nothing_is_loaded(tmp_path,
 
 def test_a_snapshot_that_does_not_fit_the_live_state_is_refused_in_one_line(tmp_path):
     m = _manager(tmp_path)
-    payload = serialize(m.app_state)
+    payload = encode(m.app_state.state_dict())
+    saved = decode(buffer_reader(payload), len(payload))
     other = _manager(tmp_path / "other", "model.d_model=16")
     line = r"^/model/tok_emb.weight: torch.float32 \(64, 32\) in the snapshot, live torch.float32 \(64, 16\)$"
     with pytest.raises(SnapshotMismatch, match=line):
-        prepare(other.app_state, payload)
-    with pytest.raises(SnapshotMismatch, match="does not load"):
-        prepare(m.app_state, b"not a snapshot")
+        prepare(other.app_state, saved)
+    with pytest.raises(SnapshotMismatch, match="not a snapshot file"):
+        decode(buffer_reader(b"not a snapshot at all"), 21)
 
 
 def test_a_newer_checkpoint_on_disk_wins_over_an_older_snapshot(tmp_path):
     m = _manager(tmp_path)
     m.app_state.progress.step = 2
-    m.snapshot(2)
+    m.snapshot(blocking=True, step=2)
     m.app_state.progress.step = 4
     m.save(4, blocking=True)
     found = _manager(tmp_path).restore()
     assert (found.step, found.tier) == (4, "local")
 
 
-def test_only_the_newest_snapshots_are_kept(tmp_path):
+def test_only_the_newest_snapshots_are_kept_and_retired_files_are_reused(tmp_path):
     m = _manager(tmp_path, "checkpoint.memory_keep=1")
+    own = m.snapshots.tier.own_dir
+    inodes = {}
     for step in (1, 2, 3):
         m.app_state.progress.step = step
-        m.snapshot(step)
-    assert [p.name for p in m.snapshots.tier.own_dir.iterdir()] == ["step-3"]
+        m.snapshot(blocking=True, step=step)
+        inodes[step] = (own / f"step-{step}" / "__0.snap").stat().st_ino
+    assert m.snapshots.tier.steps(own) == [3]
+    # One retired directory is kept, without its manifest, for the next snapshot to
+    # overwrite: step 3 was written over step 1's file (no new pages in /dev/shm).
+    assert sorted(p.name for p in own.iterdir()) == [".free-2", "step-3"]
+    assert not (own / ".free-2" / "manifest.json").exists()
+    assert inodes[3] == inodes[1] != inodes[2]
+    assert _manager(tmp_path).restore().step == 3
 
 
 def test_the_ring_gives_each_node_the_next_nodes_copy():
@@ -133,3 +143,53 @@ def test_the_ring_gives_each_node_the_next_nodes_copy():
 def test_bad_memory_settings_name_the_fix(tmp_path, override, fix):
     with pytest.raises(ConfigError, match=fix):
         _manager(tmp_path, override)
+
+
+def test_a_snapshot_file_round_trips_every_kind_of_tensor_and_value():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {
+        "strided": base.t(),  # not contiguous
+        "bf16": torch.randn(5, dtype=torch.bfloat16),
+        "scalar": torch.tensor(3.5, dtype=torch.float64),
+        "empty": torch.empty(0, 3),
+        "flags": torch.tensor([True, False, True]),
+        "ints": torch.arange(7, dtype=torch.int64),
+        "plain": {"step": 12, "name": "run", "lr": [0.1, None], "pair": (1, "a")},
+    }
+    data = encode(state)
+    back = decode(buffer_reader(data), len(data))
+    assert back["plain"] == state["plain"]
+    for key in ("strided", "bf16", "scalar", "empty", "flags", "ints"):
+        assert back[key].dtype == state[key].dtype and back[key].shape == state[key].shape
+        assert torch.equal(back[key], state[key]), key
+    with pytest.raises(SnapshotMismatch, match="torn"):
+        decode(buffer_reader(data[: len(data) - 5]), len(data))
+
+
+def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
+    """After an in-process restart the new iteration's manager supersedes the old one's
+    snapshot thread: whatever that thread was doing, it commits no file afterwards."""
+    import threading
+
+    from ftfleet.trainer.checkpoint import memory
+
+    release, entered = threading.Event(), threading.Event()
+    crc = memory.Staged.crc
+
+    def slow_crc(self):
+        entered.set()
+        release.wait(10)
+        return crc(self)
+
+    old = _manager(tmp_path)
+    old.app_state.progress.step = 5
+    monkeypatch.setattr(memory.Staged, "crc", slow_crc)
+    old.snapshot(5)
+    assert entered.wait(10) and old.snapshot_in_flight  # the copy is taken, the rest waits
+    new = _manager(tmp_path)  # the restarted iteration
+    release.set()
+    old.snapshots.wait()
+    monkeypatch.setattr(memory.Staged, "crc", crc)
+    assert old.snapshots.last_complete is None
+    assert not (old.snapshots.tier.own_dir / "step-5" / "manifest.json").exists()
+    assert new.restore() is None

@@ -204,13 +204,17 @@ class CheckpointManager:
             self._after_load(found, [], t0)
         return found
 
-    def snapshot(self, step: int) -> float:
+    def snapshot(self, step: int, *, blocking: bool = False) -> float:
         """Collective: snapshot the current state into memory (checkpoint.memory) as
-        ``step``. Returns the seconds it blocked training."""
+        ``step``. Returns the seconds it blocked training (waiting for the previous
+        snapshot, copying the state); the rest runs in the background
+        (:attr:`snapshot_in_flight`) unless ``blocking``."""
         if self.snapshots is None:
             raise ConfigError("checkpoint.memory is off: no in-memory snapshots to take")
         t0 = time.monotonic()
         self.snapshots.take(step)
+        if blocking:
+            self.snapshots.wait()
         return time.monotonic() - t0
 
     def rollback(self) -> Restored | None:
@@ -353,6 +357,11 @@ class CheckpointManager:
         return None
 
     @property
+    def snapshot_in_flight(self) -> bool:
+        """An in-memory snapshot is being written or sent in the background."""
+        return self.snapshots is not None and self.snapshots.in_flight
+
+    @property
     def save_in_flight(self) -> bool:
         """A save is being staged, written or committed in the background."""
         return self._inflight is not None and not self._inflight.done()
@@ -432,6 +441,8 @@ class CheckpointManager:
         whether the uploads were drained."""
         self.wait_for_staging()
         self.wait()
+        if self.snapshots is not None:
+            self.snapshots.close()
         drained = True
         if self.uploader is not None:
             timeout = None if upload_deadline is None else max(0.0, upload_deadline - time.time())

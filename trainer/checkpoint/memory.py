@@ -2,12 +2,11 @@
 next node's.
 
 A snapshot is this rank's whole :class:`~ftfleet.trainer.checkpoint.state.AppState`
-(model and optimizer shards, LR schedule, step, data reader, RNGs, extras), serialized
-with ``torch.save`` (DTensors as their local shards) into one file, written under the
-run's shared-memory directory (:func:`ftfleet.contract.memory_dir`)::
+(model and optimizer shards, LR schedule, step, data reader, RNGs, extras) in one file
+under the run's shared-memory directory (:func:`ftfleet.contract.memory_dir`)::
 
-    <root>/node-<i>/rank-<r>/step-N/{__<r>.pt, manifest.json}        own snapshot
-    <root>/node-<i>/peer/rank-<q>/step-N/{__<q>.pt, manifest.json}   copy of node i+1's rank q
+    <root>/node-<i>/rank-<r>/step-N/{__<r>.snap, manifest.json}        own snapshot
+    <root>/node-<i>/peer/rank-<q>/step-N/{__<q>.snap, manifest.json}   copy of node i+1's rank q
 
 ``/dev/shm`` outlives the training process (a SIGKILL, a crash, torchrun's restart of
 the group) but not the node. So node ``i`` also keeps the latest snapshot of node
@@ -15,14 +14,29 @@ the group) but not the node. So node ``i`` also keeps the latest snapshot of nod
 the same local rank on the previous node (gloo point-to-point on a group of its own).
 A lost node's ranks then restore from their holders' RAM.
 
+The file (:class:`Stager` writes it, :func:`decode` reads it)::
+
+    b"FTFSNAP1" | u64 header length | header | padding | tensor bytes, each 64-aligned
+
+The header is the state dict saved with ``torch.save`` with every tensor replaced by a
+reference ``(TENSOR, offset, dtype, shape)`` into the bytes that follow (DTensors as
+their local shards), so it loads with ``weights_only=True`` and the tensor bytes are
+raw: a snapshot is one copy of the tensors into a buffer kept between snapshots, and
+a restore reads each tensor straight into its own new storage. (``torch.save`` of the
+whole state, the first version, cost 1.79 s a snapshot on the 679 MB per rank of
+the goodput bench; on this machine most of it was the kernel handing out fresh pages
+for the serialized bytes, their copies, and each new file; docs/BENCHMARKS.md.)
+
 A snapshot is complete only once its manifest exists: the same
 :class:`~ftfleet.trainer.checkpoint.manifest.Manifest` as the disk tiers (size and
 CRC32C of the file, step, run, config hash, world size), written last, atomically. A
 directory without a manifest (a kill mid-write) is never listed; a file whose size or
 CRC does not match its manifest is skipped with a warning. The file is named after the
-rank (``__<r>.pt``), so a snapshot is never loaded into another rank. Snapshots are
+rank (``__<r>.snap``), so a snapshot is never loaded into another rank. Snapshots are
 per rank and valid only at the world size that wrote them: after a world-size change
-the restore goes to the disk tiers, where DCP reshards.
+the restore goes to the disk tiers, where DCP reshards. Retired snapshot directories
+are reused (their manifest removed first): overwriting a file in ``/dev/shm`` costs a
+quarter of writing a new one here.
 """
 
 from __future__ import annotations
@@ -30,7 +44,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +65,22 @@ from ftfleet.trainer.checkpoint.manifest import (
 
 log = logging.getLogger("ftfleet.ckpt")
 
+MAGIC = b"FTFSNAP1"
+#: Offset alignment of each tensor's bytes (a view of another dtype needs its element
+#: size; 64 is a cache line).
+ALIGN = 64
+#: The first item of a tensor reference in the header.
+TENSOR = "\x00ftfleet.snapshot.tensor"
+_FREE = ".free-"
+
 
 class SnapshotMismatch(RuntimeError):
-    """A snapshot that does not fit the live state (another model, another layout)."""
+    """A snapshot that does not fit the live state (another model, another layout), or
+    bytes that are not a complete snapshot."""
 
 
 def snapshot_file(rank: int) -> str:
-    return f"__{rank}.pt"
+    return f"__{rank}.snap"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +110,142 @@ class Ring:
         return ((node - 1) % self.nodes) * self.ranks_per_node + local
 
 
+@dataclasses.dataclass
+class Staged:
+    """A snapshot's bytes: ``prefix`` (magic, header) then ``blob`` (the tensors)."""
+
+    prefix: bytes
+    blob: torch.Tensor
+    """uint8, a view of the stager's buffer: valid until the next :meth:`Stager.stage`."""
+    ready: Any = None
+    """A CUDA event the copies into ``blob`` complete at (None: complete already)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix) + self.blob.numel()
+
+    def wait(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+
+    def crc(self) -> Crc32c:
+        crc = Crc32c()
+        crc.update(self.prefix)
+        crc.update(_bytes(self.blob))
+        return crc
+
+    def write_to(self, path: Path) -> None:
+        """Write the file at ``path``, over the old bytes when it exists (no new pages)."""
+        with open(path, "r+b" if path.exists() else "wb", buffering=0) as f:
+            _write_all(f, memoryview(self.prefix))
+            _write_all(f, _bytes(self.blob))
+            f.truncate()
+
+
+class Stager:
+    """Copies a state dict into one buffer kept between snapshots (pinned when the state
+    is on a GPU: the copies are then asynchronous on the current stream, ordered before
+    the next optimizer step, and :meth:`Staged.wait` waits for them)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def stage(self, state_dict: Any) -> Staged:
+        tensors: list[torch.Tensor] = []
+        skeleton = _strip(state_dict, tensors)
+        offsets, size = _layout(tensors)
+        cuda = any(t.is_cuda for t in tensors)
+        if self.buffer is None or self.buffer.numel() < size or self.buffer.is_pinned() != cuda:
+            self.buffer = None  # the old one goes first: two would be twice the memory
+            self.buffer = torch.zeros(max(size, 1), dtype=torch.uint8, pin_memory=cuda)
+        blob = self.buffer[:size]
+        refs = [(TENSOR, off, _dtype_name(t.dtype), tuple(t.shape)) for t, off in zip(tensors, offsets, strict=True)]
+        for t, off in zip(tensors, offsets, strict=True):
+            if t.numel():
+                blob[off : off + _nbytes(t)].view(t.dtype).view(t.shape).copy_(t, non_blocking=cuda)
+        header = io.BytesIO()
+        torch.save(_fill(skeleton, refs), header)
+        head = header.getvalue()
+        prefix = MAGIC + len(head).to_bytes(8, "little") + head
+        prefix += bytes(-len(prefix) % ALIGN)
+        ready = None
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return Staged(prefix, blob, ready)
+
+
+def encode(state_dict: Any) -> bytes:
+    """A state dict as a snapshot file's bytes (a fresh stager: for tools and tests)."""
+    staged = Stager().stage(state_dict)
+    staged.wait()
+    return staged.prefix + bytes(_bytes(staged.blob))
+
+
+def decode(read: Callable[[memoryview], int], size: int, crc: Crc32c | None = None) -> Any:
+    """The state dict of a snapshot of ``size`` bytes, each tensor read into a storage of
+    its own by ``read`` (``readinto``-like: fills the view, returns the bytes it read),
+    in file order; ``crc`` is fed every byte. Raises SnapshotMismatch (one line) for
+    bytes that are not a snapshot or end early (torn); the CRC is the caller's to check."""
+    crc = crc if crc is not None else Crc32c()
+    pos = 0
+
+    def take(view: memoryview) -> None:
+        nonlocal pos
+        got = 0
+        while got < view.nbytes:
+            n = read(view[got:])
+            if not n:
+                raise SnapshotMismatch(f"ends after {pos + got} of {size} bytes (torn)")
+            got += n
+        crc.update(view)
+        pos += got
+
+    start = bytearray(len(MAGIC) + 8)
+    take(memoryview(start))
+    n = int.from_bytes(start[len(MAGIC) :], "little")
+    if bytes(start[: len(MAGIC)]) != MAGIC or n > size:
+        raise SnapshotMismatch("not a snapshot file (bad magic or header length)")
+    head = bytearray(n)
+    take(memoryview(head))
+    try:
+        skeleton = torch.load(io.BytesIO(head), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - bytes that do not unpickle: a foreign file
+        raise SnapshotMismatch(f"does not load: {type(exc).__name__}: {exc}") from None
+    refs: list[tuple[int, Any, list[Any]]] = []  # (offset, ref, where to put the tensor)
+    _refs(skeleton, refs)
+    base = pos + (-pos % ALIGN)
+    out: dict[int, torch.Tensor] = {}
+    for off, ref, _ in sorted(refs, key=lambda r: r[0]):
+        dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
+        t = torch.empty(shape, dtype=dtype)
+        if base + off < pos or base + off + _nbytes(t) > size:
+            raise SnapshotMismatch(f"a tensor at offset {off} lies outside the {size}-byte file")
+        if base + off > pos:
+            take(memoryview(bytearray(base + off - pos)))
+        if t.numel():
+            take(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        out[id(ref)] = t
+    if pos < size:
+        take(memoryview(bytearray(size - pos)))
+    return _fill_refs(skeleton, out)
+
+
+def buffer_reader(data: bytes | bytearray | memoryview | torch.Tensor) -> Callable[[memoryview], int]:
+    """A ``read`` for :func:`decode` over bytes in memory (copies out of them)."""
+    view = _bytes(data) if isinstance(data, torch.Tensor) else memoryview(data).cast("B")
+    pos = 0
+
+    def read(into: memoryview) -> int:
+        nonlocal pos
+        n = min(into.nbytes, view.nbytes - pos)
+        into[:n] = view[pos : pos + n]
+        pos += n
+        return n
+
+    return read
+
+
 class MemoryTier:
     """The snapshot directories of one rank: its own, and the copy it holds for its peer."""
 
@@ -104,21 +265,56 @@ class MemoryTier:
     def describe(self, held: bool = False) -> str:
         return str(self.held_dir if held else self.own_dir)
 
+    def path(self, held: bool, step: int) -> Path:
+        base = self.held_dir if held else self.own_dir
+        return base / step_dir_name(step) / snapshot_file(self.peer_rank if held else self.ring.rank)
+
     # -- writing ---------------------------------------------------------------
 
-    def write(self, held: bool, rank: int, step: int, payload: bytes, manifest: Manifest) -> None:
-        """Write one snapshot: the file, then the manifest (atomically), then retention.
-        An older directory of the same step is removed first, manifest first."""
+    def slot(self, held: bool, step: int) -> Path:
+        """The directory to write ``step`` into, without a manifest: a retired one
+        reused (renamed), else a new one. An older directory of the same step loses its
+        manifest first."""
         base = self.held_dir if held else self.own_dir
         step_dir = base / step_dir_name(step)
-        _remove(step_dir)
-        step_dir.mkdir(parents=True, exist_ok=True)
-        path = step_dir / snapshot_file(rank)
-        with open(path, "wb") as f:
-            f.write(payload)
-        write_manifest(step_dir, manifest)
+        (step_dir / "manifest.json").unlink(missing_ok=True)
+        if not step_dir.exists():
+            free = self._retired(base)
+            if free:
+                os.replace(free[0], step_dir)
+            else:
+                step_dir.mkdir(parents=True, exist_ok=True)
+        return step_dir
+
+    def commit(self, held: bool, step: int, manifest: Manifest) -> None:
+        """Make ``step`` complete (its manifest, atomically), then retire the steps
+        beyond ``keep``: manifest first, the directory kept for the next snapshot."""
+        base = self.held_dir if held else self.own_dir
+        write_manifest(base / step_dir_name(step), manifest)
         for old in self.steps(base)[self.keep :]:
-            _remove(base / step_dir_name(old))
+            old_dir = base / step_dir_name(old)
+            (old_dir / "manifest.json").unlink(missing_ok=True)
+            os.replace(old_dir, base / f"{_FREE}{old}")
+        for extra in self._retired(base)[1:]:  # one spare directory is all a writer needs
+            shutil.rmtree(extra, ignore_errors=True)
+
+    def write(self, held: bool, rank: int, step: int, payload: bytes, manifest: Manifest) -> None:
+        """Write one snapshot's bytes and commit it (for tools and tests; the trainer
+        writes from its stager)."""
+        step_dir = self.slot(held, step)
+        with open(step_dir / snapshot_file(rank), "wb") as f:
+            f.write(payload)
+        self.commit(held, step, manifest)
+
+    @staticmethod
+    def _retired(base: Path) -> list[Path]:
+        """Directories to reuse: retired ones, and step directories without a manifest
+        (a writer killed mid-write)."""
+        if not base.is_dir():
+            return []
+        out = [p for p in base.iterdir() if p.name.startswith(_FREE)]
+        out += [p for p in base.glob("step-*") if not (p / "manifest.json").exists()]
+        return sorted(out)
 
     # -- reading ---------------------------------------------------------------
 
@@ -161,65 +357,178 @@ class MemoryTier:
             good.append(step)
         return good
 
-    def read(self, held: bool, step: int) -> tuple[bytes, Manifest]:
-        """The verified bytes of a snapshot; raises SnapshotMismatch (one line) when the
-        file is missing or does not match its manifest."""
-        base = self.held_dir if held else self.own_dir
-        rank = self.peer_rank if held else self.ring.rank
-        where = base / step_dir_name(step)
+    def manifest(self, held: bool, step: int) -> Manifest:
+        where = self.path(held, step).parent
         try:
             manifest = read_manifest(where)
-            payload = (where / snapshot_file(rank)).read_bytes()
-        except (OSError, ManifestError) as exc:
-            raise SnapshotMismatch(f"{where}: {type(exc).__name__}: {exc}") from None
+        except ManifestError as exc:
+            raise SnapshotMismatch(f"{where}: {exc}") from None
         if manifest is None:
             raise SnapshotMismatch(f"{where}: manifest gone")
-        check(payload, manifest, snapshot_file(rank), str(where))
-        return payload, manifest
+        return manifest
+
+    def load(self, held: bool, step: int) -> tuple[Any, Manifest]:
+        """The state dict of a snapshot, read once: each tensor into its own storage,
+        the CRC32C taken on the way. Raises SnapshotMismatch (one line) when the file is
+        missing, torn, corrupt or not a snapshot."""
+        manifest = self.manifest(held, step)
+        path = self.path(held, step)
+        expected = _expected(manifest, path.name, str(path.parent))
+        crc = Crc32c()
+        try:
+            with open(path, "rb", buffering=0) as f:
+                state = decode(f.readinto, expected.size, crc)
+                if f.read(1):
+                    raise SnapshotMismatch(f"longer than the manifest's {expected.size} bytes (torn)")
+        except OSError as exc:
+            raise SnapshotMismatch(f"{path}: {type(exc).__name__}: {exc}") from None
+        except SnapshotMismatch as exc:
+            raise SnapshotMismatch(f"{path}: {exc}") from None
+        _compare(crc, expected, f"{path}")
+        return state, manifest
+
+    def read(self, held: bool, step: int) -> tuple[torch.Tensor, Manifest]:
+        """A snapshot's file as bytes (uint8 tensor), checked against its manifest."""
+        manifest = self.manifest(held, step)
+        path = self.path(held, step)
+        expected = _expected(manifest, path.name, str(path.parent))
+        data = torch.empty(expected.size, dtype=torch.uint8)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                got = f.readinto(memoryview(data.numpy())) if expected.size else 0
+        except OSError as exc:
+            raise SnapshotMismatch(f"{path}: {type(exc).__name__}: {exc}") from None
+        check(data[:got], manifest, path.name, str(path.parent))
+        return data, manifest
 
 
-def check(payload: bytes, manifest: Manifest, name: str, where: str) -> None:
+def _expected(manifest: Manifest, name: str, where: str) -> Any:
     expected = manifest.files.get(name)
     if expected is None:
         raise SnapshotMismatch(f"{where}: the manifest does not list {name}")
-    crc = Crc32c()
-    crc.update(payload)
+    return expected
+
+
+def _compare(crc: Crc32c, expected: Any, where: str) -> None:
     got = crc.entry()
     if got.size != expected.size:
-        raise SnapshotMismatch(f"{where}/{name}: size {got.size} bytes, manifest says {expected.size} (torn)")
+        raise SnapshotMismatch(f"{where}: size {got.size} bytes, manifest says {expected.size} (torn)")
     if got.crc32c != expected.crc32c:
-        raise SnapshotMismatch(f"{where}/{name}: crc32c {got.crc32c}, manifest says {expected.crc32c} (corrupt)")
+        raise SnapshotMismatch(f"{where}: crc32c {got.crc32c}, manifest says {expected.crc32c} (corrupt)")
 
 
-def _remove(step_dir: Path) -> None:
-    (step_dir / "manifest.json").unlink(missing_ok=True)
-    shutil.rmtree(step_dir, ignore_errors=True)
+def check(payload: bytes | memoryview | torch.Tensor | Staged, manifest: Manifest, name: str, where: str) -> None:
+    """Raises SnapshotMismatch unless ``payload`` (a file's bytes, or staged) has the
+    size and CRC32C the manifest lists for ``name``."""
+    expected = _expected(manifest, name, where)
+    if isinstance(payload, Staged):
+        crc = payload.crc()
+    else:
+        crc = Crc32c()
+        crc.update(_bytes(payload) if isinstance(payload, torch.Tensor) else payload)
+    _compare(crc, expected, f"{where}/{name}")
 
 
 # ---------------------------------------------------------------------------
-# The state <-> bytes
+# The state dict <-> header and tensors
 # ---------------------------------------------------------------------------
 
 
-def _localize(node: Any) -> Any:
-    if isinstance(node, DTensor):
-        return node.to_local().detach().clone()
+def _strip(node: Any, tensors: list[torch.Tensor]) -> Any:
+    """``node`` with each tensor replaced by its index in ``tensors`` (appended)."""
     if isinstance(node, torch.Tensor):
-        return node.detach().clone()
+        tensors.append(node.to_local().detach() if isinstance(node, DTensor) else node.detach())
+        return _Slot(len(tensors) - 1)
     if isinstance(node, dict):
-        return {k: _localize(v) for k, v in node.items()}
+        return {k: _strip(v, tensors) for k, v in node.items()}
     if isinstance(node, list):
-        return [_localize(v) for v in node]
+        return [_strip(v, tensors) for v in node]
     if isinstance(node, tuple):
-        return tuple(_localize(v) for v in node)
+        return tuple(_strip(v, tensors) for v in node)
     return node
 
 
-def serialize(app_state: Any) -> bytes:
-    """This rank's state, as of now, as bytes (DTensors as their local shards)."""
-    buf = io.BytesIO()
-    torch.save(_localize(app_state.state_dict()), buf)
-    return buf.getvalue()
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+def _fill(node: Any, refs: list[tuple[Any, ...]]) -> Any:
+    if isinstance(node, _Slot):
+        return refs[node.index]
+    if isinstance(node, dict):
+        return {k: _fill(v, refs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, refs) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_fill(v, refs) for v in node)
+    return node
+
+
+def _is_ref(node: Any) -> bool:
+    return isinstance(node, tuple) and len(node) == 4 and node[0] == TENSOR
+
+
+def _refs(node: Any, out: list[tuple[int, Any, list[Any]]]) -> None:
+    if _is_ref(node):
+        if not isinstance(node[1], int) or node[1] < 0 or not all(isinstance(d, int) and d >= 0 for d in node[3]):
+            raise SnapshotMismatch(f"a malformed tensor reference {node[1:]!r}")
+        out.append((node[1], node, []))
+    elif isinstance(node, dict):
+        for v in node.values():
+            _refs(v, out)
+    elif isinstance(node, (list, tuple)):
+        for v in node:
+            _refs(v, out)
+
+
+def _fill_refs(node: Any, tensors: dict[int, torch.Tensor]) -> Any:
+    if _is_ref(node):
+        return tensors[id(node)]
+    if isinstance(node, dict):
+        return {k: _fill_refs(v, tensors) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill_refs(v, tensors) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_fill_refs(v, tensors) for v in node)
+    return node
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
+    offsets, pos = [], 0
+    for t in tensors:
+        pos += -pos % ALIGN
+        offsets.append(pos)
+        pos += _nbytes(t)
+    return offsets, pos
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise SnapshotMismatch(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _bytes(data: Any) -> memoryview:
+    """The bytes of a CPU uint8 tensor (or any buffer), without a copy."""
+    if isinstance(data, torch.Tensor):
+        return memoryview(data.numpy()) if data.numel() else memoryview(b"")
+    return memoryview(data).cast("B")
+
+
+def _write_all(f: Any, view: memoryview) -> None:
+    while view.nbytes:
+        n = f.write(view)
+        view = view[n:]
 
 
 def _merge(template: Any, saved: Any, path: str) -> Any:
@@ -259,13 +568,9 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def prepare(app_state: Any, payload: bytes) -> dict[str, Any]:
-    """The state dict to load into ``app_state`` from a snapshot's bytes; raises
-    SnapshotMismatch when it does not fit. Changes nothing."""
-    try:
-        saved = torch.load(io.BytesIO(payload), weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - verified bytes that do not unpickle: a foreign file
-        raise SnapshotMismatch(f"does not load: {type(exc).__name__}: {exc}") from None
+def prepare(app_state: Any, saved: Any) -> dict[str, Any]:
+    """The state dict to load into ``app_state`` from a snapshot's decoded state dict;
+    raises SnapshotMismatch when it does not fit. Changes nothing."""
     app_state.loading = True
     try:
         template = app_state.state_dict()
@@ -278,61 +583,57 @@ def prepare(app_state: Any, payload: bytes) -> dict[str, Any]:
 # Moving bytes between ranks (gloo point-to-point)
 # ---------------------------------------------------------------------------
 
+_SIZES, _HEAD, _BODY = 1, 2, 3  # p2p tags
+#: What one rank sends another: a small head (bytes) and a body (a uint8 tensor).
+Message = tuple[bytes, torch.Tensor]
+EMPTY: Message = (b"", torch.empty(0, dtype=torch.uint8))
+
 
 def exchange(
-    transfers: list[tuple[int, int]], rank: int, outgoing: dict[int, bytes | bytearray], group: Any
-) -> dict[int, memoryview]:
+    transfers: list[tuple[int, int]],
+    rank: int,
+    outgoing: dict[int, Message],
+    group: Any,
+    into: Callable[[int], torch.Tensor] | None = None,
+) -> dict[int, Message]:
     """Point-to-point transfers ``(src, dst)``, the same list on every rank: this rank
     sends ``outgoing[dst]`` for each of its own and returns what it received, by
-    source. A sender with nothing to send (``b""``) makes its receiver get ``b""``."""
+    source. A sender with nothing to send (:data:`EMPTY`) makes its receiver get an
+    empty message. ``into(n)``: the uint8 tensor of at least ``n`` bytes to receive a
+    body into (a buffer kept between calls); default a new one."""
     mine_out = [(s, d) for s, d in transfers if s == rank]
     mine_in = [(s, d) for s, d in transfers if d == rank]
     if not mine_out and not mine_in:
         return {}
     peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-    sizes_out = {d: torch.tensor([len(outgoing.get(d, b""))], dtype=torch.int64) for _, d in mine_out}
-    sizes_in = {s: torch.zeros(1, dtype=torch.int64) for s, _ in mine_in}
-    ops = [dist.P2POp(dist.isend, t, peer(d), group) for d, t in sizes_out.items()]
-    ops += [dist.P2POp(dist.irecv, t, peer(s), group) for s, t in sizes_in.items()]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    bufs_in = {s: torch.empty(int(t.item()), dtype=torch.uint8) for s, t in sizes_in.items()}
-    ops = [dist.P2POp(dist.isend, _as_tensor(outgoing[d]), peer(d), group) for d in sizes_out if outgoing.get(d)]
-    ops += [dist.P2POp(dist.irecv, b, peer(s), group) for s, b in bufs_in.items() if b.numel()]
+    sent = {d: outgoing.get(d, EMPTY) for _, d in mine_out}
+    sizes_out = {d: torch.tensor([len(h), b.numel()], dtype=torch.int64) for d, (h, b) in sent.items()}
+    sizes_in = {s: torch.zeros(2, dtype=torch.int64) for s, _ in mine_in}
+    ops = [dist.P2POp(dist.isend, t, peer(d), group, _SIZES) for d, t in sizes_out.items()]
+    ops += [dist.P2POp(dist.irecv, t, peer(s), group, _SIZES) for s, t in sizes_in.items()]
+    _run(ops)
+    heads_in = {s: torch.empty(int(t[0]), dtype=torch.uint8) for s, t in sizes_in.items()}
+    bodies_in = {}
+    for s, t in sizes_in.items():
+        n = int(t[1])
+        bodies_in[s] = (into(n) if into is not None and n else torch.empty(n, dtype=torch.uint8))[:n]
+    ops = []
+    for d, (head, body) in sent.items():
+        if head:
+            head_t = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+            ops.append(dist.P2POp(dist.isend, head_t, peer(d), group, _HEAD))
+        if body.numel():
+            ops.append(dist.P2POp(dist.isend, body, peer(d), group, _BODY))
+    for s in sizes_in:
+        if heads_in[s].numel():
+            ops.append(dist.P2POp(dist.irecv, heads_in[s], peer(s), group, _HEAD))
+        if bodies_in[s].numel():
+            ops.append(dist.P2POp(dist.irecv, bodies_in[s], peer(s), group, _BODY))
+    _run(ops)
+    return {s: (bytes(_bytes(heads_in[s])), bodies_in[s]) for s in sizes_in}
+
+
+def _run(ops: list[Any]) -> None:
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    # Views of the received tensors, not copies (each is the size of a rank's state).
-    return {s: memoryview(b.numpy()) for s, b in bufs_in.items()}
-
-
-def _as_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:
-    """A uint8 tensor over ``data``: no copy when it is writable (what :func:`pack`
-    makes); torch.frombuffer refuses to share a read-only buffer silently."""
-    if isinstance(data, bytes) or (isinstance(data, memoryview) and data.readonly):
-        data = bytearray(data)
-    return torch.frombuffer(data, dtype=torch.uint8)
-
-
-def pack(payload: bytes | memoryview, manifest: Manifest) -> bytearray:
-    """A snapshot and its manifest as one message, in one writable buffer that
-    :func:`exchange` sends without another copy."""
-    head = manifest.to_json().encode()
-    n, size = len(head), memoryview(payload).nbytes
-    message = bytearray(8 + n + size)
-    message[:8] = n.to_bytes(8, "little")
-    message[8 : 8 + n] = head
-    message[8 + n :] = payload
-    return message
-
-
-def unpack(message: bytes | bytearray | memoryview) -> tuple[memoryview, Manifest]:
-    """Raises SnapshotMismatch for a message that is not a packed snapshot. The payload
-    is a view into ``message``."""
-    view = memoryview(message)
-    try:
-        n = int.from_bytes(view[:8], "little")
-        manifest = Manifest.from_json(bytes(view[8 : 8 + n]))
-    except (ManifestError, ValueError) as exc:
-        raise SnapshotMismatch(f"not a snapshot message: {exc}") from None
-    return view[8 + n :], manifest

@@ -1,9 +1,22 @@
 """Taking and restoring the in-memory snapshots (:mod:`~ftfleet.trainer.checkpoint.memory`).
 
-Taking one (collective over the snapshot group): every rank serializes its state, writes
-it to its node's shared memory, and sends it to the rank that holds its copy on the
-previous node (ring), which writes it beside its own. A failed write (shared memory
-full) is logged and costs that snapshot only; the disk tiers stay the durable ones.
+Taking one (collective over the snapshot group), in two parts:
+
+* on the training thread, :meth:`Snapshots.take` copies the state's tensors into the
+  stager's buffer (kept between snapshots) and serializes the rest into the header:
+  all that must happen before the weights change;
+* on the snapshot thread, the rest: the CRC32C, the file in this node's shared memory
+  (into a retired snapshot's directory), its manifest; then the bytes go to the rank
+  holding this rank's copy on the previous node (ring) while the copy of the next
+  node's arrives, is checked and written beside the own. One snapshot is in flight at
+  a time: the next :meth:`~Snapshots.take` waits for it.
+
+A failed write (shared memory full) is logged and costs that snapshot only; the disk
+tiers stay the durable ones. A snapshot counts once its manifest is written, after
+every byte; a process killed before that leaves a directory that is never listed.
+After an in-process restart the new iteration's :class:`Snapshots` supersedes the
+old one's thread (a generation number under a lock): whatever that thread still does
+afterwards, it no longer writes a file or a manifest.
 
 Restoring (collective), like the disk tiers' search:
 
@@ -11,30 +24,39 @@ Restoring (collective), like the disk tiers' search:
    belong to this run and config, at this world size);
 2. rank 0 picks the newest step that every rank can get, each rank from its own
    snapshot or else from its holder's copy, and broadcasts the plan;
-3. holders send the copies over gloo; every rank checks the size and CRC32C of what it
-   got and that it fits the live state (nothing is loaded yet);
+3. holders send the copies over gloo; every rank reads its snapshot once (each tensor
+   into its own storage, the CRC32C on the way), checks it against the manifest and the
+   live state (nothing is loaded yet);
 4. rank 0 gathers the problems: any problem excludes that rank's source for that step,
    and the plan is made again; none, and every rank loads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
-from ftfleet.trainer.checkpoint.manifest import Crc32c, Manifest
+from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import (
+    EMPTY,
     MemoryTier,
     SnapshotMismatch,
+    Staged,
+    Stager,
+    buffer_reader,
     check,
+    decode,
     exchange,
-    pack,
     prepare,
-    serialize,
     snapshot_file,
-    unpack,
 )
 from ftfleet.trainer.checkpoint.restore import Identity, Restored
 
@@ -42,24 +64,89 @@ log = logging.getLogger("ftfleet.ckpt")
 
 OWN, PEER = "own", "peer"
 
+# The newest Snapshots of this process; the threads of older ones write nothing more.
+_GENERATION_LOCK = threading.Lock()
+_generation = 0
+
+
+class Superseded(Exception):
+    """A snapshot thread of an iteration that an in-process restart replaced."""
+
 
 class Snapshots:
     def __init__(self, tier: MemoryTier, app_state: Any, identity: Identity, comm: Any, group: Any) -> None:
+        global _generation
         self.tier = tier
         self.app_state = app_state
         self.identity = identity
         self.comm = comm
         self.group = group
         self.taken = 0
+        #: The step of the newest snapshot completed by its thread, and the seconds that
+        #: thread took (the background part).
+        self.last_complete: tuple[int, float] | None = None
+        self._stager = Stager()
+        self._received: torch.Tensor | None = None
+        # One long-lived thread: a thread started per snapshot would be created and torn
+        # down while the data loader forks its workers, and CPython 3.11's fork can then
+        # deadlock the child (seen: a worker stuck in _PyThreadState_DeleteExcept).
+        # A daemon: a thread blocked in a transfer with a peer of a superseded iteration
+        # must not keep the process from exiting (ThreadPoolExecutor joins at exit).
+        self._queue: queue.SimpleQueue[tuple[Future[None], int, Staged] | None] = queue.SimpleQueue()
+        self._job: Future[None] | None = None
+        threading.Thread(target=self._serve, name="ftfleet-snapshot", daemon=True).start()
+        with _GENERATION_LOCK:  # waits for an older thread's write in progress
+            _generation += 1
+            self._generation = _generation
 
     # -- taking --------------------------------------------------------------------
 
+    @property
+    def in_flight(self) -> bool:
+        return self._job is not None and not self._job.done()
+
+    def wait(self) -> None:
+        """Wait for the snapshot in flight (its copy sent and received)."""
+        if self._job is not None:
+            self._job.result()  # _finish logs its own failures
+            self._job = None
+
+    def close(self) -> None:
+        """Wait for the snapshot in flight, then let the thread go."""
+        self.wait()
+        self._queue.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:
+            future, step, staged = job
+            if future.set_running_or_notify_cancel():
+                self._finish(step, staged)
+                future.set_result(None)
+
     def take(self, step: int) -> None:
-        """Collective: snapshot the current state as ``step``."""
-        ring, rank = self.tier.ring, self.comm.rank
-        payload = serialize(self.app_state)
-        crc = Crc32c()
-        crc.update(payload)
+        """Collective: snapshot the current state as ``step``. Returns once the state is
+        copied; the rest runs on the snapshot thread."""
+        self.wait()
+        staged = self._stager.stage(self.app_state.state_dict())
+        self._job = Future()
+        self._queue.put((self._job, step, staged))
+        self.taken += 1
+
+    def _finish(self, step: int, staged: Staged) -> None:
+        t0 = time.monotonic()
+        try:
+            self._persist(step, staged)
+        except Superseded:
+            return
+        except Exception as exc:  # noqa: BLE001 - the training thread's collectives report a broken group
+            log.warning("memory: snapshot of step %d failed: %s: %s", step, type(exc).__name__, exc)
+            return
+        self.last_complete = (step, time.monotonic() - t0)
+
+    def _persist(self, step: int, staged: Staged) -> None:
+        rank, ring = self.comm.rank, self.tier.ring
+        staged.wait()
+        crc = staged.crc()
         manifest = Manifest(
             step=step,
             run_id=self.identity.run_id,
@@ -69,23 +156,41 @@ class Snapshots:
             torch_version=torch.__version__,
         )
         try:
-            self.tier.write(False, rank, step, payload, manifest)
+            with self._writing():
+                staged.write_to(self.tier.slot(False, step) / snapshot_file(rank))
+                self.tier.commit(False, step, manifest)
         except OSError as exc:
             log.warning("memory: snapshot of step %d not written to %s: %s", step, self.tier.describe(), exc)
         if not self.tier.has_peer:
-            self.taken += 1
             return
         transfers = [(r, ring.holder_of(r)) for r in range(self.comm.world_size)]
-        received = exchange(transfers, rank, {ring.holder_of(rank): pack(payload, manifest)}, self.group)
+        outgoing = {ring.holder_of(rank): (_head(manifest, staged.prefix), staged.blob)}
+        received = exchange(transfers, rank, outgoing, self.group, into=self._receive_buffer)
         peer = self.tier.peer_rank
         try:
-            got, peer_manifest = unpack(received[peer])
+            peer_staged, peer_manifest = _unpack(received[peer])
             where = f"rank {peer}'s snapshot of step {peer_manifest.step}"
-            check(got, peer_manifest, snapshot_file(peer), where)
-            self.tier.write(True, peer, peer_manifest.step, got, peer_manifest)
+            check(peer_staged, peer_manifest, snapshot_file(peer), where)
+            with self._writing():
+                peer_staged.write_to(self.tier.slot(True, peer_manifest.step) / snapshot_file(peer))
+                self.tier.commit(True, peer_manifest.step, peer_manifest)
         except (SnapshotMismatch, OSError) as exc:
             log.warning("memory: copy of rank %d's snapshot not kept: %s", peer, exc)
-        self.taken += 1
+
+    def _receive_buffer(self, n: int) -> torch.Tensor:
+        if self._received is None or self._received.numel() < n:
+            self._received = None
+            self._received = torch.empty(n, dtype=torch.uint8)
+        return self._received
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Held while this thread changes files: a newer iteration's Snapshots waits for
+        it, and after that this one changes nothing."""
+        with _GENERATION_LOCK:
+            if self._generation != _generation:
+                raise Superseded
+            yield
 
     # -- restoring -----------------------------------------------------------------
 
@@ -147,29 +252,54 @@ class Snapshots:
         """This rank's state for ``step`` (checked, not loaded), its manifest, or the problem."""
         rank, tier = self.comm.rank, self.tier
         transfers = [(src, r) for r, (kind, src) in sorted(sources.items()) if kind == PEER]
-        outgoing: dict[int, bytes] = {}
+        outgoing = {}
         for src, dst in transfers:
             if src == rank:
                 try:
-                    outgoing[dst] = pack(*tier.read(True, step))
+                    data, manifest = tier.read(True, step)
+                    outgoing[dst] = (manifest.to_json().encode(), data)
                 except SnapshotMismatch as exc:
                     log.warning("memory: cannot send rank %d its copy: %s", dst, exc)
-                    outgoing[dst] = b""
+                    outgoing[dst] = EMPTY
         received = exchange(transfers, rank, outgoing, self.group)
         kind, src = sources[rank]
         try:
             if kind == OWN:
-                payload, manifest = tier.read(False, step)
+                saved, manifest = tier.load(False, step)
             else:
-                if not received.get(src):
+                head, body = received.get(src, EMPTY)
+                if not head:
                     raise SnapshotMismatch(f"rank {src} had no valid copy to send")
-                payload, manifest = unpack(received[src])
-                check(payload, manifest, snapshot_file(rank), f"the copy from rank {src}")
+                manifest = Manifest.from_json(head)
+                check(body, manifest, snapshot_file(rank), f"the copy from rank {src}")
                 if manifest.step != step:
                     raise SnapshotMismatch(f"the copy from rank {src} is of step {manifest.step}")
-            return prepare(self.app_state, payload), manifest, None
+                saved = decode(buffer_reader(body), body.numel())
+            return prepare(self.app_state, saved), manifest, None
         except SnapshotMismatch as exc:
             return None, None, str(exc)
+        except ValueError as exc:  # a manifest that does not parse (ManifestError)
+            return None, None, f"the copy from rank {src}: {exc}"
+
+
+def _head(manifest: Manifest, prefix: bytes) -> bytes:
+    """A snapshot message's head: the manifest's JSON (length first), the file's prefix."""
+    text = manifest.to_json().encode()
+    return len(text).to_bytes(8, "little") + text + prefix
+
+
+def _unpack(message: tuple[bytes, torch.Tensor]) -> tuple[Staged, Manifest]:
+    """A peer's snapshot message as the staged file (its body: the tensors' bytes) and
+    the manifest."""
+    head, body = message
+    if not head:
+        raise SnapshotMismatch("the peer sent nothing")
+    n = int.from_bytes(head[:8], "little")
+    try:
+        manifest = Manifest.from_json(head[8 : 8 + n])
+    except ValueError as exc:
+        raise SnapshotMismatch(f"not a snapshot message: {exc}") from None
+    return Staged(head[8 + n :], body), manifest
 
 
 def _from(min_step: int | None) -> str:

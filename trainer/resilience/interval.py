@@ -156,8 +156,11 @@ class AdaptiveInterval:
         self.blocked_s: float | None = None
         self.persist_s: float | None = None
         self.saves = 0
-        #: EWMA of the seconds an in-memory snapshot blocked training, and their count.
+        #: EWMA of what an in-memory snapshot costs training (blocked + the slowdown of
+        #: the steps its background part overlapped), and their count.
         self.snapshot_s: float | None = None
+        #: EWMA of a snapshot's duration end to end (blocked + background).
+        self.snapshot_busy_s: float | None = None
         self.snapshots = 0
         # Recent step times, without and with a save in flight (not checkpointed: a
         # restarted process measures its own machine again).
@@ -175,23 +178,35 @@ class AdaptiveInterval:
         self.persist_s = self._ewma(self.persist_s, persist_s)
         self.saves += 1
 
-    def record_snapshot(self, blocked_s: float) -> None:
-        """One in-memory snapshot: seconds training was blocked (it runs on the training
-        thread, so that is its whole cost)."""
-        if not blocked_s >= 0:
-            raise ValueError(f"snapshot duration must be >= 0 (got {blocked_s!r})")
-        self.snapshot_s = self._ewma(self.snapshot_s, blocked_s)
+    def record_snapshot(self, blocked_s: float, slowdown_s: float = 0.0, background_s: float = 0.0) -> None:
+        """One in-memory snapshot: seconds it blocked training (the copy of the state),
+        the extra seconds of the steps its background part overlapped (their time over
+        the median quiet step), and how long that background part took."""
+        if not (blocked_s >= 0 and slowdown_s >= 0 and background_s >= 0):
+            raise ValueError(
+                f"snapshot durations must be >= 0 (blocked={blocked_s!r}, slowdown={slowdown_s!r}, "
+                f"background={background_s!r})"
+            )
+        self.snapshot_s = self._ewma(self.snapshot_s, blocked_s + slowdown_s)
+        self.snapshot_busy_s = self._ewma(self.snapshot_busy_s, blocked_s + background_s)
         self.snapshots += 1
 
     def _ewma(self, average: float | None, sample: float) -> float:
         a = self.config.ewma_alpha
         return sample if average is None else a * sample + (1 - a) * average
 
-    def record_step(self, seconds: float, during_save: bool) -> None:
-        """One training step's duration, and whether a background save was in flight
-        during it."""
+    def record_step(self, seconds: float, during_save: bool, during_snapshot: bool = False) -> None:
+        """One training step's duration, and whether a background save (or the background
+        part of an in-memory snapshot) was in flight during it."""
         if seconds > 0 and math.isfinite(seconds):
-            (self._busy if during_save else self._quiet).append(seconds)
+            if during_save:
+                self._busy.append(seconds)
+            elif not during_snapshot:
+                self._quiet.append(seconds)
+
+    def quiet_step_s(self) -> float | None:
+        """The median step with nothing in flight; None before enough were measured."""
+        return statistics.median(self._quiet) if len(self._quiet) >= MIN_QUIET else None
 
     def overhead(self) -> tuple[float, str]:
         """``k``: the fraction of a save's persist time that training loses."""
@@ -283,21 +298,25 @@ class AdaptiveInterval:
     def snapshot_interval_steps(self, step_time_s: float) -> tuple[int, str]:
         """The in-memory snapshot interval in steps of ``step_time_s`` seconds: Daly's
         optimum for the snapshot's cost and the job's MTBF (a snapshot is lost with its
-        node only when the peer holding its copy goes too, which the disk tiers cover)."""
+        node only when the peer holding its copy goes too, which the disk tiers cover),
+        never shorter than one snapshot end to end (one is in flight at a time)."""
         if not step_time_s > 0:
             raise ValueError(f"step_time_s={step_time_s!r}: use the measured seconds per step (> 0)")
         fixed = self.config.snapshot_fixed_steps
         if self.config.mode == "fixed":
             return fixed, f"fixed: every {fixed} steps (interval.mode=fixed)"
-        if self.snapshot_s is None:
+        if self.snapshot_s is None or self.snapshot_busy_s is None:
             return fixed, f"adaptive: no snapshot measured yet, every {fixed} steps until one is"
         c, (m, m_why) = self.snapshot_s, self.mtbf()
         t = daly_interval(c, m)
-        steps = max(1, round(t / step_time_s))
+        floor = math.ceil(self.snapshot_busy_s / step_time_s - 1e-9)
+        steps = max(1, floor, round(t / step_time_s))
         why = (
-            f"Daly: C={c:.4f}s (snapshot, EWMA of {self.snapshots}), {m_why} -> T={t:.1f}s"
+            f"Daly: C={c:.4f}s (snapshot: blocked + slowdown, EWMA of {self.snapshots}), {m_why} -> T={t:.1f}s"
             f" = {steps} steps at {step_time_s:.3f}s/step"
         )
+        if steps == floor and floor > round(t / step_time_s):
+            why += f", raised to one snapshot's duration {self.snapshot_busy_s:.2f}s"
         return steps, why
 
     # -- persistence -------------------------------------------------------------

@@ -45,5 +45,10 @@ class StepMonitor(Callback):
             self.events.emit("first_step", step=info.step)
         if self.step_events:
             self.events.emit(
-                "step", step=info.step, loss=info.loss.item(), seconds=round(info.step_time_s, 5), saving=info.saving
+                "step",
+                step=info.step,
+                loss=info.loss.item(),
+                seconds=round(info.step_time_s, 5),
+                saving=info.saving,
+                snapshotting=info.snapshotting,
             )

@@ -87,6 +87,9 @@ class SaveSchedule(Callback):
         """Why the current interval (for the log and summary.json)."""
         self._step_times: deque[float] = deque(maxlen=50)
         self._pending: dict[int, dict[str, Any]] = {}
+        #: The snapshot whose background part is being measured: [step, blocked seconds,
+        #: extra seconds of the steps it overlapped so far, whether they are known].
+        self._snapshot_open: list[Any] | None = None
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -108,7 +111,8 @@ class SaveSchedule(Callback):
     def on_step_end(self, run: Run, info: StepInfo) -> None:
         self._step_times.append(info.step_time_s)
         # Steps that overlapped a background save measure what persisting costs training.
-        self.interval.record_step(info.step_time_s, info.saving)
+        self.interval.record_step(info.step_time_s, info.saving, info.snapshotting)
+        self._measure_snapshot(info)
         if self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step:
             self.snapshot(info.step)
         if self.due(info.step) and info.step < self.last_step:
@@ -132,10 +136,40 @@ class SaveSchedule(Callback):
 
     def snapshot(self, step: int) -> None:
         """Collective. Snapshot ``step`` into memory, then choose the next snapshot."""
-        blocked = self.ckpt.snapshot(step)
-        self.interval.record_snapshot(blocked)
+        blocked = self.ckpt.snapshot(step)  # waits for the previous one's background part
+        self._close_snapshot()
         self._emit("snapshot", step=step, blocked_s=round(blocked, 4))
+        self._snapshot_open = [step, blocked, 0.0, True]
         self.reschedule_snapshot(step)
+
+    def _measure_snapshot(self, info: StepInfo) -> None:
+        """A snapshot's cost to training is the time it blocked plus what the steps that
+        ran beside its background part lost: their time over the median quiet step."""
+        open_ = self._snapshot_open
+        if open_ is None:
+            return
+        if not info.snapshotting:
+            self._close_snapshot()
+            return
+        quiet = self.interval.quiet_step_s()
+        if quiet is None:
+            open_[3] = False
+        else:
+            open_[2] += max(0.0, info.step_time_s - quiet)
+
+    def _close_snapshot(self) -> None:
+        open_, self._snapshot_open = self._snapshot_open, None
+        if open_ is None:
+            return
+        step, blocked, extra, known = open_
+        done = self.ckpt.snapshots.last_complete if self.ckpt.snapshots is not None else None
+        if done is None or done[0] != step:  # failed (logged): nothing to measure
+            return
+        background = done[1]
+        # Before a quiet step was measured, the whole background part counts.
+        slowdown = extra if known else background
+        self.interval.record_snapshot(blocked, slowdown, background)
+        self._emit("snapshotted", step=step, background_s=round(background, 4), slowdown_s=round(slowdown, 4))
 
     def reschedule_snapshot(self, step: int) -> None:
         """Choose the next snapshot step after ``step`` (collective in adaptive mode)."""
