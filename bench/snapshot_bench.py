@@ -36,10 +36,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ftfleet.trainer.checkpoint.comm import DistComm
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.restore import Identity
 from ftfleet.trainer.checkpoint.snapshots import Snapshots
-from ftfleet.trainer.checkpoint.comm import DistComm
 
 
 class State:
@@ -98,7 +98,7 @@ def main() -> None:
 
         counter = [0]
 
-        def naive(state: State = state, mb: float = mb) -> None:
+        def naive(state: State = state, mb: float = mb, counter: list[int] = counter) -> None:
             counter[0] += 1
             path = os.path.join(root, f"naive-{mb:g}-{rank}-{counter[0]}.pt")
             torch.save(state.state_dict(), path)
@@ -108,6 +108,7 @@ def main() -> None:
         baseline = _median(naive, args.repeat, bump)
         snaps.take(state.step)  # the first allocates the stager's and receiver's buffers
         snaps.wait()
+
         def settled(snaps: Snapshots = snaps, bump: Any = bump) -> None:
             snaps.wait()  # in training the previous snapshot is long done by the next
             bump()

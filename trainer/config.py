@@ -156,6 +156,13 @@ class CheckpointConfig:
     Env: FTFLEET_SHM_DIR."""
     memory_keep: int = 2
     """Snapshots kept per rank in memory, 1 or 2 (2: the newest may be torn by a kill)."""
+    memory_peer_every: int = 1
+    """Send the copy of a snapshot to the peer node every this many snapshots (0: never).
+    The copy covers a node lost without notice (a process lost, or a node with notice,
+    needs only the own snapshot, or the emergency checkpoint); it is the dear part of a
+    snapshot (the whole state over the network). The own snapshot of the newest copied
+    step is kept beside the newest memory_keep, so a lost node's ranks and the others
+    still share a step."""
     ranks_per_node: int = 0
     """Ranks per node for the snapshot ring (node i holds node i+1's copy). 0: torchrun's
     LOCAL_WORLD_SIZE. Smaller values simulate several nodes on one machine (tests, drills)."""
@@ -187,6 +194,10 @@ class CheckpointConfig:
         if self.memory_keep not in (1, 2):
             raise ConfigError(
                 f"checkpoint.memory_keep={self.memory_keep}: use 1 or 2 (each is a copy of the state in RAM)"
+            )
+        if self.memory_peer_every < 0:
+            raise ConfigError(
+                f"checkpoint.memory_peer_every={self.memory_peer_every}: use 0 (no peer copies) or a count >= 1"
             )
         if self.ranks_per_node < 0:
             raise ConfigError(f"checkpoint.ranks_per_node={self.ranks_per_node}: use 0 (torchrun's) or a count >= 1")

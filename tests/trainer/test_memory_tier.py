@@ -193,3 +193,26 @@ def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
     assert old.snapshots.last_complete is None
     assert not (old.snapshots.tier.own_dir / "step-5" / "manifest.json").exists()
     assert new.restore() is None
+
+
+def test_peer_copies_every_nth_snapshot_keep_the_copied_steps_own_snapshot(tmp_path, monkeypatch):
+    """With memory_peer_every=3 only every third snapshot goes to the peer node; the own
+    snapshot of the newest copied step outlives memory_keep, so that a lost node's rank
+    (restoring from the copy) and the others can still restore one common step."""
+    from ftfleet.trainer.checkpoint.memory import Ring
+    from ftfleet.trainer.checkpoint.snapshots import Snapshots
+
+    m = _manager(tmp_path, "checkpoint.memory_keep=1", "checkpoint.memory_peer_every=3")
+    snaps = m.snapshots
+    # Two "nodes" seen from rank 0, with the transfer replaced by a record of what is sent.
+    snaps.tier.ring = Ring(0, 2, 1)
+    sent = []
+    monkeypatch.setattr(
+        "ftfleet.trainer.checkpoint.snapshots.exchange", lambda t, r, out, g, into=None: sent.append(1) or {}
+    )
+    for step in range(1, 6):
+        m.app_state.progress.step = step
+        m.snapshot(blocking=True, step=step)
+    assert isinstance(snaps, Snapshots) and len(sent) == 2  # snapshots 1 and 4
+    assert snaps.copied_step == 4
+    assert snaps.tier.steps(snaps.tier.own_dir) == [5, 4]

@@ -147,7 +147,7 @@ class CheckpointManager:
                 )
             ring = Ring(comm.rank, comm.world_size, per_node)
             tier = MemoryTier(memory_dir(cfg.memory_root, run_id), ring, keep=cfg.memory_keep)
-            self.snapshots = Snapshots(tier, app_state, self.identity, comm, group)
+            self.snapshots = Snapshots(tier, app_state, self.identity, comm, group, cfg.memory_peer_every)
         self.local = LocalTier(cfg.dir)
         self.stats = SaveStats()
         self.committed: list[int] = []

@@ -286,12 +286,13 @@ class MemoryTier:
                 step_dir.mkdir(parents=True, exist_ok=True)
         return step_dir
 
-    def commit(self, held: bool, step: int, manifest: Manifest) -> None:
+    def commit(self, held: bool, step: int, manifest: Manifest, protect: int | None = None) -> None:
         """Make ``step`` complete (its manifest, atomically), then retire the steps
-        beyond ``keep``: manifest first, the directory kept for the next snapshot."""
+        beyond ``keep`` other than ``protect``: manifest first, the directory kept for
+        the next snapshot."""
         base = self.held_dir if held else self.own_dir
         write_manifest(base / step_dir_name(step), manifest)
-        for old in self.steps(base)[self.keep :]:
+        for old in [s for s in self.steps(base) if s != protect][self.keep :]:
             old_dir = base / step_dir_name(old)
             (old_dir / "manifest.json").unlink(missing_ok=True)
             os.replace(old_dir, base / f"{_FREE}{old}")

@@ -74,7 +74,9 @@ class Superseded(Exception):
 
 
 class Snapshots:
-    def __init__(self, tier: MemoryTier, app_state: Any, identity: Identity, comm: Any, group: Any) -> None:
+    def __init__(
+        self, tier: MemoryTier, app_state: Any, identity: Identity, comm: Any, group: Any, peer_every: int = 1
+    ) -> None:
         global _generation
         self.tier = tier
         self.app_state = app_state
@@ -82,6 +84,9 @@ class Snapshots:
         self.comm = comm
         self.group = group
         self.taken = 0
+        self.peer_every = peer_every
+        #: The newest step whose copy went to the peer: its own snapshot is kept.
+        self.copied_step: int | None = None
         #: The step of the newest snapshot completed by its thread, and the seconds that
         #: thread took (the background part).
         self.last_complete: tuple[int, float] | None = None
@@ -92,7 +97,7 @@ class Snapshots:
         # deadlock the child (seen: a worker stuck in _PyThreadState_DeleteExcept).
         # A daemon: a thread blocked in a transfer with a peer of a superseded iteration
         # must not keep the process from exiting (ThreadPoolExecutor joins at exit).
-        self._queue: queue.SimpleQueue[tuple[Future[None], int, Staged] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future[None], int, Staged, bool] | None] = queue.SimpleQueue()
         self._job: Future[None] | None = None
         threading.Thread(target=self._serve, name="ftfleet-snapshot", daemon=True).start()
         with _GENERATION_LOCK:  # waits for an older thread's write in progress
@@ -118,9 +123,9 @@ class Snapshots:
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
-            future, step, staged = job
+            future, step, staged, copy = job
             if future.set_running_or_notify_cancel():
-                self._finish(step, staged)
+                self._finish(step, staged, copy)
                 future.set_result(None)
 
     def take(self, step: int) -> None:
@@ -128,14 +133,17 @@ class Snapshots:
         copied; the rest runs on the snapshot thread."""
         self.wait()
         staged = self._stager.stage(self.app_state.state_dict())
+        # The same decision on every rank: each takes the same snapshots, counted from 0
+        # in every iteration (the first one after a restart goes to the peer).
+        copy = self.tier.has_peer and self.peer_every > 0 and self.taken % self.peer_every == 0
         self._job = Future()
-        self._queue.put((self._job, step, staged))
+        self._queue.put((self._job, step, staged, copy))
         self.taken += 1
 
-    def _finish(self, step: int, staged: Staged) -> None:
+    def _finish(self, step: int, staged: Staged, copy: bool) -> None:
         t0 = time.monotonic()
         try:
-            self._persist(step, staged)
+            self._persist(step, staged, copy)
         except Superseded:
             return
         except Exception as exc:  # noqa: BLE001 - the training thread's collectives report a broken group
@@ -143,7 +151,7 @@ class Snapshots:
             return
         self.last_complete = (step, time.monotonic() - t0)
 
-    def _persist(self, step: int, staged: Staged) -> None:
+    def _persist(self, step: int, staged: Staged, copy: bool) -> None:
         rank, ring = self.comm.rank, self.tier.ring
         staged.wait()
         crc = staged.crc()
@@ -158,11 +166,12 @@ class Snapshots:
         try:
             with self._writing():
                 staged.write_to(self.tier.slot(False, step) / snapshot_file(rank))
-                self.tier.commit(False, step, manifest)
+                self.tier.commit(False, step, manifest, protect=None if copy else self.copied_step)
         except OSError as exc:
             log.warning("memory: snapshot of step %d not written to %s: %s", step, self.tier.describe(), exc)
-        if not self.tier.has_peer:
+        if not copy:
             return
+        self.copied_step = step
         transfers = [(r, ring.holder_of(r)) for r in range(self.comm.world_size)]
         outgoing = {ring.holder_of(rank): (_head(manifest, staged.prefix), staged.blob)}
         received = exchange(transfers, rank, outgoing, self.group, into=self._receive_buffer)

@@ -144,12 +144,16 @@ class SaveSchedule(Callback):
 
     def _measure_snapshot(self, info: StepInfo) -> None:
         """A snapshot's cost to training is the time it blocked plus what the steps that
-        ran beside its background part lost: their time over the median quiet step."""
+        ran beside its background part lost: their time over the median quiet step. A
+        step that also had a durable save in flight is the save's to account for (its
+        ``k``), not the snapshot's."""
         open_ = self._snapshot_open
         if open_ is None:
             return
         if not info.snapshotting:
             self._close_snapshot()
+            return
+        if info.saving:
             return
         quiet = self.interval.quiet_step_s()
         if quiet is None:
@@ -166,8 +170,10 @@ class SaveSchedule(Callback):
         if done is None or done[0] != step:  # failed (logged): nothing to measure
             return
         background = done[1]
-        # Before a quiet step was measured, the whole background part counts.
-        slowdown = extra if known else background
+        # Before a quiet step was measured, the whole background part counts; and a
+        # background part of b seconds takes at most b seconds from training (a slower
+        # step beside it beyond that was slowed by something else: the machine's noise).
+        slowdown = min(extra, background) if known else background
         self.interval.record_snapshot(blocked, slowdown, background)
         self._emit("snapshotted", step=step, background_s=round(background, 4), slowdown_s=round(slowdown, 4))
 

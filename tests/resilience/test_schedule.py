@@ -1,0 +1,63 @@
+"""SaveSchedule's measure of what an in-memory snapshot costs training: the time it
+blocked plus what the steps beside its background part lost, bounded by that part's
+own duration; steps that also ran beside a durable save are the save's."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ftfleet.trainer.callbacks import StepInfo
+from ftfleet.trainer.resilience.interval import IntervalConfig
+from ftfleet.trainer.resilience.schedule import SaveSchedule
+
+
+class FakeCkpt:
+    def __init__(self, background_s: float) -> None:
+        self.cfg = types.SimpleNamespace(enabled=False)
+        self.on_commit: list = []
+        self.app_state = types.SimpleNamespace(extras={})
+        self.background_s = background_s
+        self.snapshots = types.SimpleNamespace(last_complete=None)
+
+    def snapshot(self, step: int) -> float:
+        self.snapshots.last_complete = (step, self.background_s)  # done by the next step
+        return 0.05
+
+
+def _step(step: int, seconds: float, saving: bool = False, snapshotting: bool = False) -> StepInfo:
+    return StepInfo(step, torch.tensor(0.0), step, seconds, saving, snapshotting)
+
+
+def _schedule(background_s: float, events: list) -> SaveSchedule:
+    cfg = IntervalConfig(mtbf_s=600.0, mtbf_source="config", snapshot_fixed_steps=4)
+    log = types.SimpleNamespace(emit=lambda event, **f: events.append((event, f)))
+    return SaveSchedule(cfg, FakeCkpt(background_s), last_step=100, events=log)
+
+
+def test_the_steps_beside_a_snapshot_count_their_time_over_the_quiet_median():
+    events: list = []
+    s = _schedule(0.8, events)
+    for i in range(1, 5):  # quiet steps of 1.0 s; the snapshot at step 4
+        s.on_step_end(None, _step(i, 1.0))
+    s.on_step_end(None, _step(5, 1.3, snapshotting=True))
+    s.on_step_end(None, _step(6, 1.0))
+    done = [f for e, f in events if e == "snapshotted"]
+    assert done == [{"step": 4, "background_s": 0.8, "slowdown_s": 0.3}]
+    assert abs(s.interval.snapshot_s - 0.35) < 1e-9  # blocked 0.05 + slowdown 0.3
+
+
+def test_a_slowdown_is_bounded_by_the_background_part_and_save_steps_are_not_counted():
+    events: list = []
+    s = _schedule(0.2, events)
+    for i in range(1, 5):
+        s.on_step_end(None, _step(i, 1.0))
+    s.on_step_end(None, _step(5, 3.0, snapshotting=True))  # 2 s slower: something else
+    s.on_step_end(None, _step(6, 1.0))
+    s.on_step_end(None, _step(7, 1.0))
+    s.on_step_end(None, _step(8, 1.0))  # the next snapshot
+    s.on_step_end(None, _step(9, 1.5, saving=True, snapshotting=True))  # the save's
+    s.on_step_end(None, _step(10, 1.0))
+    done = [f["slowdown_s"] for e, f in events if e == "snapshotted"]
+    assert done == [0.2, 0.0]
