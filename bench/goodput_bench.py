@@ -540,7 +540,7 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
         f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
         f"{setup['nproc']} processes.",
         "- goodput: steps x useful seconds per step over the wall time from the first step to "
-        "the last; useful s/step is the median step of the same run with no save in flight "
+        "the last; useful s/step is the median step of the same run with no save or snapshot in flight "
         "(so saves, their slowdown of training, restarts and lost work are the overhead, and "
         "the machine's drift between runs cancels). goodput vs reference uses the "
         "uninterrupted reference's s/step instead.",

@@ -193,6 +193,9 @@ def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
     assert old.snapshots.last_complete is None
     assert not (old.snapshots.tier.own_dir / "step-5" / "manifest.json").exists()
     assert new.restore() is None
+    # The old thread, and the state it held, are gone once its job ended.
+    old.snapshots._worker.join(10)
+    assert not old.snapshots._worker.is_alive() and new.snapshots._worker.is_alive()
 
 
 def test_peer_copies_every_nth_snapshot_keep_the_copied_steps_own_snapshot(tmp_path, monkeypatch):
@@ -216,3 +219,15 @@ def test_peer_copies_every_nth_snapshot_keep_the_copied_steps_own_snapshot(tmp_p
     assert isinstance(snaps, Snapshots) and len(sent) == 2  # snapshots 1 and 4
     assert snaps.copied_step == 4
     assert snaps.tier.steps(snaps.tier.own_dir) == [5, 4]
+
+
+def test_a_header_naming_a_tensor_beyond_the_file_is_refused_before_allocating_it():
+    import io
+
+    from ftfleet.trainer.checkpoint.memory import MAGIC, TENSOR
+
+    head = io.BytesIO()
+    torch.save({"w": (TENSOR, 0, "float32", (10**12,))}, head)
+    data = MAGIC + len(head.getvalue()).to_bytes(8, "little") + head.getvalue() + bytes(64)
+    with pytest.raises(SnapshotMismatch, match="lies outside"):
+        decode(buffer_reader(data), len(data))

@@ -218,9 +218,10 @@ def decode(read: Callable[[memoryview], int], size: int, crc: Crc32c | None = No
     out: dict[int, torch.Tensor] = {}
     for off, ref, _ in sorted(refs, key=lambda r: r[0]):
         dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
-        t = torch.empty(shape, dtype=dtype)
-        if base + off < pos or base + off + _nbytes(t) > size:
+        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        if base + off < pos or base + off + nbytes > size:  # before allocating it
             raise SnapshotMismatch(f"a tensor at offset {off} lies outside the {size}-byte file")
+        t = torch.empty(shape, dtype=dtype)
         if base + off > pos:
             take(memoryview(bytearray(base + off - pos)))
         if t.numel():
@@ -394,9 +395,12 @@ class MemoryTier:
         path = self.path(held, step)
         expected = _expected(manifest, path.name, str(path.parent))
         data = torch.empty(expected.size, dtype=torch.uint8)
+        view, got = (memoryview(data.numpy()) if expected.size else memoryview(b"")), 0
         try:
             with open(path, "rb", buffering=0) as f:
-                got = f.readinto(memoryview(data.numpy())) if expected.size else 0
+                # One read() returns at most 2 GiB on Linux: loop.
+                while got < expected.size and (n := f.readinto(view[got:])):
+                    got += n
         except OSError as exc:
             raise SnapshotMismatch(f"{path}: {type(exc).__name__}: {exc}") from None
         check(data[:got], manifest, path.name, str(path.parent))

@@ -67,6 +67,7 @@ OWN, PEER = "own", "peer"
 # The newest Snapshots of this process; the threads of older ones write nothing more.
 _GENERATION_LOCK = threading.Lock()
 _generation = 0
+_current: Snapshots | None = None
 
 
 class Superseded(Exception):
@@ -77,7 +78,7 @@ class Snapshots:
     def __init__(
         self, tier: MemoryTier, app_state: Any, identity: Identity, comm: Any, group: Any, peer_every: int = 1
     ) -> None:
-        global _generation
+        global _generation, _current
         self.tier = tier
         self.app_state = app_state
         self.identity = identity
@@ -99,10 +100,14 @@ class Snapshots:
         # must not keep the process from exiting (ThreadPoolExecutor joins at exit).
         self._queue: queue.SimpleQueue[tuple[Future[None], int, Staged, bool] | None] = queue.SimpleQueue()
         self._job: Future[None] | None = None
-        threading.Thread(target=self._serve, name="ftfleet-snapshot", daemon=True).start()
+        self._worker = threading.Thread(target=self._serve, name="ftfleet-snapshot", daemon=True)
+        self._worker.start()
         with _GENERATION_LOCK:  # waits for an older thread's write in progress
             _generation += 1
             self._generation = _generation
+            if _current is not None:  # its thread (and the state it holds) goes after its job
+                _current._queue.put(None)
+            _current = self
 
     # -- taking --------------------------------------------------------------------
 
@@ -118,8 +123,12 @@ class Snapshots:
 
     def close(self) -> None:
         """Wait for the snapshot in flight, then let the thread go."""
+        global _current
         self.wait()
         self._queue.put(None)
+        with _GENERATION_LOCK:
+            if _current is self:
+                _current = None
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -166,15 +175,18 @@ class Snapshots:
         try:
             with self._writing():
                 staged.write_to(self.tier.slot(False, step) / snapshot_file(rank))
-                self.tier.commit(False, step, manifest, protect=None if copy else self.copied_step)
+                # The newest step whose copy reached the peer keeps its own snapshot until
+                # this one's copy has gone too: a node lost meanwhile still finds a step
+                # that its rank's holder and every other rank have.
+                self.tier.commit(False, step, manifest, protect=self.copied_step)
         except OSError as exc:
             log.warning("memory: snapshot of step %d not written to %s: %s", step, self.tier.describe(), exc)
         if not copy:
             return
-        self.copied_step = step
         transfers = [(r, ring.holder_of(r)) for r in range(self.comm.world_size)]
         outgoing = {ring.holder_of(rank): (_head(manifest, staged.prefix), staged.blob)}
         received = exchange(transfers, rank, outgoing, self.group, into=self._receive_buffer)
+        self.copied_step = step
         peer = self.tier.peer_rank
         try:
             peer_staged, peer_manifest = _unpack(received[peer])
@@ -289,6 +301,8 @@ class Snapshots:
             return None, None, str(exc)
         except ValueError as exc:  # a manifest that does not parse (ManifestError)
             return None, None, f"the copy from rank {src}: {exc}"
+        except (RuntimeError, MemoryError) as exc:  # every rank must reach the gather
+            return None, None, f"{type(exc).__name__}: {exc}"
 
 
 def _head(manifest: Manifest, prefix: bytes) -> bytes:
