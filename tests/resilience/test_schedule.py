@@ -54,10 +54,23 @@ def test_a_slowdown_is_bounded_by_the_background_part_and_save_steps_are_not_cou
     for i in range(1, 5):
         s.on_step_end(None, _step(i, 1.0))
     s.on_step_end(None, _step(5, 3.0, snapshotting=True))  # 2 s slower: something else
-    s.on_step_end(None, _step(6, 1.0))
-    s.on_step_end(None, _step(7, 1.0))
-    s.on_step_end(None, _step(8, 1.0))  # the next snapshot
-    s.on_step_end(None, _step(9, 1.5, saving=True, snapshotting=True))  # the save's
-    s.on_step_end(None, _step(10, 1.0))
+    step = 5
+    while step < s.next_snapshot:  # quiet steps up to the next snapshot
+        step += 1
+        s.on_step_end(None, _step(step, 1.0))
+    s.on_step_end(None, _step(step + 1, 1.5, saving=True, snapshotting=True))  # the save's
+    s.on_step_end(None, _step(step + 2, 1.0))
     done = [f["slowdown_s"] for e, f in events if e == "snapshotted"]
-    assert done == [0.2, 0.0]
+    assert done[0] == 0.2 and set(done[1:]) == {0.0}
+
+
+def test_the_first_snapshots_interval_is_planned_again_once_it_is_measured():
+    events: list = []
+    s = _schedule(0.1, events)  # snapshot_fixed_steps=4: the first at step 4
+    for i in range(1, 7):
+        s.on_step_end(None, _step(i, 1.0, snapshotting=(i == 5)))
+    # Measured after step 5 (C = 0.05 + 0 s); at step 6 the next is planned from step 4
+    # by Daly's interval for that cost, not at 4 + 4.
+    from ftfleet.trainer.resilience.interval import daly_interval
+
+    assert s.next_snapshot == 4 + max(1, round(daly_interval(0.05, 600.0) / 1.0))

@@ -44,7 +44,7 @@ def _seconds(value: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=value)
 
 
-def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.05, shrink: bool = False) -> Any:
+def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.25, shrink: bool = False) -> Any:
     """The wrapper: survivors keep their ranks, a spare fills a dead rank's place
     (``FillGaps``), and at most ``active_world_size`` ranks train; the others wait,
     warm. ``soft_timeout_s``: no step for this long counts as a hang. Without
@@ -75,7 +75,8 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         monitor_process_interval=_seconds(poll_s),
         heartbeat_interval=_seconds(poll_s),
         progress_watchdog_interval=_seconds(poll_s),
-        last_call_wait=_seconds(poll_s),
+        # Waited once per restart for other ranks' reports: kept short whatever poll_s.
+        last_call_wait=_seconds(0.05),
         soft_timeout=_seconds(soft_timeout_s),
         hard_timeout=_seconds(soft_timeout_s + 30),
         heartbeat_timeout=_seconds(max(5.0, soft_timeout_s / 2)),
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
     parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"))
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
+    parser.add_argument("--poll", type=float, default=0.25, help="seconds between the wrapper's checks")
     parser.add_argument("--wait-for", metavar="FILE", help="train once FILE exists (a warm spare node)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
@@ -140,7 +142,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # The wrapper hands itself to the parameter annotated with its class; this module's
     # annotations are strings (``from __future__ import annotations``).
     attempt.__annotations__["call_wrapper"] = CallWrapper
-    code = build_wrapper(active, args.soft_timeout, shrink=shrink)(attempt)()
+    code = build_wrapper(active, args.soft_timeout, poll_s=args.poll, shrink=shrink)(attempt)()
     return 0 if code is None else int(code)  # a spare never called returns None
 
 

@@ -90,6 +90,10 @@ class SaveSchedule(Callback):
         #: The snapshot whose background part is being measured: [step, blocked seconds,
         #: extra seconds of the steps it overlapped so far, whether they are known].
         self._snapshot_open: list[Any] | None = None
+        #: Snapshots taken by this schedule, and the step at which the first one's interval
+        #: is planned again once it has been measured (it was chosen before that).
+        self._snapshots_taken = 0
+        self._replan: tuple[int, int] | None = None  # (at step, from step)
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -113,6 +117,11 @@ class SaveSchedule(Callback):
         # Steps that overlapped a background save measure what persisting costs training.
         self.interval.record_step(info.step_time_s, info.saving, info.snapshotting)
         self._measure_snapshot(info)
+        if self._replan is not None and info.step >= self._replan[0]:
+            # The same step on every rank (counted, not measured): a collective.
+            _, first = self._replan
+            self._replan = None
+            self.reschedule_snapshot(first)
         if self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step:
             self.snapshot(info.step)
         if self.due(info.step) and info.step < self.last_step:
@@ -140,7 +149,12 @@ class SaveSchedule(Callback):
         self._close_snapshot()
         self._emit("snapshot", step=step, blocked_s=round(blocked, 4))
         self._snapshot_open = [step, blocked, 0.0, True]
+        self._snapshots_taken += 1
         self.reschedule_snapshot(step)
+        if self._snapshots_taken == 1 and self.cfg.mode != "fixed":
+            # Its cost is known once its background part is done: plan again then, not
+            # snapshot_fixed_steps later (a SIGKILL meanwhile would lose all of them).
+            self._replan = (step + 2, step)
 
     def _measure_snapshot(self, info: StepInfo) -> None:
         """A snapshot's cost to training is the time it blocked plus what the steps that
