@@ -212,11 +212,9 @@ def decode(read: Callable[[memoryview], int], size: int, crc: Crc32c | None = No
         skeleton = torch.load(io.BytesIO(head), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - bytes that do not unpickle: a foreign file
         raise SnapshotMismatch(f"does not load: {type(exc).__name__}: {exc}") from None
-    refs: list[tuple[int, Any, list[Any]]] = []  # (offset, ref, where to put the tensor)
-    _refs(skeleton, refs)
     base = pos + (-pos % ALIGN)
     out: dict[int, torch.Tensor] = {}
-    for off, ref, _ in sorted(refs, key=lambda r: r[0]):
+    for off, ref in sorted(_refs(skeleton), key=lambda r: r[0]):
         dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
         nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
         if base + off < pos or base + off + nbytes > size:  # before allocating it
@@ -439,18 +437,34 @@ def check(payload: bytes | memoryview | torch.Tensor | Staged, manifest: Manifes
 # ---------------------------------------------------------------------------
 
 
+_WALK = object()
+
+
+def _tree_map(node: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``node`` (dicts, lists, tuples) with each item for which ``leaf`` returns something
+    other than ``_WALK`` replaced by that; the others are walked into, or kept."""
+    out = leaf(node)
+    if out is not _WALK:
+        return out
+    if isinstance(node, dict):
+        return {k: _tree_map(v, leaf) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_tree_map(v, leaf) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_tree_map(v, leaf) for v in node)
+    return node
+
+
 def _strip(node: Any, tensors: list[torch.Tensor]) -> Any:
     """``node`` with each tensor replaced by its index in ``tensors`` (appended)."""
-    if isinstance(node, torch.Tensor):
-        tensors.append(node.to_local().detach() if isinstance(node, DTensor) else node.detach())
+
+    def leaf(n: Any) -> Any:
+        if not isinstance(n, torch.Tensor):
+            return _WALK
+        tensors.append(n.to_local().detach() if isinstance(n, DTensor) else n.detach())
         return _Slot(len(tensors) - 1)
-    if isinstance(node, dict):
-        return {k: _strip(v, tensors) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_strip(v, tensors) for v in node]
-    if isinstance(node, tuple):
-        return tuple(_strip(v, tensors) for v in node)
-    return node
+
+    return _tree_map(node, leaf)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -459,44 +473,31 @@ class _Slot:
 
 
 def _fill(node: Any, refs: list[tuple[Any, ...]]) -> Any:
-    if isinstance(node, _Slot):
-        return refs[node.index]
-    if isinstance(node, dict):
-        return {k: _fill(v, refs) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_fill(v, refs) for v in node]
-    if isinstance(node, tuple):
-        return tuple(_fill(v, refs) for v in node)
-    return node
+    return _tree_map(node, lambda n: refs[n.index] if isinstance(n, _Slot) else _WALK)
 
 
 def _is_ref(node: Any) -> bool:
     return isinstance(node, tuple) and len(node) == 4 and node[0] == TENSOR
 
 
-def _refs(node: Any, out: list[tuple[int, Any, list[Any]]]) -> None:
-    if _is_ref(node):
-        if not isinstance(node[1], int) or node[1] < 0 or not all(isinstance(d, int) and d >= 0 for d in node[3]):
-            raise SnapshotMismatch(f"a malformed tensor reference {node[1:]!r}")
-        out.append((node[1], node, []))
-    elif isinstance(node, dict):
-        for v in node.values():
-            _refs(v, out)
-    elif isinstance(node, (list, tuple)):
-        for v in node:
-            _refs(v, out)
+def _refs(node: Any) -> list[tuple[int, Any]]:
+    """The tensor references of a header, with their offsets, checked for shape."""
+    out: list[tuple[int, Any]] = []
+
+    def leaf(n: Any) -> Any:
+        if not _is_ref(n):
+            return _WALK
+        if not isinstance(n[1], int) or n[1] < 0 or not all(isinstance(d, int) and d >= 0 for d in n[3]):
+            raise SnapshotMismatch(f"a malformed tensor reference {n[1:]!r}")
+        out.append((n[1], n))
+        return n
+
+    _tree_map(node, leaf)
+    return out
 
 
 def _fill_refs(node: Any, tensors: dict[int, torch.Tensor]) -> Any:
-    if _is_ref(node):
-        return tensors[id(node)]
-    if isinstance(node, dict):
-        return {k: _fill_refs(v, tensors) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_fill_refs(v, tensors) for v in node]
-    if isinstance(node, tuple):
-        return tuple(_fill_refs(v, tensors) for v in node)
-    return node
+    return _tree_map(node, lambda n: tensors[id(n)] if _is_ref(n) else _WALK)
 
 
 def _layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
