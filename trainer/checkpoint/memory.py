@@ -120,10 +120,6 @@ class Staged:
     ready: Any = None
     """A CUDA event the copies into ``blob`` complete at (None: complete already)."""
 
-    @property
-    def size(self) -> int:
-        return len(self.prefix) + self.blob.numel()
-
     def wait(self) -> None:
         if self.ready is not None:
             self.ready.synchronize()
@@ -297,14 +293,6 @@ class MemoryTier:
             os.replace(old_dir, base / f"{_FREE}{old}")
         for extra in self._retired(base)[1:]:  # one spare directory is all a writer needs
             shutil.rmtree(extra, ignore_errors=True)
-
-    def write(self, held: bool, rank: int, step: int, payload: bytes, manifest: Manifest) -> None:
-        """Write one snapshot's bytes and commit it (for tools and tests; the trainer
-        writes from its stager)."""
-        step_dir = self.slot(held, step)
-        with open(step_dir / snapshot_file(rank), "wb") as f:
-            f.write(payload)
-        self.commit(held, step, manifest)
 
     @staticmethod
     def _retired(base: Path) -> list[Path]:
