@@ -15,7 +15,9 @@ The library, for a loop of your own (README, "Your own loop"; ``examples/own_loo
   ranks, then the emergency save, the commit marker and exit 75;
 * :class:`AnomalyDetector`, :class:`Watchdog`, :class:`NoticeWatcher`: the anomaly rule,
   the hang watchdog and the notice sources on their own;
-* :class:`Callback`, :func:`train`: the reference loop and its extension point.
+* :class:`Callback`, :func:`train`: the reference loop and its extension point;
+* :func:`use_huge_pages`: large CPU tensors on transparent huge pages, not fresh 4 KiB
+  pages every step (the reference loop calls it: ``train.huge_pages``).
 
 Importing this package imports nothing heavy: ``ftfleet ckpt`` must start fast and the
 fleet code imports nothing from here. Each name is imported on first use.
@@ -44,6 +46,7 @@ _EXPORTS = {
     "JobConfig": "ftfleet.trainer.config",
     "load_config": "ftfleet.trainer.config",
     "train": "ftfleet.trainer.train",
+    "use_huge_pages": "ftfleet.trainer.hostmem",
 }
 
 __all__ = sorted(_EXPORTS)

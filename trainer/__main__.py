@@ -73,6 +73,10 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
 
         extra, overrides = callbacks(list(args.overrides)) if callbacks else ((), args.overrides)
         cfg = load_config(args.config, overrides)
+        if cfg.train.huge_pages:  # before torch allocates anything (train() asks again)
+            from ftfleet.trainer.hostmem import use_huge_pages
+
+            use_huge_pages()
         from ftfleet.trainer.train import train  # torch is imported here, after the config is valid
 
         return int(train(cfg, extra)["exit_code"])

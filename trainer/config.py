@@ -46,6 +46,11 @@ class TrainConfig:
     """Write `state_sha256` (a hash of the unsharded model and optimizer state) to
     summary.json, to compare runs bit for bit. It gathers the whole state onto rank 0's
     host memory: for tests and drills, not for a model at scale."""
+    huge_pages: bool = True
+    """Large CPU tensors on transparent huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE``;
+    trainer/hostmem.py). Without them every step's big tensors come back as fresh 4 KiB
+    pages: on the goodput bench about 60% of a CPU rank's time went to page faults.
+    Set before the model is built; an explicit THP_MEM_ALLOC_ENABLE=0 is kept."""
 
     def __post_init__(self) -> None:
         _positive("train.steps", self.steps)

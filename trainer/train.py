@@ -33,6 +33,7 @@ from ftfleet.trainer.checkpoint.restore import Restored
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
 from ftfleet.trainer.config import JobConfig
 from ftfleet.trainer.data.loader import GlobalBatches
+from ftfleet.trainer.hostmem import use_huge_pages
 from ftfleet.trainer.preflight import preflight
 from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
 from ftfleet.trainer.resilience.reference import Resilience
@@ -148,6 +149,8 @@ def _expect(obj: Any, kind: type, key: str, what: str) -> Any:
 
 def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     preflight(cfg)  # bad input fails here, before init_process_group
+    if cfg.train.huge_pages:
+        use_huge_pages()  # before the model, its optimizer and the first step allocate
     t_start = time.monotonic()
     run = build(cfg)
     parts = Resilience(run)

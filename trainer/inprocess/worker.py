@@ -119,6 +119,10 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    if cfg.train.huge_pages:  # before torch allocates anything (train() asks again)
+        from ftfleet.trainer.hostmem import use_huge_pages
+
+        use_huge_pages()
     # torch and the whole trainer are imported now: a spare that takes over starts warm.
     from ftfleet.trainer.train import train
 
