@@ -74,3 +74,49 @@ def test_the_first_snapshots_interval_is_planned_again_once_it_is_measured():
     from ftfleet.trainer.resilience.interval import daly_interval
 
     assert s.next_snapshot == 4 + max(1, round(daly_interval(0.05, 600.0) / 1.0))
+
+
+class SavingCkpt(FakeCkpt):
+    """Durable saves on: each save is recorded; its commit is delivered by the test."""
+
+    def __init__(self) -> None:
+        super().__init__(0.1)
+        self.cfg = types.SimpleNamespace(enabled=True)
+        self.snapshots = None
+        self.saves: list[int] = []
+        self.newest_on_disk: int | None = None
+        self.stats = types.SimpleNamespace(last_blocked_s=0.01, last_commit_s=2.0)
+
+    def save(self, step: int, blocking: bool = False) -> None:
+        self.saves.append(step)
+
+
+def _saving_schedule() -> tuple[SaveSchedule, SavingCkpt]:
+    ckpt = SavingCkpt()
+    cfg = IntervalConfig(mtbf_s=600.0, mtbf_source="config", fixed_steps=9)
+    return SaveSchedule(cfg, ckpt, last_step=1000), ckpt
+
+
+def test_the_durable_interval_is_planned_as_soon_as_the_first_save_is_measured():
+    s, ckpt = _saving_schedule()
+    s.restored(None, 0)
+    for i in range(1, 11):
+        s.on_step_end(None, _step(i, 1.0))
+    assert ckpt.saves == [9]  # the stopgap interval, planned again meanwhile from step 0
+    s._on_commit(types.SimpleNamespace(step=9))  # its commit lands after step 10
+    s.on_step_end(None, _step(11, 1.0))  # the stopgap would save at 18; now Daly's
+    expected, _ = s.interval.interval_steps(1.0)
+    assert expected > 9 and s.next_save == 9 + expected
+
+
+def test_after_a_restore_from_memory_the_interval_runs_from_the_newest_durable_step():
+    s, ckpt = _saving_schedule()
+    s.interval.record_save(0.01, 2.0)  # the history a restore brings back
+    ckpt.newest_on_disk = 54
+    s.restored(types.SimpleNamespace(step=79, tier="memory"), 79)
+    assert s.next_save == 79 + 9  # no step time yet: a stopgap from now, not due at once
+    s.on_step_end(None, _step(80, 1.0))
+    assert ckpt.saves == []
+    s.on_step_end(None, _step(81, 1.0))
+    expected, _ = s.interval.interval_steps(1.0)
+    assert s.next_save == 54 + expected and ckpt.saves == []

@@ -159,6 +159,9 @@ class CheckpointManager:
         self.last_saved_step: int | None = None
         #: The step the state was last loaded from (restore or rollback): it is committed.
         self.restored_step: int | None = None
+        #: The newest step on a disk tier when the restore looked (listed, not verified;
+        #: None: nothing, or not looked): what a restore from memory leaves durable.
+        self.newest_on_disk: int | None = None
         self._staging: Future[None] | None = None
         self.uploader: Uploader | None = None
         if uploads:
@@ -198,6 +201,8 @@ class CheckpointManager:
             candidates = list_candidates(self.local, stores)
             newest = candidates[0][0] if candidates else None
         newest = self.comm.broadcast(newest)
+        if not any_step:
+            self.newest_on_disk = newest
         t0 = time.monotonic()
         found = self.snapshots.restore(min_step=newest)
         if found is not None:

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftfleet.schedule")
 
+#: How an interval chosen without a measurement starts its reason (AdaptiveInterval's
+#: "no save measured yet" and the schedule's "no step measured yet").
+UNMEASURED = "adaptive: no "
+#: Steps between attempts to choose such an interval again.
+REPLAN_STEPS = 2
+
 
 class IntervalState:
     """The adaptive interval's history in the checkpoint (a ``Stateful`` extra of the
@@ -94,6 +100,10 @@ class SaveSchedule(Callback):
         #: is planned again once it has been measured (it was chosen before that).
         self._snapshots_taken = 0
         self._replan: tuple[int, int] | None = None  # (at step, from step)
+        #: The same for the durable interval while it lacks a measurement (a step time,
+        #: a save's cost): chosen again every REPLAN_STEPS steps until it has them, not
+        #: fixed_steps later (after every restart that was one more save than planned).
+        self._replan_save: tuple[int, int] | None = None
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -105,7 +115,13 @@ class SaveSchedule(Callback):
         checkpointing more often."""
         if restored is not None:
             self.interval.record_interruption()
-        self.reschedule(step)
+        # The interval runs from the newest durable save: after a restore from memory
+        # that is the newest step on disk, not the restored one (the work since then is
+        # still only in RAM). Nothing on disk: from step 0, a save is due soon.
+        base = step
+        if restored is not None and str(restored.tier).startswith("memory"):
+            base = min(step, self.ckpt.newest_on_disk or 0)
+        self.reschedule(base, now=step)
         if self.next_snapshot is not None:
             self.reschedule_snapshot(step)
 
@@ -117,6 +133,10 @@ class SaveSchedule(Callback):
         # Steps that overlapped a background save measure what persisting costs training.
         self.interval.record_step(info.step_time_s, info.saving, info.snapshotting)
         self._measure_snapshot(info)
+        if self._replan_save is not None and info.step >= self._replan_save[0]:
+            # Counted steps, the same on every rank: a collective (rank 0's choice).
+            _, base = self._replan_save
+            self.reschedule(base, now=info.step, replan=True)
         if self._replan is not None and info.step >= self._replan[0]:
             # The same step on every rank (counted, not measured): a collective.
             _, first = self._replan
@@ -209,8 +229,10 @@ class SaveSchedule(Callback):
             self.snapshot_reason = why
             log.info("snapshot interval: %d steps (%s)", steps, why)
 
-    def reschedule(self, step: int) -> None:
-        """Choose the next save step after ``step`` (collective in adaptive mode)."""
+    def reschedule(self, step: int, now: int | None = None, replan: bool = False) -> None:
+        """Choose the next save step after ``step``, the newest durable one (collective
+        in adaptive mode); ``now``: the current step, when later; ``replan``: planning
+        again for a measurement that was missing."""
         fixed = self.cfg.fixed_steps
         if self.cfg.mode == "fixed":
             self.next_save = (step // fixed + 1) * fixed
@@ -222,14 +244,26 @@ class SaveSchedule(Callback):
         if dist.is_initialized() and dist.get_world_size(self.group) > 1:
             dist.broadcast_object_list(choice, src=0, group=self.group)
         steps, why = int(choice[0]), str(choice[1])
-        self.next_save = step + steps
+        # rank 0's why, the same on every rank: all of them plan again at the same step.
+        # A measured interval runs from the newest durable step; a stopgap from now (from
+        # an older durable step it could be due at once), and planning again without a
+        # measurement keeps it where it was.
+        unmeasured = why.startswith(UNMEASURED)
+        now = step if now is None else now
+        next_save = step + steps
+        if unmeasured:
+            next_save = self.next_save if replan else now + steps
+        changed = (next_save, why) != (self.next_save, self.reason)
+        self.next_save = next_save
+        self._replan_save = (now + REPLAN_STEPS, step) if unmeasured else None
         if self.metrics is not None:
             self.metrics.checkpoint_interval_steps.set(steps)
         if why != self.reason:
             self.reason = why
             log.info("checkpoint interval: %d steps (%s)", steps, why)
-        cost = self.interval.cost()  # rank 0's, the one that chose (events are rank 0's)
-        self._emit("interval", steps=steps, why=why, cost_s=round(cost[0], 4) if cost else None)
+        if changed:
+            cost = self.interval.cost()  # rank 0's, the one that chose (events are rank 0's)
+            self._emit("interval", steps=steps, why=why, cost_s=round(cost[0], 4) if cost else None)
 
     # -- the commit thread's side --------------------------------------------------
 
