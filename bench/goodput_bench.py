@@ -19,9 +19,10 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
   (c) ``ftfleet``: the adaptive (Daly) interval with asynchronous saves, M given as T
       (``mtbf_source=config``, as the fleet's metrics would give it), notices watched:
       emergency checkpoint, exit 75, replacement node.
-* Goodput = steps x useful seconds per step / wall time from the first training step to
-  the last, where useful seconds per step is the median step of the same run that had no
-  save in flight (``saving`` in the step events): checkpoint blocking, the slowdown of
+* Goodput = steps x useful seconds per step / wall time from the end of the first
+  training step to the last (the steps after the first, which fill that time), where
+  useful seconds per step is the median step of the same run that had no save or
+  snapshot in flight (``saving``, ``snapshotting`` in the step events): checkpoint blocking, the slowdown of
   steps under a background save, restarts and lost work are the overhead. The
   uninterrupted reference's s/step gives a second figure (``goodput_vs_reference``),
   which the machine's drift between runs skews.
@@ -381,6 +382,8 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
     first = lives[0].first_step["t"]
     last = max(e["t"] for e in events if e["event"] in ("step", "first_step"))
     wall = last - first
+    # The wall time runs from the end of the first step: the steps after it fill it.
+    counted = steps - int(lives[0].first_step["step"])
     commits = [e for e in events if e["event"] == "committed" and e.get("reason") == "interval"]
     intervals = [e["steps"] for e in events if e["event"] == "interval"]
     fixed = next(
@@ -437,9 +440,9 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "name": name,
         "steps": steps,
         "wall_s": round(wall, 1),
-        "goodput": round(steps * useful_s / wall, 4) if wall > 0 and useful_s else None,
+        "goodput": round(counted * useful_s / wall, 4) if wall > 0 and useful_s else None,
         "useful_step_s": round(useful_s, 4) if useful_s else None,
-        "goodput_vs_reference": round(steps * ref_step_s / wall, 4) if wall > 0 else None,
+        "goodput_vs_reference": round(counted * ref_step_s / wall, 4) if wall > 0 else None,
         "interval_steps": interval_steps,
         "interval_s": round(interval_steps * ref_step_s, 2) if interval_steps else None,
         "saves": len(commits),
@@ -539,8 +542,9 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
         f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted (measured "
         f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
         f"{setup['nproc']} processes.",
-        "- goodput: steps x useful seconds per step over the wall time from the first step to "
-        "the last; useful s/step is the median step of the same run with no save or snapshot in flight "
+        "- goodput: steps after the first x useful seconds per step over the wall time from the end of "
+        "the first step to the last; useful s/step is the median step of the same run with no save or "
+        "snapshot in flight "
         "(so saves, their slowdown of training, restarts and lost work are the overhead, and "
         "the machine's drift between runs cancels). goodput vs reference uses the "
         "uninterrupted reference's s/step instead.",

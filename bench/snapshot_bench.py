@@ -20,6 +20,9 @@ For each state size (MB per rank: model-like float32 tensors), median of ``--rep
   into a buffer kept between reads, no check (the floor: a restore must also give each
   tensor new memory, and on this machine the kernel's first touch of fresh pages is
   most of the difference).
+
+New tensors are on transparent huge pages, as in the trainer (``train.huge_pages``;
+``--small-pages``: 4 KiB pages, as before it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ftfleet.trainer import hostmem
 from ftfleet.trainer.checkpoint.comm import DistComm
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.restore import Identity
@@ -77,7 +81,15 @@ def main() -> None:
     parser.add_argument("--mb", type=float, nargs="+", default=[64, 679])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shm", default="/dev/shm")
+    parser.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="4 KiB pages for new tensors (THP_MEM_ALLOC_ENABLE=0), not the huge pages the trainer asks for",
+    )
     args = parser.parse_args()
+    if args.small_pages:
+        os.environ[hostmem.ENV] = "0"
+    hostmem.use_huge_pages()  # as the trainer does, before anything large is allocated
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -63,7 +63,7 @@ def test_restart_cost_lost_work_and_goodput(bench):
     assert f["restore_s"] == pytest.approx(0.8)
     wall = (114.8 + 12) - 101.0
     assert r["wall_s"] == pytest.approx(round(wall, 1))
-    assert r["goodput"] == pytest.approx(round(20 / wall, 4))
+    assert r["goodput"] == pytest.approx(round(19 / wall, 4))  # the 19 steps after the first
     assert r["adaptive_cost_s"] == pytest.approx(0.5)
 
 
@@ -75,8 +75,14 @@ def test_useful_step_time_is_the_median_step_without_a_save_in_flight(bench):
     run = SimpleNamespace(failures=[], overrides=[])
     r = bench.measure("async", run, events, ref_step_s=0.5, steps=10)
     assert r["useful_step_s"] == pytest.approx(1.0)
-    assert r["goodput"] == pytest.approx(round(10 * 1.0 / r["wall_s"], 4), abs=1e-3)
-    assert r["goodput_vs_reference"] == pytest.approx(round(10 * 0.5 / r["wall_s"], 4), abs=1e-3)
+    assert r["goodput"] == pytest.approx(round(9 * 1.0 / r["wall_s"], 4), abs=1e-3)
+    assert r["goodput_vs_reference"] == pytest.approx(round(9 * 0.5 / r["wall_s"], 4), abs=1e-3)
+
+
+def test_an_uninterrupted_run_at_its_useful_speed_has_goodput_one(bench):
+    run = SimpleNamespace(failures=[], overrides=[])
+    r = bench.measure("sync", run, life(1, 100.0, range(1, 31), restore_s=0.0), ref_step_s=1.0, steps=30)
+    assert r["goodput"] == pytest.approx(1.0) and r["goodput_vs_reference"] == pytest.approx(1.0)
 
 
 def test_markdown_and_plot(bench, tmp_path):
