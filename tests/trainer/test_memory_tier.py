@@ -231,3 +231,47 @@ def test_a_header_naming_a_tensor_beyond_the_file_is_refused_before_allocating_i
     data = MAGIC + len(head.getvalue()).to_bytes(8, "little") + head.getvalue() + bytes(64)
     with pytest.raises(SnapshotMismatch, match="lies outside"):
         decode(buffer_reader(data), len(data))
+
+
+def test_a_snapshot_is_copied_straight_into_its_file_which_stays_mapped(tmp_path, monkeypatch):
+    """The training thread copies the state into the snapshot's file itself (mapped): the
+    file is never written after; the two files of memory_keep=1 take turns, and only
+    files that exist stay mapped."""
+    from ftfleet.trainer.checkpoint import memory
+
+    def no_write(self, path):
+        raise AssertionError("the bytes should be in the file already")
+
+    monkeypatch.setattr(memory.Staged, "write_to", no_write)
+    m = _manager(tmp_path, "checkpoint.memory_keep=1")
+    tier = m.snapshots.tier
+    for step in range(1, 7):
+        with torch.no_grad():
+            for p in m.app_state.model.parameters():
+                p.add_(1.0)
+        m.app_state.progress.step = step
+        m.snapshot(blocking=True, step=step)
+        assert m.snapshots.last_complete[0] == step
+    taken = _model_hash(m)
+    files = {(d / "__0.snap").stat().st_ino for d in tier.own_dir.iterdir()}
+    assert len(files) == 2 and {ino for _, ino in tier._maps} == files
+    fresh = _manager(tmp_path)
+    assert fresh.restore().step == 6 and _model_hash(fresh) == taken
+
+
+def test_a_full_shared_memory_falls_back_to_writing_the_file(tmp_path, monkeypatch, caplog):
+    from ftfleet.trainer.checkpoint import memory
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(memory.os, "posix_fallocate", full)
+    m = _manager(tmp_path)
+    m.app_state.progress.step = 2
+    with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
+        m.snapshot(blocking=True, step=2)
+    assert any("not mapped" in r.message and "No space left" in r.message for r in caplog.records)
+    assert m.snapshots.last_complete[0] == 2  # staged in a buffer, then written
+    taken = _model_hash(m)
+    fresh = _manager(tmp_path)
+    assert fresh.restore().step == 2 and _model_hash(fresh) == taken

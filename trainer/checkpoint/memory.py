@@ -21,8 +21,9 @@ The file (:class:`Stager` writes it, :func:`decode` reads it)::
 The header is the state dict saved with ``torch.save`` with every tensor replaced by a
 reference ``(TENSOR, offset, dtype, shape)`` into the bytes that follow (DTensors as
 their local shards), so it loads with ``weights_only=True`` and the tensor bytes are
-raw: a snapshot is one copy of the tensors into a buffer kept between snapshots, and
-a restore reads each tensor straight into its own new storage. (``torch.save`` of the
+raw: a snapshot is one copy of the tensors straight into the file, mapped
+(:meth:`MemoryTier.mapped`; on a GPU into a pinned buffer, then written), and a
+restore reads each tensor straight into its own new storage. (``torch.save`` of the
 whole state, the first version, cost 1.79 s a snapshot on the 679 MB per rank of
 the goodput bench; on this machine most of it was the kernel handing out fresh pages
 for the serialized bytes, their copies, and each new file; docs/BENCHMARKS.md.)
@@ -44,8 +45,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import mmap
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,13 +115,15 @@ class Ring:
 
 @dataclasses.dataclass
 class Staged:
-    """A snapshot's bytes: ``prefix`` (magic, header) then ``blob`` (the tensors)."""
+    """A snapshot file's bytes, ``data`` (uint8): the magic, the header, the tensors."""
 
-    prefix: bytes
-    blob: torch.Tensor
-    """uint8, a view of the stager's buffer: valid until the next :meth:`Stager.stage`."""
+    data: torch.Tensor
+    """A view of the snapshot's file mapped in memory (``in_place``), or of the stager's
+    buffer: valid until the next :meth:`Stager.stage`."""
+    in_place: bool = False
+    """The bytes are in their file already (mapped); else :meth:`write_to` writes them."""
     ready: Any = None
-    """A CUDA event the copies into ``blob`` complete at (None: complete already)."""
+    """A CUDA event the copies into ``data`` complete at (None: complete already)."""
 
     def wait(self) -> None:
         if self.ready is not None:
@@ -126,56 +131,62 @@ class Staged:
 
     def crc(self) -> Crc32c:
         crc = Crc32c()
-        crc.update(self.prefix)
-        crc.update(_bytes(self.blob))
+        crc.update(_bytes(self.data))
         return crc
 
     def write_to(self, path: Path) -> None:
         """Write the file at ``path``, over the old bytes when it exists (no new pages)."""
         with open(path, "r+b" if path.exists() else "wb", buffering=0) as f:
-            _write_all(f, memoryview(self.prefix))
-            _write_all(f, _bytes(self.blob))
+            _write_all(f, _bytes(self.data))
             f.truncate()
 
 
 class Stager:
-    """Copies a state dict into one buffer kept between snapshots (pinned when the state
-    is on a GPU: the copies are then asynchronous on the current stream, ordered before
-    the next optimizer step, and :meth:`Staged.wait` waits for them)."""
+    """Copies a state dict into a snapshot file's layout: straight into the file, mapped
+    (``into``, host tensors), or into one buffer kept between snapshots (pinned when the
+    state is on a GPU: the copies are then asynchronous on the current stream, ordered
+    before the next optimizer step, and :meth:`Staged.wait` waits for them)."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
 
-    def stage(self, state_dict: Any) -> Staged:
+    def stage(self, state_dict: Any, into: Callable[[int], torch.Tensor | None] | None = None) -> Staged:
+        """``into(n)``: n writable bytes of the file (None: use the buffer)."""
         tensors: list[torch.Tensor] = []
         skeleton = _strip(state_dict, tensors)
         offsets, size = _layout(tensors)
         cuda = any(t.is_cuda for t in tensors)
-        if self.buffer is None or self.buffer.numel() < size or self.buffer.is_pinned() != cuda:
-            self.buffer = None  # the old one goes first: two would be twice the memory
-            self.buffer = torch.zeros(max(size, 1), dtype=torch.uint8, pin_memory=cuda)
-        blob = self.buffer[:size]
         refs = [(TENSOR, off, _dtype_name(t.dtype), tuple(t.shape)) for t, off in zip(tensors, offsets, strict=True)]
-        for t, off in zip(tensors, offsets, strict=True):
-            if t.numel():
-                blob[off : off + _nbytes(t)].view(t.dtype).view(t.shape).copy_(t, non_blocking=cuda)
         header = io.BytesIO()
         torch.save(_fill(skeleton, refs), header)
         head = header.getvalue()
         prefix = MAGIC + len(head).to_bytes(8, "little") + head
-        prefix += bytes(-len(prefix) % ALIGN)
+        prefix += bytes(-len(prefix) % ALIGN)  # the tensors start aligned
+        total = len(prefix) + size
+        data = into(total) if into is not None and not cuda else None
+        in_place = data is not None
+        if data is None:
+            if self.buffer is None or self.buffer.numel() < total or self.buffer.is_pinned() != cuda:
+                self.buffer = None  # the old one goes first: two would be twice the memory
+                self.buffer = torch.zeros(max(total, 1), dtype=torch.uint8, pin_memory=cuda)
+            data = self.buffer[:total]
+        data[: len(prefix)].copy_(torch.frombuffer(bytearray(prefix), dtype=torch.uint8))
+        blob = data[len(prefix) :]
+        for t, off in zip(tensors, offsets, strict=True):
+            if t.numel():
+                blob[off : off + _nbytes(t)].view(t.dtype).view(t.shape).copy_(t, non_blocking=cuda)
         ready = None
         if cuda:
             ready = torch.cuda.Event()
             ready.record()
-        return Staged(prefix, blob, ready)
+        return Staged(data, in_place, ready)
 
 
 def encode(state_dict: Any) -> bytes:
     """A state dict as a snapshot file's bytes (a fresh stager: for tools and tests)."""
     staged = Stager().stage(state_dict)
     staged.wait()
-    return staged.prefix + bytes(_bytes(staged.blob))
+    return bytes(_bytes(staged.data))
 
 
 def decode(read: Callable[[memoryview], int], size: int, crc: Crc32c | None = None) -> Any:
@@ -252,6 +263,10 @@ class MemoryTier:
         self.own_dir = node / f"rank-{ring.rank}"
         self.peer_rank = ring.peer_of(ring.rank)
         self.held_dir = node / "peer" / f"rank-{self.peer_rank}"
+        #: Files mapped by :meth:`mapped`, by inode: (an open fd, which keeps the inode
+        #: from being reused while it is cached; the mapping; a tensor over it).
+        self._maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]] = {}
+        self._maps_lock = threading.Lock()
 
     @property
     def has_peer(self) -> bool:
@@ -280,6 +295,54 @@ class MemoryTier:
             else:
                 step_dir.mkdir(parents=True, exist_ok=True)
         return step_dir
+
+    def mapped(self, held: bool, step: int, size: int) -> torch.Tensor:
+        """``size`` writable bytes that are ``step``'s snapshot file (``MAP_SHARED``): what
+        is copied into them is in the file, no ``write`` after. The file is the slot's (a
+        retired one reused: its pages exist already), its space reserved first
+        (``posix_fallocate``: a full ``/dev/shm`` is an OSError here, not a SIGBUS on a
+        store into the mapping). A mapping is kept while its file exists, so that the
+        next snapshot into it does not fault its page tables in again."""
+        name = snapshot_file(self.peer_rank if held else self.ring.rank)
+        with self._maps_lock:
+            self._prune()
+            fd = os.open(self.slot(held, step) / name, os.O_RDWR | os.O_CREAT, 0o600)
+            keep = False
+            try:
+                st = os.fstat(fd)
+                if st.st_size != size:
+                    os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)
+                key = (st.st_dev, st.st_ino)
+                cached = self._maps.get(key)
+                if cached is not None and len(cached[1]) == size:
+                    return cached[2]
+                if cached is not None:
+                    self._drop(key)
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                self._maps[key] = (fd, mm, torch.frombuffer(mm, dtype=torch.uint8))
+                keep = True
+                return self._maps[key][2]
+            finally:
+                if not keep:
+                    os.close(fd)
+
+    def _prune(self) -> None:
+        """Forget the mappings of files deleted since (their memory goes with them)."""
+        for key, (fd, _, _) in list(self._maps.items()):
+            if os.fstat(fd).st_nlink == 0:
+                self._drop(key)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        fd, _, _ = self._maps.pop(key)
+        os.close(fd)  # the mapping is unmapped once no view of it is left
+
+    def close(self) -> None:
+        """Forget every mapping (the files stay)."""
+        with self._maps_lock:
+            for key in list(self._maps):
+                self._drop(key)
 
     def commit(self, held: bool, step: int, manifest: Manifest, protect: int | None = None) -> None:
         """Make ``step`` complete (its manifest, atomically), then retire the steps

@@ -2,14 +2,16 @@
 
 Taking one (collective over the snapshot group), in two parts:
 
-* on the training thread, :meth:`Snapshots.take` copies the state's tensors into the
-  stager's buffer (kept between snapshots) and serializes the rest into the header:
+* on the training thread, :meth:`Snapshots.take` serializes the header and copies the
+  state's tensors straight into the snapshot's file in this node's shared memory (a
+  retired snapshot's file, mapped and kept mapped: no new pages, no ``write`` after):
   all that must happen before the weights change;
-* on the snapshot thread, the rest: the CRC32C, the file in this node's shared memory
-  (into a retired snapshot's directory), its manifest; then the bytes go to the rank
-  holding this rank's copy on the previous node (ring) while the copy of the next
-  node's arrives, is checked and written beside the own. One snapshot is in flight at
-  a time: the next :meth:`~Snapshots.take` waits for it.
+* on the snapshot thread, the rest: the CRC32C and the manifest; then the file's bytes
+  go to the rank holding this rank's copy on the previous node (ring) while the copy
+  of the next node's arrives straight into its file beside the own, and is checked.
+  One snapshot is in flight at a time: the next :meth:`~Snapshots.take` waits for it.
+  (On a GPU the copy goes into a pinned buffer instead, asynchronously, and the
+  thread writes the file.)
 
 A failed write (shared memory full) is logged and costs that snapshot only; the disk
 tiers stay the durable ones. A snapshot counts once its manifest is written, after
@@ -38,7 +40,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -129,6 +131,7 @@ class Snapshots:
         with _GENERATION_LOCK:
             if _current is self:
                 _current = None
+        self.tier.close()
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -139,15 +142,34 @@ class Snapshots:
 
     def take(self, step: int) -> None:
         """Collective: snapshot the current state as ``step``. Returns once the state is
-        copied; the rest runs on the snapshot thread."""
+        copied (into its file in shared memory, mapped); the rest runs on the snapshot
+        thread."""
         self.wait()
-        staged = self._stager.stage(self.app_state.state_dict())
+        staged = self._stager.stage(self.app_state.state_dict(), into=self._file(False, step))
         # The same decision on every rank: each takes the same snapshots, counted from 0
         # in every iteration (the first one after a restart goes to the peer).
         copy = self.tier.has_peer and self.peer_every > 0 and self.taken % self.peer_every == 0
         self._job = Future()
         self._queue.put((self._job, step, staged, copy))
         self.taken += 1
+
+    def _file(self, held: bool, step: int, placed: list[bool] | None = None) -> Callable[[int], torch.Tensor | None]:
+        """``into(n)`` for the stager and the receiver: ``step``'s snapshot file, mapped
+        (``placed`` says whether it was), or None (the caller's buffer) when it cannot be
+        (shared memory full): the file is then written after, or fails there."""
+
+        def into(n: int) -> torch.Tensor | None:
+            try:
+                with self._writing():  # a superseded thread changes no file
+                    out = self.tier.mapped(held, step, n)
+            except OSError as exc:
+                log.warning("memory: step %d's file not mapped in %s: %s", step, self.tier.describe(held), exc)
+                return None
+            if placed is not None:
+                placed.append(True)
+            return out
+
+        return into
 
     def _finish(self, step: int, staged: Staged, copy: bool) -> None:
         t0 = time.monotonic()
@@ -174,7 +196,8 @@ class Snapshots:
         )
         try:
             with self._writing():
-                staged.write_to(self.tier.slot(False, step) / snapshot_file(rank))
+                if not staged.in_place:
+                    staged.write_to(self.tier.slot(False, step) / snapshot_file(rank))
                 # The newest step whose copy reached the peer keeps its own snapshot until
                 # this one's copy has gone too: a node lost meanwhile still finds a step
                 # that its rank's holder and every other rank have.
@@ -183,18 +206,34 @@ class Snapshots:
             log.warning("memory: snapshot of step %d not written to %s: %s", step, self.tier.describe(), exc)
         if not copy:
             return
+        # The peer's copy is received straight into its file here, mapped.
         transfers = [(r, ring.holder_of(r)) for r in range(self.comm.world_size)]
-        outgoing = {ring.holder_of(rank): (_head(manifest, staged.prefix), staged.blob)}
-        received = exchange(transfers, rank, outgoing, self.group, into=self._receive_buffer)
+        outgoing = {ring.holder_of(rank): (manifest.to_json().encode(), staged.data)}
+        placed: list[bool] = []
+        into = self._file(True, step, placed)
+
+        def receive_into(n: int) -> torch.Tensor:
+            out = into(n)
+            return self._receive_buffer(n) if out is None else out
+
+        received = exchange(transfers, rank, outgoing, self.group, into=receive_into)
         self.copied_step = step
         peer = self.tier.peer_rank
+        head, body = received[peer]
         try:
-            peer_staged, peer_manifest = _unpack(received[peer])
-            where = f"rank {peer}'s snapshot of step {peer_manifest.step}"
-            check(peer_staged, peer_manifest, snapshot_file(peer), where)
+            if not head:
+                raise SnapshotMismatch("the peer sent nothing")
+            try:
+                peer_manifest = Manifest.from_json(head)
+            except ValueError as exc:
+                raise SnapshotMismatch(f"not a snapshot message: {exc}") from None
+            if peer_manifest.step != step:
+                raise SnapshotMismatch(f"it is of step {peer_manifest.step}, this snapshot's is {step}")
+            check(body, peer_manifest, snapshot_file(peer), f"rank {peer}'s snapshot of step {step}")
             with self._writing():
-                peer_staged.write_to(self.tier.slot(True, peer_manifest.step) / snapshot_file(peer))
-                self.tier.commit(True, peer_manifest.step, peer_manifest)
+                if not placed:
+                    Staged(body).write_to(self.tier.slot(True, step) / snapshot_file(peer))
+                self.tier.commit(True, step, peer_manifest)
         except (SnapshotMismatch, OSError) as exc:
             log.warning("memory: copy of rank %d's snapshot not kept: %s", peer, exc)
 
@@ -303,26 +342,6 @@ class Snapshots:
             return None, None, f"the copy from rank {src}: {exc}"
         except (RuntimeError, MemoryError) as exc:  # every rank must reach the gather
             return None, None, f"{type(exc).__name__}: {exc}"
-
-
-def _head(manifest: Manifest, prefix: bytes) -> bytes:
-    """A snapshot message's head: the manifest's JSON (length first), the file's prefix."""
-    text = manifest.to_json().encode()
-    return len(text).to_bytes(8, "little") + text + prefix
-
-
-def _unpack(message: tuple[bytes, torch.Tensor]) -> tuple[Staged, Manifest]:
-    """A peer's snapshot message as the staged file (its body: the tensors' bytes) and
-    the manifest."""
-    head, body = message
-    if not head:
-        raise SnapshotMismatch("the peer sent nothing")
-    n = int.from_bytes(head[:8], "little")
-    try:
-        manifest = Manifest.from_json(head[8 : 8 + n])
-    except ValueError as exc:
-        raise SnapshotMismatch(f"not a snapshot message: {exc}") from None
-    return Staged(head[8 + n :], body), manifest
 
 
 def _from(min_step: int | None) -> str:
