@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
-from drill.runner import EventTail, Node  # noqa: E402
+from drill.runner import EventTail, Node, _children  # noqa: E402
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -96,6 +96,27 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     out.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     out.update(extra or {})
     return out
+
+
+#: The niceness of a spare node's processes until it takes over.
+SPARE_NICE = 19
+
+
+def unnice(pid: int) -> None:
+    """Every thread of ``pid`` and its descendants back to niceness 0 (nice is per thread
+    on Linux; threads started later inherit their creator's)."""
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(_children(p))
+        for tid in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else ():
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                say(f"cannot give pid {p} its priority back (not root): the spare node stays niced")
+                return
 
 
 def cmd(nproc: int, run_dir: Path, overrides: list[str], *, spares: int = 0, wait_for: Path | None = None) -> list[str]:
@@ -262,9 +283,15 @@ class FaultedRun:
             # Each node's own RAM: a replacement node does not find its predecessor's.
             self._shm[name] = Path("/dev/shm") / f"ftfleet-goodput-{os.getpid()}-{name}"
             extra["FTFLEET_SHM_DIR"] = str(self._shm[name])
+        command = cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate)
+        if gate is not None:
+            # A spare node is another machine on the fleet: its boot (three processes
+            # importing torch) must not take the active node's CPU here. Niced until it
+            # takes over (launch() gives its processes their priority back).
+            command = ["nice", "-n", str(SPARE_NICE), *command]
         node = Node(
             name,
-            cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate),
+            command,
             env(extra),
             REPO,
             self.run_dir.parent / f"{name}.log",
@@ -280,6 +307,7 @@ class FaultedRun:
         in-process run keeps one spare node warm behind the active one."""
         if self.standby is not None:
             node, self.standby = self.standby, None
+            unnice(node.pid)
             self._gates[node.name].touch()
         else:
             node = self._start()

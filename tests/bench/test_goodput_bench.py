@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -137,3 +140,27 @@ def test_markdown_and_plot(bench, tmp_path):
     out = tmp_path / "goodput.png"
     assert bench.plot(out, model, results) == f"wrote {out}"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering a niceness needs root (CAP_SYS_NICE)")
+def test_a_spare_node_taking_over_gets_its_priority_back_in_every_thread(bench):
+    code = "import subprocess, threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); "
+    code += "subprocess.run(['sleep', '30'])"
+    proc = subprocess.Popen(["nice", "-n", str(bench.SPARE_NICE), sys.executable, "-c", code])
+    try:
+        tids = []
+        for _ in range(100):  # the child and the thread start
+            kids = bench._children(proc.pid)
+            tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+            if kids and len(tids) >= 2:
+                break
+            time.sleep(0.05)
+        everyone = tids + kids
+        assert all(os.getpriority(os.PRIO_PROCESS, t) == bench.SPARE_NICE for t in everyone)
+        bench.unnice(proc.pid)
+        assert all(os.getpriority(os.PRIO_PROCESS, t) == 0 for t in everyone)
+    finally:
+        for p in bench._children(proc.pid):
+            os.kill(p, 9)
+        proc.kill()
+        proc.wait()
