@@ -15,7 +15,8 @@ checkpoint's files dropped (posix_fadvise) first:
   own read and parse (``load_into`` with the safe reader, no check).
 
 The three alternate within each repeat, so that a shared machine's drifting load hits
-them alike; the ratios are medians of the per-repeat ratios.
+them alike; the ratios are medians of the per-repeat ratios. New tensors are on
+transparent huge pages, as in the trainer (``--small-pages``: 4 KiB pages).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from checkpoint_bench import build_state, evict, files_under, timed  # noqa: E402
 
+from ftfleet.trainer import hostmem  # noqa: E402
 from ftfleet.trainer.checkpoint.manager import CheckpointManager  # noqa: E402
 from ftfleet.trainer.checkpoint.restore import find_and_prepare  # noqa: E402
 from ftfleet.trainer.checkpoint.safe_load import load_into  # noqa: E402
@@ -48,7 +50,15 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2, help="DCP writer threads (files per rank)")
+    ap.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="4 KiB pages for new tensors (THP_MEM_ALLOC_ENABLE=0), not the huge pages the trainer asks for",
+    )
     args = ap.parse_args()
+    if args.small_pages:
+        os.environ[hostmem.ENV] = "0"
+    hostmem.use_huge_pages()  # as the trainer does, before anything large is allocated
 
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
