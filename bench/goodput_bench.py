@@ -98,8 +98,10 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-#: The niceness of a spare node's processes until it takes over.
+#: The niceness of a spare node's processes until it takes over (only where it can be
+#: given back: lowering a niceness needs root).
 SPARE_NICE = 19
+CAN_UNNICE = os.geteuid() == 0
 
 
 def unnice(pid: int) -> None:
@@ -109,7 +111,11 @@ def unnice(pid: int) -> None:
     while todo:
         p = todo.pop()
         todo.extend(_children(p))
-        for tid in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else ():
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:  # gone meanwhile
+            continue
+        for tid in tids:
             try:
                 os.setpriority(os.PRIO_PROCESS, int(tid), 0)
             except ProcessLookupError:
@@ -284,7 +290,7 @@ class FaultedRun:
             self._shm[name] = Path("/dev/shm") / f"ftfleet-goodput-{os.getpid()}-{name}"
             extra["FTFLEET_SHM_DIR"] = str(self._shm[name])
         command = cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate)
-        if gate is not None:
+        if gate is not None and CAN_UNNICE:
             # A spare node is another machine on the fleet: its boot (three processes
             # importing torch) must not take the active node's CPU here. Niced until it
             # takes over (launch() gives its processes their priority back).

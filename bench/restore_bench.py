@@ -30,10 +30,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# Before torch is imported: it reads the variable at its first allocation.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")
 
 from checkpoint_bench import build_state, evict, files_under, timed  # noqa: E402
 
-from ftfleet.trainer import hostmem  # noqa: E402
 from ftfleet.trainer.checkpoint.manager import CheckpointManager  # noqa: E402
 from ftfleet.trainer.checkpoint.restore import find_and_prepare  # noqa: E402
 from ftfleet.trainer.checkpoint.safe_load import load_into  # noqa: E402
@@ -56,9 +57,6 @@ def main() -> int:
         help="4 KiB pages for new tensors (THP_MEM_ALLOC_ENABLE=0), not the huge pages the trainer asks for",
     )
     args = ap.parse_args()
-    if args.small_pages:
-        os.environ[hostmem.ENV] = "0"
-    hostmem.use_huge_pages()  # as the trainer does, before anything large is allocated
 
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)

@@ -32,18 +32,21 @@ import datetime
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
 
-import torch
-import torch.distributed as dist
+# Before torch is imported: it reads the variable at its first allocation.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")
 
-from ftfleet.trainer import hostmem
-from ftfleet.trainer.checkpoint.comm import DistComm
-from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
-from ftfleet.trainer.checkpoint.restore import Identity
-from ftfleet.trainer.checkpoint.snapshots import Snapshots
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from ftfleet.trainer.checkpoint.comm import DistComm  # noqa: E402
+from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
+from ftfleet.trainer.checkpoint.restore import Identity  # noqa: E402
+from ftfleet.trainer.checkpoint.snapshots import Snapshots  # noqa: E402
 
 
 class State:
@@ -87,9 +90,6 @@ def main() -> None:
         help="4 KiB pages for new tensors (THP_MEM_ALLOC_ENABLE=0), not the huge pages the trainer asks for",
     )
     args = parser.parse_args()
-    if args.small_pages:
-        os.environ[hostmem.ENV] = "0"
-    hostmem.use_huge_pages()  # as the trainer does, before anything large is allocated
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -118,7 +118,7 @@ def main() -> None:
                 os.remove(os.path.join(root, f"naive-{mb:g}-{rank}-{counter[0] - 1}.pt"))
 
         baseline = _median(naive, args.repeat, bump)
-        snaps.take(state.step)  # the first allocates the stager's and receiver's buffers
+        snaps.take(state.step)  # the first creates and maps the files (own and copy)
         snaps.wait()
 
         def settled(snaps: Snapshots = snaps, bump: Any = bump) -> None:
@@ -145,6 +145,7 @@ def main() -> None:
         read = _median(read_once, args.repeat)
         restore = _median(lambda tier=tier, step=step: tier.load(False, step), args.repeat)
         rows.append((mb, size, baseline, blocked, whole, read, restore))
+        snaps.close()  # its thread ends and its files' mappings go
         shutil.rmtree(tier.root, ignore_errors=True)
     if rank == 0:
         print(f"{world} ranks (each holds the other's copy), median of {args.repeat}")

@@ -22,16 +22,18 @@ trimming). Blocks then come from the heap, but PyTorch allocates with
 size (it asks for the size plus the alignment): the heap grew by every step's blocks
 (measured with strace), a leak in a long run.
 
-The allocator reads the variable once, at its first large allocation: call
-:func:`use_huge_pages` before the model is built. It sets the variable only when it is
-not set (``THP_MEM_ALLOC_ENABLE=0`` keeps a user's choice); children (data-loader
-workers) inherit it.
+PyTorch reads the variable once, at its first CPU allocation (of any size): call
+:func:`use_huge_pages` before importing torch (the trainer's entry points do, right
+after the config is read), or set ``THP_MEM_ALLOC_ENABLE=1`` in the environment. It
+sets the variable only when it is not set (``THP_MEM_ALLOC_ENABLE=0`` keeps a user's
+choice); children (data-loader workers) inherit it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 log = logging.getLogger("ftfleet.hostmem")
@@ -56,6 +58,12 @@ def use_huge_pages(path: Path = THP_MODE) -> bool:
     mode = thp_mode(path)
     if os.environ.get(ENV) is None:
         os.environ[ENV] = "1"
+        if "torch" in sys.modules:
+            log.info(
+                "host memory: %s=1 set after torch was imported: it holds only if torch has not "
+                "allocated CPU memory yet (set it in the environment, or call this before importing torch)",
+                ENV,
+            )
     asked = os.environ[ENV] == "1"
     if asked and mode == "never":
         log.info("host memory: the kernel's transparent huge pages are off (%s: never); 4 KiB pages", path)

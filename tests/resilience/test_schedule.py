@@ -100,7 +100,11 @@ def _saving_schedule() -> tuple[SaveSchedule, SavingCkpt]:
 def test_the_durable_interval_is_planned_as_soon_as_the_first_save_is_measured():
     s, ckpt = _saving_schedule()
     s.restored(None, 0)
-    for i in range(1, 11):
+    for i in range(1, 9):
+        s.on_step_end(None, _step(i, 1.0))
+    # Step times measured, no save started: nothing to plan again for before step 9.
+    assert s._replan_save is None and s.next_save == 9
+    for i in range(9, 11):
         s.on_step_end(None, _step(i, 1.0))
     assert ckpt.saves == [9]  # the stopgap interval, planned again meanwhile from step 0
     s._on_commit(types.SimpleNamespace(step=9))  # its commit lands after step 10
@@ -115,8 +119,10 @@ def test_after_a_restore_from_memory_the_interval_runs_from_the_newest_durable_s
     ckpt.newest_on_disk = 54
     s.restored(types.SimpleNamespace(step=79, tier="memory"), 79)
     assert s.next_save == 79 + 9  # no step time yet: a stopgap from now, not due at once
-    s.on_step_end(None, _step(80, 1.0))
-    assert ckpt.saves == []
-    s.on_step_end(None, _step(81, 1.0))
+    s.on_step_end(None, _step(80, 4.0))  # the warm-up step after the restore: not counted
+    for step in range(81, 85):
+        s.on_step_end(None, _step(step, 1.0))
+        assert s.next_save == 88 and ckpt.saves == []  # too few steps measured yet
+    s.on_step_end(None, _step(85, 1.0))  # chosen again with 5 step times
     expected, _ = s.interval.interval_steps(1.0)
-    assert s.next_save == 54 + expected and ckpt.saves == []
+    assert s.next_save == 54 + expected and ckpt.saves == [] and s._replan_save is None

@@ -275,3 +275,21 @@ def test_a_full_shared_memory_falls_back_to_writing_the_file(tmp_path, monkeypat
     taken = _model_hash(m)
     fresh = _manager(tmp_path)
     assert fresh.restore().step == 2 and _model_hash(fresh) == taken
+
+
+def test_a_file_of_another_size_is_a_new_file_and_older_mappings_stay_valid(tmp_path):
+    """A snapshot whose size changed (its header crossed a padding boundary) gets a new
+    file: truncating the old one would turn a store or a read through an older mapping
+    (an earlier iteration's thread) into a SIGBUS."""
+    from ftfleet.trainer.checkpoint.memory import MemoryTier
+
+    tier = MemoryTier(tmp_path / "shm", Ring(0, 1, 1))
+    old = tier.mapped(False, 5, 1 << 20)
+    old.fill_(7)
+    ino = tier.path(False, 5).stat().st_ino
+    new = tier.mapped(False, 5, 1 << 19)
+    assert tier.path(False, 5).stat().st_size == 1 << 19 and tier.path(False, 5).stat().st_ino != ino
+    old[-1] = 3  # the whole old mapping is still there (its file is orphaned, not shorter)
+    assert int(old[: 1 << 19].sum()) == 7 * (1 << 19) and new.numel() == 1 << 19
+    assert len(tier._maps) == 1  # the orphan's mapping was forgotten
+    tier.close()

@@ -49,6 +49,7 @@ import mmap
 import os
 import shutil
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,9 @@ class Stager:
         total = len(prefix) + size
         data = into(total) if into is not None and not cuda else None
         in_place = data is not None
-        if data is None:
+        if in_place:
+            self.buffer = None  # a fallback's buffer is not kept once mapping works
+        else:
             if self.buffer is None or self.buffer.numel() < total or self.buffer.is_pinned() != cuda:
                 self.buffer = None  # the old one goes first: two would be twice the memory
                 self.buffer = torch.zeros(max(total, 1), dtype=torch.uint8, pin_memory=cuda)
@@ -267,6 +270,14 @@ class MemoryTier:
         #: from being reused while it is cached; the mapping; a tensor over it).
         self._maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]] = {}
         self._maps_lock = threading.Lock()
+        # An iteration that fails never closes its tier: its fds go with the object.
+        weakref.finalize(self, _close_fds, self._maps)
+        # Directories a writer left without a manifest (killed mid-write, or an older
+        # iteration's thread whose transfer may still land in them): never reused.
+        for base in (self.own_dir, self.held_dir):
+            for p in base.glob("step-*") if base.is_dir() else ():
+                if not (p / "manifest.json").exists():
+                    shutil.rmtree(p, ignore_errors=True)
 
     @property
     def has_peer(self) -> bool:
@@ -305,13 +316,18 @@ class MemoryTier:
         next snapshot into it does not fault its page tables in again."""
         name = snapshot_file(self.peer_rank if held else self.ring.rank)
         with self._maps_lock:
+            path = self.slot(held, step) / name
+            if path.exists() and path.stat().st_size != size:
+                # Another size: a new file, never this one truncated, which would make a
+                # store or a read through an older mapping of it a SIGBUS.
+                path.unlink()
             self._prune()
-            fd = os.open(self.slot(held, step) / name, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             keep = False
             try:
                 st = os.fstat(fd)
                 if st.st_size != size:
-                    os.ftruncate(fd, size)
+                    os.ftruncate(fd, size)  # a new file: it grows
                 os.posix_fallocate(fd, 0, size)
                 key = (st.st_dev, st.st_ino)
                 cached = self._maps.get(key)
@@ -356,6 +372,8 @@ class MemoryTier:
             os.replace(old_dir, base / f"{_FREE}{old}")
         for extra in self._retired(base)[1:]:  # one spare directory is all a writer needs
             shutil.rmtree(extra, ignore_errors=True)
+        with self._maps_lock:  # a deleted file's memory goes now, not at the next snapshot
+            self._prune()
 
     @staticmethod
     def _retired(base: Path) -> list[Path]:
@@ -454,6 +472,15 @@ class MemoryTier:
             raise SnapshotMismatch(f"{path}: {type(exc).__name__}: {exc}") from None
         check(data[:got], manifest, path.name, str(path.parent))
         return data, manifest
+
+
+def _close_fds(maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]]) -> None:
+    for fd, _, _ in maps.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    maps.clear()
 
 
 def _expected(manifest: Manifest, name: str, where: str) -> Any:

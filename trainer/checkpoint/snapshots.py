@@ -139,6 +139,7 @@ class Snapshots:
             if future.set_running_or_notify_cancel():
                 self._finish(step, staged, copy)
                 future.set_result(None)
+        self.tier.close()  # closed or superseded: its files' mappings go
 
     def take(self, step: int) -> None:
         """Collective: snapshot the current state as ``step``. Returns once the state is
@@ -162,6 +163,8 @@ class Snapshots:
             try:
                 with self._writing():  # a superseded thread changes no file
                     out = self.tier.mapped(held, step, n)
+            except Superseded:
+                return None  # its thread stops at the manifest
             except OSError as exc:
                 log.warning("memory: step %d's file not mapped in %s: %s", step, self.tier.describe(held), exc)
                 return None
@@ -214,7 +217,10 @@ class Snapshots:
 
         def receive_into(n: int) -> torch.Tensor:
             out = into(n)
-            return self._receive_buffer(n) if out is None else out
+            if out is None:
+                return self._receive_buffer(n)
+            self._received = None  # a fallback's buffer is not kept once mapping works
+            return out
 
         received = exchange(transfers, rank, outgoing, self.group, into=receive_into)
         self.copied_step = step

@@ -38,6 +38,10 @@ log = logging.getLogger("ftfleet.schedule")
 UNMEASURED = "adaptive: no "
 #: Steps between attempts to choose such an interval again.
 REPLAN_STEPS = 2
+#: Step times (the first step of a process or iteration left out) before the median
+#: is taken as the step time; fewer: the interval is a stopgap, chosen again.
+MIN_STEPS = 4
+NO_STEPS = "adaptive: no step measured yet"
 
 
 class IntervalState:
@@ -104,6 +108,8 @@ class SaveSchedule(Callback):
         #: a save's cost): chosen again every REPLAN_STEPS steps until it has them, not
         #: fixed_steps later (after every restart that was one more save than planned).
         self._replan_save: tuple[int, int] | None = None
+        self._first_step_seen = False
+        self._saves_started = 0
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -129,7 +135,9 @@ class SaveSchedule(Callback):
         self.interval.record_interruption(received_at)
 
     def on_step_end(self, run: Run, info: StepInfo) -> None:
-        self._step_times.append(info.step_time_s)
+        if self._first_step_seen:  # the first (warm-up, after a restore) is no measure
+            self._step_times.append(info.step_time_s)
+        self._first_step_seen = True
         # Steps that overlapped a background save measure what persisting costs training.
         self.interval.record_step(info.step_time_s, info.saving, info.snapshotting)
         self._measure_snapshot(info)
@@ -154,6 +162,7 @@ class SaveSchedule(Callback):
         """Collective. Start (or with ``blocking``, commit) a save of ``step``, then
         choose the next one. ``event_fields`` go into its ``committed`` event (an
         emergency save's ``deadline``)."""
+        self._saves_started += 1
         self._pending[step] = {"reason": reason, **event_fields}
         self._emit("save", step=step, reason=reason, blocking=blocking)
         if self.watchdog is not None:
@@ -237,8 +246,8 @@ class SaveSchedule(Callback):
         if self.cfg.mode == "fixed":
             self.next_save = (step // fixed + 1) * fixed
             return
-        steps, why = fixed, f"adaptive: no step measured yet, every {fixed} steps"
-        if self._step_times:
+        steps, why = fixed, f"{NO_STEPS}, every {fixed} steps"
+        if len(self._step_times) >= MIN_STEPS:
             steps, why = self.interval.interval_steps(statistics.median(self._step_times))
         choice = [steps, why]
         if dist.is_initialized() and dist.get_world_size(self.group) > 1:
@@ -255,7 +264,10 @@ class SaveSchedule(Callback):
             next_save = self.next_save if replan else now + steps
         changed = (next_save, why) != (self.next_save, self.reason)
         self.next_save = next_save
-        self._replan_save = (now + REPLAN_STEPS, step) if unmeasured else None
+        # Planning again helps only where the missing measure can come: step times, or
+        # the cost of a save that was started (its commit). Counted, the same everywhere.
+        waiting = why.startswith(NO_STEPS) or self._saves_started > 0
+        self._replan_save = (now + REPLAN_STEPS, step) if unmeasured and waiting and self.ckpt.cfg.enabled else None
         if self.metrics is not None:
             self.metrics.checkpoint_interval_steps.set(steps)
         if why != self.reason:
