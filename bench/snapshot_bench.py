@@ -118,8 +118,10 @@ def main() -> None:
                 os.remove(os.path.join(root, f"naive-{mb:g}-{rank}-{counter[0] - 1}.pt"))
 
         baseline = _median(naive, args.repeat, bump)
-        snaps.take(state.step)  # the first creates and maps the files (own and copy)
-        snaps.wait()
+        for _ in range(3):  # the files are created and mapped once, as in training
+            bump()
+            snaps.take(state.step)
+            snaps.wait()
 
         def settled(snaps: Snapshots = snaps, bump: Any = bump) -> None:
             snaps.wait()  # in training the previous snapshot is long done by the next

@@ -234,15 +234,20 @@ def test_a_header_naming_a_tensor_beyond_the_file_is_refused_before_allocating_i
 
 
 def test_a_snapshot_is_copied_straight_into_its_file_which_stays_mapped(tmp_path, monkeypatch):
-    """The training thread copies the state into the snapshot's file itself (mapped): the
-    file is never written after; the two files of memory_keep=1 take turns, and only
-    files that exist stay mapped."""
+    """From the second snapshot on, the training thread copies the state into the
+    snapshot's file itself (mapped, prepared by the snapshot thread): the file is not
+    written after; the two files of memory_keep=1 take turns, and only files that exist
+    stay mapped. The first goes through a buffer and is written by the thread."""
     from ftfleet.trainer.checkpoint import memory
 
-    def no_write(self, path):
-        raise AssertionError("the bytes should be in the file already")
+    written = []
+    write_to = memory.Staged.write_to
 
-    monkeypatch.setattr(memory.Staged, "write_to", no_write)
+    def counted(self, path):
+        written.append(path)
+        write_to(self, path)
+
+    monkeypatch.setattr(memory.Staged, "write_to", counted)
     m = _manager(tmp_path, "checkpoint.memory_keep=1")
     tier = m.snapshots.tier
     for step in range(1, 7):
@@ -252,6 +257,7 @@ def test_a_snapshot_is_copied_straight_into_its_file_which_stays_mapped(tmp_path
         m.app_state.progress.step = step
         m.snapshot(blocking=True, step=step)
         assert m.snapshots.last_complete[0] == step
+    assert [p.parent.name for p in written] == ["step-1"]
     taken = _model_hash(m)
     files = {(d / "__0.snap").stat().st_ino for d in tier.own_dir.iterdir()}
     assert len(files) == 2 and {ino for _, ino in tier._maps} == files
@@ -267,9 +273,10 @@ def test_a_full_shared_memory_falls_back_to_writing_the_file(tmp_path, monkeypat
 
     monkeypatch.setattr(memory.os, "posix_fallocate", full)
     m = _manager(tmp_path)
-    m.app_state.progress.step = 2
-    with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
-        m.snapshot(blocking=True, step=2)
+    for step in (1, 2):  # the second would be mapped
+        m.app_state.progress.step = step
+        with caplog.at_level(logging.WARNING, logger="ftfleet.ckpt"):
+            m.snapshot(blocking=True, step=step)
     assert any("not mapped" in r.message and "No space left" in r.message for r in caplog.records)
     assert m.snapshots.last_complete[0] == 2  # staged in a buffer, then written
     taken = _model_hash(m)

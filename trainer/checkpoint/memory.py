@@ -310,39 +310,53 @@ class MemoryTier:
     def mapped(self, held: bool, step: int, size: int) -> torch.Tensor:
         """``size`` writable bytes that are ``step``'s snapshot file (``MAP_SHARED``): what
         is copied into them is in the file, no ``write`` after. The file is the slot's (a
-        retired one reused: its pages exist already), its space reserved first
-        (``posix_fallocate``: a full ``/dev/shm`` is an OSError here, not a SIGBUS on a
-        store into the mapping). A mapping is kept while its file exists, so that the
-        next snapshot into it does not fault its page tables in again."""
+        retired one reused: its pages exist already, and :meth:`prepare` mapped it), its
+        space reserved first (``posix_fallocate``: a full ``/dev/shm`` is an OSError
+        here, not a SIGBUS on a store into the mapping). A mapping is kept while its file
+        exists, so that the next snapshot into it does not fault its page tables in."""
         name = snapshot_file(self.peer_rank if held else self.ring.rank)
         with self._maps_lock:
-            path = self.slot(held, step) / name
-            if path.exists() and path.stat().st_size != size:
-                # Another size: a new file, never this one truncated, which would make a
-                # store or a read through an older mapping of it a SIGBUS.
-                path.unlink()
-            self._prune()
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            keep = False
-            try:
-                st = os.fstat(fd)
-                if st.st_size != size:
-                    os.ftruncate(fd, size)  # a new file: it grows
-                os.posix_fallocate(fd, 0, size)
-                key = (st.st_dev, st.st_ino)
-                cached = self._maps.get(key)
-                if cached is not None and len(cached[1]) == size:
-                    return cached[2]
-                if cached is not None:
-                    self._drop(key)
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-                self._maps[key] = (fd, mm, torch.frombuffer(mm, dtype=torch.uint8))
-                keep = True
-                return self._maps[key][2]
-            finally:
-                if not keep:
-                    os.close(fd)
+            return self._map_file(self.slot(held, step) / name, size)
+
+    def prepare(self, held: bool, size: int) -> None:
+        """Have a retired file of ``size`` bytes allocated and mapped for the next
+        snapshot (a new one when none is retired yet): the snapshot thread calls this
+        after a commit, so that the training thread's next copy finds its pages."""
+        base = self.held_dir if held else self.own_dir
+        name = snapshot_file(self.peer_rank if held else self.ring.rank)
+        with self._maps_lock:
+            retired = self._retired(base)
+            spare = retired[0] if retired else base / f"{_FREE}next"
+            spare.mkdir(parents=True, exist_ok=True)
+            self._map_file(spare / name, size)
+
+    def _map_file(self, path: Path, size: int) -> torch.Tensor:
+        if path.exists() and path.stat().st_size != size:
+            # Another size: a new file, never this one truncated, which would make a
+            # store or a read through an older mapping of it a SIGBUS.
+            path.unlink()
+        self._prune()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        keep = False
+        try:
+            st = os.fstat(fd)
+            if st.st_size != size:
+                os.ftruncate(fd, size)  # a new file: it grows
+            os.posix_fallocate(fd, 0, size)
+            key = (st.st_dev, st.st_ino)
+            cached = self._maps.get(key)
+            if cached is not None and len(cached[1]) == size:
+                return cached[2]
+            if cached is not None:
+                self._drop(key)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            self._maps[key] = (fd, mm, torch.frombuffer(mm, dtype=torch.uint8))
+            keep = True
+            return self._maps[key][2]
+        finally:
+            if not keep:
+                os.close(fd)
 
     def _prune(self) -> None:
         """Forget the mappings of files deleted since (their memory goes with them)."""

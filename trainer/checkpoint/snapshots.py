@@ -146,7 +146,12 @@ class Snapshots:
         copied (into its file in shared memory, mapped); the rest runs on the snapshot
         thread."""
         self.wait()
-        staged = self._stager.stage(self.app_state.state_dict(), into=self._file(False, step))
+        # The first snapshot of an iteration goes through a buffer (new huge pages, quick)
+        # and is written by the thread, which then prepares the file for the next one: a
+        # new file in /dev/shm (4 KiB pages) costs more than the copy, and that cost must
+        # not fall on the training thread.
+        into = self._file(False, step) if self.taken else None
+        staged = self._stager.stage(self.app_state.state_dict(), into=into)
         # The same decision on every rank: each takes the same snapshots, counted from 0
         # in every iteration (the first one after a restart goes to the peer).
         copy = self.tier.has_peer and self.peer_every > 0 and self.taken % self.peer_every == 0
@@ -207,6 +212,7 @@ class Snapshots:
                 self.tier.commit(False, step, manifest, protect=self.copied_step)
         except OSError as exc:
             log.warning("memory: snapshot of step %d not written to %s: %s", step, self.tier.describe(), exc)
+        self._prepare(False, staged.data.numel())
         if not copy:
             return
         # The peer's copy is received straight into its file here, mapped.
@@ -242,6 +248,16 @@ class Snapshots:
                 self.tier.commit(True, step, peer_manifest)
         except (SnapshotMismatch, OSError) as exc:
             log.warning("memory: copy of rank %d's snapshot not kept: %s", peer, exc)
+        self._prepare(True, body.numel())
+
+    def _prepare(self, held: bool, size: int) -> None:
+        """The next snapshot's file, allocated and mapped now (see MemoryTier.prepare);
+        if that fails, the next take finds out and falls back."""
+        try:
+            with self._writing():
+                self.tier.prepare(held, size)
+        except OSError as exc:
+            log.info("memory: next snapshot file not prepared in %s: %s", self.tier.describe(held), exc)
 
     def _receive_buffer(self, n: int) -> torch.Tensor:
         if self._received is None or self._received.numel() < n:
