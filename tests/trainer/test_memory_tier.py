@@ -4,6 +4,7 @@ what is skipped (torn, corrupt, foreign), and the ring of copies."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -300,3 +301,45 @@ def test_a_file_of_another_size_is_a_new_file_and_older_mappings_stay_valid(tmp_
     assert int(old[: 1 << 19].sum()) == 7 * (1 << 19) and new.numel() == 1 << 19
     assert len(tier._maps) == 1  # the orphan's mapping was forgotten
     tier.close()
+
+
+def test_a_training_thread_waiting_for_a_snapshot_can_be_interrupted(tmp_path, monkeypatch):
+    """The in-process wrapper interrupts the training thread with an exception raised
+    between bytecodes: waiting for a snapshot whose thread is stuck (a transfer with a
+    dead peer) must not block that for good."""
+    import ctypes
+    import threading
+
+    from ftfleet.trainer.checkpoint import memory
+
+    release, entered = threading.Event(), threading.Event()
+    crc = memory.Staged.crc
+
+    def stuck_crc(self):
+        entered.set()
+        release.wait(60)
+        return crc(self)
+
+    m = _manager(tmp_path)
+    monkeypatch.setattr(memory.Staged, "crc", stuck_crc)
+    m.snapshot(1)
+    assert entered.wait(10)
+    outcome = []
+
+    def training_thread():
+        try:
+            m.snapshots.wait()
+            outcome.append("returned")
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    t = threading.Thread(target=training_thread)
+    t.start()
+    time.sleep(0.3)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt))
+    t.join(10)
+    alive = t.is_alive()
+    release.set()
+    t.join(10)
+    assert not alive and outcome == ["interrupted"]
+    m.snapshots.wait()

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
@@ -65,6 +66,8 @@ from ftfleet.trainer.checkpoint.restore import Identity, Restored
 log = logging.getLogger("ftfleet.ckpt")
 
 OWN, PEER = "own", "peer"
+#: The training thread waits for a snapshot in slices of this many seconds.
+WAIT_SLICE_S = 0.1
 
 # The newest Snapshots of this process; the threads of older ones write nothing more.
 _GENERATION_LOCK = threading.Lock()
@@ -118,9 +121,16 @@ class Snapshots:
         return self._job is not None and not self._job.done()
 
     def wait(self) -> None:
-        """Wait for the snapshot in flight (its copy sent and received)."""
+        """Wait for the snapshot in flight (its copy sent and received). In short waits:
+        an in-process restart interrupts the training thread with an exception raised
+        between two bytecodes, which a thread blocked in one long lock wait never reaches."""
         if self._job is not None:
-            self._job.result()  # _finish logs its own failures
+            while True:
+                try:
+                    self._job.result(timeout=WAIT_SLICE_S)  # _finish logs its own failures
+                    break
+                except FutureTimeout:
+                    continue
             self._job = None
 
     def close(self) -> None:
