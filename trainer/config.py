@@ -49,7 +49,7 @@ class TrainConfig:
     huge_pages: bool = True
     """Large CPU tensors on transparent huge pages (PyTorch's ``THP_MEM_ALLOC_ENABLE``;
     trainer/hostmem.py). Without them every step's big tensors come back as fresh 4 KiB
-    pages: on the goodput bench about 60% of a CPU rank's time went to page faults.
+    pages: on the goodput bench about 70% of a CPU rank's time went to the kernel (page faults).
     Set before the model is built; an explicit THP_MEM_ALLOC_ENABLE=0 is kept."""
 
     def __post_init__(self) -> None:

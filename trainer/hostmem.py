@@ -4,8 +4,9 @@ glibc's malloc serves a block above its mmap threshold (32 MiB at most) with a f
 ``mmap`` and unmaps it on ``free``. A training step frees and allocates its gradients,
 activations and optimizer temporaries every step, so each big tensor comes back as new
 4 KiB pages that the kernel faults in and zeroes one by one, every step. Measured on the
-goodput bench (a 113M-parameter GPT, 2 CPU ranks on 2 cores): about 60% of each rank's
-CPU time was the kernel's, 300-400k minor page faults a second per rank; every
+goodput bench (a 113M-parameter GPT, 2 CPU ranks on 2 cores): about 70% of each rank's
+CPU time was the kernel's, 300-400k minor page faults a second per rank (a step took
+1.83x as long as on huge pages); every
 snapshot, save, restore and restart paid for fresh pages the same way
 (docs/BENCHMARKS.md, "Host memory").
 
