@@ -25,6 +25,25 @@ def _model_hash(manager) -> str:
     return state_sha256(manager.app_state.model.state_dict())
 
 
+def _stall_snapshot_threads(monkeypatch):
+    """Snapshot threads stop at the CRC until ``release`` is set; ``entered`` says one
+    got there (the copy is taken, the rest waits)."""
+    import threading
+
+    from ftfleet.trainer.checkpoint import memory
+
+    release, entered = threading.Event(), threading.Event()
+    crc = memory.Staged.crc
+
+    def stalled_crc(self):
+        entered.set()
+        release.wait(60)
+        return crc(self)
+
+    monkeypatch.setattr(memory.Staged, "crc", stalled_crc)
+    return release, entered
+
+
 def _two_snapshots(tmp_path):
     """Snapshots of step 2 and step 4 (different weights); returns the hash of step 2's."""
     m = _manager(tmp_path)
@@ -170,21 +189,12 @@ def test_a_snapshot_file_round_trips_every_kind_of_tensor_and_value():
 def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
     """After an in-process restart the new iteration's manager supersedes the old one's
     snapshot thread: whatever that thread was doing, it commits no file afterwards."""
-    import threading
-
     from ftfleet.trainer.checkpoint import memory
 
-    release, entered = threading.Event(), threading.Event()
     crc = memory.Staged.crc
-
-    def slow_crc(self):
-        entered.set()
-        release.wait(10)
-        return crc(self)
-
     old = _manager(tmp_path)
     old.app_state.progress.step = 5
-    monkeypatch.setattr(memory.Staged, "crc", slow_crc)
+    release, entered = _stall_snapshot_threads(monkeypatch)
     old.snapshot(5)
     assert entered.wait(10) and old.snapshot_in_flight  # the copy is taken, the rest waits
     new = _manager(tmp_path)  # the restarted iteration
@@ -310,18 +320,8 @@ def test_a_training_thread_waiting_for_a_snapshot_can_be_interrupted(tmp_path, m
     import ctypes
     import threading
 
-    from ftfleet.trainer.checkpoint import memory
-
-    release, entered = threading.Event(), threading.Event()
-    crc = memory.Staged.crc
-
-    def stuck_crc(self):
-        entered.set()
-        release.wait(60)
-        return crc(self)
-
     m = _manager(tmp_path)
-    monkeypatch.setattr(memory.Staged, "crc", stuck_crc)
+    release, entered = _stall_snapshot_threads(monkeypatch)
     m.snapshot(1)
     assert entered.wait(10)
     outcome = []
