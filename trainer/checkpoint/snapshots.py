@@ -141,7 +141,6 @@ class Snapshots:
         with _GENERATION_LOCK:
             if _current is self:
                 _current = None
-        self.tier.close()
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -169,10 +168,10 @@ class Snapshots:
         self._queue.put((self._job, step, staged, copy))
         self.taken += 1
 
-    def _file(self, held: bool, step: int, placed: list[bool] | None = None) -> Callable[[int], torch.Tensor | None]:
-        """``into(n)`` for the stager and the receiver: ``step``'s snapshot file, mapped
-        (``placed`` says whether it was), or None (the caller's buffer) when it cannot be
-        (shared memory full): the file is then written after, or fails there."""
+    def _file(self, held: bool, step: int) -> Callable[[int], torch.Tensor | None]:
+        """``into(n)`` for the stager and the receiver: ``step``'s snapshot file, mapped,
+        or None (the caller's buffer) when it cannot be (shared memory full): the file
+        is then written after, or fails there."""
 
         def into(n: int) -> torch.Tensor | None:
             try:
@@ -183,8 +182,6 @@ class Snapshots:
             except OSError as exc:
                 log.warning("memory: step %d's file not mapped in %s: %s", step, self.tier.describe(held), exc)
                 return None
-            if placed is not None:
-                placed.append(True)
             return out
 
         return into
@@ -228,14 +225,14 @@ class Snapshots:
         # The peer's copy is received straight into its file here, mapped.
         transfers = [(r, ring.holder_of(r)) for r in range(self.comm.world_size)]
         outgoing = {ring.holder_of(rank): (manifest.to_json().encode(), staged.data)}
-        placed: list[bool] = []
-        into = self._file(True, step, placed)
+        into, placed = self._file(True, step), False
 
         def receive_into(n: int) -> torch.Tensor:
+            nonlocal placed
             out = into(n)
             if out is None:
                 return self._receive_buffer(n)
-            self._received = None  # a fallback's buffer is not kept once mapping works
+            placed, self._received = True, None  # a fallback's buffer is not kept once mapping works
             return out
 
         received = exchange(transfers, rank, outgoing, self.group, into=receive_into)
