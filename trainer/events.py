@@ -15,7 +15,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
 | ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
 | ``snapshot`` | step, blocked_s | an in-memory snapshot was taken (``checkpoint.memory``): the state is copied |
-| ``snapshotted`` | step, background_s, slowdown_s | its background part is done (slowdown_s: steps beside it lost) |
+| ``snapshotted`` | step, background_s, slowdown_s, counted | its copy is done (slowdown_s: lost; counted: a sample) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |
 | ``interval`` | steps, why, cost_s | the adaptive interval chose the next save (cost_s: C) |
 | ``anomaly`` | step, action, reason | a step was skipped or rolled back |

@@ -10,7 +10,7 @@ import torch
 
 from ftfleet.trainer.callbacks import StepInfo
 from ftfleet.trainer.resilience.interval import IntervalConfig
-from ftfleet.trainer.resilience.schedule import SaveSchedule
+from ftfleet.trainer.resilience.schedule import IntervalState, SaveSchedule
 
 
 class FakeCkpt:
@@ -30,8 +30,8 @@ def _step(step: int, seconds: float, saving: bool = False, snapshotting: bool = 
     return StepInfo(step, torch.tensor(0.0), step, seconds, saving, snapshotting)
 
 
-def _schedule(background_s: float, events: list) -> SaveSchedule:
-    cfg = IntervalConfig(mtbf_s=600.0, mtbf_source="config", snapshot_fixed_steps=4)
+def _schedule(background_s: float, events: list, first: int = 4) -> SaveSchedule:
+    cfg = IntervalConfig(mtbf_s=600.0, mtbf_source="config", snapshot_fixed_steps=first)
     log = types.SimpleNamespace(emit=lambda event, **f: events.append((event, f)))
     return SaveSchedule(cfg, FakeCkpt(background_s), last_step=100, events=log)
 
@@ -44,7 +44,7 @@ def test_the_steps_beside_a_snapshot_count_their_time_over_the_quiet_median():
     s.on_step_end(None, _step(5, 1.3, snapshotting=True))
     s.on_step_end(None, _step(6, 1.0))
     done = [f for e, f in events if e == "snapshotted"]
-    assert done == [{"step": 4, "background_s": 0.8, "slowdown_s": 0.3}]
+    assert done == [{"step": 4, "background_s": 0.8, "slowdown_s": 0.3, "counted": True}]
     assert abs(s.interval.snapshot_s - 0.35) < 1e-9  # blocked 0.05 + slowdown 0.3
 
 
@@ -74,6 +74,44 @@ def test_the_first_snapshots_interval_is_planned_again_once_it_is_measured():
     from ftfleet.trainer.resilience.interval import daly_interval
 
     assert s.next_snapshot == 4 + max(1, round(daly_interval(0.05, 600.0) / 1.0))
+
+
+def test_snapshot_costs_carry_over_a_restart_and_a_first_unmeasured_snapshot_is_no_sample():
+    events: list = []
+    before = _schedule(0.1, events)
+    before.interval.record_snapshot(0.05, 0.1, 0.1)
+    before.interval.record_save(0.01, 2.0)
+    saved = {k: v.clone() for k, v in IntervalState(before.interval).state_dict().items()}
+
+    # A replacement process: its first snapshot, at step 2, is slow and ends before
+    # enough quiet steps were measured (3).
+    after = _schedule(4.0, events, first=2)
+    IntervalState(after.interval).load_state_dict(saved)
+    assert after.interval.snapshots == 1 and abs(after.interval.snapshot_s - 0.15) < 1e-9
+    assert after.interval.saves == 1 and after.interval.persist_s == 2.0
+    for i in range(1, 4):
+        after.on_step_end(None, _step(i, 5.0 if i == 3 else 1.0, snapshotting=(i == 3)))
+    after.on_step_end(None, _step(4, 1.0))
+    first = [f for e, f in events if e == "snapshotted"][-1]
+    assert first["counted"] is False and first["background_s"] == 4.0
+    assert after.interval.snapshots == 1 and abs(after.interval.snapshot_s - 0.15) < 1e-9
+
+    fresh = _schedule(4.0, [], first=2)  # nothing carried: the first snapshot is the only measure
+    for i in range(1, 5):
+        fresh.on_step_end(None, _step(i, 5.0 if i == 3 else 1.0, snapshotting=(i == 3)))
+    assert fresh.interval.snapshots == 1 and abs(fresh.interval.snapshot_s - 4.05) < 1e-9
+
+
+def test_a_checkpoint_without_snapshot_costs_keeps_the_live_ones():
+    """Checkpoints written before the snapshots' costs were kept have only ``history``."""
+    source = _schedule(0.1, []).interval
+    source.record_save(0.02, 1.0)
+    old = {"history": IntervalState(source).state_dict()["history"]}
+    target = _schedule(0.1, []).interval
+    target.record_snapshot(0.05, 0.2, 0.3)
+    IntervalState(target).load_state_dict(old)
+    assert target.saves == 1 and target.persist_s == 1.0
+    assert target.snapshots == 1 and abs(target.snapshot_s - 0.25) < 1e-9
 
 
 class SavingCkpt(FakeCkpt):

@@ -328,6 +328,9 @@ class AdaptiveInterval:
             "blocked_s": self.blocked_s,
             "persist_s": self.persist_s,
             "saves": self.saves,
+            "snapshot_s": self.snapshot_s,
+            "snapshot_busy_s": self.snapshot_busy_s,
+            "snapshots": self.snapshots,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -337,3 +340,7 @@ class AdaptiveInterval:
         self.blocked_s = state.get("blocked_s")
         self.persist_s = state.get("persist_s")
         self.saves = int(state.get("saves", 0))
+        if "snapshots" in state:  # older checkpoints lack the snapshots' costs: kept then
+            self.snapshot_s = state.get("snapshot_s")
+            self.snapshot_busy_s = state.get("snapshot_busy_s")
+            self.snapshots = int(state["snapshots"])

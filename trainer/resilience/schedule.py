@@ -46,23 +46,32 @@ NO_STEPS = "adaptive: no step measured yet"
 
 class IntervalState:
     """The adaptive interval's history in the checkpoint (a ``Stateful`` extra of the
-    app state), so that a replacement node continues the run's interruption count."""
+    app state), so that a replacement node continues the run's interruption count and
+    starts from the costs measured so far. The snapshots' costs are a key of their own:
+    a checkpoint written before they were kept lacks it, and the restore keeps the live
+    values then."""
 
     _FIELDS = ("elapsed_s", "interruptions", "blocked_s", "persist_s", "saves")
+    _SNAPSHOT_FIELDS = ("snapshot_s", "snapshot_busy_s", "snapshots")
 
     def __init__(self, interval: AdaptiveInterval) -> None:
         self.interval = interval
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = self.interval.state_dict()
-        values = [math.nan if state[k] is None else float(state[k]) for k in self._FIELDS]
-        return {"history": torch.tensor(values, dtype=torch.float64)}
+
+        def pack(fields: tuple[str, ...]) -> torch.Tensor:
+            values = [math.nan if state[k] is None else float(state[k]) for k in fields]
+            return torch.tensor(values, dtype=torch.float64)
+
+        return {"history": pack(self._FIELDS), "snapshots": pack(self._SNAPSHOT_FIELDS)}
 
     def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        values = sd["history"].tolist()
-        self.interval.load_state_dict(
-            {k: (None if math.isnan(v) else v) for k, v in zip(self._FIELDS, values, strict=True)}
-        )
+        values: dict[str, float | None] = {}
+        for key, fields in (("history", self._FIELDS), ("snapshots", self._SNAPSHOT_FIELDS)):
+            if key in sd:
+                values.update((k, None if math.isnan(v) else v) for k, v in zip(fields, sd[key].tolist(), strict=True))
+        self.interval.load_state_dict(values)
 
 
 class SaveSchedule(Callback):
@@ -217,8 +226,20 @@ class SaveSchedule(Callback):
         # background part of b seconds takes at most b seconds from training (a slower
         # step beside it beyond that was slowed by something else: the machine's noise).
         slowdown = min(extra, background) if known else background
-        self.interval.record_snapshot(blocked, slowdown, background)
-        self._emit("snapshotted", step=step, background_s=round(background, 4), slowdown_s=round(slowdown, 4))
+        # Without a quiet step, a process's first snapshot is no measure when the run
+        # has one already (carried over a restart): it also creates the process's files,
+        # beside a restore and the first steps' warm-up; one such sample of 4.9 s set a
+        # replacement node's interval to 26 steps where 6 were due. Like the first step.
+        counted = known or self.interval.snapshots == 0
+        if counted:
+            self.interval.record_snapshot(blocked, slowdown, background)
+        self._emit(
+            "snapshotted",
+            step=step,
+            background_s=round(background, 4),
+            slowdown_s=round(slowdown, 4),
+            counted=counted,
+        )
 
     def reschedule_snapshot(self, step: int) -> None:
         """Choose the next snapshot step after ``step`` (collective in adaptive mode)."""
