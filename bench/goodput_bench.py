@@ -16,9 +16,13 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
   (a) ``sync``: blocking saves every Young interval sqrt(2 C M) with C the measured
       synchronous save cost and M = T; it does not watch for notices;
   (b) ``async``: the same interval, asynchronous saves; no notices either;
-  (c) ``ftfleet``: the adaptive (Daly) interval with asynchronous saves, M given as T
-      (``mtbf_source=config``, as the fleet's metrics would give it), notices watched:
-      emergency checkpoint, exit 75, replacement node.
+  (c) ``ftfleet``: the adaptive (Daly) interval, each save in the mode measured
+      cheaper (``checkpoint.async_save=auto``), M given as T (``mtbf_source=config``, as
+      the fleet's metrics would give it), notices watched: emergency checkpoint, exit
+      75, replacement node;
+  (d) ``inprocess``: ftfleet's settings plus in-process restart, a warm spare process
+      and a warm spare node, in-memory snapshots at their own Daly interval.
+* Where the wall time went: ``overhead_s`` (see :func:`overhead`).
 * Goodput = steps x useful seconds per step / wall time from the end of the first
   training step to the last (the steps after the first, which fill that time), where
   useful seconds per step is the median step of the same run that had no save or
@@ -474,6 +478,7 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "name": name,
         "steps": steps,
         "wall_s": round(wall, 1),
+        "overhead_s": overhead(lives, first, useful_s) if useful_s else None,
         "goodput": round(counted * useful_s / wall, 4) if wall > 0 and useful_s else None,
         "useful_step_s": round(useful_s, 4) if useful_s else None,
         "goodput_vs_reference": round(counted * ref_step_s / wall, 4) if wall > 0 else None,
@@ -490,6 +495,36 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "snapshot_background_s": _mean(done, "background_s"),
         "snapshot_slowdown_s": _mean(done, "slowdown_s"),
     }
+
+
+def overhead(lives: list[Any], first: float, useful_s: float) -> dict[str, float]:
+    """Where the wall time beyond the useful steps went, summed over every pair of
+    consecutive step events (rank 0's, in time order, from the first step on), so that
+    ``useful + the parts = wall`` exactly:
+
+    - ``save`` / ``snapshot`` / ``noise``: each step's own time above the run's useful
+      step, for steps with a save in flight / a snapshot in flight / neither (the last
+      is the machine's spread; a quiet step below the median counts negative);
+    - ``between``: time between one step's end and the next one's start in the same
+      life (a save's or a snapshot's blocking part, the schedule's collectives, logging);
+    - ``restart``: from a life's last step to the start of the next life's first step;
+    - ``redo``: the useful time of steps computed again (at or below a step reached);
+    - ``useful``: the useful time of the steps that advanced the run."""
+    marks = sorted(
+        ((e, i) for i, life in enumerate(lives) for e in life.events if e["event"] == "step" and e["t"] >= first),
+        key=lambda m: m[0]["t"],
+    )
+    out = dict.fromkeys(("useful", "redo", "save", "snapshot", "noise", "between", "restart"), 0.0)
+    reached = int(marks[0][0]["step"]) if marks else 0
+    for (a, life_a), (b, life_b) in zip(marks, marks[1:], strict=False):
+        seconds = float(b["seconds"])
+        gap = b["t"] - a["t"] - seconds
+        out["restart" if life_b != life_a else "between"] += gap
+        out["useful" if int(b["step"]) > reached else "redo"] += useful_s
+        reached = max(reached, int(b["step"]))
+        part = "save" if b.get("saving") else "snapshot" if b.get("snapshotting") else "noise"
+        out[part] += seconds - useful_s
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def _phase(t0: float | None, event: dict[str, Any] | None) -> float | None:
@@ -568,8 +603,23 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
                 f"{r['snapshot_blocked_s']} s; their background part took {r['snapshot_background_s']} s "
                 f"and cost the steps beside it {r['snapshot_slowdown_s']} s (means)."
             )
+    parts = ("useful", "redo", "save", "snapshot", "noise", "between", "restart")
     lines += [
         "",
+        "| configuration | wall (s) | " + " | ".join(parts) + " |",
+        "|---|---:|" + "---:|" * len(parts),
+    ]
+    for r in results:
+        if r.get("overhead_s"):
+            cells = " | ".join(str(r["overhead_s"][k]) for k in parts)
+            lines.append(f"| {r['name']} | {r['wall_s']} | {cells} |")
+    lines += [
+        "",
+        "- Where the wall time went (s; `overhead()`): useful = the steps that advanced x useful s/step; "
+        "redo = steps computed again; save / snapshot / noise = step time above the useful step with a "
+        "save / a snapshot / neither in flight; between = time between steps in one life (blocking "
+        "parts of saves and snapshots, collectives); restart = from a life's last step to the next "
+        "life's first.",
         f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
         f"model d_model {setup['d_model']} ({setup['state_mb']:.0f} MB of state), synchronous save "
         f"{setup['sync_save_s']:.2f} s = T/{setup['mtbf_s'] / setup['sync_save_s']:.0f}; "
@@ -722,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         "ftfleet": (
             common
             + [
-                "checkpoint.async_save=true",
+                "checkpoint.async_save=auto",
                 "resilience.interval.mode=adaptive",
                 f"resilience.interval.fixed_steps={young_steps}",
                 "resilience.interval.mtbf_source=config",
@@ -738,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         "inprocess": (
             common
             + [
-                "checkpoint.async_save=true",
+                "checkpoint.async_save=auto",
                 "checkpoint.memory=true",
                 "resilience.interval.mode=adaptive",
                 f"resilience.interval.fixed_steps={young_steps}",

@@ -122,8 +122,11 @@ class CheckpointConfig:
     fail verification, and then the one before it is the one that restores)."""
     pinned_steps: list[int] = dataclasses.field(default_factory=list)
     """Steps never deleted by retention (e.g. an evaluation point)."""
-    async_save: bool = True
-    """dcp.async_save with staging (training blocks only for the copy). False: dcp.save."""
+    async_save: bool | str = True
+    """dcp.async_save with staging (training blocks only for the copy). False: dcp.save.
+    ``auto``: each interval save in the mode measured cheaper for training (blocked time
+    + the slowdown of the steps beside its background part); where cores are few, a
+    background save can cost more steps than a blocking one (docs/RESILIENCE.md)."""
     thread_count: int = 2
     """DCP writer threads per rank (files per rank)."""
     uri: str = ""
@@ -196,6 +199,8 @@ class CheckpointConfig:
                 raise ConfigError(
                     f"checkpoint.{key}={value!r}: use s3://bucket/prefix or gs://bucket/prefix (or empty for none)"
                 )
+        if isinstance(self.async_save, str) and self.async_save != "auto":
+            raise ConfigError(f"checkpoint.async_save={self.async_save!r}: use true, false or auto")
         if self.memory_keep not in (1, 2):
             raise ConfigError(
                 f"checkpoint.memory_keep={self.memory_keep}: use 1 or 2 (each is a copy of the state in RAM)"
@@ -373,9 +378,17 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("", "null", "none")):
+        if len(args) < len(typing.get_args(tp)) and (
+            value is None or (isinstance(value, str) and value.lower() in ("", "null", "none"))
+        ):
             return None
-        return _coerce(args[0], value, key)
+        for i, arg in enumerate(args):  # the first type the value fits (bool | str: true, auto)
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError:
+                if i == len(args) - 1:
+                    raise
+        raise TypeError(f"unsupported config type {tp} for {key}")  # pragma: no cover
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}={value!r}: expected a mapping of keys, e.g. {{a: 1}}")

@@ -13,7 +13,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``first_step`` | step | the first step after start (or restore) finished |
 | ``step`` | step, loss, seconds, saving, snapshotting | each step (``train.step_events``); a save, snapshot in flight |
 | ``notice`` | kind, source, received_at, deadline, terminal, step | ranks agreed on a notice |
-| ``save`` | step, reason, blocking | a save began (reason: interval, notice, final, ...) |
+| ``save`` | step, reason, blocking, mode | a save began (reason: interval, notice, ...; mode: async or sync) |
 | ``snapshot`` | step, blocked_s | an in-memory snapshot was taken (``checkpoint.memory``): the state is copied |
 | ``snapshotted`` | step, background_s, slowdown_s, counted | its copy is done (slowdown_s: lost; counted: a sample) |
 | ``committed`` | step, reason, blocked_s, commit_s, deadline, within_deadline | its manifest landed |

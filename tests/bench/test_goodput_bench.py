@@ -68,6 +68,19 @@ def test_restart_cost_lost_work_and_goodput(bench):
     assert r["wall_s"] == pytest.approx(round(wall, 1))
     assert r["goodput"] == pytest.approx(round(19 / wall, 4))  # the 19 steps after the first
     assert r["adaptive_cost_s"] == pytest.approx(0.5)
+    # The wall time, taken apart: 19 steps that advanced (2-10, 11-20), 2 computed again
+    # (9, 10), the restart from the last step at 110 to 114.8; nothing else.
+    o = r["overhead_s"]
+    assert o == {
+        "useful": 19.0,
+        "redo": 2.0,
+        "save": 0.0,
+        "snapshot": 0.0,
+        "noise": 0.0,
+        "between": 0.0,
+        "restart": 4.8,
+    }
+    assert sum(o.values()) == pytest.approx(wall)
 
 
 def test_useful_step_time_is_the_median_step_without_a_save_in_flight(bench):
@@ -80,6 +93,9 @@ def test_useful_step_time_is_the_median_step_without_a_save_in_flight(bench):
     assert r["useful_step_s"] == pytest.approx(1.0)
     assert r["goodput"] == pytest.approx(round(9 * 1.0 / r["wall_s"], 4), abs=1e-3)
     assert r["goodput_vs_reference"] == pytest.approx(round(9 * 0.5 / r["wall_s"], 4), abs=1e-3)
+    # Steps 3, 6, 9 each took 1.5 s more than the useful second, with a save in flight.
+    assert r["overhead_s"]["save"] == pytest.approx(4.5) and r["overhead_s"]["noise"] == 0.0
+    assert sum(r["overhead_s"].values()) == pytest.approx(r["wall_s"])
 
 
 def test_an_uninterrupted_run_at_its_useful_speed_has_goodput_one(bench):

@@ -195,3 +195,20 @@ def test_a_hung_rank_is_restarted_in_place_by_the_failed_collective(tmp_path, re
     assert "exit codes [0, 0, 0]" in log.read_text()
     hung = next(e for e in _events(run_dir) if e["event"] == "step" and e["step"] == 11)
     assert starts[1]["t"] - hung["t"] < 20, "the restart waited for something else than the collective timeout"
+
+
+def test_a_warm_spare_has_imported_what_the_first_optimizer_would():
+    """``warm_up`` (called by a waiting spare) leaves nothing for the build to import:
+    the first optimizer's lazy import of torch._dynamo took about 1 s here."""
+    code = (
+        "import sys, torch\n"
+        "from ftfleet.trainer.train import warm_up\n"
+        "assert 'torch._dynamo' not in sys.modules, 'imported already: warm_up is moot'\n"
+        "warm_up()\n"
+        "before = set(sys.modules)\n"
+        "torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))], lr=1e-3)\n"
+        "new = sorted(m for m in set(sys.modules) - before if m.startswith('torch'))\n"
+        "assert not new, new\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,7 +3,13 @@ import math
 import pytest
 
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.resilience.interval import AdaptiveInterval, IntervalConfig, daly_interval, young_interval
+from ftfleet.trainer.resilience.interval import (
+    PROBE_EVERY,
+    AdaptiveInterval,
+    IntervalConfig,
+    daly_interval,
+    young_interval,
+)
 
 
 class Clock:
@@ -259,3 +265,58 @@ def test_a_memory_share_needs_the_in_memory_snapshots(tmp_path):
     with pytest.raises(ConfigError, match="memory_share=0.5: set checkpoint.memory=true"):
         load_config(str(cfg), [])
     assert load_config(str(cfg), ["checkpoint.memory=true"]).resilience.interval.memory_share == 0.5
+
+
+def _auto(**cfg):
+    return AdaptiveInterval(IntervalConfig(mtbf_source="config", mtbf_s=600.0, **cfg), modes=("async", "sync"))
+
+
+def test_auto_measures_each_mode_then_takes_the_cheaper_and_probes_the_other():
+    chooser = _auto(ewma_alpha=1.0)  # each mode's newest save is its cost
+    _steps(chooser, quiet=[1.0] * 5, busy=[1.8] * 3)  # k = 0.8: a background save slows steps a lot
+    assert chooser.choose_mode() == ("async", "auto: measuring a async save")
+    chooser.record_save(0.02, 3.0, "async")  # C = 0.02 + 0.8 x 3.0 = 2.42
+    assert chooser.choose_mode()[0] == "sync"  # never measured
+    chooser.record_save(0.7, 0.05, "sync")  # C = 0.7 + 0.8 x 0.05 = 0.74
+    mode, why = chooser.choose_mode()
+    assert mode == "sync" and why == "auto: sync C=0.74s < async C=2.42s"
+    assert chooser.cost()[0] == pytest.approx(0.74) and "sync save" in chooser.cost()[1]
+    assert (chooser.blocked_s, chooser.persist_s) == (0.7, 0.05)  # the chosen mode's
+    for _ in range(PROBE_EVERY - 1):  # sync saves; async's sample ages
+        chooser.record_save(0.7, 0.05, "sync")
+    assert chooser.choose_mode()[0] == "async" and "again" in chooser.choose_mode()[1]
+    chooser.record_save(0.02, 0.2, "async")  # the machine got quieter: async is cheaper now
+    assert chooser.best_mode() == "async"
+
+
+def test_a_gpu_like_host_keeps_saving_in_the_background():
+    chooser = _auto()
+    _steps(chooser, quiet=[1.0] * 5, busy=[1.01] * 3)  # k = 0.01
+    chooser.record_save(0.02, 3.0, "async")
+    chooser.record_save(0.7, 0.05, "sync")
+    assert chooser.choose_mode()[0] == "async"
+
+
+def test_one_mode_is_never_probed_and_its_costs_keep_the_old_names():
+    chooser = AdaptiveInterval(IntervalConfig(), modes=("sync",))
+    chooser.record_save(0.7, 0.1)
+    assert chooser.choose_mode() == ("sync", "sync (configured)")
+    state = chooser.state_dict()
+    assert (state["blocked_s"], state["saves"]) == (0.7, 1) and "other_saves" not in state
+    with pytest.raises(ValueError, match="modes"):
+        AdaptiveInterval(IntervalConfig(), modes=("fast",))
+
+
+def test_both_modes_costs_carry_over_a_restart():
+    source = _auto()
+    source.record_save(0.02, 3.0, "async")
+    source.record_save(0.7, 0.05, "sync")
+    target = _auto()
+    target.load_state_dict(source.state_dict())
+    assert target.costs["async"].persist_s == 3.0 and target.costs["sync"].blocked_s == 0.7
+    assert target.saves == 2 and target.choose_mode()[0] in ("async", "sync")
+    old = {k: v for k, v in source.state_dict().items() if not k.startswith("other_")}
+    older = _auto()
+    older.record_save(0.9, 0.1, "sync")
+    older.load_state_dict(old)  # a checkpoint of a run with one mode: the other stays
+    assert older.costs["sync"].blocked_s == 0.9 and older.costs["async"].persist_s == 3.0

@@ -164,3 +164,51 @@ def test_after_a_restore_from_memory_the_interval_runs_from_the_newest_durable_s
     s.on_step_end(None, _step(85, 1.0))  # chosen again with 5 step times
     expected, _ = s.interval.interval_steps(1.0)
     assert s.next_save == 54 + expected and ckpt.saves == [] and s._replan_save is None
+
+
+class AutoCkpt(SavingCkpt):
+    """checkpoint.async_save=auto: each save's ``asynchronous`` is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = types.SimpleNamespace(enabled=True, async_save="auto")
+        self.modes: list[tuple[int, bool, bool]] = []
+
+    def save(self, step: int, blocking: bool = False, asynchronous: bool | None = None) -> None:
+        self.saves.append(step)
+        self.modes.append((step, blocking, asynchronous))
+        self.stats.last_async = asynchronous
+
+
+def test_auto_saves_each_way_once_then_the_cheaper_and_a_blocking_save_in_the_foreground():
+    events: list = []
+    ckpt = AutoCkpt()
+    log = types.SimpleNamespace(emit=lambda event, **f: events.append((event, f)))
+    s = SaveSchedule(
+        IntervalConfig(mtbf_s=600.0, mtbf_source="config", fixed_steps=3), ckpt, last_step=1000, events=log
+    )
+    s.restored(None, 0)
+    costs = {True: (0.02, 3.0), False: (0.5, 0.6)}  # (blocked, commit) s: C async 3.0, sync 0.6
+    step = 0
+    while len(ckpt.saves) < 4:
+        step += 1
+        s.on_step_end(None, _step(step, 1.0))  # k not measured: 1, a background save costs its whole persist
+        if ckpt.saves and ckpt.saves[-1] == step:
+            ckpt.stats.last_blocked_s, ckpt.stats.last_commit_s = costs[ckpt.stats.last_async]
+            s._on_commit(types.SimpleNamespace(step=step))
+    assert [a for _, _, a in ckpt.modes] == [True, False, False, False]
+    assert s.interval.costs["async"].saves == 1 and s.interval.costs["sync"].saves == 3
+    assert [f["mode"] for e, f in events if e == "save"] == ["async", "sync", "sync", "sync"]
+    s.save(step + 1, "emergency", blocking=True)
+    assert ckpt.modes[-1] == (step + 1, True, False)
+    state = IntervalState(s.interval).state_dict()
+    assert set(state) == {"history", "snapshots", "other"}
+    again = SaveSchedule(IntervalConfig(), AutoCkpt(), last_step=10)
+    IntervalState(again.interval).load_state_dict(state)
+    assert again.interval.costs["sync"].saves == 3 and again.interval.costs["async"].saves == 1
+
+
+def test_a_configured_mode_is_passed_on_as_before():
+    s, ckpt = _saving_schedule()  # SavingCkpt.save takes no `asynchronous`
+    s.save(5, "interval")
+    assert ckpt.saves == [5] and s.interval.modes == ("async",)

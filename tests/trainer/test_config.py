@@ -79,6 +79,7 @@ def test_the_fleets_run_directory_holds_the_runs_events_and_summary():
         ("resilience.watchdog.drain_timeout_s=soon", ["drain_timeout_s", "number"]),
         ("train.steps=[1,", ["train.steps=[1,", "line 1"]),
         ("faults.nan_at_steps=[3]", ["unknown config key faults"]),
+        ("checkpoint.async_save=sometimes", ["checkpoint.async_save='sometimes'", "true, false or auto"]),
     ],
 )
 def test_bad_values_raise_one_line_naming_key_and_fix(override, words):
@@ -194,3 +195,12 @@ def test_injected_faults_get_the_config_treatment(tmp_path):
     assert "did you mean faults.nan_at_steps?" in one_error_line(proc)
     proc = run_cli("--config", TINY, f"run_dir={tmp_path}", "faults.hang_at_step=0", module="drill.worker")
     assert "faults.hang_at_step=0: use a step >= 1" in one_error_line(proc)
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("no", False), ("AUTO", None)])
+def test_async_save_is_true_false_or_auto(value, expected):
+    if expected is None:
+        with pytest.raises(ConfigError, match="true, false or auto"):
+            load_config(TINY, [f"checkpoint.async_save={value}"], environ={})
+        return
+    assert load_config(TINY, [f"checkpoint.async_save={value}"], environ={}).checkpoint.async_save == expected

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from ftfleet.trainer.events import read_events
 from tests.trainer.conftest import (
     assert_each_sample_once,
     ckpt_hash,
@@ -46,6 +47,33 @@ def test_two_process_run_stopped_twice_ends_bit_identical(session_dir, ref2):
         assert ckpt_hash(d / "checkpoints" / f"step-{step}") == ckpt_hash(
             ref2["run_dir"] / "checkpoints" / f"step-{step}"
         ), f"step-{step} differs"
+
+
+@pytest.mark.timeout(240)
+def test_auto_save_mode_saves_both_ways_and_resumes_bit_identical(session_dir, ref2):
+    """checkpoint.async_save=auto: interval saves in the background and in the
+    foreground, each holding the reference state of its step; the other mode's costs
+    ride in the checkpoint, and the resumed run ends bit-identical."""
+    d = session_dir / "auto"
+    auto = [
+        "checkpoint.async_save=auto",
+        "checkpoint.keep=100",
+        "resilience.interval.mode=adaptive",
+        "resilience.interval.fixed_steps=3",
+        "resilience.interval.max_steps=3",
+    ]
+    first = run_trainer(2, d, *auto, "train.stop_at_step=13")
+    assert first["step"] == 13
+    final = run_trainer(2, d, *auto)
+    assert final["resumed_from"]["step"] == 13
+    assert final["state_sha256"] == ref2["state_sha256"]
+    saves = [e for e in read_events(d) if e["event"] == "save" and e["reason"] == "interval"]
+    assert {e["mode"] for e in saves} == {"async", "sync"}, saves
+    mine = {p.name for p in (d / "checkpoints").glob("step-*")}
+    common = sorted(mine & {p.name for p in (ref2["run_dir"] / "checkpoints").glob("step-*")})
+    assert len(common) >= 2, (mine, common)
+    for name in common:
+        assert ckpt_hash(d / "checkpoints" / name) == ckpt_hash(ref2["run_dir"] / "checkpoints" / name), name
 
 
 def test_the_uninterrupted_runs_differ_from_their_initial_state(ref1, ref2):

@@ -71,6 +71,8 @@ class SaveStats:
     last_blocked_s: float = 0.0
     last_commit_s: float = 0.0
     """From save() to the manifest being written, for the last commit."""
+    last_async: bool = False
+    """Whether the last save started wrote in the background (dcp.async_save)."""
 
 
 def staging_options(cuda: bool) -> StagingOptions:
@@ -323,10 +325,13 @@ class CheckpointManager:
             self.uploader.submit(found.manifest)
 
     # --- save ----------------------------------------------------------------
-    def save(self, step: int, *, blocking: bool = False) -> Manifest | None:
+    def save(self, step: int, *, blocking: bool = False, asynchronous: bool | None = None) -> Manifest | None:
         """Start saving the current state as ``step-N``. Collective. Non-blocking: returns
         once staging started (call :meth:`wait_for_staging` before changing the weights).
-        Blocking: returns the committed manifest, or raises CommitError."""
+        Blocking: returns the committed manifest, or raises CommitError.
+        ``asynchronous``: write in the background (dcp.async_save) or in this call
+        (dcp.save; the commit still follows in the background); None: as configured
+        (``async_save``). Every rank must pass the same."""
         t0 = time.monotonic()
         self.wait()
         step_dir = self.local.step_dir(step)
@@ -340,7 +345,9 @@ class CheckpointManager:
             step_dir, single_file_per_rank=True, sync_files=True, thread_count=self.cfg.thread_count, overwrite=True
         )
         state = {"app": self.app_state}
-        if self._stager is not None:
+        use_async = self._stager is not None and (asynchronous is None or asynchronous)
+        self.stats.last_async = use_async
+        if use_async:
             response = dcp.async_save(
                 state, storage_writer=writer, process_group=self.ckpt_group, async_stager=self._stager
             )

@@ -123,8 +123,11 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         from ftfleet.trainer.hostmem import use_huge_pages
 
         use_huge_pages()
-    # torch and the whole trainer are imported now: a spare that takes over starts warm.
-    from ftfleet.trainer.train import train
+    # torch and the whole trainer are imported now, and what a build imports lazily: a
+    # spare that takes over starts warm.
+    from ftfleet.trainer.train import train, warm_up
+
+    warm_up()
 
     active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
     shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active

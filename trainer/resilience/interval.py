@@ -24,6 +24,14 @@ estimates the inputs while the run goes:
 
 The result is never below the time one save needs end to end (blocked + persist),
 since only one save may be in flight.
+
+With ``checkpoint.async_save=auto`` both ways of saving are measured, each with its own
+averages: in the background (``async``: blocked for the copy, then a persist that slows
+the steps beside it) and in the foreground (``sync``: blocked for the whole write, then
+the commit). :meth:`AdaptiveInterval.choose_mode` takes the one of lower ``C`` and
+measures the other again every :data:`PROBE_EVERY` saves; the interval is planned for
+the cheaper one. On a GPU host the background save is nearly free; on a host with few
+cores per rank it can cost training more than blocking does (docs/RESILIENCE.md).
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ STEP_SAMPLES = 64
 #: Steps of each kind needed before the overhead counts as measured.
 MIN_QUIET, MIN_BUSY = 3, 2
 MTBF_SOURCES = ("observed", "config")
+#: The ways of saving: in the background (dcp.async_save) or blocking (dcp.save).
+SAVE_MODES = ("async", "sync")
+#: With both modes, the dearer one is measured again after this many saves.
+PROBE_EVERY = 8
 
 
 def young_interval(cost_s: float, mtbf_s: float) -> float:
@@ -139,23 +151,42 @@ class IntervalConfig:
             )
 
 
+@dataclasses.dataclass
+class SaveCost:
+    """EWMAs of one save mode's durations, and how many saves fed them."""
+
+    blocked_s: float | None = None
+    persist_s: float | None = None
+    saves: int = 0
+    #: The run's save count at this mode's newest sample (when to measure it again).
+    last_sample: int = 0
+
+
 class AdaptiveInterval:
     """Chooses the checkpoint interval; see the module doc for the model.
 
     ``elapsed_s`` and ``interruptions`` carry the run's history over a restart (see
-    :meth:`state_dict`); ``clock`` is injectable for tests.
+    :meth:`state_dict`); ``clock`` is injectable for tests. ``modes``: the save modes the
+    run may use (:data:`SAVE_MODES`), the configured one first; two: it chooses.
     """
 
-    def __init__(self, config: IntervalConfig | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: IntervalConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        modes: tuple[str, ...] = ("async",),
+    ) -> None:
+        if not modes or any(m not in SAVE_MODES for m in modes) or len(set(modes)) != len(modes):
+            raise ValueError(f"modes={modes!r}: one or both of {SAVE_MODES}")
         self.config = config or IntervalConfig()
         self._clock = clock
         self._started = clock()
         self._elapsed_before = 0.0
         self._interruptions = 0
         self.last_interruption_at: float | None = None
-        self.blocked_s: float | None = None
-        self.persist_s: float | None = None
-        self.saves = 0
+        self.modes = modes
+        self.costs = {m: SaveCost() for m in modes}
         #: EWMA of what an in-memory snapshot costs training (blocked + the slowdown of
         #: the steps its background part overlapped), and their count.
         self.snapshot_s: float | None = None
@@ -169,14 +200,31 @@ class AdaptiveInterval:
 
     # -- inputs ------------------------------------------------------------------
 
-    def record_save(self, blocked_s: float, persist_s: float) -> None:
-        """One save: seconds training was blocked, then seconds until it was committed
-        in the background."""
+    def record_save(self, blocked_s: float, persist_s: float, mode: str | None = None) -> None:
+        """One save in ``mode`` (default: the configured one): seconds training was
+        blocked, then seconds until it was committed in the background."""
         if not (blocked_s >= 0 and persist_s >= 0):
             raise ValueError(f"save durations must be >= 0 (blocked={blocked_s!r}, persist={persist_s!r})")
-        self.blocked_s = self._ewma(self.blocked_s, blocked_s)
-        self.persist_s = self._ewma(self.persist_s, persist_s)
-        self.saves += 1
+        cost = self.costs.get(mode or self.modes[0], self.costs[self.modes[0]])
+        cost.blocked_s = self._ewma(cost.blocked_s, blocked_s)
+        cost.persist_s = self._ewma(cost.persist_s, persist_s)
+        cost.saves += 1
+        cost.last_sample = self.saves
+
+    @property
+    def saves(self) -> int:
+        """Saves measured, in every mode."""
+        return sum(c.saves for c in self.costs.values())
+
+    @property
+    def blocked_s(self) -> float | None:
+        """The chosen mode's EWMA of the time a save blocked training."""
+        return self.costs[self.best_mode()].blocked_s
+
+    @property
+    def persist_s(self) -> float | None:
+        """The chosen mode's EWMA of the time from a save's return to its commit."""
+        return self.costs[self.best_mode()].persist_s
 
     def record_snapshot(self, blocked_s: float, slowdown_s: float = 0.0, background_s: float = 0.0) -> None:
         """One in-memory snapshot: seconds it blocked training (the copy of the state),
@@ -246,15 +294,41 @@ class AdaptiveInterval:
             return m, why
         return m / (1 - share), f"{why}, {1 - share:.0%} of them need the disk: M={m / (1 - share):.0f}s"
 
-    def cost(self) -> tuple[float, str] | None:
-        if self.blocked_s is None or self.persist_s is None:
+    def cost(self, mode: str | None = None) -> tuple[float, str] | None:
+        """``C`` of ``mode`` (default: the cheaper one measured) and why; None before a
+        save in it was measured."""
+        mode = mode or self.best_mode()
+        cost = self.costs[mode]
+        if cost.blocked_s is None or cost.persist_s is None:
             return None
         k, k_why = self.overhead()
-        c = self.blocked_s + k * self.persist_s
+        c = cost.blocked_s + k * cost.persist_s
+        what = f"{mode} save: " if len(self.modes) > 1 else ""
         return c, (
-            f"C={c:.2f}s (blocked {self.blocked_s:.2f}s + k x persist "
-            f"{self.persist_s:.2f}s, k={k_why}, EWMA of {self.saves} saves)"
+            f"C={c:.2f}s ({what}blocked {cost.blocked_s:.2f}s + k x persist "
+            f"{cost.persist_s:.2f}s, k={k_why}, EWMA of {cost.saves} saves)"
         )
+
+    def best_mode(self) -> str:
+        """The measured mode of lowest ``C``; the configured one while none is."""
+        measured = [(c[0], m) for m in self.modes if (c := self.cost(m)) is not None]
+        return min(measured)[1] if measured else self.modes[0]
+
+    def choose_mode(self) -> tuple[str, str]:
+        """The mode of the next save, and why: one never measured first, then the one of
+        lower ``C``, except that the other is measured again every :data:`PROBE_EVERY`
+        saves (the machine's load changes what a background save costs)."""
+        if len(self.modes) == 1:
+            return self.modes[0], f"{self.modes[0]} (configured)"
+        unmeasured = [m for m in self.modes if self.cost(m) is None]
+        if unmeasured:
+            return unmeasured[0], f"auto: measuring a {unmeasured[0]} save"
+        best = self.best_mode()
+        (other,) = [m for m in self.modes if m != best]
+        if self.saves - self.costs[other].last_sample >= PROBE_EVERY:
+            return other, f"auto: measuring a {other} save again ({PROBE_EVERY} saves since the last)"
+        c_best, c_other = self.cost(best)[0], self.cost(other)[0]  # type: ignore[index]
+        return best, f"auto: {best} C={c_best:.2f}s < {other} C={c_other:.2f}s"
 
     # -- outputs -----------------------------------------------------------------
 
@@ -322,24 +396,34 @@ class AdaptiveInterval:
     # -- persistence -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        """The history: the configured mode's costs as ``blocked_s``, ``persist_s``,
+        ``saves``; the other mode's (``auto``) with the prefix ``other_``."""
+        state = {
             "elapsed_s": self.run_time_s(),
             "interruptions": self._interruptions,
-            "blocked_s": self.blocked_s,
-            "persist_s": self.persist_s,
-            "saves": self.saves,
             "snapshot_s": self.snapshot_s,
             "snapshot_busy_s": self.snapshot_busy_s,
             "snapshots": self.snapshots,
         }
+        for prefix, mode in zip(("", "other_"), self.modes, strict=False):
+            cost = self.costs[mode]
+            state.update({f"{prefix}blocked_s": cost.blocked_s, f"{prefix}persist_s": cost.persist_s})
+            state[f"{prefix}saves"] = cost.saves
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue a run's history; the time since this object was built is added."""
+        """Continue a run's history; the time since this object was built is added.
+        Keys that are absent (an older checkpoint, another mode) keep the live values."""
         self._elapsed_before = float(state.get("elapsed_s", 0.0))
         self._interruptions = int(state.get("interruptions", 0))
-        self.blocked_s = state.get("blocked_s")
-        self.persist_s = state.get("persist_s")
-        self.saves = int(state.get("saves", 0))
+        for prefix, mode in zip(("", "other_"), self.modes, strict=False):
+            if f"{prefix}saves" in state:
+                cost = self.costs[mode]
+                cost.blocked_s = state.get(f"{prefix}blocked_s")
+                cost.persist_s = state.get(f"{prefix}persist_s")
+                cost.saves = int(state[f"{prefix}saves"])
+        for cost in self.costs.values():
+            cost.last_sample = self.saves
         if "snapshots" in state:  # older checkpoints lack the snapshots' costs: kept then
             self.snapshot_s = state.get("snapshot_s")
             self.snapshot_busy_s = state.get("snapshot_busy_s")

@@ -51,8 +51,12 @@ class IntervalState:
     a checkpoint written before they were kept lacks it, and the restore keeps the live
     values then."""
 
-    _FIELDS = ("elapsed_s", "interruptions", "blocked_s", "persist_s", "saves")
-    _SNAPSHOT_FIELDS = ("snapshot_s", "snapshot_busy_s", "snapshots")
+    _KEYS = {
+        "history": ("elapsed_s", "interruptions", "blocked_s", "persist_s", "saves"),
+        "snapshots": ("snapshot_s", "snapshot_busy_s", "snapshots"),
+        # checkpoint.async_save=auto: the other mode's costs.
+        "other": ("other_blocked_s", "other_persist_s", "other_saves"),
+    }
 
     def __init__(self, interval: AdaptiveInterval) -> None:
         self.interval = interval
@@ -64,11 +68,11 @@ class IntervalState:
             values = [math.nan if state[k] is None else float(state[k]) for k in fields]
             return torch.tensor(values, dtype=torch.float64)
 
-        return {"history": pack(self._FIELDS), "snapshots": pack(self._SNAPSHOT_FIELDS)}
+        return {key: pack(fields) for key, fields in self._KEYS.items() if fields[-1] in state}
 
     def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         values: dict[str, float | None] = {}
-        for key, fields in (("history", self._FIELDS), ("snapshots", self._SNAPSHOT_FIELDS)):
+        for key, fields in self._KEYS.items():
             if key in sd:
                 values.update((k, None if math.isnan(v) else v) for k, v in zip(fields, sd[key].tolist(), strict=True))
         self.interval.load_state_dict(values)
@@ -97,7 +101,11 @@ class SaveSchedule(Callback):
         self.metrics = metrics
         self.watchdog = watchdog
         self.group = group
-        self.interval = AdaptiveInterval(cfg)
+        configured = getattr(ckpt.cfg, "async_save", True)
+        modes = ("async", "sync") if configured == "auto" else ("async",) if configured else ("sync",)
+        self.interval = AdaptiveInterval(cfg, modes=modes)
+        #: How the next interval save writes (rank 0's choice, checkpoint.async_save=auto).
+        self.next_mode = modes[0]
         self.next_save = cfg.fixed_steps
         #: The next in-memory snapshot (None: checkpoint.memory is off).
         self.next_snapshot: int | None = cfg.snapshot_fixed_steps if ckpt.snapshots is not None else None
@@ -119,6 +127,7 @@ class SaveSchedule(Callback):
         self._replan_save: tuple[int, int] | None = None
         self._first_step_seen = False
         self._saves_started = 0
+        self._mode_why = ""
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -173,10 +182,16 @@ class SaveSchedule(Callback):
         emergency save's ``deadline``)."""
         self._saves_started += 1
         self._pending[step] = {"reason": reason, **event_fields}
-        self._emit("save", step=step, reason=reason, blocking=blocking)
+        kwargs: dict[str, Any] = {}
+        if len(self.interval.modes) > 1:
+            # A save that must be committed before this call returns is quicker in the
+            # foreground (no staging copy); an interval save goes as chosen.
+            kwargs["asynchronous"] = not blocking and self.next_mode == "async"
+        mode = self.interval.modes[0] if not kwargs else "async" if kwargs["asynchronous"] else "sync"
+        self._emit("save", step=step, reason=reason, blocking=blocking, mode=mode)
         if self.watchdog is not None:
             self.watchdog.beat(step)  # waiting for the previous commit is progress
-        manifest = self.ckpt.save(step, blocking=blocking)
+        manifest = self.ckpt.save(step, blocking=blocking, **kwargs)
         if not blocking:  # a blocking save is the last one (final, emergency)
             self.reschedule(step)
         return manifest
@@ -270,10 +285,14 @@ class SaveSchedule(Callback):
         steps, why = fixed, f"{NO_STEPS}, every {fixed} steps"
         if len(self._step_times) >= MIN_STEPS:
             steps, why = self.interval.interval_steps(statistics.median(self._step_times))
-        choice = [steps, why]
+        mode, mode_why = self.interval.choose_mode()
+        choice = [steps, why, mode]
         if dist.is_initialized() and dist.get_world_size(self.group) > 1:
             dist.broadcast_object_list(choice, src=0, group=self.group)
-        steps, why = int(choice[0]), str(choice[1])
+        steps, why, self.next_mode = int(choice[0]), str(choice[1]), str(choice[2])
+        if len(self.interval.modes) > 1 and (self.next_mode, mode_why) != (mode, self._mode_why):
+            self._mode_why = mode_why
+            log.info("next save: %s", mode_why if self.next_mode == mode else f"{self.next_mode} (rank 0's choice)")
         # rank 0's why, the same on every rank: all of them plan again at the same step.
         # A measured interval runs from the newest durable step; a stopgap from now (from
         # an older durable step it could be due at once), and planning again without a
@@ -304,7 +323,9 @@ class SaveSchedule(Callback):
         """On the commit thread of every rank, after ``step-N``'s manifest landed."""
         stats = self.ckpt.stats
         persist = max(0.0, stats.last_commit_s - stats.last_blocked_s)
-        self.interval.record_save(stats.last_blocked_s, persist)
+        asynchronous = getattr(stats, "last_async", None)
+        mode = None if asynchronous is None else "async" if asynchronous else "sync"
+        self.interval.record_save(stats.last_blocked_s, persist, mode)
         if self.metrics is not None:
             self.metrics.checkpoint_saved(stats.last_blocked_s, persist)
             self.metrics.last_committed_step.set(manifest.step)
