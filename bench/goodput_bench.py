@@ -291,7 +291,7 @@ class FaultedRun:
         name = f"{self.name}-{n}"
         if self.spares:
             # Each node's own RAM: a replacement node does not find its predecessor's.
-            self._shm[name] = Path("/dev/shm") / f"ftfleet-goodput-{os.getpid()}-{name}"
+            self._shm[name] = Path(self.args.shm_root) / f"ftfleet-goodput-{os.getpid()}-{name}"
             extra["FTFLEET_SHM_DIR"] = str(self._shm[name])
         command = cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate)
         if gate is not None and CAN_UNNICE:
@@ -712,6 +712,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="extra trainer override for the ftfleet configuration",
     )
+    p.add_argument(
+        "--shm-root",
+        default="/dev/shm",
+        metavar="DIR",
+        help="inprocess: the RAM file system of the nodes' snapshots (default /dev/shm; the fleet mounts "
+        "a tmpfs on huge pages: mount -t tmpfs -o huge=within_size,size=8G ftfleet-shm DIR)",
+    )
     p.add_argument("--run-timeout", type=float, default=1800.0)
     p.add_argument(
         "--out",
@@ -881,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         "ref_step_s_after": ref_after,
         "nproc": args.nproc,
         "calibration_step_s": cal.step_s,
+        "shm_root": args.shm_root,
     }
     (work / "goodput.json").write_text(
         json.dumps({"setup": setup, "model": model, "results": results}, indent=1) + "\n"

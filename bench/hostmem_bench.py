@@ -8,13 +8,23 @@ and AdamW state), ``--steps`` steps without checkpoints. Reported per setting, o
 rounds: the median step (steps 4 onward, after the warm-up) and the minor page faults
 of the whole run (torchrun and its workers, from ``getrusage(RUSAGE_CHILDREN)``), and
 the ratio huge / 4 KiB. Results go in docs/BENCHMARKS.md ("Host memory").
+
+    .venv/bin/python bench/hostmem_bench.py --files /dev/shm /run/ftfleet-shm
+
+only measures what a new in-memory snapshot file costs in each RAM file system (a
+tmpfs mounted with ``huge=within_size``, as the fleet's boot scripts do, against
+/dev/shm): the file created, allocated, mapped and populated the way
+:meth:`~ftfleet.trainer.checkpoint.memory.MemoryTier.mapped` does it, then the state's
+bytes copied in, alternating between the directories, ``--repeats`` times, medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,10 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 from goodput_bench import cmd, env, model_overrides  # noqa: E402
+
+from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
 
 SETTINGS = {"4 KiB pages": "train.huge_pages=false", "huge pages": "train.huge_pages=true"}
 
@@ -44,12 +58,50 @@ def one_run(work: Path, setting: str, steps: int, d_model: int) -> dict[str, flo
     return {"step_s": statistics.median(step_s), "faults": faults, "wall_s": wall}
 
 
+def new_file(directory: Path, source: torch.Tensor) -> dict[str, float]:
+    """One new snapshot file of ``source``'s size in ``directory``: (allocate, map) as the
+    memory tier does, then the copy of the bytes; seconds each. The file goes after."""
+    tier = MemoryTier(directory / f"ftfleet-hostmem-{os.getpid()}", Ring(0, 1, 1))
+    try:
+        t0 = time.monotonic()
+        view = tier.mapped(False, 1, source.numel())
+        t1 = time.monotonic()
+        view.copy_(source)
+        t2 = time.monotonic()
+    finally:
+        tier.close()
+        shutil.rmtree(tier.root, ignore_errors=True)
+    return {"create_s": t1 - t0, "copy_s": t2 - t1}
+
+
+def files(dirs: list[Path], repeats: int, nbytes: int) -> None:
+    source = torch.ones(nbytes, dtype=torch.uint8)
+    rows: dict[Path, list[dict[str, float]]] = {d: [] for d in dirs}
+    for _ in range(repeats):
+        for d in dirs:
+            rows[d].append(new_file(d, source))
+    print(f"| file system ({nbytes / 1e6:.0f} MB file) | create + map (s) | copy in (s) |")
+    print("| --- | --- | --- |")
+    base = None
+    for d, samples in rows.items():
+        create = statistics.median(x["create_s"] for x in samples)
+        copy = statistics.median(x["copy_s"] for x in samples)
+        base = base or create
+        print(f"| {d} | {create:.3f} ({create / base:.2f}x) | {copy:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--d-model", type=int, default=1856)
+    parser.add_argument("--files", type=Path, nargs="+", metavar="DIR", help="only time new snapshot files in each")
+    parser.add_argument("--repeats", type=int, default=7, help="with --files (default 7)")
+    parser.add_argument("--mb", type=int, default=679, help="with --files: the file's size (default 679: a rank's)")
     args = parser.parse_args()
+    if args.files:
+        files(args.files, args.repeats, args.mb * 10**6)
+        return
     results: dict[str, list[dict[str, float]]] = {s: [] for s in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="ftfleet-hostmem-") as tmp:
         for r in range(args.rounds):

@@ -97,6 +97,8 @@ def trainer_env(s: Settings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_REPLICA_REGION": s.replica_region,
         "FTFLEET_METADATA_ENDPOINT": contract.DEFAULT_METADATA_ENDPOINT[s.cloud],
         "FTFLEET_METRICS_PORT": str(contract.METRICS_PORT),
+        # The snapshots' RAM file system, on huge pages: the boot script mounts it.
+        "FTFLEET_SHM_DIR": contract.SHM_MOUNT,
     }
 
 
@@ -145,6 +147,8 @@ def render(s: Settings, ctx: NodeContext, *, root: str = "") -> str:
         "MARKER_DIR": f"{ckpt_dir}/{contract.MARKER_DIR}",
         "RUN_ROOT": run_root(s),
         "TRAINER_UID": contract.TRAINER_UID,
+        "SHM_DIR": contract.SHM_MOUNT,
+        "SHM_SIZE": contract.SHM_SIZE,
         "TRAINER_ENV": "\n".join(f"{k}={v}" for k, v in env.items()),
         "IMAGE_URI": ctx.image_uri,
         "EFA_ENABLED": s.fleet.efa_enabled,

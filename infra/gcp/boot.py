@@ -87,6 +87,8 @@ def trainer_env(s: GcpSettings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_REPLICA_REGION": s.replica_region,
         "FTFLEET_METADATA_ENDPOINT": contract.DEFAULT_METADATA_ENDPOINT["gcp"],
         "FTFLEET_METRICS_PORT": str(METRICS_PORT),
+        # The snapshots' RAM file system, on huge pages: the boot script mounts it.
+        "FTFLEET_SHM_DIR": contract.SHM_MOUNT,
         # An extended notice comes before the ACPI soft-off and its 30 s shutdown.
         "FTFLEET_PREEMPTION_NOTICE_S": str(f.preemption_notice_seconds + contract.GCP_PREEMPTION_NOTICE_S),
     }
@@ -121,6 +123,8 @@ def startup_script(
             "CKPT_DIR": f"{s.storage.mount_point}/{checkpoint_root(s)}",
             "RUN_ROOT": run_root(s),
             "TRAINER_UID": contract.TRAINER_UID,
+            "SHM_DIR": contract.SHM_MOUNT,
+            "SHM_SIZE": contract.SHM_SIZE,
             "TRAINER_ENV": env,
             "STOP_SECONDS": STOP_SECONDS[provisioning_model],
             "NO_RESTART_EXIT_CODES": " ".join(map(str, NO_RESTART_EXIT_CODES)),

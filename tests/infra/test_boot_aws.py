@@ -198,6 +198,7 @@ def test_a_coordinator_boots_in_order(node):
         "apt-get -o",  # install
         "mount -t",
         "chown 10001:10001",
+        "mount -t",  # the snapshots' RAM file system
         "aws route53",  # UPSERT
         "aws route53",  # wait until INSYNC
         "systemctl daemon-reload",
@@ -257,12 +258,33 @@ def test_the_trainer_unit_never_restarts_a_final_exit_and_the_image_unit_pulls_f
     assert start == [["start", "--no-block", "ftfleet-trainer.service"]]
 
 
+def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(node):
+    assert boot(node, "worker").returncode == 0, log_of(node)
+    tmpfs = [c.args for c in node.calls("mount") if c.args[:2] == ["-t", "tmpfs"]]
+    opts = f"size={contract.SHM_SIZE},mode=0700,uid={contract.TRAINER_UID},gid={contract.TRAINER_UID}"
+    assert tmpfs == [
+        ["-t", "tmpfs", "-o", f"huge=within_size,{opts}", "ftfleet-shm", f"{node.root}{contract.SHM_MOUNT}"]
+    ]
+    env = dict(line.split("=", 1) for line in (node.root / "etc/ftfleet/trainer.env").read_text().splitlines())
+    assert env["FTFLEET_SHM_DIR"] == contract.SHM_MOUNT
+    trainer = (node.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
+    assert f"-v {contract.SHM_MOUNT}:{contract.SHM_MOUNT} " in trainer
+
+
+def test_a_kernel_without_huge_pages_for_tmpfs_gets_plain_pages(node):
+    node.stub("mount", match="huge=within_size", rc=32)
+    assert boot(node, "worker").returncode == 0, log_of(node)
+    tmpfs = [c.args for c in node.calls("mount") if c.args[:2] == ["-t", "tmpfs"]]
+    assert len(tmpfs) == 2 and "huge" not in tmpfs[1][3] and tmpfs[1][3].startswith("size=")
+    assert "4 KiB pages" in log_of(node) and started_trainer(node)
+
+
 def test_fstab_orders_the_mount_after_a_unit_ubuntu_has(node):
     assert boot(node).returncode == 0, log_of(node)
     (line,) = (node.root / "etc/fstab").read_text().splitlines()
     assert line.startswith("fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh /fsx lustre ")
     assert "x-systemd.requires=network-online.target" in line and "network.service" not in line
-    (mount,) = node.calls("mount")
+    (mount,) = [c for c in node.calls("mount") if c.args[:2] == ["-t", "lustre"]]
     assert mount.args[-2:] == ["fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh", f"{node.root}/fsx"]
 
 

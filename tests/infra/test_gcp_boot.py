@@ -125,6 +125,29 @@ def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
     assert env["FTFLEET_RUN_DIR"] == f"/ckpt/runs/gcp-dev/{NODE}"  # per node, on the fast tier
 
 
+def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    tmpfs = [c.args for c in stubs.calls("mount") if c.args[:2] == ["-t", "tmpfs"]]
+    opts = f"size={contract.SHM_SIZE},mode=0700,uid={contract.TRAINER_UID},gid={contract.TRAINER_UID}"
+    assert tmpfs == [
+        ["-t", "tmpfs", "-o", f"huge=within_size,{opts}", "ftfleet-shm", f"{stubs.root}{contract.SHM_MOUNT}"]
+    ]
+    assert env_file(stubs)["FTFLEET_SHM_DIR"] == contract.SHM_MOUNT
+    unit = (stubs.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
+    assert f"-v {contract.SHM_MOUNT}:{contract.SHM_MOUNT} " in unit
+
+
+def test_a_kernel_without_huge_pages_for_tmpfs_gets_plain_pages_on_gcp(stubs):
+    stubs.add("nvidia-ctk")
+    stubs.stub("mount", match="huge=within_size", rc=32)
+    result = stubs.run(render(stubs))
+    assert result.returncode == 0, result.stderr
+    tmpfs = [c.args for c in stubs.calls("mount") if c.args[:2] == ["-t", "tmpfs"]]
+    assert len(tmpfs) == 2 and "huge" not in tmpfs[1][3]
+    assert "4 KiB pages" in result.stderr
+
+
 @pytest.mark.parametrize("extended, deadline", [(0, "30"), (60, "90")])
 def test_the_trainers_preemption_deadline_is_the_extended_notice_plus_the_shutdown_period(extended, deadline):
     base = settings_for()
@@ -218,7 +241,8 @@ def test_parallelstore_runs_the_daos_agent_on_the_access_points_and_mounts_with_
     dfuse = stubs.calls("dfuse")[0].args
     assert dfuse[:2] == ["-m", f"{stubs.root}/ckpt"]
     assert {"--pool", "default-pool", "--container", "default-container", "--multi-user"} <= set(dfuse)
-    assert stubs.calls("mount") == [] and stubs.calls("apt-get") == []  # dfuse is on the image
+    # dfuse is on the image; the one mount is the snapshots' RAM file system
+    assert [c.args[:2] for c in stubs.calls("mount")] == [["-t", "tmpfs"]] and stubs.calls("apt-get") == []
 
 
 def shutdown(stubs: Stubs, model="SPOT"):

@@ -11,7 +11,7 @@
 # ftfleet-node enforces. Log: /var/log/ftfleet-boot.log (and cloud-init-output.log).
 #
 # Rendered by infra/aws/userdata.py; every path it writes is under $ROOT.
-# ftfleet-params: ROOT ROLE REGION MOUNT_POINT FSX_DNS_NAME FSX_MOUNT_NAME CKPT_DIR MARKER_DIR RUN_ROOT TRAINER_UID TRAINER_ENV IMAGE_URI EFA_ENABLED EFA_DEVICE_DIR ZONE_ID COORDINATOR_HOST RECORD_TTL STOP_TIMEOUT NODE_FINAL_EXITS NODE_HELPER_GZ
+# ftfleet-params: ROOT ROLE REGION MOUNT_POINT FSX_DNS_NAME FSX_MOUNT_NAME CKPT_DIR MARKER_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV IMAGE_URI EFA_ENABLED EFA_DEVICE_DIR ZONE_ID COORDINATOR_HOST RECORD_TTL STOP_TIMEOUT NODE_FINAL_EXITS NODE_HELPER_GZ
 set -Eeuo pipefail
 
 # FSx's own apt repository and key (FSx for Lustre guide, "Installing the Lustre client",
@@ -124,6 +124,17 @@ step "directories for uid $TRAINER_UID"
 mkdir -p "$ROOT$CKPT_DIR" "$ROOT$MARKER_DIR" "$ROOT$RUN_DIR"
 chown "$TRAINER_UID:$TRAINER_UID" "$ROOT$CKPT_DIR" "$ROOT$MARKER_DIR" "$ROOT$RUN_ROOT" "$ROOT$RUN_DIR"
 
+step "snapshot memory at $SHM_DIR"
+# The in-memory snapshots' own RAM file system (FTFLEET_SHM_DIR) on huge pages: a new
+# snapshot file is allocated and mapped about 8x faster than in /dev/shm (4 KiB pages).
+# It outlives the container (a restart restores from it), not the node.
+mkdir -p "$ROOT$SHM_DIR"
+shm_opts="size=$SHM_SIZE,mode=0700,uid=$TRAINER_UID,gid=$TRAINER_UID"
+if ! mount -t tmpfs -o "huge=within_size,$shm_opts" ftfleet-shm "$ROOT$SHM_DIR"; then
+  log "the kernel refused huge pages for $SHM_DIR: 4 KiB pages"
+  mount -t tmpfs -o "$shm_opts" ftfleet-shm "$ROOT$SHM_DIR"
+fi
+
 if [[ $ROLE == coordinator ]]; then
   step "publish $COORDINATOR_HOST"
   retry 5 publish_coordinator
@@ -174,7 +185,7 @@ StartLimitIntervalSec=0
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f ftfleet-trainer
-ExecStart=/usr/bin/docker run --rm --name ftfleet-trainer --gpus all --network host --ipc host --ulimit memlock=-1 --ulimit stack=67108864$devices --env-file /etc/ftfleet/trainer.env -v $MOUNT_POINT:$MOUNT_POINT $IMAGE_URI
+ExecStart=/usr/bin/docker run --rm --name ftfleet-trainer --gpus all --network host --ipc host --ulimit memlock=-1 --ulimit stack=67108864$devices --env-file /etc/ftfleet/trainer.env -v $MOUNT_POINT:$MOUNT_POINT -v $SHM_DIR:$SHM_DIR $IMAGE_URI
 ExecStop=/usr/bin/docker stop --time $STOP_TIMEOUT ftfleet-trainer
 TimeoutStopSec=$((STOP_TIMEOUT + 5))
 Restart=on-failure

@@ -11,7 +11,7 @@
 #
 # Rendered by infra/gcp/boot.py (values header: infra/bootscript.py). Every path the
 # script writes starts with $ROOT: empty on a node, a temporary directory in tests.
-# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
+# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -135,6 +135,18 @@ fi
 mkdir -p "$ROOT$CKPT_DIR" "$ROOT$RUN_DIR"
 chown "$TRAINER_UID:$TRAINER_UID" "$ROOT$CKPT_DIR" "$ROOT$RUN_ROOT" "$ROOT$RUN_DIR"
 
+# --- the in-memory snapshots' RAM file system ------------------------------------
+# FTFLEET_SHM_DIR, on huge pages: a new snapshot file is allocated and mapped about 8x
+# faster than in /dev/shm (4 KiB pages). It outlives the container, not the node.
+mkdir -p "$ROOT$SHM_DIR"
+shm_opts="size=$SHM_SIZE,mode=0700,uid=$TRAINER_UID,gid=$TRAINER_UID"
+if grep -qs " $ROOT$SHM_DIR " /proc/mounts; then
+  log "$SHM_DIR is already mounted"
+elif ! mount -t tmpfs -o "huge=within_size,$shm_opts" ftfleet-shm "$ROOT$SHM_DIR"; then
+  log "the kernel refused huge pages for $SHM_DIR: 4 KiB pages"
+  mount -t tmpfs -o "$shm_opts" ftfleet-shm "$ROOT$SHM_DIR"
+fi
+
 # --- the trainer image -----------------------------------------------------------
 registry_login() {
   local token
@@ -165,7 +177,7 @@ RequiresMountsFor=$MOUNT_POINT
 ExecStartPre=-/usr/bin/docker rm -f $SERVICE
 ExecStart=/usr/bin/docker run --rm --name $SERVICE --gpus all --network host --ipc host \\
   --ulimit memlock=-1 --ulimit stack=67108864 --env-file /etc/ftfleet/trainer.env \\
-  -v $MOUNT_POINT:$MOUNT_POINT $IMAGE_URI
+  -v $MOUNT_POINT:$MOUNT_POINT -v $SHM_DIR:$SHM_DIR $IMAGE_URI
 ExecStop=/usr/bin/docker stop --time $STOP_SECONDS $SERVICE
 TimeoutStopSec=$((STOP_SECONDS + 5))
 Restart=on-failure
