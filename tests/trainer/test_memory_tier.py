@@ -100,6 +100,58 @@ def test_a_torn_or_corrupt_snapshot_is_skipped_with_a_warning(tmp_path, caplog, 
     assert any("step 4 of rank 0 (own) skipped" in r.message and expected in r.message for r in caplog.records)
 
 
+def _stepped(manager):
+    """One AdamW update with unit gradients: the optimizer has state to snapshot."""
+    for p in manager.app_state.model.parameters():
+        p.grad = torch.ones_like(p)
+    manager.app_state.optimizer.step()
+    manager.app_state.optimizer.zero_grad(set_to_none=True)
+
+
+def _counting_steps(optimizer, monkeypatch) -> list[int]:
+    calls: list[int] = []
+    step = optimizer.step
+    monkeypatch.setattr(optimizer, "step", lambda *a, **k: calls.append(1) or step(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("tier", ["memory", "local"])
+def test_a_restore_makes_a_fresh_optimizers_state_once_and_loads_it_exactly(tmp_path, monkeypatch, tier):
+    """A fresh optimizer has no state; the template of a load makes one with a zero-lr
+    step. It is made once per restore (not again by set_state_dict), and what is loaded
+    is the saved state, bit for bit."""
+    m = _manager(tmp_path)
+    _stepped(m)
+    m.app_state.progress.step = 3
+    if tier == "memory":
+        m.snapshot(blocking=True, step=3)
+    else:
+        m.save(3, blocking=True)
+    saved = state_sha256(m.app_state.optimizer.state_dict())
+    fresh = _manager(tmp_path, *(["checkpoint.memory=false"] if tier == "local" else []))
+    calls = _counting_steps(fresh.app_state.optimizer, monkeypatch)
+    found = fresh.restore()
+    assert (found.step, found.tier) == (3, tier)
+    assert len(calls) == 1
+    assert state_sha256(fresh.app_state.optimizer.state_dict()) == saved
+
+
+def test_a_failed_restore_leaves_a_fresh_optimizer_without_state(tmp_path):
+    """The state a template made for a load that did not complete goes: a run that then
+    starts from scratch finds its optimizer as new (AdamW's step count at 0)."""
+    m = _manager(tmp_path)
+    _stepped(m)
+    m.app_state.progress.step = 3
+    m.snapshot(blocking=True, step=3)
+    path = m.snapshots.tier.own_dir / "step-3" / "__0.snap"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    fresh = _manager(tmp_path)
+    assert fresh.restore() is None
+    assert not fresh.app_state.optimizer.state and not fresh.app_state.loading
+
+
 def test_a_snapshot_of_another_config_is_skipped_and_nothing_is_loaded(tmp_path, caplog):
     _two_snapshots(tmp_path)
     other = _manager(tmp_path, "model.d_model=16")

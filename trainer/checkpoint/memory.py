@@ -668,12 +668,15 @@ def _describe(value: Any) -> str:
 
 def prepare(app_state: Any, saved: Any) -> dict[str, Any]:
     """The state dict to load into ``app_state`` from a snapshot's decoded state dict;
-    raises SnapshotMismatch when it does not fit. Changes nothing."""
+    raises SnapshotMismatch when it does not fit. Changes nothing, unless the caller
+    holds ``app_state.loading`` (then a fresh optimizer's state made for the template
+    stays until the load, or until ``loading`` is reset)."""
+    was = app_state.loading
     app_state.loading = True
     try:
         template = app_state.state_dict()
     finally:
-        app_state.loading = False
+        app_state.loading = was
     return _merge(template, saved, "")
 
 

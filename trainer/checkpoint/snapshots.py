@@ -286,10 +286,19 @@ class Snapshots:
     def restore(self, min_step: int | None = None) -> Restored | None:
         """Collective: load the newest step at or after ``min_step`` that every rank can
         get from memory. None (nothing loaded) when there is none."""
-        world, rank = self.comm.world_size, self.comm.rank
+        world = self.comm.world_size
         own = self.tier.listing(False, world, self.identity)
         held = self.tier.listing(True, world, self.identity) if self.tier.has_peer else []
         listings = self.comm.gather((own, held))
+        # Held until the load: the template's optimizer state is made once (AppState).
+        self.app_state.loading = True
+        try:
+            return self._restore(listings, min_step)
+        finally:
+            self.app_state.loading = False
+
+    def _restore(self, listings: list[tuple[list[int], list[int]]], min_step: int | None) -> Restored | None:
+        rank = self.comm.rank
         excluded: set[tuple[int, int, str]] = set()
         while True:
             plan = self._plan(listings, excluded, min_step) if rank == 0 else None

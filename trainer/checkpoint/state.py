@@ -143,10 +143,26 @@ class AppState:
         #: Set before a load: whether the checkpoint has an RNG entry for this rank
         #: (a rank beyond the writer's world size has none and is seeded afresh).
         self.include_rng = True
-        #: Set while a checkpoint loads into this state (the template DCP fills).
-        self.loading = False
+        self._loading = False
+        #: The optimizer state that a template made for a load (see :meth:`state_dict`).
+        self._made_state = False
         self.extras = dict(extras or {})
         self.per_rank = dict(per_rank or {})
+
+    @property
+    def loading(self) -> bool:
+        """True while a checkpoint loads into this state (the template DCP fills, a
+        snapshot's checks). Set to False, it drops an optimizer state that a template
+        made for a load that did not complete: a start from scratch after every
+        checkpoint failed must find the optimizer as new."""
+        return self._loading
+
+    @loading.setter
+    def loading(self, value: bool) -> None:
+        self._loading = value
+        if not value and self._made_state:
+            self.optimizer.state.clear()  # type: ignore[union-attr]
+            self._made_state = False
 
     def state_dict(self) -> dict[str, Any]:
         if self.optimizer is not None:
@@ -154,9 +170,15 @@ class AppState:
             # one with a zero-lr step (AdamW's step count becomes 1, shifting its bias
             # correction). Undo that on the live optimizer, and record it so that a load
             # undoes it too: a run saved before its first update resumes as if never saved.
+            # For a load, the made state stays until the load completes: the load fills
+            # it, and set_state_dict would otherwise make it a second time (1.5 s at
+            # 113M parameters here, docs/BENCHMARKS.md); `loading` drops it if the load
+            # fails.
             fresh = not self.optimizer.state
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-            if fresh:
+            if fresh and self.loading:
+                self._made_state = True
+            elif fresh:
                 self.optimizer.state.clear()
             # Loading, this is the value a checkpoint without the entry leaves: not fresh.
             sd: dict[str, Any] = {
@@ -197,6 +219,7 @@ class AppState:
         for name, obj in self.per_rank.items():
             if rank_key(name, self.rank) in sd:
                 obj.load_state_dict(sd[rank_key(name, self.rank)])
+        self._made_state = False  # loaded: the state is the checkpoint's now
         if rng_key(self.rank) in sd:
             restore_rng(sd[rng_key(self.rank)])
         else:
