@@ -277,10 +277,10 @@ def test_auto_measures_each_mode_then_takes_the_cheaper_and_probes_the_other():
     assert chooser.choose_mode() == ("async", "auto: measuring a async save")
     chooser.record_save(0.02, 3.0, "async")  # C = 0.02 + 0.8 x 3.0 = 2.42
     assert chooser.choose_mode()[0] == "sync"  # never measured
-    chooser.record_save(0.7, 0.05, "sync")  # C = 0.7 + 0.8 x 0.05 = 0.74
+    chooser.record_save(0.7, 0.05, "sync")  # C = 0.7 + 1 x 0.05 (its k not measured yet)
     mode, why = chooser.choose_mode()
-    assert mode == "sync" and why == "auto: sync C=0.74s < async C=2.42s"
-    assert chooser.cost()[0] == pytest.approx(0.74) and "sync save" in chooser.cost()[1]
+    assert mode == "sync" and why == "auto: sync C=0.75s < async C=2.42s"
+    assert chooser.cost()[0] == pytest.approx(0.75) and "sync save" in chooser.cost()[1]
     assert (chooser.blocked_s, chooser.persist_s) == (0.7, 0.05)  # the chosen mode's
     for _ in range(PROBE_EVERY - 1):  # sync saves; async's sample ages
         chooser.record_save(0.7, 0.05, "sync")
@@ -320,3 +320,15 @@ def test_both_modes_costs_carry_over_a_restart():
     older.record_save(0.9, 0.1, "sync")
     older.load_state_dict(old)  # a checkpoint of a run with one mode: the other stays
     assert older.costs["sync"].blocked_s == 0.9 and older.costs["async"].persist_s == 3.0
+
+
+def test_the_steps_beside_a_blocking_saves_commit_do_not_make_a_background_save_look_free():
+    chooser = _auto()
+    for seconds in [1.0] * 5:
+        chooser.record_step(seconds, during_save=False)
+    for seconds in [1.8] * 3:  # beside a background write
+        chooser.record_step(seconds, during_save=True, mode="async")
+    for seconds in [1.0] * 20:  # beside a blocking save's commit: nothing to slow
+        chooser.record_step(seconds, during_save=True, mode="sync")
+    assert chooser.overhead("async")[0] == pytest.approx(0.8)
+    assert chooser.overhead("sync")[0] == 0.0

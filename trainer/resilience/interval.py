@@ -196,7 +196,9 @@ class AdaptiveInterval:
         # Recent step times, without and with a save in flight (not checkpointed: a
         # restarted process measures its own machine again).
         self._quiet: deque[float] = deque(maxlen=STEP_SAMPLES)
-        self._busy: deque[float] = deque(maxlen=STEP_SAMPLES)
+        #: By save mode: a blocking save's background part is only its commit, whose
+        #: steps would make a background write look free.
+        self._busy: dict[str, deque[float]] = {m: deque(maxlen=STEP_SAMPLES) for m in modes}
 
     # -- inputs ------------------------------------------------------------------
 
@@ -243,12 +245,15 @@ class AdaptiveInterval:
         a = self.config.ewma_alpha
         return sample if average is None else a * sample + (1 - a) * average
 
-    def record_step(self, seconds: float, during_save: bool, during_snapshot: bool = False) -> None:
-        """One training step's duration, and whether a background save (or the background
-        part of an in-memory snapshot) was in flight during it."""
+    def record_step(
+        self, seconds: float, during_save: bool, during_snapshot: bool = False, mode: str | None = None
+    ) -> None:
+        """One training step's duration, and whether the background part of a save (in
+        ``mode``, default the configured one) or of an in-memory snapshot was in flight
+        during it."""
         if seconds > 0 and math.isfinite(seconds):
             if during_save:
-                self._busy.append(seconds)
+                self._busy.get(mode or self.modes[0], self._busy[self.modes[0]]).append(seconds)
             elif not during_snapshot:
                 self._quiet.append(seconds)
 
@@ -256,14 +261,16 @@ class AdaptiveInterval:
         """The median step with nothing in flight; None before enough were measured."""
         return statistics.median(self._quiet) if len(self._quiet) >= MIN_QUIET else None
 
-    def overhead(self) -> tuple[float, str]:
-        """``k``: the fraction of a save's persist time that training loses."""
+    def overhead(self, mode: str | None = None) -> tuple[float, str]:
+        """``k``: the fraction of a save's persist time (in ``mode``, default the
+        configured one) that training loses."""
         pinned = self.config.persist_overhead
         if pinned is not None:
             return pinned, f"{pinned:g} (configured)"
-        if len(self._quiet) < MIN_QUIET or len(self._busy) < MIN_BUSY:
+        steps = self._busy.get(mode or self.modes[0], self._busy[self.modes[0]])
+        if len(self._quiet) < MIN_QUIET or len(steps) < MIN_BUSY:
             return 1.0, "1 (not measured yet)"
-        quiet, busy = statistics.median(self._quiet), statistics.median(self._busy)
+        quiet, busy = statistics.median(self._quiet), statistics.median(steps)
         k = min(1.0, max(0.0, busy / quiet - 1.0))
         return k, f"{k:.2f} (measured: steps {busy:.3f}s during a save, {quiet:.3f}s without)"
 
@@ -301,7 +308,7 @@ class AdaptiveInterval:
         cost = self.costs[mode]
         if cost.blocked_s is None or cost.persist_s is None:
             return None
-        k, k_why = self.overhead()
+        k, k_why = self.overhead(mode)
         c = cost.blocked_s + k * cost.persist_s
         what = f"{mode} save: " if len(self.modes) > 1 else ""
         return c, (

@@ -128,6 +128,7 @@ class SaveSchedule(Callback):
         self._first_step_seen = False
         self._saves_started = 0
         self._mode_why = ""
+        self._saving_mode: str | None = None
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -157,7 +158,7 @@ class SaveSchedule(Callback):
             self._step_times.append(info.step_time_s)
         self._first_step_seen = True
         # Steps that overlapped a background save measure what persisting costs training.
-        self.interval.record_step(info.step_time_s, info.saving, info.snapshotting)
+        self.interval.record_step(info.step_time_s, info.saving, info.snapshotting, self._saving_mode)
         self._measure_snapshot(info)
         if self._replan_save is not None and info.step >= self._replan_save[0]:
             # Counted steps, the same on every rank: a collective (rank 0's choice).
@@ -188,6 +189,7 @@ class SaveSchedule(Callback):
             # foreground (no staging copy); an interval save goes as chosen.
             kwargs["asynchronous"] = not blocking and self.next_mode == "async"
         mode = self.interval.modes[0] if not kwargs else "async" if kwargs["asynchronous"] else "sync"
+        self._saving_mode = mode  # the mode of the steps that run beside its background part
         self._emit("save", step=step, reason=reason, blocking=blocking, mode=mode)
         if self.watchdog is not None:
             self.watchdog.beat(step)  # waiting for the previous commit is progress
