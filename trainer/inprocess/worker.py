@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -88,6 +89,14 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
     )
 
 
+def _warm_up_niced(warm_up: Any) -> None:
+    try:  # Linux: a thread's own priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError:
+        pass
+    warm_up()
+
+
 def wait_for(path: str, poll_s: float = 0.02) -> None:
     """Block until ``path`` exists: a spare node, warm, held until it is told to take over."""
     log.info("warm: waiting for %s", path)
@@ -123,11 +132,16 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         from ftfleet.trainer.hostmem import use_huge_pages
 
         use_huge_pages()
-    # torch and the whole trainer are imported now, and what a build imports lazily: a
-    # spare that takes over starts warm.
+    # torch and the whole trainer are imported now; a spare also imports what a build
+    # imports lazily (warm_up), so that taking over does not pay for it. A spare node
+    # waits anyway; a spare process starts beside the ranks that train, so it warms up
+    # on a thread at the lowest CPU priority, not taking their start-up's CPU.
     from ftfleet.trainer.train import train, warm_up
 
-    warm_up()
+    if args.wait_for:
+        warm_up()
+    elif rank >= int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"]):
+        threading.Thread(target=_warm_up_niced, args=(warm_up,), name="ftfleet-warm-up", daemon=True).start()
 
     active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
     shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
