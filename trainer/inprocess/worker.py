@@ -138,12 +138,11 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # on a thread at the lowest CPU priority, not taking their start-up's CPU.
     from ftfleet.trainer.train import train, warm_up
 
+    active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
     if args.wait_for:
         warm_up()
-    elif rank >= int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"]):
+    elif rank >= active:
         threading.Thread(target=_warm_up_niced, args=(warm_up,), name="ftfleet-warm-up", daemon=True).start()
-
-    active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
     shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
     if args.wait_for:
         wait_for(args.wait_for)
