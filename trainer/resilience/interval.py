@@ -207,11 +207,15 @@ class AdaptiveInterval:
         blocked, then seconds until it was committed in the background."""
         if not (blocked_s >= 0 and persist_s >= 0):
             raise ValueError(f"save durations must be >= 0 (blocked={blocked_s!r}, persist={persist_s!r})")
-        cost = self.costs.get(mode or self.modes[0], self.costs[self.modes[0]])
+        cost = self.costs[self._mode(mode)]
         cost.blocked_s = self._ewma(cost.blocked_s, blocked_s)
         cost.persist_s = self._ewma(cost.persist_s, persist_s)
         cost.saves += 1
         cost.last_sample = self.saves
+
+    def _mode(self, mode: str | None) -> str:
+        """``mode`` if the run uses it, else the configured one."""
+        return mode if mode in self.costs else self.modes[0]
 
     @property
     def saves(self) -> int:
@@ -253,7 +257,7 @@ class AdaptiveInterval:
         during it."""
         if seconds > 0 and math.isfinite(seconds):
             if during_save:
-                self._busy.get(mode or self.modes[0], self._busy[self.modes[0]]).append(seconds)
+                self._busy[self._mode(mode)].append(seconds)
             elif not during_snapshot:
                 self._quiet.append(seconds)
 
@@ -267,7 +271,7 @@ class AdaptiveInterval:
         pinned = self.config.persist_overhead
         if pinned is not None:
             return pinned, f"{pinned:g} (configured)"
-        steps = self._busy.get(mode or self.modes[0], self._busy[self.modes[0]])
+        steps = self._busy[self._mode(mode)]
         if len(self._quiet) < MIN_QUIET or len(steps) < MIN_BUSY:
             return 1.0, "1 (not measured yet)"
         quiet, busy = statistics.median(self._quiet), statistics.median(steps)

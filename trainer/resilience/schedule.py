@@ -128,7 +128,6 @@ class SaveSchedule(Callback):
         self._first_step_seen = False
         self._saves_started = 0
         self._mode_why = ""
-        self._saving_mode: str | None = None
         ckpt.on_commit.append(self._on_commit)
         ckpt.app_state.extras["interval"] = IntervalState(self.interval)
 
@@ -158,7 +157,7 @@ class SaveSchedule(Callback):
             self._step_times.append(info.step_time_s)
         self._first_step_seen = True
         # Steps that overlapped a background save measure what persisting costs training.
-        self.interval.record_step(info.step_time_s, info.saving, info.snapshotting, self._saving_mode)
+        self.interval.record_step(info.step_time_s, info.saving, info.snapshotting, self._last_mode())
         self._measure_snapshot(info)
         if self._replan_save is not None and info.step >= self._replan_save[0]:
             # Counted steps, the same on every rank: a collective (rank 0's choice).
@@ -189,7 +188,6 @@ class SaveSchedule(Callback):
             # foreground (no staging copy); an interval save goes as chosen.
             kwargs["asynchronous"] = not blocking and self.next_mode == "async"
         mode = self.interval.modes[0] if not kwargs else "async" if kwargs["asynchronous"] else "sync"
-        self._saving_mode = mode  # the mode of the steps that run beside its background part
         self._emit("save", step=step, reason=reason, blocking=blocking, mode=mode)
         if self.watchdog is not None:
             self.watchdog.beat(step)  # waiting for the previous commit is progress
@@ -325,9 +323,7 @@ class SaveSchedule(Callback):
         """On the commit thread of every rank, after ``step-N``'s manifest landed."""
         stats = self.ckpt.stats
         persist = max(0.0, stats.last_commit_s - stats.last_blocked_s)
-        asynchronous = getattr(stats, "last_async", None)
-        mode = None if asynchronous is None else "async" if asynchronous else "sync"
-        self.interval.record_save(stats.last_blocked_s, persist, mode)
+        self.interval.record_save(stats.last_blocked_s, persist, self._last_mode())
         if self.metrics is not None:
             self.metrics.checkpoint_saved(stats.last_blocked_s, persist)
             self.metrics.last_committed_step.set(manifest.step)
@@ -341,6 +337,11 @@ class SaveSchedule(Callback):
             commit_s=round(stats.last_commit_s, 4),
             **fields,
         )
+
+    def _last_mode(self) -> str | None:
+        """How the newest save was written (the manager's record); None: not recorded."""
+        asynchronous = getattr(self.ckpt.stats, "last_async", None) if hasattr(self.ckpt, "stats") else None
+        return None if asynchronous is None else "async" if asynchronous else "sync"
 
     def _emit(self, event: str, **fields: Any) -> None:
         if self.events is not None:
