@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftfleet-installed
 
-.PHONY: setup test demo plan drill bench bench-restore bench-titan chaos lint docs clean
+.PHONY: setup test test-gpu demo plan drill bench bench-restore bench-titan chaos lint docs clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ lint: setup
 TEST_WORKERS ?= 2
 test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+## The GPU paths (tests/gpu: pinned staging ordered after the training stream, snapshots
+## of device tensors, the trainer on NCCL stopped or SIGKILLed and resumed bit-identical).
+## Skipped without a CUDA device, as in CI; run where a GPU is.
+test-gpu: setup
+	$(PY) -m pytest -q tests/gpu
 
 ## The main job, offline: the plan of every stack, then the trainer under fire (the drill).
 demo: setup

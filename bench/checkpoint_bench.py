@@ -44,9 +44,9 @@ from ftfleet.trainer.model import GPT  # noqa: E402
 from ftfleet.trainer.schemas import GPTConfig  # noqa: E402
 
 
-def build_state(vocab: int, d_model: int, layers: int):
+def build_state(vocab: int, d_model: int, layers: int, device: torch.device):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers, n_heads=16))
+    model = GPT(GPTConfig(vocab_size=vocab, seq_len=128, d_model=d_model, n_layers=layers, n_heads=16)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     one_step(model, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -111,13 +111,20 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2, help="DCP writer threads for ftfleet")
+    ap.add_argument(
+        "--device",
+        choices=("auto", "cpu"),
+        default="auto",
+        help="auto: the state on the GPU when there is one (pinned staging, device-to-host copies)",
+    )
     args = ap.parse_args()
 
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    env = init_distributed(ParallelConfig(), 3600)
-    model, opt, sched = build_state(args.vocab, args.d_model, args.layers)
+    env = init_distributed(ParallelConfig(backend="auto" if args.device == "auto" else "gloo"), 3600)
+    cuda = env.device.type == "cuda"
+    model, opt, sched = build_state(args.vocab, args.d_model, args.layers, env.device)
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     plain = dict(zip(("model", "optim"), get_state_dict(model, opt), strict=True))  # the live tensors
@@ -129,13 +136,16 @@ def main() -> int:
     rows: dict[str, dict] = {}
 
     # --- floors ---------------------------------------------------------------
-    bufs = [torch.empty_like(t) for t in src]
-    for b, t in zip(bufs, src, strict=True):
-        b.copy_(t)  # fault the pages in once
+    # On a GPU the floor is the device-to-host copy into pinned host buffers.
+    bufs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in src]
 
     def copy_all(bufs=bufs):
         for b, t in zip(bufs, src, strict=True):
-            b.copy_(t)
+            b.copy_(t, non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+
+    copy_all()  # fault the pages in once
 
     copy_floor = statistics.median(timed(copy_all) for _ in range(R))
     mib = max(1, round(nbytes / 2**20))
@@ -185,6 +195,8 @@ def main() -> int:
     rows["(c) dcp.async_save (defaults)"] = {"blocked": statistics.median(blocked), "commit": statistics.median(commit)}
     for d in root.glob("c*"):
         shutil.rmtree(d)
+    if cuda:
+        rows.update(measure_pinned_stager(plain, root, R, env.ckpt_group))
 
     # --- (d) torchtitan's CheckpointManager ------------------------------------
     titan_rows, titan_note = measure_torchtitan(model, root, R, nbytes)
@@ -255,6 +267,38 @@ def main() -> int:
         paired,
     )
     return 0
+
+
+def measure_pinned_stager(plain, root: Path, repeats: int, group) -> dict:
+    """(f), on a GPU: dcp.async_save with DCP's own DefaultStager kept across saves,
+    pinned buffers and non-blocking copies on a side stream, in a thread (the stager that
+    torchtitan's ``async_with_pinned_mem`` mode builds; torchtitan runs the write in a
+    separate process, which this does not). Blocked = until staging completes."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from ftfleet.trainer.checkpoint.staging import reopen
+
+    options = StagingOptions(
+        use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True
+    )
+    stager = DefaultStager(options)
+    blocked, commit = [], []
+    for i in range(repeats + 1):
+        os.sync()
+        torch.cuda.synchronize()
+        reopen(stager)  # torch 2.11 closes it after each stage (pytorch/pytorch#183413)
+        t0 = time.perf_counter()
+        response = dcp.async_save(
+            plain, storage_writer=dcp.FileSystemWriter(root / f"f{i}"), process_group=group, async_stager=stager
+        )
+        response.staging_completion.result()
+        blocked.append(time.perf_counter() - t0)
+        response.upload_completion.result()
+        commit.append(time.perf_counter() - t0)
+    stager.close()
+    for d in root.glob("f*"):
+        shutil.rmtree(d)
+    return manager_rows("(f) dcp.async_save + DefaultStager (pinned, kept)", blocked, commit)
 
 
 def manager_rows(name: str, blocked: list[float], commit: list[float]) -> dict:
@@ -361,8 +405,9 @@ def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, 
     dd_bw = nbytes / dd_s
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cpu = platform.processor() or platform.machine()
+    gpu = f", state on {torch.cuda.get_device_name()}" if torch.cuda.is_available() and args.device == "auto" else ""
     print(
-        f"Measured {now} on {os.cpu_count()} CPUs ({cpu}), "
+        f"Measured {now} on {os.cpu_count()} CPUs ({cpu}){gpu}, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
         f"torch {torch.__version__}; state {nbytes / 1e9:.3f} GB ({gib:.2f} GiB: GPT "
         f"d_model={args.d_model} layers={args.layers} vocab={args.vocab} + AdamW), "

@@ -21,6 +21,10 @@ For each state size (MB per rank: model-like float32 tensors), median of ``--rep
   tensor new memory, and on this machine the kernel's first touch of fresh pages is
   most of the difference).
 
+``--device cuda``: the state lives on the GPU (every rank on GPU 0); a snapshot copies it
+into a pinned buffer on the training stream, and each timing waits for the stream, so
+``blocked`` is what the stream is held for, not only the host's part.
+
 New tensors are on transparent huge pages, as in the trainer (``train.huge_pages``;
 ``--small-pages``: 4 KiB pages, as before it).
 """
@@ -52,10 +56,10 @@ from ftfleet.trainer.checkpoint.snapshots import Snapshots  # noqa: E402
 class State:
     """A stand-in for AppState: tensors that change between snapshots, and a step."""
 
-    def __init__(self, mb: float) -> None:
+    def __init__(self, mb: float, device: str = "cpu") -> None:
         n = int(mb * (1 << 20) / 4)
         # Three groups of eight tensors, like weights and two Adam moments.
-        self.tensors = {f"{g}.{i}": torch.randn(n // 24) for g in ("w", "m", "v") for i in range(8)}
+        self.tensors = {f"{g}.{i}": torch.randn(n // 24, device=device) for g in ("w", "m", "v") for i in range(8)}
         self.step = 0
         self.loading = False
 
@@ -66,14 +70,23 @@ class State:
         self.tensors, self.step = sd["tensors"], sd["step"]
 
 
+def _sync() -> None:
+    """On a GPU: until the work queued on the stream is done (a snapshot's copies run on
+    the training stream: the time they hold it is what training loses)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _median(fn: Any, repeat: int, between: Any = None) -> float:
     times = []
     for _ in range(repeat):
         if between is not None:
             between()
+        _sync()
         dist.barrier()
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     dist.barrier()
     return statistics.median(times)
@@ -89,6 +102,12 @@ def main() -> None:
         action="store_true",
         help="4 KiB pages for new tensors (THP_MEM_ALLOC_ENABLE=0), not the huge pages the trainer asks for",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the state lives: cuda copies it into a pinned buffer on the stream (every rank on GPU 0)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -99,7 +118,7 @@ def main() -> None:
     root = box[0]
     rows = []
     for mb in args.mb:
-        state = State(mb)
+        state = State(mb, args.device)
         tier = MemoryTier(os.path.join(root, f"{mb:g}"), Ring(rank, world, 1), keep=2)
         snaps = Snapshots(tier, state, Identity("bench", ""), DistComm(group), group)
 
@@ -150,7 +169,8 @@ def main() -> None:
         snaps.close()  # its thread ends and its files' mappings go
         shutil.rmtree(tier.root, ignore_errors=True)
     if rank == 0:
-        print(f"{world} ranks (each holds the other's copy), median of {args.repeat}")
+        where = f"state on {torch.cuda.get_device_name()}" if args.device == "cuda" else "state in host memory"
+        print(f"{world} ranks (each holds the other's copy), {where}, median of {args.repeat}")
         print(
             "| MB per rank | torch.save to /dev/shm | take: blocked | take: end to end "
             "| blocked / torch.save | read once | restore (load + CRC) | restore / read once |"

@@ -272,6 +272,7 @@ def summarize(run: Run, stop: StopRequest | None, loss: float, wall_s: float) ->
         "step": run.progress.step,
         "samples_seen": run.progress.samples_seen,
         "world_size": run.env.world_size,
+        "device": run.env.device.type,
         "parallel": run.cfg.parallel.mode,
         "loss": loss,
         "state_sha256": state_hash,

@@ -395,3 +395,26 @@ def test_a_training_thread_waiting_for_a_snapshot_can_be_interrupted(tmp_path, m
     t.join(10)
     assert not alive and outcome == ["interrupted"]
     m.snapshots.wait()
+
+
+def test_the_exit_finalizer_and_a_closing_snapshot_thread_close_each_fd_once(tmp_path):
+    """At exit the tier's finalizer and its snapshot thread's close() can run at the same
+    time: the finalizer waits for the lock, so no fd is closed twice (an fd closed twice
+    can close a file opened since under the same number)."""
+    import os
+    import threading
+
+    from ftfleet.trainer.checkpoint.memory import MemoryTier
+
+    tier = MemoryTier(tmp_path / "shm", Ring(0, 1, 1))
+    tier.mapped(False, 1, 4096)
+    with tier._maps_lock:  # the snapshot thread, in close()
+        finalizer = threading.Thread(target=tier._finalizer)
+        finalizer.start()
+        finalizer.join(0.2)
+        assert finalizer.is_alive(), "the finalizer did not wait for the lock"
+        for key in list(tier._maps):
+            tier._drop(key)  # raises if the finalizer closed the fd already
+    finalizer.join(10)
+    assert not tier._maps
+    os.close(os.open(tmp_path / "probe", os.O_CREAT | os.O_RDWR))

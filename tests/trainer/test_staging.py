@@ -69,3 +69,18 @@ def test_on_cpu_there_is_nothing_to_wait_for_and_the_copy_is_exact():
     staged = stager.stage(state).result()
     stager.close()
     assert torch.equal(staged["w"], state["w"]) and staged["w"].data_ptr() != state["w"].data_ptr()
+
+
+def test_a_stager_whose_copier_was_closed_after_a_stage_stages_again():
+    """torch 2.11 closes DefaultStager's StateDictStager after every stage (its copier
+    table emptied: pytorch/pytorch#183413), so the second save of a kept stager failed
+    with KeyError: <class 'type'>. Closing it by hand is what 2.11 does."""
+    stager = OrderedStager(staging_options(cuda=False))
+    state = {"w": torch.arange(4.0), "groups": [{"betas": (0.9, 0.95), "fused": None}]}
+    try:
+        stager.stage(state).result()
+        stager._state_dict_stager.close()
+        again = stager.stage(state).result()
+    finally:
+        stager.close()
+    assert torch.equal(again["w"], state["w"]) and again["groups"] == state["groups"]

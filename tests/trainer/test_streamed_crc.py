@@ -50,13 +50,27 @@ def test_the_writer_crc_equals_the_file_read_back_for_a_real_dcp_save(tmp_path, 
     writer = ChecksummingWriter(tmp_path, thread_count=threads)
     metadata = dcp.save(realistic_state(), storage_writer=writer, no_dist=True)
     streamed = writer.streamed()
-    shards = storage_files(metadata)
+    shards = storage_files(metadata, tmp_path)
     assert len(shards) == threads
     assert any(isinstance(md, BytesStorageMetadata) for md in metadata.state_dict_metadata.values())
     for name in shards:
         assert streamed[name] == checksum_file(tmp_path / name), name
     # .metadata goes through the same stream (pickle.dump) under its temporary name.
     assert streamed[".metadata.tmp"] == checksum_file(tmp_path / ".metadata")
+
+
+def test_metadata_returned_without_storage_records_is_read_from_the_file(tmp_path):
+    """torch 2.11 (seen on an H100, 2.11.0+cu130) returned DCP's metadata with
+    ``storage_data`` None; the shard list then comes from the .metadata DCP wrote."""
+    import dataclasses
+
+    metadata = dcp.save(realistic_state(), storage_writer=ChecksummingWriter(tmp_path, thread_count=2), no_dist=True)
+    bare = dataclasses.replace(metadata, storage_data=None)
+    assert storage_files(bare, tmp_path) == storage_files(metadata, tmp_path)
+    assert len(storage_files(bare, tmp_path)) == 2
+    (tmp_path / ".metadata").unlink()
+    with pytest.raises(FileNotFoundError):
+        storage_files(bare, tmp_path)
 
 
 @pytest.mark.parametrize("async_save", ["true", "false"])

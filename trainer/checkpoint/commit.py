@@ -23,6 +23,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.checkpoint import FileSystemReader
+
 from ftfleet.contract import MANIFEST_NAME
 from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
@@ -40,10 +42,17 @@ class CommitError(RuntimeError):
     """The checkpoint was not committed; the message says why (same on every rank)."""
 
 
-def storage_files(metadata: Any) -> dict[str, int]:
-    """Shard file -> size, from DCP's global metadata (identical on every rank)."""
+def storage_files(metadata: Any, step_dir: Path | None = None) -> dict[str, int]:
+    """Shard file -> size, from DCP's global metadata (identical on every rank). Metadata
+    returned without its storage records is read from the ``.metadata`` file that DCP
+    wrote in ``step_dir`` before it returned."""
+    storage = getattr(metadata, "storage_data", None)
+    if storage is None and step_dir is not None:
+        storage = FileSystemReader(step_dir).read_metadata().storage_data
+    if storage is None:
+        raise CommitError("DCP returned no storage records and wrote no .metadata with them")
     sizes: dict[str, int] = {}
-    for info in metadata.storage_data.values():
+    for info in storage.values():
         end = info.offset + info.length
         sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), end)
     return sizes
@@ -102,7 +111,7 @@ def commit_step(
     shards: dict[str, int] = {}
     if error is None:
         try:
-            shards = storage_files(metadata)
+            shards = storage_files(metadata, step_dir)
             entries = own_entries(step_dir, comm.rank, shards, streamed)
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, decided there
             error = f"{type(exc).__name__}: {exc}"

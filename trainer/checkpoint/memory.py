@@ -271,7 +271,7 @@ class MemoryTier:
         self._maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]] = {}
         self._maps_lock = threading.Lock()
         # An iteration that fails never closes its tier: its fds go with the object.
-        weakref.finalize(self, _close_fds, self._maps)
+        self._finalizer = weakref.finalize(self, _close_fds, self._maps, self._maps_lock)
         # Directories a writer left without a manifest (killed mid-write, or an older
         # iteration's thread whose transfer may still land in them): never reused.
         for base in (self.own_dir, self.held_dir):
@@ -488,13 +488,22 @@ class MemoryTier:
         return data, manifest
 
 
-def _close_fds(maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]]) -> None:
-    for fd, _, _ in maps.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    maps.clear()
+def _close_fds(maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]], lock: threading.Lock) -> None:
+    """At exit (or when a tier is collected): close the cached fds, under the tier's lock.
+    A snapshot thread may still be closing the same tier at exit, and an fd closed twice
+    can close a file opened since under the same number. If that thread holds the lock
+    for long, the fds are left for the process's end to close."""
+    if not lock.acquire(timeout=5):
+        return
+    try:
+        for fd, _, _ in maps.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        maps.clear()
+    finally:
+        lock.release()
 
 
 def _expected(manifest: Manifest, name: str, where: str) -> Any:

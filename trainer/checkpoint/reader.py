@@ -12,7 +12,8 @@ time to read the bytes once). Here:
   DCP's planning collective, so a file that is missing, of another size or another CRC
   fails the load on every rank **before any rank copies a byte into its state**;
 * each tensor item is then copied from the (now cached) mapped pages straight into its
-  destination when the stored record is exactly that tensor: torch.save's zip record
+  destination (on a GPU: through two pinned buffers, each chunk's device copy
+  overlapping the next chunk's host copy) when the stored record is exactly that tensor: torch.save's zip record
   holds the raw storage uncompressed, and its ``data.pkl`` is read by an unpickler that
   knows four names (the tensor rebuild function, legacy storage classes, OrderedDict)
   and builds nothing. Anything else (resharded slices, non-contiguous or offset
@@ -48,6 +49,8 @@ from ftfleet.trainer.checkpoint.manifest import FileEntry, crc32c_extend
 from ftfleet.trainer.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError, _MetadataUnpickler
 
 _CHUNK = 16 << 20
+#: Bytes per pinned buffer of a restore into device tensors (two of them).
+DEVICE_CHUNK = 16 << 20
 #: Aggressive read-ahead for the sequential CRC pass over each mapped shard.
 _ADVICE = (mmap.MADV_SEQUENTIAL,)
 METADATA = ".metadata"
@@ -226,6 +229,40 @@ def raw_record(item: memoryview, target: torch.Tensor) -> memoryview:
     return item[start : start + nbytes]
 
 
+class _ToDevice:
+    """Copies host bytes into CUDA tensors through two pinned buffers of ``chunk``
+    bytes, in turns: a chunk's copy to the device (non-blocking, on the
+    current stream) overlaps the host copy of the next one into the other buffer.
+    :meth:`finish` waits for the last copies (before the buffers or the source go)."""
+
+    def __init__(self, chunk: int | None = None):
+        self.chunk = chunk or DEVICE_CHUNK
+        self._buffers: list[torch.Tensor] = []
+        self._done: list[Any] = [None, None]
+        self._turn = 0
+
+    def copy(self, raw: memoryview, target: torch.Tensor) -> None:
+        if not self._buffers:
+            self._buffers = [torch.empty(self.chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        dest = target.reshape(-1).view(torch.uint8)
+        for off in range(0, len(raw), self.chunk):
+            n = min(self.chunk, len(raw) - off)
+            turn, self._turn = self._turn, self._turn ^ 1
+            if self._done[turn] is not None:
+                self._done[turn].synchronize()  # that buffer's previous copy has left it
+            buffer = self._buffers[turn]
+            numpy.copyto(buffer.numpy()[:n], numpy.frombuffer(raw[off : off + n], dtype=numpy.uint8))
+            dest[off : off + n].copy_(buffer[:n], non_blocking=True)
+            self._done[turn] = torch.cuda.Event()
+            self._done[turn].record()
+
+    def finish(self) -> None:
+        for event in self._done:
+            if event is not None:
+                event.synchronize()
+        self._done = [None, None]
+
+
 class VerifyingReader(SafeFileSystemReader):
     """A :class:`SafeFileSystemReader` that checks every file it reads against
     ``expected`` (the manifest's entries) as it reads it. ``direct`` and ``fallback``
@@ -239,6 +276,7 @@ class VerifyingReader(SafeFileSystemReader):
         self.fallback = 0
         self._mapped: dict[str, _Mapped] = {}
         self._metadata: bytes | None = None
+        self._to_device: _ToDevice | None = None
 
     def _entry(self, name: str) -> FileEntry:
         if name not in self.expected:
@@ -303,6 +341,8 @@ class VerifyingReader(SafeFileSystemReader):
                 else:
                     self._read_tensor(item, view, md, planner)
         finally:
+            if self._to_device is not None:
+                self._to_device.finish()
             self.close()
         fut: Future[None] = Future()
         fut.set_result(None)
@@ -320,9 +360,14 @@ class VerifyingReader(SafeFileSystemReader):
             except (_NotPlain, zipfile.BadZipFile, KeyError, ValueError):
                 raw = None
         if raw is not None:
-            if len(raw):
+            if len(raw) and target.device.type == "cpu":
                 destination = target.reshape(-1).view(torch.uint8).numpy()
                 numpy.copyto(destination, numpy.frombuffer(raw, dtype=numpy.uint8))
+            elif len(raw) and target.device.type == "cuda":
+                self._to_device = self._to_device or _ToDevice()
+                self._to_device.copy(raw, target)
+            elif len(raw):  # another accelerator: one blocking copy from host memory
+                target.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(numpy.frombuffer(raw, numpy.uint8).copy()))
             self.direct += 1
         else:
             stream = self._stream(item, md, view)

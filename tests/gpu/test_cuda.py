@@ -1,0 +1,155 @@
+"""The GPU paths, on a CUDA device (skipped without one: CI has none; run them where a
+GPU is lent, `make test-gpu`).
+
+* The stager of asynchronous saves copies on a stream of its own from a background
+  thread: it must wait for the training stream's queued writes (OrderedStager), which
+  DCP's DefaultStager alone does not.
+* In-memory snapshots copy device tensors into a pinned buffer on the training stream
+  (non-blocking), ordered after its writes, and the snapshot's bytes are the tensors'.
+* The trainer on the GPU (NCCL, FSDP2 over one device): a run stopped and resumed, and
+  one SIGKILLed and resumed from shared memory, end bit-identical to an uninterrupted
+  GPU run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.checkpoint.staging import DefaultStager
+
+from ftfleet.trainer.checkpoint.manager import staging_options
+from ftfleet.trainer.checkpoint.memory import Stager, buffer_reader, decode
+from ftfleet.trainer.checkpoint.staging import OrderedStager
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+#: GPU cycles that keep the training stream busy long enough (tens of milliseconds on
+#: any current GPU) for a copy on another stream to run before the queued write.
+BUSY_CYCLES = 200_000_000
+N = 16 << 20  # 64 MiB of float32
+
+
+def _queued_write(x: torch.Tensor, value: float) -> None:
+    """Queue, on the current stream, a long wait and then a write of ``value`` into ``x``:
+    the host returns at once, the write lands later."""
+    torch.cuda._sleep(BUSY_CYCLES)
+    x.fill_(value)
+
+
+def test_the_save_stager_copies_what_the_training_stream_wrote_last():
+    x = torch.zeros(N, device="cuda")
+    torch.cuda.synchronize()
+    ordered = OrderedStager(staging_options(cuda=True))
+    try:
+        _queued_write(x, 1.0)
+        staged = ordered.stage({"x": x}).result()["x"]
+        assert staged.is_pinned()
+        assert torch.equal(staged, torch.ones(N)), "staged before the training stream's write"
+    finally:
+        ordered.close()
+
+
+def test_without_the_ordering_the_stager_reads_the_old_values():
+    """What OrderedStager is for: DCP's stager alone copies while the training stream's
+    write is still queued (this test keeps the one above honest)."""
+    x = torch.zeros(N, device="cuda")
+    torch.cuda.synchronize()
+    plain = DefaultStager(staging_options(cuda=True))
+    try:
+        _queued_write(x, 1.0)
+        staged = plain.stage({"x": x}).result()["x"]
+        assert not torch.equal(staged, torch.ones(N))
+    finally:
+        plain.close()
+        torch.cuda.synchronize()
+
+
+def test_a_snapshot_of_device_tensors_holds_their_last_values():
+    state = {
+        "w": torch.randn(1000, 257, device="cuda"),
+        "half": torch.randn(33, device="cuda").to(torch.bfloat16),
+        "step": torch.tensor(3),
+        "meta": {"lr": 0.5, "names": ["a", "b"]},
+    }
+    _queued_write(state["w"], 2.0)
+    stager = Stager()
+    staged = stager.stage(state)
+    assert not staged.in_place and staged.data.is_pinned() and staged.ready is not None
+    staged.wait()
+    out = decode(buffer_reader(staged.data), staged.data.numel())
+    assert torch.equal(out["w"], torch.full((1000, 257), 2.0))
+    assert torch.equal(out["half"], state["half"].cpu())
+    assert int(out["step"]) == 3 and out["meta"] == {"lr": 0.5, "names": ["a", "b"]}
+    # The buffer is kept: the next snapshot copies into the same pinned memory.
+    again = stager.stage(state)
+    assert again.data.data_ptr() == staged.data.data_ptr()
+
+
+def test_the_fast_tier_reader_loads_into_device_tensors(tmp_path, monkeypatch):
+    """The one-read restore copies each raw record into its device tensor through two
+    pinned buffers in turns (a chunk smaller than the tensors: several turns each)."""
+    from ftfleet.trainer.checkpoint import reader as reader_module
+    from tests.trainer.test_verifying_reader import load, odd_state, save, zeros_like
+
+    monkeypatch.setattr(reader_module, "DEVICE_CHUNK", 1000)
+    state = odd_state()
+    expected = save(tmp_path, state)
+    target = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in zeros_like(state).items()}
+    got = load(tmp_path, target, expected)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert target[key].is_cuda and torch.equal(target[key].cpu(), value), key
+    assert got.direct == 5 and got.fallback == 2
+
+
+# ---------------------------------------------------------------------------
+# The trainer on the GPU
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_ref(tmp_path_factory):
+    from tests.trainer.conftest import run_trainer
+
+    d = tmp_path_factory.mktemp("gpu") / "ref"
+    s = run_trainer(1, d, "checkpoint.keep=100", timeout=300)
+    assert s["device"] == "cuda", s
+    s["run_dir"] = d
+    return s
+
+
+def test_a_gpu_run_stopped_and_resumed_ends_bit_identical(tmp_path, gpu_ref):
+    from tests.trainer.conftest import ckpt_hash, run_trainer
+
+    d = tmp_path / "run"
+    first = run_trainer(1, d, "train.stop_at_step=7", timeout=300)
+    assert (first["step"], first["status"]) == (7, "stopped")
+    final = run_trainer(1, d, timeout=300)
+    assert final["resumed_from"]["step"] == 7 and final["step"] == gpu_ref["step"]
+    assert final["state_sha256"] == gpu_ref["state_sha256"]
+    # The asynchronous saves (pinned staging on the GPU) hold the reference's state.
+    for step in (16, 20):  # checkpoint.keep=3: 16, 20 and 24 are left
+        assert ckpt_hash(d / "checkpoints" / f"step-{step}") == ckpt_hash(
+            gpu_ref["run_dir"] / "checkpoints" / f"step-{step}"
+        ), f"step-{step} differs"
+
+
+def test_a_sigkilled_gpu_run_resumes_from_shared_memory_bit_identical(tmp_path, gpu_ref):
+    from tests.trainer.conftest import MEMORY, kill9, run_trainer, start_trainer, wait_for
+
+    d, shm = tmp_path / "run", tmp_path / "shm"
+    env = {"FTFLEET_SHM_DIR": str(shm)}
+    own = shm / "ftfleet-t" / "node-0" / "rank-0"
+
+    def newest() -> int:
+        return max((int(p.parent.name.removeprefix("step-")) for p in own.glob("step-*/manifest.json")), default=0)
+
+    proc = start_trainer(1, d, *MEMORY, env=env)
+    try:
+        wait_for(lambda: newest() >= 10, 240, what="snapshot 10")
+    finally:
+        kill9(proc)
+    snapshot = newest()
+    out = run_trainer(1, d, *MEMORY, env=env, timeout=300)
+    assert out["resumed_from"]["tier"] == "memory" and out["resumed_from"]["step"] >= snapshot
+    assert out["state_sha256"] == gpu_ref["state_sha256"]
