@@ -115,11 +115,14 @@ def _counting_steps(optimizer, monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("tier", ["memory", "local"])
-def test_a_restore_makes_a_fresh_optimizers_state_once_and_loads_it_exactly(tmp_path, monkeypatch, tier):
-    """A fresh optimizer has no state; the template of a load makes one with a zero-lr
-    step. It is made once per restore (not again by set_state_dict), and what is loaded
-    is the saved state, bit for bit."""
+@pytest.mark.parametrize("tier, init_steps", [("memory", 0), ("local", 1)])
+def test_a_restore_makes_a_fresh_optimizers_state_at_most_once_and_loads_it_exactly(
+    tmp_path, monkeypatch, tier, init_steps
+):
+    """A fresh optimizer has no state. From the disk tier, the template of a load makes
+    one with a zero-lr step, once per restore (not again by set_state_dict); from memory,
+    the snapshot's own state is the template (written at this world size: no step). What
+    is loaded is the saved state, bit for bit."""
     m = _manager(tmp_path)
     _stepped(m)
     m.app_state.progress.step = 3
@@ -132,7 +135,7 @@ def test_a_restore_makes_a_fresh_optimizers_state_once_and_loads_it_exactly(tmp_
     calls = _counting_steps(fresh.app_state.optimizer, monkeypatch)
     found = fresh.restore()
     assert (found.step, found.tier) == (3, tier)
-    assert len(calls) == 1
+    assert len(calls) == init_steps
     assert state_sha256(fresh.app_state.optimizer.state_dict()) == saved
 
 
@@ -150,6 +153,27 @@ def test_a_failed_restore_leaves_a_fresh_optimizer_without_state(tmp_path):
     fresh = _manager(tmp_path)
     assert fresh.restore() is None
     assert not fresh.app_state.optimizer.state and not fresh.app_state.loading
+
+
+def test_a_snapshot_whose_optimizer_state_does_not_fit_falls_back_to_the_init_step(tmp_path, monkeypatch):
+    """A saved optimizer entry of another shape is not adopted as the template: the
+    template comes from the init step, and the mismatch is refused in one line."""
+    m = _manager(tmp_path)
+    _stepped(m)
+    saved = m.app_state.state_dict()
+    name = next(iter(saved["optim"]["state"]))
+    saved["optim"]["state"][name]["exp_avg"] = torch.zeros(3)
+    fresh = _manager(tmp_path / "fresh")
+    calls = _counting_steps(fresh.app_state.optimizer, monkeypatch)
+    fresh.app_state.loading = True
+    try:
+        assert not fresh.app_state.adopt_optimizer_state(saved["optim"])
+        with pytest.raises(SnapshotMismatch, match=rf"^/optim/state/{name}/exp_avg: torch.float32 \(3,\) in the"):
+            prepare(fresh.app_state, saved)
+        assert len(calls) == 1
+    finally:
+        fresh.app_state.loading = False
+    assert not fresh.app_state.optimizer.state
 
 
 def test_a_snapshot_of_another_config_is_skipped_and_nothing_is_loaded(tmp_path, caplog):

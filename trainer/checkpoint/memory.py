@@ -683,6 +683,8 @@ def prepare(app_state: Any, saved: Any) -> dict[str, Any]:
     was = app_state.loading
     app_state.loading = True
     try:
+        if isinstance(saved, dict) and hasattr(app_state, "adopt_optimizer_state"):
+            app_state.adopt_optimizer_state(saved.get("optim"))  # no init step for the template
         template = app_state.state_dict()
     finally:
         app_state.loading = was
