@@ -36,32 +36,31 @@ def _queued_write(x: torch.Tensor, value: float) -> None:
     x.fill_(value)
 
 
-def test_the_save_stager_copies_what_the_training_stream_wrote_last():
+def _staged_after_a_queued_write(stager) -> torch.Tensor:
+    """What ``stager`` stages of a tensor whose write of ones is still queued on the
+    training stream."""
     x = torch.zeros(N, device="cuda")
     torch.cuda.synchronize()
-    ordered = OrderedStager(staging_options(cuda=True))
     try:
         _queued_write(x, 1.0)
-        staged = ordered.stage({"x": x}).result()["x"]
-        assert staged.is_pinned()
-        assert torch.equal(staged, torch.ones(N)), "staged before the training stream's write"
+        staged = stager.stage({"x": x}).result()["x"]
     finally:
-        ordered.close()
+        stager.close()
+        torch.cuda.synchronize()
+    assert staged.is_pinned()
+    return staged
+
+
+def test_the_save_stager_copies_what_the_training_stream_wrote_last():
+    staged = _staged_after_a_queued_write(OrderedStager(staging_options(cuda=True)))
+    assert torch.equal(staged, torch.ones(N)), "staged before the training stream's write"
 
 
 def test_without_the_ordering_the_stager_reads_the_old_values():
     """What OrderedStager is for: DCP's stager alone copies while the training stream's
     write is still queued (this test keeps the one above honest)."""
-    x = torch.zeros(N, device="cuda")
-    torch.cuda.synchronize()
-    plain = DefaultStager(staging_options(cuda=True))
-    try:
-        _queued_write(x, 1.0)
-        staged = plain.stage({"x": x}).result()["x"]
-        assert not torch.equal(staged, torch.ones(N))
-    finally:
-        plain.close()
-        torch.cuda.synchronize()
+    staged = _staged_after_a_queued_write(DefaultStager(staging_options(cuda=True)))
+    assert not torch.equal(staged, torch.ones(N))
 
 
 def test_a_snapshot_of_device_tensors_holds_their_last_values():

@@ -66,6 +66,7 @@ from ftfleet.trainer.checkpoint.manifest import (
     read_manifest,
     write_manifest,
 )
+from ftfleet.trainer.checkpoint.state import placed_like
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -645,14 +646,7 @@ def _merge(template: Any, saved: Any, path: str) -> Any:
         local = template.to_local()
         if not isinstance(saved, torch.Tensor) or saved.shape != local.shape or saved.dtype != local.dtype:
             raise SnapshotMismatch(f"{path}: {_describe(saved)} in the snapshot, the live shard is {_describe(local)}")
-        return DTensor.from_local(
-            saved.to(local.device),
-            template.device_mesh,
-            template.placements,
-            run_check=False,
-            shape=template.shape,
-            stride=template.stride(),
-        )
+        return placed_like(saved, template)
     if isinstance(template, torch.Tensor):
         if not isinstance(saved, torch.Tensor) or saved.shape != template.shape or saved.dtype != template.dtype:
             raise SnapshotMismatch(f"{path}: {_describe(saved)} in the snapshot, live {_describe(template)}")

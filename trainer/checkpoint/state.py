@@ -266,6 +266,19 @@ class AppState:
             seed_rngs(self.seed, self.rank, self.progress.step)
 
 
+def placed_like(local: torch.Tensor, like: DTensor) -> DTensor:
+    """``local`` (this rank's shard, of ``like``'s local shape) as a DTensor placed as
+    ``like`` is: same mesh, placements, global shape and stride; on ``like``'s device."""
+    return DTensor.from_local(
+        local.to(like.to_local().device),
+        like.device_mesh,
+        like.placements,
+        run_check=False,
+        shape=like.shape,
+        stride=like.stride(),
+    )
+
+
 def _like_param(entry: Any, param: torch.Tensor) -> dict[str, Any] | None:
     """A saved per-parameter optimizer state with its tensors placed like ``param`` (its
     local shard's shape: a DTensor with the parameter's mesh and placements), scalars as
@@ -280,14 +293,7 @@ def _like_param(entry: Any, param: torch.Tensor) -> dict[str, Any] | None:
         elif value.shape != local.shape:
             return None
         elif isinstance(param, DTensor):
-            out[key] = DTensor.from_local(
-                value.to(local.device),
-                param.device_mesh,
-                param.placements,
-                run_check=False,
-                shape=param.shape,
-                stride=param.stride(),
-            )
+            out[key] = placed_like(value, param)
         else:
             out[key] = value.to(param.device)
     return out
