@@ -23,8 +23,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint import FileSystemReader
-
 from ftfleet.contract import MANIFEST_NAME
 from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
@@ -32,6 +30,7 @@ from ftfleet.trainer.checkpoint.manifest import (
     checksum_files,
     write_manifest,
 )
+from ftfleet.trainer.checkpoint.safe_load import read_metadata_file
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -48,7 +47,7 @@ def storage_files(metadata: Any, step_dir: Path | None = None) -> dict[str, int]
     wrote in ``step_dir`` before it returned."""
     storage = getattr(metadata, "storage_data", None)
     if storage is None and step_dir is not None:
-        storage = FileSystemReader(step_dir).read_metadata().storage_data
+        storage = read_metadata_file(Path(step_dir) / DCP_METADATA).storage_data
     if storage is None:
         raise CommitError("DCP returned no storage records and wrote no .metadata with them")
     sizes: dict[str, int] = {}

@@ -13,8 +13,9 @@ time to read the bytes once). Here:
   fails the load on every rank **before any rank copies a byte into its state**;
 * each tensor item is then copied from the (now cached) mapped pages straight into its
   destination (on a GPU: through two pinned buffers, each chunk's device copy
-  overlapping the next chunk's host copy) when the stored record is exactly that tensor: torch.save's zip record
-  holds the raw storage uncompressed, and its ``data.pkl`` is read by an unpickler that
+  overlapping the next chunk's host copy) when the stored record is exactly that
+  tensor: torch.save's zip record holds the raw storage uncompressed, and its
+  ``data.pkl`` is read by an unpickler that
   knows four names (the tensor rebuild function, legacy storage classes, OrderedDict)
   and builds nothing. Anything else (resharded slices, non-contiguous or offset
   storage, another dtype, transforms) goes DCP's way, ``torch.load(weights_only=True)``
