@@ -13,12 +13,18 @@ initialisation (or DDP).
   ``init_weights()`` or ``reset_parameters()``. DTensor's random ops keep a shard's
   values those of the whole tensor on CUDA; on CPU they do not, so there each rank
   seeds its shards from (seed, rank) to keep them distinct.
+* A build for a restore (:func:`parameters_on_meta`, ``init=False``): the parameters are
+  made on the meta device, sharded, and allocated without values, because the
+  checkpoint overwrites every one of them; the init the model's constructor would have
+  run is skipped (the trainer runs it later if nothing was restored).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,9 +82,49 @@ def mixed_precision_policy(cfg: ParallelConfig) -> Any:
     return MixedPrecisionPolicy()
 
 
-def parallelize(model: nn.Module, cfg: ParallelConfig, env: Any, *, on_meta: bool, seed: int) -> nn.Module:
+class NeedsValues(Exception):
+    """A model that cannot be built without its parameters' values (see
+    :func:`parameters_on_meta`)."""
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Within it, every parameter a module registers is moved to the meta device: it
+    takes no memory, and whatever the constructor does to initialise it costs nothing.
+    Buffers stay real (a rotary table computed in ``__init__`` keeps its values). For a
+    model whose parameters a checkpoint is about to overwrite. A parameter of a
+    subclass of ``nn.Parameter`` raises :class:`NeedsValues` (its own fields would not
+    survive the move), and so does a constructor that reads a parameter's values.
+
+    It patches ``nn.Module.register_parameter`` for the duration: modules built on
+    other threads meanwhile get meta parameters too (the trainer builds on one thread)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            if type(param) is not nn.Parameter:
+                raise NeedsValues(f"parameter {name} is a {type(param).__name__}")
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    except NeedsValues:
+        raise
+    except (NotImplementedError, RuntimeError) as exc:  # meta tensors have no data
+        raise NeedsValues(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def parallelize(
+    model: nn.Module, cfg: ParallelConfig, env: Any, *, on_meta: bool, seed: int, init: bool = True
+) -> nn.Module:
     """FSDP2 or DDP. A model built normally must be identical on every rank (same
-    seed); one built on the meta device is materialised and initialised here."""
+    seed); one built on the meta device is materialised and initialised here, or with
+    ``init=False`` only allocated (its values undefined until a checkpoint loads into
+    it; buffers that were not on meta keep theirs)."""
     name = type(model).__name__  # fully_shard changes the class to FSDP<name>
     if cfg.mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
@@ -93,13 +139,17 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: Any, *, on_meta: boo
             if m is not model and id(m) in units:
                 fully_shard(m, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        if on_meta:
+        if on_meta and init:
             materialize(model, env.device, seed, env.rank if env.device.type == "cpu" else 0, name)
+        elif on_meta:
+            allocate(model, env.device)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    if on_meta:  # every rank the same values; DDP also broadcasts rank 0's
+    if on_meta and init:  # every rank the same values; DDP also broadcasts rank 0's
         materialize(model, env.device, seed, 0, name)
+    elif on_meta:
+        allocate(model, env.device)
     else:
         model.to(env.device)
     return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
@@ -109,12 +159,36 @@ def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: in
     """Allocate a meta model's parameters and buffers on ``device`` and initialise them
     with the model's own init, under an RNG seeded from ``seed`` (and ``rank_salt``),
     leaving the caller's RNG state as it was. Returns what initialised it."""
-    model.to_empty(device=device)
+    to_empty(model, device)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed * 1_000_003 + rank_salt * 7_919 + 1)
         with torch.no_grad():
             return init_weights(model, name or type(model).__name__)
+
+
+def to_empty(model: nn.Module, device: torch.device) -> None:
+    """``model.to_empty(device)``, keeping a parameter that several modules share
+    shared (tied embeddings): ``to_empty`` gives each module a parameter of its own."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((module, name))
+    model.to_empty(device=device)
+    for (first, first_name), *rest in (p for p in places.values() if len(p) > 1):
+        for module, name in rest:
+            module._parameters[name] = first._parameters[first_name]
+
+
+def allocate(model: nn.Module, device: torch.device) -> None:
+    """Memory for a meta model's parameters on ``device``, values undefined; buffers
+    that were already real keep their values (moved to ``device``)."""
+    real = {name: buf for name, buf in model.named_buffers() if not buf.is_meta}
+    to_empty(model, device)
+    for name, buf in real.items():
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = buf.to(device)
 
 
 def init_weights(model: nn.Module, name: str) -> str:

@@ -144,3 +144,88 @@ def test_meta_init_with_bf16_starts_from_init_from_and_resumes_bit_identically(t
     whole = run_trainer(2, straight, *start)
     assert whole["step"] == 24 and whole["resumed_from"] is None
     assert ckpt_hash(run / "checkpoints" / "step-24") == ckpt_hash(straight / "checkpoints" / "step-24")
+
+
+def _config(*overrides: str):
+    from ftfleet.trainer.config import load_config
+
+    if "hf" in overrides:  # tiny.yaml's model keys are the GPT's
+        rest = [o for o in overrides if o != "hf"]
+        return load_config(REPO / "examples" / "hf" / "config.yaml", rest, environ={})
+    return load_config(REPO / "trainer" / "configs" / "tiny.yaml", list(overrides), environ={})
+
+
+def _values(model: nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    sd = getattr(model, "module", model).state_dict()
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v.clone() for k, v in sd.items()}
+
+
+TIED = (
+    "model.overrides={vocab_size: 64, hidden_size: 16, intermediate_size: 32, num_hidden_layers: 2, "
+    "num_attention_heads: 2, num_key_value_heads: 2, tie_word_embeddings: true}"
+)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("parallel.mode=fsdp",), ("parallel.mode=ddp",), ("hf",), ("hf", "parallel.mode=ddp", TIED)],
+    ids=["gpt-fsdp", "gpt-ddp", "llama-fsdp", "llama-tied-ddp"],
+)
+def test_a_build_for_a_restore_skips_the_init_and_its_deferred_init_gives_the_usual_weights(one_rank, overrides):
+    from ftfleet.trainer.train import build_model
+
+    cfg = _config(*overrides)
+    usual, none = build_model(cfg, one_rank, restoring=False)
+    assert none is None
+    torch.manual_seed(99)  # the training RNG, seeded after the build
+    model, deferred = build_model(cfg, one_rank, restoring=True)
+    assert deferred is not None and not any(p.is_meta for p in model.parameters())
+    rng = torch.get_rng_state()
+    if cfg.model.factory == "hf_causal_lm":  # a buffer that is not saved keeps its value
+        inner, ref = getattr(model, "module", model), getattr(usual, "module", usual)
+        assert torch.equal(inner.model.rotary_emb.inv_freq, ref.model.rotary_emb.inv_freq)
+        tied = inner.lm_head.weight is inner.model.embed_tokens.weight
+        assert tied == (ref.lm_head.weight is ref.model.embed_tokens.weight) == (TIED in overrides)
+    deferred()
+    want, got = _values(usual), _values(model)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert torch.equal(torch.get_rng_state(), rng)  # the init leaves the training RNG alone
+
+
+def test_a_model_that_needs_its_values_to_be_built_is_built_with_its_init(one_rank, monkeypatch, caplog):
+    from ftfleet.trainer import train
+
+    class Reads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+            self.register_buffer("norm", self.w.detach().norm().reshape(1))  # computed from a value
+
+    class Special(nn.Parameter):
+        pass
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = Special(torch.randn(4, 4))
+
+    cfg = _config()
+    for cls, why in ((Reads, "a buffer was computed from a parameter"), (Odd, "parameter w is a Special")):
+        monkeypatch.setitem(cfg.model.factories, "factory", lambda job, cls=cls: cls())
+        with caplog.at_level("INFO", logger="ftfleet.train"):
+            model, deferred = train.build_model(cfg, one_rank, restoring=True)
+        assert deferred is None and f"model: built with its init ({why})" in caplog.text
+        torch.manual_seed(cfg.seed)
+        assert torch.equal(_values(model)["w"], cls().w.detach())
+        caplog.clear()
+
+
+def test_the_parameter_patch_is_undone_when_the_build_fails():
+    from ftfleet.trainer.parallel import NeedsValues, parameters_on_meta
+
+    register = nn.Module.register_parameter
+    with pytest.raises(NeedsValues, match="RuntimeError"), parameters_on_meta():
+        nn.Linear(2, 2).weight.item()
+    assert nn.Module.register_parameter is register and not nn.Linear(2, 2).weight.is_meta
