@@ -693,6 +693,13 @@ def main(argv: list[str] | None = None) -> int:
         "notices from their emergency checkpoint, so all of them; default 0.9 leaves a margin",
     )
     p.add_argument(
+        "--notice-share",
+        type=float,
+        default=0.5,
+        help="inprocess: the share of failures that come with a notice (resilience.interval.notice_share), "
+        "for which its snapshot interval is not planned: the bench alternates notices and SIGKILLs, so half",
+    )
+    p.add_argument(
         "--peer-every",
         type=int,
         default=4,
@@ -801,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"resilience.interval.fixed_steps={young_steps}",
                 "resilience.interval.snapshot_fixed_steps=2",
                 f"resilience.interval.memory_share={args.memory_share}",
+                f"resilience.interval.notice_share={args.notice_share}",
                 f"checkpoint.memory_peer_every={args.peer_every}",
                 "resilience.interval.mtbf_source=config",
                 f"resilience.interval.mtbf_s={T}",

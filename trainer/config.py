@@ -240,11 +240,12 @@ class JobConfig:
     def __post_init__(self) -> None:
         if not self.run_id or "/" in self.run_id:
             raise ConfigError(f"run_id={self.run_id!r}: use a non-empty name without '/'")
-        if self.resilience.interval.memory_share and not self.checkpoint.memory:
-            raise ConfigError(
-                f"resilience.interval.memory_share={self.resilience.interval.memory_share}: set "
-                "checkpoint.memory=true (without in-memory snapshots every failure restores from disk), or use 0"
-            )
+        for key in ("memory_share", "notice_share"):
+            if getattr(self.resilience.interval, key) and not self.checkpoint.memory:
+                raise ConfigError(
+                    f"resilience.interval.{key}={getattr(self.resilience.interval, key)}: set checkpoint.memory=true "
+                    "(it plans the in-memory snapshots; without them every failure restores from disk), or use 0"
+                )
         if not self.run_dir:
             self.run_dir = str(Path("runs") / self.run_id)
         if not self.checkpoint.dir:

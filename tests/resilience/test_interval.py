@@ -189,6 +189,7 @@ def test_step_time_must_be_measured():
         ("fixed_steps", 0, "1 or more"),
         ("memory_share", 1.0, "fraction from 0 to below 1"),
         ("memory_share", -0.1, "fraction from 0 to below 1"),
+        ("notice_share", 1.0, "fraction from 0 to below 1"),
     ],
 )
 def test_bad_interval_settings_name_the_field_and_the_fix(field, value, fix):
@@ -257,14 +258,25 @@ def test_the_durable_interval_is_planned_for_the_failures_memory_cannot_recover(
     assert plain.interval_steps(1.0)[0] == round(daly_interval(1.0, 600.0)) < durable
 
 
-def test_a_memory_share_needs_the_in_memory_snapshots(tmp_path):
+def test_the_snapshot_interval_is_planned_for_the_failures_without_a_notice():
+    iv = AdaptiveInterval(IntervalConfig(mtbf_s=600.0, mtbf_source="config", notice_share=0.5), clock=Clock())
+    iv.record_save(1.0, 0.0)
+    iv.record_snapshot(0.1)
+    steps, why = iv.snapshot_interval_steps(1.0)
+    assert steps == round(daly_interval(0.1, 1200.0)) > round(daly_interval(0.1, 600.0))
+    assert "50% of them without a notice: M=1200s" in why
+    assert iv.interval_steps(1.0)[0] == round(daly_interval(1.0, 600.0))  # the durable one: every failure
+
+
+@pytest.mark.parametrize("key", ["memory_share", "notice_share"])
+def test_a_memory_or_notice_share_needs_the_in_memory_snapshots(tmp_path, key):
     from ftfleet.trainer.config import load_config
 
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("resilience: {interval: {memory_share: 0.5}}\n")
-    with pytest.raises(ConfigError, match="memory_share=0.5: set checkpoint.memory=true"):
+    cfg.write_text(f"resilience: {{interval: {{{key}: 0.5}}}}\n")
+    with pytest.raises(ConfigError, match=f"{key}=0.5: set checkpoint.memory=true"):
         load_config(str(cfg), [])
-    assert load_config(str(cfg), ["checkpoint.memory=true"]).resilience.interval.memory_share == 0.5
+    assert getattr(load_config(str(cfg), ["checkpoint.memory=true"]).resilience.interval, key) == 0.5
 
 
 def _auto(**cfg):

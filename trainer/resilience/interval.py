@@ -109,6 +109,12 @@ class IntervalConfig:
     lives, a notice turned into an emergency checkpoint). The durable interval is planned
     for the rest, M / (1 - share); the snapshot interval for every failure, M. A two-level
     plan: frequent cheap snapshots, rare disk checkpoints. 0: every failure needs the disk."""
+    notice_share: float = 0.0
+    """With in-memory snapshots: the share of failures, 0 to below 1, that come with a
+    notice long enough for an emergency checkpoint (a spot interruption notice: they lose
+    no work), from the fleet's metrics like ``mtbf_s``. The snapshot interval is planned
+    for the others, M / (1 - share): a SIGKILL, a crash, a node lost without notice.
+    0: every failure loses the work since the last snapshot."""
     snapshot_fixed_steps: int = 10
     """In-memory snapshots (checkpoint.memory): every this many steps in fixed mode, and in
     adaptive mode until one has been measured. Adaptive: Daly's optimum for the snapshot's
@@ -140,6 +146,11 @@ class IntervalConfig:
             raise ConfigError(
                 f"{_KEY}.memory_share={self.memory_share}: use a fraction from 0 to below 1 "
                 "(the share of failures in-memory snapshots recover)"
+            )
+        if not 0 <= self.notice_share < 1:
+            raise ConfigError(
+                f"{_KEY}.notice_share={self.notice_share}: use a fraction from 0 to below 1 "
+                "(the share of failures that come with a notice)"
             )
         if self.snapshot_fixed_steps < 1:
             raise ConfigError(f"{_KEY}.snapshot_fixed_steps={self.snapshot_fixed_steps}: use 1 or more")
@@ -305,6 +316,15 @@ class AdaptiveInterval:
             return m, why
         return m / (1 - share), f"{why}, {1 - share:.0%} of them need the disk: M={m / (1 - share):.0f}s"
 
+    def snapshot_mtbf(self) -> tuple[float, str]:
+        """The MTBF the snapshot interval is planned for: :meth:`mtbf` over the share of
+        failures that come without a notice (``notice_share``)."""
+        m, why = self.mtbf()
+        share = self.config.notice_share
+        if not share:
+            return m, why
+        return m / (1 - share), f"{why}, {1 - share:.0%} of them without a notice: M={m / (1 - share):.0f}s"
+
     def cost(self, mode: str | None = None) -> tuple[float, str] | None:
         """``C`` of ``mode`` (default: the cheaper one measured) and why; None before a
         save in it was measured."""
@@ -382,8 +402,9 @@ class AdaptiveInterval:
 
     def snapshot_interval_steps(self, step_time_s: float) -> tuple[int, str]:
         """The in-memory snapshot interval in steps of ``step_time_s`` seconds: Daly's
-        optimum for the snapshot's cost and the job's MTBF (a snapshot is lost with its
-        node only when the peer holding its copy goes too, which the disk tiers cover),
+        optimum for the snapshot's cost and the MTBF of the failures without a notice
+        (:meth:`snapshot_mtbf`; a snapshot is lost with its node only when the peer holding
+        its copy goes too, which the disk tiers cover),
         never shorter than one snapshot end to end (one is in flight at a time)."""
         if not step_time_s > 0:
             raise ValueError(f"step_time_s={step_time_s!r}: use the measured seconds per step (> 0)")
@@ -392,7 +413,7 @@ class AdaptiveInterval:
             return fixed, f"fixed: every {fixed} steps (interval.mode=fixed)"
         if self.snapshot_s is None or self.snapshot_busy_s is None:
             return fixed, f"adaptive: no snapshot measured yet, every {fixed} steps until one is"
-        c, (m, m_why) = self.snapshot_s, self.mtbf()
+        c, (m, m_why) = self.snapshot_s, self.snapshot_mtbf()
         t = daly_interval(c, m)
         floor = math.ceil(self.snapshot_busy_s / step_time_s - 1e-9)
         steps = max(1, floor, round(t / step_time_s))
