@@ -115,14 +115,20 @@ def _counting_steps(optimizer, monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("tier, init_steps", [("memory", 0), ("local", 1)])
+@pytest.mark.parametrize(
+    "tier, extra, init_steps",
+    [("memory", (), 0), ("local", (), 0), ("local", ("checkpoint.force_load=true",), 1)],
+    ids=["memory", "local", "local-forced"],
+)
 def test_a_restore_makes_a_fresh_optimizers_state_at_most_once_and_loads_it_exactly(
-    tmp_path, monkeypatch, tier, init_steps
+    tmp_path, monkeypatch, tier, extra, init_steps
 ):
-    """A fresh optimizer has no state. From the disk tier, the template of a load makes
-    one with a zero-lr step, once per restore (not again by set_state_dict); from memory,
-    the snapshot's own state is the template (written at this world size: no step). What
-    is loaded is the saved state, bit for bit."""
+    """A fresh optimizer has no state. From memory, the snapshot's own state is the
+    load's template (written at this world size: no step); from the disk tier, empty
+    tensors laid out as the checkpoint's metadata says (the same config: the same
+    optimizer). A checkpoint of another config (force_load) gets the template from a
+    zero-lr step, once per restore (not again by set_state_dict). What is loaded is the
+    saved state, bit for bit."""
     m = _manager(tmp_path)
     _stepped(m)
     m.app_state.progress.step = 3
@@ -131,12 +137,35 @@ def test_a_restore_makes_a_fresh_optimizers_state_at_most_once_and_loads_it_exac
     else:
         m.save(3, blocking=True)
     saved = state_sha256(m.app_state.optimizer.state_dict())
-    fresh = _manager(tmp_path, *(["checkpoint.memory=false"] if tier == "local" else []))
+    fresh = _manager(tmp_path, *(["checkpoint.memory=false"] if tier == "local" else []), *extra)
     calls = _counting_steps(fresh.app_state.optimizer, monkeypatch)
     found = fresh.restore()
     assert (found.step, found.tier) == (3, tier)
     assert len(calls) == init_steps
     assert state_sha256(fresh.app_state.optimizer.state_dict()) == saved
+
+
+def test_the_optimizer_layout_of_a_checkpoint_is_empty_tensors_shaped_like_the_parameters(tmp_path):
+    """What a disk restore adopts as the template: the checkpoint's optimizer entries,
+    empty, each of its parameter's shape (scalars as scalars); None for a model the
+    checkpoint does not fit, so that the load refuses it as before."""
+    from ftfleet.trainer.checkpoint.safe_load import read_metadata_file
+    from ftfleet.trainer.checkpoint.state import optimizer_layout
+
+    m = _manager(tmp_path, "checkpoint.memory=false")
+    _stepped(m)
+    m.save(1, blocking=True)
+    metadata = read_metadata_file(m.local.step_dir(1) / ".metadata")
+    app = m.app_state
+    layout = optimizer_layout(metadata, app.model, app.optimizer, ("app", "optim"))
+    params = dict(app.model.named_parameters())
+    assert set(layout["state"]) == set(params)
+    assert [len(g["params"]) for g in layout["param_groups"]] == [len(g["params"]) for g in app.optimizer.param_groups]
+    for name, entry in layout["state"].items():
+        assert set(entry) == {"step", "exp_avg", "exp_avg_sq"} and entry["step"].dim() == 0
+        assert entry["exp_avg"].shape == entry["exp_avg_sq"].shape == params[name].shape
+    other = _manager(tmp_path / "other", "checkpoint.memory=false", "model.d_model=16")
+    assert optimizer_layout(metadata, other.app_state.model, other.app_state.optimizer, ("app", "optim")) is None
 
 
 def test_a_failed_restore_leaves_a_fresh_optimizer_without_state(tmp_path):
@@ -350,6 +379,14 @@ def test_a_snapshot_is_copied_straight_into_its_file_which_stays_mapped(tmp_path
     assert len(files) == 2 and {ino for _, ino in tier._maps} == files
     fresh = _manager(tmp_path)
     assert fresh.restore().step == 6 and _model_hash(fresh) == taken
+    # After a restart (a new manager on the same node), the first snapshot goes straight
+    # into the file retired before it: no buffer, no write, no new file.
+    fresh.app_state.progress.step = 7
+    fresh.snapshot(blocking=True, step=7)
+    assert [p.parent.name for p in written] == ["step-1"] and fresh.snapshots.last_complete[0] == 7
+    assert (fresh.snapshots.tier.own_dir / "step-7" / "__0.snap").stat().st_ino in files
+    again = _manager(tmp_path)
+    assert again.restore().step == 7 and _model_hash(again) == taken
 
 
 def test_a_full_shared_memory_falls_back_to_writing_the_file(tmp_path, monkeypatch, caplog):

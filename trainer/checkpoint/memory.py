@@ -319,6 +319,20 @@ class MemoryTier:
         with self._maps_lock:
             return self._map_file(self.slot(held, step) / name, size)
 
+    def ready(self, held: bool, step: int, size: int) -> bool:
+        """Whether :meth:`mapped` would give ``step`` a file of ``size`` bytes that exists
+        already (a retired one: an earlier iteration's, a process's that died, or
+        :meth:`prepare`'s), so that a copy into it allocates no new pages."""
+        base = self.held_dir if held else self.own_dir
+        step_dir = base / step_dir_name(step)
+        where = step_dir if step_dir.exists() else next(iter(self._retired(base)), None)
+        if where is None:
+            return False
+        try:
+            return (where / snapshot_file(self.peer_rank if held else self.ring.rank)).stat().st_size == size
+        except OSError:
+            return False
+
     def prepare(self, held: bool, size: int) -> None:
         """Have a retired file of ``size`` bytes allocated and mapped for the next
         snapshot (a new one when none is retired yet): the snapshot thread calls this

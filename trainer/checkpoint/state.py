@@ -279,6 +279,43 @@ def placed_like(local: torch.Tensor, like: DTensor) -> DTensor:
     )
 
 
+def optimizer_layout(metadata: Any, model: nn.Module, optimizer: Any, prefix: tuple[str, ...]) -> dict[str, Any] | None:
+    """The optimizer entry a DCP checkpoint holds (its ``metadata``, the optimizer's
+    state dict under ``prefix``), as a state dict of empty tensors: each parameter's
+    local shape where the saved tensor has the parameter's shape, scalars as they are;
+    for :meth:`AppState.adopt_optimizer_state`, so that a load into a new optimizer skips
+    the zero-lr step that would make its state. None when anything else is there (a
+    state entry that is not a tensor, another shape, a parameter the model lacks): the
+    load then makes the state as usual. Only for a checkpoint of the same optimizer (the
+    config hash matched): the layout is the checkpoint's, not what this optimizer makes."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    paths = getattr(metadata, "planner_data", None) or {}
+    params = dict(getattr(model, "module", model).named_parameters())
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, md in metadata.state_dict_metadata.items():
+        path = tuple(paths.get(key, ()))
+        if path[: len(prefix) + 1] != (*prefix, "state"):
+            continue
+        if len(path) != len(prefix) + 3 or not isinstance(md, TensorStorageMetadata) or path[-2] not in params:
+            return None
+        param, dtype = params[path[-2]], md.properties.dtype
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if len(md.size) == 0:
+            value = torch.empty((), dtype=dtype)
+        elif tuple(md.size) == tuple(param.shape):
+            value = torch.empty(local.shape, dtype=dtype, device=local.device)
+        else:
+            return None
+        state.setdefault(path[-2], {})[path[-1]] = value
+    names = {id(p): n for n, p in params.items()}
+    try:
+        groups = [{"params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
+    except KeyError:  # a parameter the model does not name
+        return None
+    return {"state": state, "param_groups": groups} if state else None
+
+
 def _like_param(entry: Any, param: torch.Tensor) -> dict[str, Any] | None:
     """A saved per-parameter optimizer state with its tensors placed like ``param`` (its
     local shard's shape: a DTensor with the parameter's mesh and placements), scalars as
