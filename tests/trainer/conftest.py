@@ -4,6 +4,7 @@ on 127.0.0.1 behind a proxy that can inject faults."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -96,15 +97,23 @@ def run_trainer(
     expect_rc: int | None = 0,
     timeout: float = 120,
 ) -> dict:
-    """Run to completion; return summary.json."""
-    proc = subprocess.run(
+    """Run to completion; return summary.json. A run past ``timeout`` fails with every
+    process's Python stack (faulthandler, on SIGABRT) in the message: a hang says where."""
+    popen = subprocess.Popen(
         trainer_cmd(nproc, run_dir, *overrides),
         cwd=REPO,
-        env=child_env(env),
-        capture_output=True,
+        env={**child_env(env), "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stderr = _abort_tree(popen)
+        raise AssertionError(f"trainer ran past {timeout:.0f}s (stacks below)\n--- stderr ---\n{stderr[-12000:]}") from None
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
     if expect_rc is not None and proc.returncode != expect_rc:
         raise AssertionError(
             f"trainer exited {proc.returncode}, expected {expect_rc}\n--- stderr ---\n{proc.stderr[-6000:]}"
@@ -130,16 +139,34 @@ def start_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str
     )
 
 
+def _tree(pid: int) -> list[int]:
+    from tests.resilience.torchrun_tree import children
+
+    todo, tree = [pid], []
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children(p))
+    return tree
+
+
+def _abort_tree(proc: subprocess.Popen) -> str:
+    """SIGABRT every process under ``proc`` (each dumps its Python stacks), then SIGKILL
+    them; the stderr that came out."""
+    tree = _tree(proc.pid)
+    for pid in tree[1:]:  # the workers first, so that torchrun does not tear them down
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    time.sleep(2)
+    kill9(proc)
+    _, stderr = proc.communicate(timeout=30)
+    return stderr or ""
+
+
 def kill9(proc: subprocess.Popen) -> None:
     """SIGKILL the process, its group, and every descendant: torchrun starts its workers
     in sessions of their own, which a kill of the group alone would miss."""
-    from tests.resilience.torchrun_tree import children
-
-    todo, tree = [proc.pid], []
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children(pid))
+    tree = _tree(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
