@@ -112,7 +112,9 @@ def run_trainer(
         stdout, stderr = popen.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stderr = _abort_tree(popen)
-        raise AssertionError(f"trainer ran past {timeout:.0f}s (stacks below)\n--- stderr ---\n{stderr[-12000:]}") from None
+        raise AssertionError(
+            f"trainer ran past {timeout:.0f}s (stacks below)\n--- stderr ---\n{stderr[-12000:]}"
+        ) from None
     proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
     if expect_rc is not None and proc.returncode != expect_rc:
         raise AssertionError(
