@@ -110,8 +110,6 @@ def parameters_on_meta() -> Iterator[None]:
     nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
     try:
         yield
-    except NeedsValues:
-        raise
     except (NotImplementedError, RuntimeError) as exc:  # meta tensors have no data
         raise NeedsValues(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     finally:

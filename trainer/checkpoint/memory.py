@@ -300,13 +300,18 @@ class MemoryTier:
         base = self.held_dir if held else self.own_dir
         step_dir = base / step_dir_name(step)
         (step_dir / "manifest.json").unlink(missing_ok=True)
-        if not step_dir.exists():
-            free = self._retired(base)
-            if free:
-                os.replace(free[0], step_dir)
-            else:
-                step_dir.mkdir(parents=True, exist_ok=True)
+        source = self._slot_source(base, step)
+        if source is None:
+            step_dir.mkdir(parents=True, exist_ok=True)
+        elif source != step_dir:
+            os.replace(source, step_dir)
         return step_dir
+
+    def _slot_source(self, base: Path, step: int) -> Path | None:
+        """The directory :meth:`slot` makes ``step``'s: the step's own if it exists, else
+        the first retired one, else None (a new one)."""
+        step_dir = base / step_dir_name(step)
+        return step_dir if step_dir.exists() else next(iter(self._retired(base)), None)
 
     def mapped(self, held: bool, step: int, size: int) -> torch.Tensor:
         """``size`` writable bytes that are ``step``'s snapshot file (``MAP_SHARED``): what
@@ -323,9 +328,7 @@ class MemoryTier:
         """Whether :meth:`mapped` would give ``step`` a file of ``size`` bytes that exists
         already (a retired one: an earlier iteration's, a process's that died, or
         :meth:`prepare`'s), so that a copy into it allocates no new pages."""
-        base = self.held_dir if held else self.own_dir
-        step_dir = base / step_dir_name(step)
-        where = step_dir if step_dir.exists() else next(iter(self._retired(base)), None)
+        where = self._slot_source(self.held_dir if held else self.own_dir, step)
         if where is None:
             return False
         try:

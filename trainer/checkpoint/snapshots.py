@@ -160,10 +160,11 @@ class Snapshots:
         # new file in /dev/shm (4 KiB pages) costs more than the copy, and that cost must
         # not fall on the training thread. Unless a file of the right size waits already
         # (this rank's, from before an in-process restart): then it goes straight in.
-        into = self._file(False, step)
-        if not self.taken:
-            mapped = into
-            into = lambda n: mapped(n) if self.tier.ready(False, step, n) else None  # noqa: E731
+        mapped = self._file(False, step)
+
+        def into(n: int) -> torch.Tensor | None:
+            return mapped(n) if self.taken or self.tier.ready(False, step, n) else None
+
         staged = self._stager.stage(self.app_state.state_dict(), into=into)
         # The same decision on every rank: each takes the same snapshots, counted from 0
         # in every iteration (the first one after a restart goes to the peer).

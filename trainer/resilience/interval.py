@@ -310,20 +310,19 @@ class AdaptiveInterval:
     def durable_mtbf(self) -> tuple[float, str]:
         """The MTBF the durable interval is planned for: :meth:`mtbf` over the share of
         failures the in-memory snapshots do not recover (``memory_share``)."""
-        m, why = self.mtbf()
-        share = self.config.memory_share
-        if not share:
-            return m, why
-        return m / (1 - share), f"{why}, {1 - share:.0%} of them need the disk: M={m / (1 - share):.0f}s"
+        return self._mtbf_of_rest(self.config.memory_share, "need the disk")
 
     def snapshot_mtbf(self) -> tuple[float, str]:
         """The MTBF the snapshot interval is planned for: :meth:`mtbf` over the share of
         failures that come without a notice (``notice_share``)."""
+        return self._mtbf_of_rest(self.config.notice_share, "without a notice")
+
+    def _mtbf_of_rest(self, share: float, what: str) -> tuple[float, str]:
+        """:meth:`mtbf` of the failures left when ``share`` of them are set aside."""
         m, why = self.mtbf()
-        share = self.config.notice_share
         if not share:
             return m, why
-        return m / (1 - share), f"{why}, {1 - share:.0%} of them without a notice: M={m / (1 - share):.0f}s"
+        return m / (1 - share), f"{why}, {1 - share:.0%} of them {what}: M={m / (1 - share):.0f}s"
 
     def cost(self, mode: str | None = None) -> tuple[float, str] | None:
         """``C`` of ``mode`` (default: the cheaper one measured) and why; None before a
