@@ -77,6 +77,9 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
             from ftfleet.trainer.hostmem import use_huge_pages
 
             use_huge_pages()
+        from ftfleet.trainer.data.workers import start_for
+
+        start_for(cfg)  # the loader workers' server imports torch while this process does
         from ftfleet.trainer.train import train  # torch is imported here, after the config is valid
 
         return int(train(cfg, extra)["exit_code"])

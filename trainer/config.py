@@ -171,6 +171,11 @@ class CheckpointConfig:
     snapshot (the whole state over the network). The own snapshot of the newest copied
     step is kept beside the newest memory_keep, so a lost node's ranks and the others
     still share a step."""
+    save_from_memory: bool = True
+    """With checkpoint.memory: a background save writes the in-memory snapshot of its
+    step (taking one when the newest is older) instead of staging a copy of its own, so
+    training blocks only for the snapshot's copy (Gemini-style two levels: the durable
+    checkpoint drains from memory). The next snapshot waits for that write."""
     ranks_per_node: int = 0
     """Ranks per node for the snapshot ring (node i holds node i+1's copy). 0: torchrun's
     LOCAL_WORLD_SIZE. Smaller values simulate several nodes on one machine (tests, drills)."""
@@ -258,7 +263,7 @@ class JobConfig:
         moved to another world size or FSDP/DDP and still resume."""
         identity = {
             "model": _section_identity(self.model, skip=("init_from", "meta_init")),
-            "data": _section_identity(self.data, skip=("num_workers", "trace_samples")),
+            "data": _section_identity(self.data, skip=("num_workers", "start_method", "trace_samples")),
             "loss": _section_identity(self.loss),
             "optim": _section_identity(self.optim),
             "seed": self.seed,

@@ -33,6 +33,7 @@ from ftfleet.trainer.checkpoint.restore import Restored
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state, seed_rngs, state_sha256
 from ftfleet.trainer.config import JobConfig
 from ftfleet.trainer.data.loader import GlobalBatches
+from ftfleet.trainer.data.workers import start_for
 from ftfleet.trainer.hostmem import use_huge_pages
 from ftfleet.trainer.preflight import preflight
 from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
@@ -109,6 +110,7 @@ def build(cfg: JobConfig) -> Run:
         seed=cfg.seed,
         shuffle=cfg.data.shuffle,
         num_workers=cfg.data.num_workers,
+        start_method=cfg.data.start_method,
         trace_dir=trace,
     )
     app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed, per_rank={"data": data})
@@ -204,6 +206,7 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     if cfg.train.huge_pages:
         use_huge_pages()  # before the model, its optimizer and the first step allocate
     t_start = time.monotonic()
+    start_for(cfg)  # the entry points started it already; a library caller's starts here
     run = build(cfg)
     parts = Resilience(run)
     try:

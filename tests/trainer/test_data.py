@@ -505,3 +505,80 @@ print(alive(tcp.fileno()), alive(a.fileno()), alive(r))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "True", "True"], out.stderr
+
+
+class ParentPids:
+    """Each sample is the pid of the process that read it and that process's parent."""
+
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([os.getpid(), os.getppid()])
+
+
+def test_loader_workers_are_forked_from_a_server_not_from_the_trainer():
+    """The trainer runs threads; forking it can leave a worker deadlocked (gh-112275 on
+    this machine's CPython 3.11.7). By default the workers come from the forkserver."""
+    r = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2)
+    try:
+        pids = r.get(0, 1).data
+    finally:
+        r.close()
+    assert os.getpid() not in pids[:, 0].tolist()
+    assert os.getpid() not in pids[:, 1].tolist()  # their parent is the server
+
+    forked = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2, start_method="fork")
+    try:
+        assert set(forked.get(0, 1).data[:, 1].tolist()) == {os.getpid()}
+    finally:
+        forked.close()
+
+
+class Unpicklable(ParentPids):
+    def __init__(self):
+        self.transform = lambda x: x
+
+
+def test_a_dataset_that_cannot_be_pickled_names_the_setting_to_change():
+    r = GlobalBatches(Unpicklable(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=1)
+    with pytest.raises(UserError, match=r"data.start_method=forkserver.*picklable, or set data.start_method=fork"):
+        r.get(0, 1)
+    forked = GlobalBatches(Unpicklable(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=1, start_method="fork")
+    try:
+        assert forked.get(0, 1).data.shape == (B, 2)
+    finally:
+        forked.close()
+
+
+def test_the_workers_of_a_killed_trainer_exit_with_it(tmp_path):
+    """Their parent is the forkserver, which lives as long as they do: without a watch on
+    the trainer, a SIGKILLed trainer's workers would run (and hold its stderr) for good."""
+    code = """
+import os, sys, time
+import torch
+from ftfleet.trainer.data.loader import GlobalBatches
+from tests.trainer.test_data import ParentPids, B
+r = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2)
+pids = {int(r.get(i * B, i + 1).data[0, 0]) for i in range(2)}  # a batch per worker
+print(" ".join(map(str, sorted(pids))), flush=True)
+time.sleep(600)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=child_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2 and proc.pid not in workers
+        assert all(_running(p) for p in workers)
+        proc.kill()
+        proc.wait(timeout=30)
+        wait_for(lambda: not any(_running(p) for p in workers), timeout=20, what="the workers to exit")
+    finally:
+        proc.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

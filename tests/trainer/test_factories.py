@@ -100,6 +100,7 @@ def test_an_unknown_key_gets_a_did_you_mean_whoever_owns_the_section(byo_path, o
         ("model.factory=hf_causal_lm", ["exactly one of model.config", "model.model_type"]),
         ("model.factory=hf_causal_lm model.model_type=llama model.overrides=7", ["model.overrides=7", "mapping"]),
         ("data.num_workers=-1", ["data.num_workers=-1", "0 or more"]),
+        ("data.start_method=threads", ["data.start_method='threads'", "forkserver, spawn or fork"]),
         ("data.shuffle=sometimes", ["data.shuffle='sometimes'", "true or false"]),
         ("data.seq_len=-4", ["data.seq_len=-4", "0 for the model's"]),
         ("optim.grad_clip=-1", ["optim.grad_clip=-1.0", "0 (off)"]),
@@ -121,7 +122,13 @@ def test_a_bad_factory_is_one_line_naming_the_key(byo_path, bare, override, word
 
 def test_the_config_hash_follows_what_the_factories_compute_not_where_things_are(byo_path, bare, tmp_path):
     base = load(BYO).config_hash()
-    same = ["data.num_workers=0", "model.init_from=/elsewhere/w.pt", "model.meta_init=true", "train.steps=99"]
+    same = [
+        "data.num_workers=0",
+        "data.start_method=fork",
+        "model.init_from=/elsewhere/w.pt",
+        "model.meta_init=true",
+        "train.steps=99",
+    ]
     assert load(BYO, *same).config_hash() == base
     assert load(BYO, "model.width=48").config_hash() != base  # a typed key
     assert load(BYO, "data.samples=51").config_hash() != base  # a passed-through key

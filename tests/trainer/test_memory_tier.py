@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.checkpoint.memory import Ring, SnapshotMismatch, buffer_reader, decode, encode, prepare
+from ftfleet.trainer.checkpoint.memory import Ring, SnapshotMismatch, buffer_reader, decode, encode, prepare, views
 from ftfleet.trainer.checkpoint.state import state_sha256
 from tests.trainer.conftest import in_process_manager
 
@@ -237,6 +237,37 @@ def test_a_newer_checkpoint_on_disk_wins_over_an_older_snapshot(tmp_path):
     assert (found.step, found.tier) == (4, "local")
 
 
+def test_a_save_is_written_from_the_snapshot_of_its_step_and_training_waits_for_no_copy(tmp_path):
+    m = _manager(tmp_path)
+    m.app_state.progress.step = 3
+    m.snapshot(blocking=True, step=3)
+    taken = _model_hash(m)
+    with torch.no_grad():  # changed after the snapshot: the save must not see it
+        for p in m.app_state.model.parameters():
+            p.add_(1.0)
+    m.save(3)
+    assert m._staging is None  # nothing to wait for before the next optimizer step
+    assert m.wait(raise_on_error=True).step == 3
+    # A save at a step without a snapshot takes one (the copy the save writes); a
+    # blocking save (final, emergency) writes the live state, at full priority.
+    m.app_state.progress.step = 5
+    m.save(5)
+    assert m.snapshots.latest_step == 5 and m._staging is None
+    assert m.wait(raise_on_error=True).step == 5
+    m.app_state.progress.step = 6
+    m.save(6, blocking=True)
+    assert m.snapshots.latest_step == 5
+    m.close()
+
+    fresh = _manager(tmp_path, "checkpoint.memory=false", "checkpoint.load_step=3")
+    found = fresh.restore()
+    assert (found.step, found.tier) == (3, "local")
+    assert _model_hash(fresh) == taken and fresh.app_state.progress.step == 3
+    fresh = _manager(tmp_path, "checkpoint.memory=false", "checkpoint.load_step=5")
+    assert fresh.restore().step == 5
+    assert _model_hash(fresh) == _model_hash(m)
+
+
 def test_only_the_newest_snapshots_are_kept_and_retired_files_are_reused(tmp_path):
     m = _manager(tmp_path, "checkpoint.memory_keep=1")
     own = m.snapshots.tier.own_dir
@@ -289,6 +320,17 @@ def test_a_snapshot_file_round_trips_every_kind_of_tensor_and_value():
         assert torch.equal(back[key], state[key]), key
     with pytest.raises(SnapshotMismatch, match="torn"):
         decode(buffer_reader(data[: len(data) - 5]), len(data))
+    # For a save written from the snapshot: views of its bytes, each tensor's storage
+    # exactly its own bytes (DCP's writer would copy a view of a larger storage).
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    seen = views(raw)
+    assert seen["plain"] == state["plain"]
+    lo, hi = raw.data_ptr(), raw.data_ptr() + raw.numel()
+    for key in ("strided", "bf16", "scalar", "flags", "ints"):
+        t = seen[key]
+        assert torch.equal(t, state[key]) and t.dtype == state[key].dtype, key
+        assert t.untyped_storage().nbytes() == t.nbytes and lo <= t.data_ptr() < hi, key
+    assert seen["empty"].shape == (0, 3)
 
 
 def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):

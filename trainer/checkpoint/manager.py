@@ -33,6 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager, StagingOptions
 
 from ftfleet.contract import memory_dir
 from ftfleet.errors import ConfigError
@@ -74,6 +75,23 @@ class SaveStats:
     """From save() to the manifest being written, for the last commit."""
     last_async: bool = False
     """Whether the last save started wrote in the background (dcp.async_save)."""
+
+
+class _Prestaged(AsyncStager):
+    """An async stager whose staging is done already: ``dcp.async_save`` writes the state
+    dict ``source`` resolves to (a snapshot's, :meth:`Snapshots.durable_source`) and
+    ignores the one it was given."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self, source: Future[Any]) -> None:
+        self.source = source
+
+    def stage(self, state_dict: Any) -> Future[Any]:
+        return self.source
+
+    def synchronize_staging(self) -> None:
+        pass
 
 
 def staging_options(cuda: bool) -> StagingOptions:
@@ -166,6 +184,7 @@ class CheckpointManager:
         #: None: nothing, or not looked): what a restore from memory leaves durable.
         self.newest_on_disk: int | None = None
         self._staging: Future[None] | None = None
+        self._memory_write: Future[Any] | None = None  # a save written from a snapshot
         self.uploader: Uploader | None = None
         if uploads:
             up_comm = DistComm(upload_group) if upload_group is not None else LocalComm()
@@ -220,6 +239,7 @@ class CheckpointManager:
         if self.snapshots is None:
             raise ConfigError("checkpoint.memory is off: no in-memory snapshots to take")
         t0 = time.monotonic()
+        self._wait_memory_write()
         self.snapshots.take(step)
         if blocking:
             self.snapshots.wait()
@@ -360,13 +380,26 @@ class CheckpointManager:
             self.local.remove_step(step)
             step_dir.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
-        writer = ChecksummingWriter(
-            step_dir, single_file_per_rank=True, sync_files=True, thread_count=self.cfg.thread_count, overwrite=True
-        )
         state = {"app": self.app_state}
         use_async = self._stager is not None and (asynchronous is None or asynchronous)
         self.stats.last_async = use_async
-        if use_async:
+        source = self._memory_source(step) if use_async and not blocking else None
+        writer = ChecksummingWriter(
+            step_dir,
+            single_file_per_rank=True,
+            sync_files=True,
+            thread_count=self.cfg.thread_count,
+            overwrite=True,
+            background=source is not None,
+        )
+        if source is not None:
+            # The snapshot's bytes are the staged copy: nothing for training to wait for.
+            response = dcp.async_save(
+                {}, storage_writer=writer, process_group=self.ckpt_group, async_stager=_Prestaged(source)
+            )
+            self._staging, written = None, response.upload_completion
+            self._memory_write = written
+        elif use_async:
             response = dcp.async_save(
                 state, storage_writer=writer, process_group=self.ckpt_group, async_stager=self._stager
             )
@@ -386,6 +419,23 @@ class CheckpointManager:
             self.wait_for_staging()
             return self.wait(raise_on_error=True)
         return None
+
+    def _memory_source(self, step: int) -> Future[Any] | None:
+        """The state of ``step`` for a background save, from its in-memory snapshot
+        (``checkpoint.save_from_memory``); one is taken now when the newest is older."""
+        if self.snapshots is None or not self.cfg.save_from_memory:
+            return None
+        if self.snapshots.latest_step != step:
+            self._wait_memory_write()
+            self.snapshots.take(step)
+        return self.snapshots.durable_source(step)
+
+    def _wait_memory_write(self) -> None:
+        """Before a snapshot is staged: the save written from the previous one has read
+        its bytes (a later snapshot may be staged into them)."""
+        written, self._memory_write = self._memory_write, None
+        if written is not None:
+            futures.wait([written])
 
     @property
     def snapshot_in_flight(self) -> bool:

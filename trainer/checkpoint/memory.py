@@ -241,6 +241,42 @@ def decode(read: Callable[[memoryview], int], size: int, crc: Crc32c | None = No
     return _fill_refs(skeleton, out)
 
 
+def views(data: torch.Tensor) -> Any:
+    """The state dict of staged snapshot bytes (:attr:`Staged.data`, on the host) with
+    each tensor a view of those bytes, not a copy: for a durable save written from the
+    snapshot. Each tensor's storage is exactly its own bytes (DCP's writer copies a
+    tensor whose storage is larger than it). Valid while ``data`` is: until the next
+    snapshot is staged into the same bytes."""
+    raw = _bytes(data)
+    if raw.nbytes < len(MAGIC) + 8 or bytes(raw[: len(MAGIC)]) != MAGIC:
+        raise SnapshotMismatch("not a snapshot file (bad magic)")
+    n = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 8], "little")
+    start = len(MAGIC) + 8
+    if start + n > raw.nbytes:
+        raise SnapshotMismatch("not a snapshot file (bad header length)")
+    skeleton = torch.load(io.BytesIO(raw[start : start + n]), weights_only=True)
+    base = start + n + (-(start + n) % ALIGN)
+    out: dict[int, torch.Tensor] = {}
+    for off, ref in _refs(skeleton):
+        dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
+        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        if base + off + nbytes > raw.nbytes:
+            raise SnapshotMismatch(f"a tensor at offset {off} lies outside the {raw.nbytes}-byte snapshot")
+        if not nbytes:
+            out[id(ref)] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(raw, dtype=torch.uint8, count=nbytes, offset=base + off)
+        out[id(ref)] = flat.view(dtype).view(shape)
+    return _fill_refs(skeleton, out)
+
+
+def merge_views(template: Any, data: torch.Tensor) -> Any:
+    """The state dict ``template`` (the one a snapshot copied) with its tensors replaced
+    by :func:`views` of the snapshot's bytes ``data``; DTensors keep their placement
+    around a host shard."""
+    return _merge(template, views(data), "", host=True)
+
+
 def buffer_reader(data: bytes | bytearray | memoryview | torch.Tensor) -> Callable[[memoryview], int]:
     """A ``read`` for :func:`decode` over bytes in memory (copies out of them)."""
     view = _bytes(data) if isinstance(data, torch.Tensor) else memoryview(data).cast("B")
@@ -656,27 +692,30 @@ def _write_all(f: Any, view: memoryview) -> None:
         view = view[n:]
 
 
-def _merge(template: Any, saved: Any, path: str) -> Any:
+def _merge(template: Any, saved: Any, path: str, host: bool = False) -> Any:
     """``saved`` shaped as ``template``: DTensors rebuilt around the saved local shards;
-    keys, tensor shapes and dtypes must agree."""
+    keys, tensor shapes and dtypes must agree. On ``template``'s devices, or with
+    ``host`` where ``saved`` is (DTensors with host shards, as DCP's stager makes them)."""
     if isinstance(template, DTensor):
         local = template.to_local()
         if not isinstance(saved, torch.Tensor) or saved.shape != local.shape or saved.dtype != local.dtype:
             raise SnapshotMismatch(f"{path}: {_describe(saved)} in the snapshot, the live shard is {_describe(local)}")
-        return placed_like(saved, template)
+        # from_local would move a host shard to the mesh's device.
+        return DTensor(saved, template._spec, requires_grad=False) if host else placed_like(saved, template)
     if isinstance(template, torch.Tensor):
         if not isinstance(saved, torch.Tensor) or saved.shape != template.shape or saved.dtype != template.dtype:
             raise SnapshotMismatch(f"{path}: {_describe(saved)} in the snapshot, live {_describe(template)}")
-        return saved.to(template.device)
+        return saved if host else saved.to(template.device)
     if isinstance(template, dict):
         if not isinstance(saved, dict) or set(saved) != set(template):
             keys = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
             raise SnapshotMismatch(f"{path or '/'}: keys {keys} in the snapshot, live {sorted(map(str, template))}")
-        return {k: _merge(template[k], saved[k], f"{path}/{k}") for k in template}
+        return {k: _merge(template[k], saved[k], f"{path}/{k}", host) for k in template}
     if isinstance(template, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(saved) != len(template):
             raise SnapshotMismatch(f"{path}: {_describe(saved)} in the snapshot, live has {len(template)} items")
-        return type(template)(_merge(t, s, f"{path}/{i}") for i, (t, s) in enumerate(zip(template, saved, strict=True)))
+        items = enumerate(zip(template, saved, strict=True))
+        return type(template)(_merge(t, s, f"{path}/{i}", host) for i, (t, s) in items)
     return saved
 
 

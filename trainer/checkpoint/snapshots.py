@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ftfleet.trainer.background import lower_thread_priority
 from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import (
     EMPTY,
@@ -58,6 +59,7 @@ from ftfleet.trainer.checkpoint.memory import (
     check,
     decode,
     exchange,
+    merge_views,
     prepare,
     snapshot_file,
 )
@@ -98,6 +100,8 @@ class Snapshots:
         self.last_complete: tuple[int, float] | None = None
         self._stager = Stager()
         self._received: torch.Tensor | None = None
+        #: The newest snapshot taken: step, staged bytes, the state dict it copied, its job.
+        self._latest: tuple[int, Staged, Any, Future[None]] | None = None
         # One long-lived thread: a thread started per snapshot would be created and torn
         # down while the data loader forks its workers, and CPython 3.11's fork can then
         # deadlock the child (seen: a worker stuck in _PyThreadState_DeleteExcept).
@@ -143,6 +147,7 @@ class Snapshots:
                 _current = None
 
     def _serve(self) -> None:
+        lower_thread_priority()  # the checksum and the peer copy yield to training
         while (job := self._queue.get()) is not None:
             future, step, staged, copy = job
             if future.set_running_or_notify_cancel():
@@ -165,13 +170,43 @@ class Snapshots:
         def into(n: int) -> torch.Tensor | None:
             return mapped(n) if self.taken or self.tier.ready(False, step, n) else None
 
-        staged = self._stager.stage(self.app_state.state_dict(), into=into)
+        self._latest = None
+        state = self.app_state.state_dict()
+        staged = self._stager.stage(state, into=into)
         # The same decision on every rank: each takes the same snapshots, counted from 0
         # in every iteration (the first one after a restart goes to the peer).
         copy = self.tier.has_peer and self.peer_every > 0 and self.taken % self.peer_every == 0
         self._job = Future()
         self._queue.put((self._job, step, staged, copy))
+        self._latest = (step, staged, state, self._job)
         self.taken += 1
+
+    @property
+    def latest_step(self) -> int | None:
+        """The step of the newest snapshot taken (its bytes staged) in this iteration."""
+        return self._latest[0] if self._latest is not None else None
+
+    def durable_source(self, step: int) -> Future[Any] | None:
+        """For a durable save written from the snapshot of ``step`` (the newest taken): a
+        future of ``{"app": state}``, the state dict whose tensors are views of the
+        snapshot's bytes (DTensors around host shards), resolved once the snapshot's
+        background part is done (on a GPU its copies are complete then). None when the
+        newest snapshot is not of ``step``. The views hold until the next snapshot is
+        staged: the caller finishes its write before the next :meth:`take`."""
+        if self._latest is None or self._latest[0] != step:
+            return None
+        _, staged, template, job = self._latest
+        out: Future[Any] = Future()
+
+        def build(_: Any) -> None:
+            try:
+                staged.wait()
+                out.set_result({"app": merge_views(template, staged.data)})
+            except BaseException as exc:  # noqa: BLE001 - the save reports it
+                out.set_exception(exc)
+
+        job.add_done_callback(build)
+        return out
 
     def _file(self, held: bool, step: int) -> Callable[[int], torch.Tensor | None]:
         """``into(n)`` for the stager and the receiver: ``step``'s snapshot file, mapped,

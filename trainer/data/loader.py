@@ -22,9 +22,11 @@ where it stood, so it resumes only on the same world size and worker count.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import os
+import pickle
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,6 +39,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.data.order import GlobalOrder
+from ftfleet.trainer.data.workers import drop_inherited_sockets, exit_with, start_worker_server
 
 log = logging.getLogger("ftfleet.data")
 
@@ -100,6 +103,7 @@ class GlobalBatches:
         seed: int = 0,
         shuffle: bool = True,
         num_workers: int = 0,
+        start_method: str = "forkserver",
         collate_fn: Any = None,
         trace_dir: Path | None = None,
     ):
@@ -117,7 +121,10 @@ class GlobalBatches:
         self.device = device
         self.seed = seed
         self.num_workers = num_workers
+        self.start_method = start_method
         self.collate_fn = collate_fn
+        if num_workers:
+            start_worker_server(start_method, [type(dataset).__module__])
         length = None
         if not self.iterable and hasattr(dataset, "__len__"):
             length = len(dataset)
@@ -169,8 +176,13 @@ class GlobalBatches:
             "pin_memory": self.device.type == "cuda",
             "generator": generator,
             "collate_fn": self.collate_fn,
-            "worker_init_fn": drop_inherited_sockets if self.num_workers else None,
         }
+        if self.num_workers:
+            common["multiprocessing_context"] = self.start_method
+            if self.start_method == "fork":
+                common["worker_init_fn"] = drop_inherited_sockets
+            else:
+                common["worker_init_fn"] = functools.partial(exit_with, os.getpid())
         if self.iterable:
             self.sampler = None
             return StatefulDataLoader(self.dataset, batch_size=self.micro_batch_size, **common)
@@ -196,7 +208,16 @@ class GlobalBatches:
             )
         elif self.sampler is not None:
             self.sampler.next_position = samples_seen
-        self._it = iter(self.loader)
+        try:
+            self._it = iter(self.loader)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            if self.start_method == "fork" or "pickle" not in str(exc):
+                raise
+            raise ConfigError(
+                f"data: the loader's workers start by data.start_method={self.start_method}, which sends them the "
+                f"dataset by pickle, and it cannot be pickled ({exc}): make the dataset (and its collate_fn) "
+                "picklable, or set data.start_method=fork"
+            ) from None
         for _ in range(skip):
             next(self._it)
 
@@ -300,29 +321,6 @@ def _interrupt_in(exc: BaseException) -> BaseException | None:
         seen.add(id(cause))
         cause = cause.__context__
     return None
-
-
-def drop_inherited_sockets(_worker_id: int = 0) -> None:
-    """In a forked loader worker: close the TCP sockets inherited from the trainer (its
-    gloo connections, its store client). Otherwise, when the trainer process is killed,
-    its workers keep those connections open until they notice their parent is gone (5 s,
-    measured), and the other ranks' collectives wait instead of failing at once. The
-    worker's own queues are pipes, and fd passing makes its own Unix sockets."""
-    import socket
-    import stat
-
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        family = sock.family
-        sock.detach()
-        if family in (socket.AF_INET, socket.AF_INET6):
-            os.close(fd)
 
 
 def _to_device(data: Any, device: torch.device) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory
+from ftfleet.trainer.background import lower_thread_priority
 from ftfleet.trainer.callbacks import Callback
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -90,10 +91,7 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
 
 
 def _warm_up_niced(warm_up: Any) -> None:
-    try:  # Linux: a thread's own priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:
-        pass
+    lower_thread_priority()
     warm_up()
 
 
@@ -136,6 +134,12 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # imports lazily (warm_up), so that taking over does not pay for it. A spare node
     # waits anyway; a spare process starts beside the ranks that train, so it warms up
     # on a thread at the lowest CPU priority, not taking their start-up's CPU.
+    from ftfleet.trainer.data.workers import start_for
+
+    # The loader workers' server imports torch while this process does. From this
+    # thread, also in a spare: a process inherits the nice value of the thread that
+    # started it, and the workers would inherit it from the server.
+    start_for(cfg)
     from ftfleet.trainer.train import train, warm_up
 
     active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])

@@ -168,9 +168,14 @@ class SaveSchedule(Callback):
             _, first = self._replan
             self._replan = None
             self.reschedule_snapshot(first)
-        if self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step:
+        save = self.due(info.step) and info.step < self.last_step
+        snapshot = self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step
+        # A save written from memory (checkpoint.save_from_memory) writes the snapshot of
+        # its step: taken here, it is a snapshot of the schedule's (measured, and the
+        # next one planned from it), not one more.
+        if snapshot or (save and self.next_snapshot is not None and self.ckpt.cfg.save_from_memory):
             self.snapshot(info.step)
-        if self.due(info.step) and info.step < self.last_step:
+        if save:
             self.save(info.step, "interval")
 
     def due(self, step: int) -> bool:

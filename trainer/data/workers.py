@@ -1,0 +1,107 @@
+"""The data loader's worker processes: where they come from, and that they go.
+
+Kept free of torch: the trainer starts the workers' server before it imports torch
+itself, so that the two imports overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+def start_for(cfg: Any) -> None:
+    """Start the loader workers' server for a trainer config (``data.num_workers`` and
+    ``data.start_method``), preloading the module of ``data.factory``, where the
+    dataset's class usually lives (its spec, not imported here)."""
+    if cfg.data.num_workers:
+        factory = cfg.data.factories["factory"]
+        module = str(getattr(factory, "target", "") or "").partition(":")[0]
+        start_worker_server(cfg.data.start_method, [module] if module else [])
+
+
+def start_worker_server(method: str, modules: Sequence[str] = ()) -> None:
+    """Start the process the loader's workers are forked from (``forkserver``), now,
+    importing torch and ``modules`` (where the dataset's class lives) once, so that a
+    worker started later forks ready instead of importing them. Idempotent; the server
+    outlives an in-process restart and exits with this process. The trainer's entry points
+    call it before they import torch, so that the two imports overlap (a warm spare
+    while it waits).
+
+    Workers come from a server because forking the trainer itself is not safe: it runs
+    threads (the snapshot writer, the uploader, the watchers, torch's own), and a fork
+    taken while another thread holds an interpreter lock leaves the child deadlocked
+    (CPython 3.11 before 3.11.8: gh-112275, seen here as a worker stuck in
+    ``_PyThreadState_DeleteExcept``; any C library lock held at the fork likewise).
+    Python 3.14 made forkserver the default for the same reason. ``fork`` stays an
+    option (data.start_method) for a dataset that cannot be pickled."""
+    if method != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    # "__main__": a class defined in the user's script; the server imports the script as
+    # multiprocessing's spawn does (its entry point under `if __name__ == "__main__"`).
+    forkserver.set_forkserver_preload(list(dict.fromkeys(["torch", *(m for m in modules if m)])))
+    forkserver.ensure_running()  # returns at once; the server imports in the background
+
+
+def exit_with(trainer_pid: int, _worker_id: int = 0) -> None:
+    """In a loader worker that is not the trainer's child (forkserver, spawn): exit as
+    soon as the trainer does. torch's worker watches its parent, which is the server
+    here, and the server lives as long as any worker does: a trainer killed (SIGKILL, a
+    hang's watchdog) would leave its workers and their server running for good, holding
+    the job's stdout and stderr open. A thread waits on the trainer's pidfd."""
+    import select
+    import threading
+
+    try:
+        fd = os.pidfd_open(trainer_pid)
+    except ProcessLookupError:  # gone already
+        os._exit(0)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): poll
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(trainer_pid):
+                time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="ftfleet-trainer-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def drop_inherited_sockets(_worker_id: int = 0) -> None:
+    """In a forked loader worker: close the TCP sockets inherited from the trainer (its
+    gloo connections, its store client). Otherwise, when the trainer process is killed,
+    its workers keep those connections open until they notice their parent is gone (5 s,
+    measured), and the other ranks' collectives wait instead of failing at once. The
+    worker's own queues are pipes, and fd passing makes its own Unix sockets."""
+    import socket
+    import stat
+
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        family = sock.family
+        sock.detach()
+        if family in (socket.AF_INET, socket.AF_INET6):
+            os.close(fd)
