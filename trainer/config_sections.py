@@ -63,10 +63,11 @@ class DataConfig:
     built-in: `synthetic` (a learnable random stream), `token_shards` (docs/DATA.md)."""
     num_workers: int = 2
     """DataLoader worker processes per rank (0: read in the training process)."""
-    start_method: str = "forkserver"
-    """How the workers start: `forkserver` (forked from a clean server process that
-    imported torch once; the dataset must pickle), `spawn`, or `fork` (forks the
-    trainer, which runs threads: can deadlock the worker on CPython < 3.11.8)."""
+    start_method: str = "auto"
+    """How the workers start: `forkserver` (forked from a server process that imported
+    torch once; the dataset must pickle), `spawn`, `fork` (forks the trainer, which runs
+    threads: on CPython 3.11 before 3.11.10 that can deadlock the worker, gh-112275), or
+    `auto`: forkserver on such an interpreter, else fork (docs/DATA.md)."""
     shuffle: bool = True
     """Visit a sized map-style dataset in a seeded random order, a new one each epoch."""
     trace_samples: bool = False
@@ -77,8 +78,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers={self.num_workers}: use 0 or more")
-        if self.start_method not in ("forkserver", "spawn", "fork"):
-            raise ConfigError(f"data.start_method={self.start_method!r}: use forkserver, spawn or fork")
+        if self.start_method not in ("auto", "forkserver", "spawn", "fork"):
+            raise ConfigError(f"data.start_method={self.start_method!r}: use auto, forkserver, spawn or fork")
         self.factories = bind_section(self, "data", self.args)
 
 

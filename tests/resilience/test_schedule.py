@@ -212,3 +212,34 @@ def test_a_configured_mode_is_passed_on_as_before():
     s, ckpt = _saving_schedule()  # SavingCkpt.save takes no `asynchronous`
     s.save(5, "interval")
     assert ckpt.saves == [5] and s.interval.modes == ("async",)
+
+
+class MemoryCkpt(FakeCkpt):
+    """Snapshots and background saves: which steps each was taken at."""
+
+    def __init__(self, async_save: bool | str) -> None:
+        super().__init__(0.1)
+        self.cfg = types.SimpleNamespace(enabled=True, save_from_memory=True, async_save=async_save)
+        self.saves: list[int] = []
+        self.snapped: list[int] = []
+        self.newest_on_disk: int | None = None
+        self.stats = types.SimpleNamespace(last_blocked_s=0.01, last_commit_s=2.0, last_async=async_save is True)
+
+    def snapshot(self, step: int) -> float:
+        self.snapped.append(step)
+        return super().snapshot(step)
+
+    def save(self, step: int, blocking: bool = False, **_: bool) -> None:
+        self.saves.append(step)
+
+
+def test_a_background_save_from_memory_snapshots_its_step_as_one_of_the_schedules_snapshots():
+    cfg = IntervalConfig(mode="fixed", fixed_steps=3, snapshot_fixed_steps=50)
+    for async_save, snapshots_at_saves in ((True, True), (False, False)):
+        ckpt = MemoryCkpt(async_save)
+        s = SaveSchedule(cfg, ckpt, last_step=1000)
+        for i in range(1, 8):
+            s.on_step_end(None, _step(i, 1.0))
+        assert ckpt.saves == [3, 6]
+        # A synchronous save writes the live state: no snapshot for it.
+        assert ckpt.snapped == ([3, 6] if snapshots_at_saves else [])

@@ -21,6 +21,7 @@ from ftfleet.errors import UserError
 from ftfleet.trainer.data.loader import GlobalBatches
 from ftfleet.trainer.data.order import GlobalOrder
 from ftfleet.trainer.data.shards import INDEX, ShardIndex, ShardSetError, TokenShards
+from ftfleet.trainer.data.workers import resolve_start_method
 from tests.trainer.conftest import REPO, child_env, wait_for
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
@@ -517,10 +518,20 @@ class ParentPids:
         return np.array([os.getpid(), os.getppid()])
 
 
+def test_auto_starts_workers_from_a_server_only_where_forking_a_threaded_trainer_can_deadlock():
+    """gh-112275: CPython 3.11 before 3.11.10 (this machine's 3.11.7 hit it)."""
+    assert resolve_start_method("auto", (3, 11, 7)) == "forkserver"
+    assert resolve_start_method("auto", (3, 11, 10)) == "fork"
+    assert resolve_start_method("auto", (3, 12, 3)) == "fork"  # the trainer image's
+    assert resolve_start_method("spawn", (3, 11, 7)) == "spawn"
+    here = resolve_start_method("auto")
+    assert GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), num_workers=1).start_method == here
+
+
 def test_loader_workers_are_forked_from_a_server_not_from_the_trainer():
-    """The trainer runs threads; forking it can leave a worker deadlocked (gh-112275 on
-    this machine's CPython 3.11.7). By default the workers come from the forkserver."""
-    r = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2)
+    """The trainer runs threads; forking it can leave a worker deadlocked. With the
+    forkserver the workers come from a server process."""
+    r = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2, start_method="forkserver")
     try:
         pids = r.get(0, 1).data
     finally:
@@ -541,7 +552,7 @@ class Unpicklable(ParentPids):
 
 
 def test_a_dataset_that_cannot_be_pickled_names_the_setting_to_change():
-    r = GlobalBatches(Unpicklable(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=1)
+    r = GlobalBatches(Unpicklable(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=1, start_method="forkserver")
     with pytest.raises(UserError, match=r"data.start_method=forkserver.*picklable, or set data.start_method=fork"):
         r.get(0, 1)
     forked = GlobalBatches(Unpicklable(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=1, start_method="fork")
@@ -559,7 +570,7 @@ import os, sys, time
 import torch
 from ftfleet.trainer.data.loader import GlobalBatches
 from tests.trainer.test_data import ParentPids, B
-r = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2)
+r = GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=2, start_method="forkserver")
 pids = {int(r.get(i * B, i + 1).data[0, 0]) for i in range(2)}  # a batch per worker
 print(" ".join(map(str, sorted(pids))), flush=True)
 time.sleep(600)

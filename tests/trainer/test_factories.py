@@ -100,7 +100,7 @@ def test_an_unknown_key_gets_a_did_you_mean_whoever_owns_the_section(byo_path, o
         ("model.factory=hf_causal_lm", ["exactly one of model.config", "model.model_type"]),
         ("model.factory=hf_causal_lm model.model_type=llama model.overrides=7", ["model.overrides=7", "mapping"]),
         ("data.num_workers=-1", ["data.num_workers=-1", "0 or more"]),
-        ("data.start_method=threads", ["data.start_method='threads'", "forkserver, spawn or fork"]),
+        ("data.start_method=threads", ["data.start_method='threads'", "auto, forkserver, spawn or fork"]),
         ("data.shuffle=sometimes", ["data.shuffle='sometimes'", "true or false"]),
         ("data.seq_len=-4", ["data.seq_len=-4", "0 for the model's"]),
         ("optim.grad_clip=-1", ["optim.grad_clip=-1.0", "0 (off)"]),

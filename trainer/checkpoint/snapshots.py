@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 
-from ftfleet.trainer.background import lower_thread_priority
 from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import (
     EMPTY,
@@ -147,7 +146,6 @@ class Snapshots:
                 _current = None
 
     def _serve(self) -> None:
-        lower_thread_priority()  # the checksum and the peer copy yield to training
         while (job := self._queue.get()) is not None:
             future, step, staged, copy = job
             if future.set_running_or_notify_cancel():

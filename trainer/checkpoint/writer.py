@@ -36,7 +36,6 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from ftfleet.trainer.background import lower_thread_priority
 from ftfleet.trainer.checkpoint.manifest import Crc32c, FileEntry
 
 #: What a writer learned about one file: its entry, or why there is none.
@@ -196,17 +195,9 @@ class ChecksummingWriter(FileSystemWriter):
     """:class:`FileSystemWriter` whose files are checksummed as they are written;
     :meth:`streamed` gives the result for the last save."""
 
-    def __init__(self, *args: Any, background: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.fs: ChecksummingFileSystem = ChecksummingFileSystem()
-        #: Written on a background thread of its own (a save from a snapshot): that
-        #: thread and the writer's file threads run at the lowest CPU priority.
-        self.background = background
-
-    def write_data(self, plan: Any, planner: Any) -> Any:
-        if self.background:
-            lower_thread_priority()
-        return super().write_data(plan, planner)
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         super().reset(checkpoint_id)  # called by DCP at the start of every save

@@ -39,7 +39,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.data.order import GlobalOrder
-from ftfleet.trainer.data.workers import drop_inherited_sockets, exit_with, start_worker_server
+from ftfleet.trainer.data.workers import drop_inherited_sockets, exit_with, resolve_start_method, start_worker_server
 
 log = logging.getLogger("ftfleet.data")
 
@@ -103,7 +103,7 @@ class GlobalBatches:
         seed: int = 0,
         shuffle: bool = True,
         num_workers: int = 0,
-        start_method: str = "forkserver",
+        start_method: str = "auto",
         collate_fn: Any = None,
         trace_dir: Path | None = None,
     ):
@@ -121,7 +121,7 @@ class GlobalBatches:
         self.device = device
         self.seed = seed
         self.num_workers = num_workers
-        self.start_method = start_method
+        self.start_method = resolve_start_method(start_method)
         self.collate_fn = collate_fn
         if num_workers:
             start_worker_server(start_method, [type(dataset).__module__])

@@ -7,9 +7,23 @@ itself, so that the two imports overlap.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+#: CPython 3.11 before 3.11.10 can deadlock a child forked while another thread holds
+#: the runtime's HEAD_LOCK (gh-112275; 3.12 was fixed from its start).
+FORK_DEADLOCK_FIXED = (3, 11, 10)
+
+
+def resolve_start_method(method: str, version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str:
+    """``data.start_method``: ``auto`` is ``forkserver`` on an interpreter with the fork
+    deadlock, else ``fork`` (PyTorch's default: no extra import, and the dataset need
+    not pickle); any other value as it is."""
+    if method != "auto":
+        return method
+    return "forkserver" if version < FORK_DEADLOCK_FIXED else "fork"
 
 
 def start_for(cfg: Any) -> None:
@@ -30,14 +44,13 @@ def start_worker_server(method: str, modules: Sequence[str] = ()) -> None:
     call it before they import torch, so that the two imports overlap (a warm spare
     while it waits).
 
-    Workers come from a server because forking the trainer itself is not safe: it runs
-    threads (the snapshot writer, the uploader, the watchers, torch's own), and a fork
-    taken while another thread holds an interpreter lock leaves the child deadlocked
-    (CPython 3.11 before 3.11.8: gh-112275, seen here as a worker stuck in
-    ``_PyThreadState_DeleteExcept``; any C library lock held at the fork likewise).
-    Python 3.14 made forkserver the default for the same reason. ``fork`` stays an
-    option (data.start_method) for a dataset that cannot be pickled."""
-    if method != "forkserver":
+    Workers come from a server where forking the trainer itself is not safe: it runs
+    threads (the snapshot writer, the uploader, the watchers, torch's own), and on
+    CPython 3.11 before 3.11.10 a fork taken while another thread creates or deletes its
+    thread state leaves the child deadlocked (gh-112275; seen here as a loader worker
+    stuck in ``_PyThreadState_DeleteExcept``, and its rank waiting for it). Python 3.14
+    made forkserver the default for fork's hazards in general."""
+    if resolve_start_method(method) != "forkserver":
         return
     from multiprocessing import forkserver
 

@@ -170,13 +170,19 @@ class SaveSchedule(Callback):
             self.reschedule_snapshot(first)
         save = self.due(info.step) and info.step < self.last_step
         snapshot = self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step
-        # A save written from memory (checkpoint.save_from_memory) writes the snapshot of
-        # its step: taken here, it is a snapshot of the schedule's (measured, and the
-        # next one planned from it), not one more.
-        if snapshot or (save and self.next_snapshot is not None and self.ckpt.cfg.save_from_memory):
+        # A background save written from memory (checkpoint.save_from_memory) writes the
+        # snapshot of its step: taken here, it is a snapshot of the schedule's (measured,
+        # and the next one planned from it), not one more.
+        if snapshot or (save and self._saves_from_memory()):
             self.snapshot(info.step)
         if save:
             self.save(info.step, "interval")
+
+    def _saves_from_memory(self) -> bool:
+        """Whether the next interval save writes a snapshot: a background one (the auto
+        mode's choice, or the configured mode) with checkpoint.save_from_memory."""
+        mode = self.next_mode if len(self.interval.modes) > 1 else self.interval.modes[0]
+        return self.next_snapshot is not None and self.ckpt.cfg.save_from_memory and mode == "async"
 
     def due(self, step: int) -> bool:
         return self.ckpt.cfg.enabled and step >= self.next_save
