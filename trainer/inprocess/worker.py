@@ -97,7 +97,7 @@ def _warm_up_niced(warm_up: Any, then: Callable[[], None]) -> None:
     the normal priority. A process inherits the nice value of the thread that starts it,
     and the workers would inherit it from the server; after the niced warm-up, the
     ranks that train are past their start-up (with every process's server starting at
-    launch, the chaos run's fresh launches on 2 cores took 1.8 s longer, median)."""
+    launch, the chaos run's fresh launches on 2 cores took about 2 s longer, median)."""
     niced = threading.Thread(target=lambda: (lower_thread_priority(), warm_up()), name="ftfleet-warm-up-niced")
     niced.start()
     niced.join()
