@@ -33,7 +33,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.reader import CorruptFile
 from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare, list_candidates
 from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into, read_metadata_file
-from ftfleet.trainer.checkpoint.snapshots import WAIT_SLICE_S, Snapshots
+from ftfleet.trainer.checkpoint.snapshots import Snapshots, wait_in_slices
 from ftfleet.trainer.checkpoint.staging import OrderedStager
 from ftfleet.trainer.checkpoint.state import AppState, optimizer_layout
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
@@ -433,11 +432,8 @@ class CheckpointManager:
         """Before a snapshot is staged: the save written from the previous one has read
         its bytes (a later snapshot may be staged into them)."""
         written, self._memory_write = self._memory_write, None
-        # In short waits, as Snapshots.wait: an in-process restart interrupts this thread
-        # between two bytecodes, and a write blocked in a collective with a dead rank
-        # would otherwise hold it until the group's timeout.
-        while written is not None and not futures.wait([written], timeout=WAIT_SLICE_S).done:
-            pass
+        if written is not None:  # interruptible: a write stuck with a dead rank holds on
+            wait_in_slices(written)
 
     @property
     def snapshot_in_flight(self) -> bool:

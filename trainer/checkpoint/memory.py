@@ -226,8 +226,7 @@ def decode(read: Callable[[memoryview], int], size: int, crc: Crc32c | None = No
     base = pos + (-pos % ALIGN)
     out: dict[int, torch.Tensor] = {}
     for off, ref in sorted(_refs(skeleton), key=lambda r: r[0]):
-        dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
-        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        dtype, shape, nbytes = _ref_layout(ref)
         if base + off < pos or base + off + nbytes > size:  # before allocating it
             raise SnapshotMismatch(f"a tensor at offset {off} lies outside the {size}-byte file")
         t = torch.empty(shape, dtype=dtype)
@@ -258,8 +257,7 @@ def views(data: torch.Tensor) -> Any:
     base = start + n + (-(start + n) % ALIGN)
     out: dict[int, torch.Tensor] = {}
     for off, ref in _refs(skeleton):
-        dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
-        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        dtype, shape, nbytes = _ref_layout(ref)
         if base + off + nbytes > raw.nbytes:
             raise SnapshotMismatch(f"a tensor at offset {off} lies outside the {raw.nbytes}-byte snapshot")
         if not nbytes:
@@ -649,6 +647,12 @@ def _refs(node: Any) -> list[tuple[int, Any]]:
 
     _tree_map(node, leaf)
     return out
+
+
+def _ref_layout(ref: tuple[Any, ...]) -> tuple[torch.dtype, torch.Size, int]:
+    """A tensor reference's dtype, shape and size in bytes."""
+    dtype, shape = _dtype(ref[2]), torch.Size(ref[3])
+    return dtype, shape, shape.numel() * torch.empty((), dtype=dtype).element_size()
 
 
 def _fill_refs(node: Any, tensors: dict[int, torch.Tensor]) -> Any:

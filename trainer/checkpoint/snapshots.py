@@ -76,6 +76,19 @@ _generation = 0
 _current: Snapshots | None = None
 
 
+def wait_in_slices(future: Future[Any]) -> None:
+    """Wait for ``future`` to finish (its result or exception is the caller's to read),
+    in waits of :data:`WAIT_SLICE_S`: an in-process restart interrupts the training thread
+    with an exception raised between two bytecodes, which a thread blocked in one long
+    lock wait never reaches."""
+    while True:
+        try:
+            future.exception(timeout=WAIT_SLICE_S)
+            return
+        except FutureTimeout:
+            continue
+
+
 class Superseded(Exception):
     """A snapshot thread of an iteration that an in-process restart replaced."""
 
@@ -128,12 +141,7 @@ class Snapshots:
         an in-process restart interrupts the training thread with an exception raised
         between two bytecodes, which a thread blocked in one long lock wait never reaches."""
         if self._job is not None:
-            while True:
-                try:
-                    self._job.result(timeout=WAIT_SLICE_S)  # _finish logs its own failures
-                    break
-                except FutureTimeout:
-                    continue
+            wait_in_slices(self._job)  # _finish logs its own failures
             self._job = None
 
     def close(self) -> None:

@@ -27,7 +27,6 @@ from typing import Any
 
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory
-from ftfleet.trainer.background import lower_thread_priority
 from ftfleet.trainer.callbacks import Callback
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -89,6 +88,15 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         completion_timeout=_seconds(max(120.0, soft_timeout_s + 60)),
         termination_grace_time=_seconds(2),
     )
+
+
+def lower_thread_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (nice 19; on Linux a thread's
+    own, inherited by the threads and processes it starts)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):  # not Linux, or not permitted: run as is
+        pass
 
 
 def _warm_up_niced(warm_up: Any, then: Callable[[], None]) -> None:
