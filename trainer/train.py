@@ -227,7 +227,8 @@ def _train(run: Run, parts: Resilience, callbacks: list[Callback], t_start: floa
         dist.all_gather_object(pids, os.getpid(), group=run.env.ckpt_group)
     parts.events.emit("start", world_size=run.env.world_size, pids=pids)
     parts.start()
-    run.restored = ckpt.restore()
+    # A model built for a restore holds no values yet: each file is checked as it is copied.
+    run.restored = ckpt.restore(blank=run.deferred_init is not None)
     if run.restored is None:
         run.initialize()
         run.load_pretrained()

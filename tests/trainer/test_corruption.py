@@ -84,3 +84,19 @@ def test_trainer_resumes_from_the_previous_checkpoint_and_still_ends_bit_identic
     assert out["resumed_from"]["step"] == 20
     assert "step-22" in out["_stderr"] and bad.name in out["_stderr"]
     assert out["state_sha256"] == ref1["state_sha256"]
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_whose_every_checkpoint_is_bad_starts_afresh_with_the_usual_init(tmp_path, ref1):
+    # The model is built for a restore (no values, the init deferred), so each shard is
+    # copied into it as its CRC is taken: the bad ones leave weights overwritten, which
+    # the deferred init must replace, for the same result as a run never interrupted.
+    d = tmp_path / "run"
+    copy_steps(ref1["run_dir"] / "checkpoints", d / "checkpoints", [20, 22])
+    for step in (20, 22):
+        path = shard(d / "checkpoints" / f"step-{step}")
+        flip_bit(path, offset=path.stat().st_size // 2)
+    out = run_trainer(1, d, "resilience.interval.fixed_steps=2")
+    assert out["resumed_from"] is None
+    assert "step-20" in out["_stderr"] and "step-22" in out["_stderr"]
+    assert out["state_sha256"] == ref1["state_sha256"]

@@ -15,7 +15,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ftfleet.trainer.checkpoint.manifest import checksum_file, read_manifest
-from ftfleet.trainer.checkpoint.reader import CorruptFile, VerifyingReader, _NotPlain, _ViewStream, raw_record
+from ftfleet.trainer.checkpoint.reader import (
+    CorruptFile,
+    VerifyingReader,
+    _NotPlain,
+    _ViewStream,
+    leading_span,
+    raw_record,
+    raw_span,
+)
 from ftfleet.trainer.checkpoint.safe_load import SafeLoadPlanner, load_into
 from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
 from tests.trainer.conftest import in_process_manager
@@ -52,8 +60,8 @@ def save(tmp_path, state, threads=2):
     return {n: checksum_file(tmp_path / n) for n in os.listdir(tmp_path)}
 
 
-def load(tmp_path, target, expected):
-    reader = VerifyingReader(tmp_path, expected)
+def load(tmp_path, target, expected, blank=False):
+    reader = VerifyingReader(tmp_path, expected, blank=blank)
     reader.check_metadata()
     dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     return reader
@@ -71,6 +79,71 @@ def test_the_reader_loads_exactly_what_stock_dcp_load_loads(tmp_path):
     assert ours["extra"] == state["extra"]
     # channels-last and the transposed tensor cannot be copied raw: torch.load parses them
     assert reader.fallback == 2 and reader.direct == 5
+
+
+@pytest.mark.parametrize("piece", [512 << 10, 100, 7])
+def test_a_one_pass_load_into_a_blank_state_loads_what_the_two_pass_load_loads(tmp_path, monkeypatch, piece):
+    # pieces smaller than the records: a record spans many CRC pieces, a piece several records
+    import ftfleet.trainer.checkpoint.reader as reader_module
+
+    monkeypatch.setattr(reader_module, "_PIECE", piece)
+    state = odd_state()
+    state["big"] = torch.randn(300, 100)
+    expected = save(tmp_path, state)
+    two, one = zeros_like(state), zeros_like(state)
+    load(tmp_path, two, expected)
+    reader = load(tmp_path, one, expected, blank=True)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(one[key], value) and torch.equal(two[key], value), key
+    assert one["extra"] == state["extra"]
+    assert reader.fallback == 2 and reader.direct == 6
+
+
+def test_an_items_first_bytes_locate_its_storage_where_the_central_directory_does():
+    for key, value in odd_state().items():
+        if isinstance(value, torch.Tensor) and value.is_contiguous():
+            buf = io.BytesIO()
+            torch.save(value, buf)
+            item = memoryview(buf.getvalue())
+            assert leading_span(item, value.clone()) == raw_span(item, value.clone()), key
+
+
+def test_a_one_pass_load_whose_location_is_wrong_still_loads_the_right_bytes(tmp_path, monkeypatch):
+    # the pass copies from where the item's first bytes say; once the file checks out,
+    # the central directory is asked again, and an item it places elsewhere is read again
+    import ftfleet.trainer.checkpoint.reader as reader_module
+
+    def off_by_eight(item, target):
+        start, nbytes = reader_module.raw_span(item, target)
+        return start + 8, nbytes
+
+    monkeypatch.setattr(reader_module, "leading_span", off_by_eight)
+    state = odd_state()
+    expected = save(tmp_path, state)
+    target = zeros_like(state)
+    load(tmp_path, target, expected, blank=True)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(target[key], value), key
+
+
+def test_a_one_pass_load_takes_no_separate_crc_pass(tmp_path, monkeypatch):
+    import ftfleet.trainer.checkpoint.reader as reader_module
+
+    state = odd_state()
+    expected = save(tmp_path, state)
+
+    check_crc = reader_module._check_crc
+
+    def no_separate_pass(name, view, entry):
+        assert name == ".metadata", f"a separate CRC pass over {name}"
+        check_crc(name, view, entry)
+
+    monkeypatch.setattr(reader_module, "_check_crc", no_separate_pass)
+    target = zeros_like(state)
+    load(tmp_path, target, expected, blank=True)
+    assert torch.equal(target["plain"], state["plain"])
 
 
 def test_every_tensor_of_a_checkpoint_loaded_at_its_world_size_is_copied_raw(tmp_path):
@@ -117,6 +190,20 @@ def test_a_bad_file_is_refused_in_one_line_naming_it_before_any_state_changes(tm
     for key, value in target.items():
         if isinstance(value, torch.Tensor):
             assert not value.any(), key
+
+
+@pytest.mark.parametrize("kind", ["a bit flip in the last shard", "a truncated shard", "a bit flip in .metadata"])
+def test_a_one_pass_load_refuses_a_bad_file_and_changes_nothing_but_tensor_bytes(tmp_path, kind):
+    state = odd_state()
+    expected = save(tmp_path, state, threads=2)
+    bad = CORRUPTIONS[kind](tmp_path)
+    target = zeros_like(state)
+    with pytest.raises(CorruptFile) as caught:
+        load_into(target, tmp_path, expected=expected, blank=True)
+    assert str(caught.value).startswith(f"{bad}: ")
+    # byte items and the tensors torch.load parses wait for every file's check
+    assert target["extra"] == {"name": "", "steps": []}
+    assert not target["channels_last"].any() and not target["transposed"].any()
 
 
 def test_a_file_the_manifest_does_not_list_is_refused(tmp_path):

@@ -197,16 +197,22 @@ class CheckpointManager:
             )
 
     # --- restore -------------------------------------------------------------
-    def restore(self) -> Restored | None:
+    def restore(self, *, blank: bool = False) -> Restored | None:
         """Collective. Find the newest valid checkpoint (local, primary, replica), verify
-        it, and load it into the app state. None when there is nothing to resume."""
+        it, and load it into the app state. None when there is nothing to resume.
+
+        ``blank``: the model's tensors hold no values yet (built for a restore, the init
+        deferred) and the optimizer no state: a file is then checked as it is copied
+        into them (one pass over its bytes). A checkpoint found corrupt midway may leave
+        some weights overwritten, so the caller must initialise them when this returns
+        None (``Run.initialize``); a later checkpoint that loads overwrites them all."""
         if not self.cfg.load:
             return None
         if self.snapshots is not None and self.cfg.load_step is None:
             found = self._load_from_memory()
             if found is not None:
                 return found
-        found = self._load(self.cfg.load_step)
+        found = self._load(self.cfg.load_step, blank=blank)
         if found is None and self.snapshots is not None and self.cfg.load_step is None:
             found = self._load_from_memory(any_step=True)  # nothing on disk loads
         return found
@@ -250,7 +256,7 @@ class CheckpointManager:
         self.wait()
         return self._load(None)
 
-    def _load(self, load_step: int | None) -> Restored | None:
+    def _load(self, load_step: int | None, blank: bool = False) -> Restored | None:
         stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
         invalid: set[tuple[int, str]] = set()
         while True:
@@ -273,7 +279,7 @@ class CheckpointManager:
                 return None
             t0 = time.monotonic()
             try:
-                absent = self._load_found(found)
+                absent = self._load_found(found, blank)
             except CorruptFile as exc:  # raised on every rank before any state changed
                 if self.comm.rank == 0:
                     log.warning("restore: step-%d in %s is invalid, skipping it: %s", found.step, found.location, exc)
@@ -283,7 +289,7 @@ class CheckpointManager:
         self._after_load(found, absent, t0)
         return found
 
-    def _load_found(self, found: Restored) -> list[str]:
+    def _load_found(self, found: Restored, blank: bool = False) -> list[str]:
         # A rank beyond the writer's world size has no RNG entry to load.
         self.app_state.include_rng = self.comm.rank < found.manifest.world_size
         self.app_state.loading = True
@@ -295,6 +301,7 @@ class CheckpointManager:
                 self.local.step_dir(found.step),
                 self.ckpt_group,
                 expected=found.manifest.files,
+                blank=blank,
             )
         except CheckpointMismatch as exc:
             raise CheckpointMismatch(

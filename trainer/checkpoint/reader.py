@@ -22,6 +22,17 @@ time to read the bytes once). Here:
   on the mapped bytes. Byte items go to the planner's ``load_bytes`` (the safe planner
   loads them with ``weights_only=True``).
 
+A restore into a state that holds no values yet (``blank``: a model built for a restore,
+its init deferred; a new optimizer) takes one pass instead of two: each file's CRC32C is
+taken in pieces of half a MiB, and each piece's bytes that a host tensor wants are
+copied into it while the core's cache still holds them. The storage's place in each
+item is read from the item's first bytes (:func:`leading_span`), which the pass reaches
+first; once the file checks out, its central directory confirms each place
+(:func:`raw_span`), and an item placed elsewhere is read again the usual way. A file
+that fails its check still fails the load on every rank, but may leave those tensors
+partly overwritten: the caller initialises them if nothing loads. Byte items, parsed
+items and device tensors still wait for every file's check.
+
 What this reader does not read, it does not check: a shard no item of this rank's plan
 needs is left alone (another rank checks what it reads).
 """
@@ -37,7 +48,7 @@ import pickle
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy
 import torch
@@ -50,8 +61,14 @@ from ftfleet.trainer.checkpoint.manifest import FileEntry, crc32c_extend
 from ftfleet.trainer.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError, _MetadataUnpickler
 
 _CHUNK = 16 << 20
+#: Bytes per piece of a one-pass restore: CRC'd, then copied out while the core's cache
+#: still holds them (the L2 here is 1 MiB per core).
+_PIECE = 512 << 10
 #: Bytes per pinned buffer of a restore into device tensors (two of them).
 DEVICE_CHUNK = 16 << 20
+#: Bytes per piece of a one-pass restore: CRC'd, then copied out while the core's cache
+#: still holds them (the L2 here is 1 MiB per core).
+_PIECE = 512 << 10
 #: Aggressive read-ahead for the sequential CRC pass over each mapped shard.
 _ADVICE = (mmap.MADV_SEQUENTIAL,)
 METADATA = ".metadata"
@@ -65,14 +82,22 @@ class CorruptFile(RuntimeError):
         super().__init__(message)
 
 
-def _check_crc(name: str, view: memoryview, expected: FileEntry) -> None:
+def _check_size(name: str, view: memoryview, expected: FileEntry) -> None:
     if len(view) != expected.size:
         raise CorruptFile(f"{name}: size {len(view)} bytes, manifest says {expected.size} (truncated or overwritten)")
+
+
+def _check_value(name: str, crc: int, expected: FileEntry) -> None:
+    if f"{crc:08x}" != expected.crc32c:
+        raise CorruptFile(f"{name}: crc32c {crc:08x}, manifest says {expected.crc32c} (corrupt)")
+
+
+def _check_crc(name: str, view: memoryview, expected: FileEntry) -> None:
+    _check_size(name, view, expected)
     crc = 0
     for off in range(0, len(view), _CHUNK):
         crc = crc32c_extend(crc, view[off : off + _CHUNK])
-    if f"{crc:08x}" != expected.crc32c:
-        raise CorruptFile(f"{name}: crc32c {crc:08x}, manifest says {expected.crc32c} (corrupt)")
+    _check_value(name, crc, expected)
 
 
 def read_checked(path: Path, expected: FileEntry) -> bytes:
@@ -86,9 +111,9 @@ def read_checked(path: Path, expected: FileEntry) -> bytes:
 
 
 class _Mapped:
-    """A file mapped read-only, its CRC checked."""
+    """A file mapped read-only, its size checked and (``check``) its CRC."""
 
-    def __init__(self, path: Path, expected: FileEntry):
+    def __init__(self, path: Path, expected: FileEntry, check: bool = True):
         self.view = memoryview(b"")
         self._file = None
         self._map: mmap.mmap | None = None
@@ -103,7 +128,7 @@ class _Mapped:
                 for advice in _ADVICE:
                     self._map.madvise(advice)
                 self.view = memoryview(self._map)
-            _check_crc(path.name, self.view, expected)
+            (_check_crc if check else _check_size)(path.name, self.view, expected)
         except BaseException:
             self.close()
             raise
@@ -194,6 +219,12 @@ def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
 def raw_record(item: memoryview, target: torch.Tensor) -> memoryview:
     """The bytes of ``item`` (one torch.save'd tensor) that are exactly ``target``'s
     contents in its layout, or :class:`_NotPlain`."""
+    start, nbytes = raw_span(item, target)
+    return item[start : start + nbytes]
+
+
+def raw_span(item: memoryview, target: torch.Tensor) -> tuple[int, int]:
+    """Where in ``item`` :func:`raw_record`'s bytes are: (offset, length)."""
     if not target.is_contiguous():
         raise _NotPlain("target not contiguous")
     zf = zipfile.ZipFile(_ViewStream(item))
@@ -201,8 +232,34 @@ def raw_record(item: memoryview, target: torch.Tensor) -> memoryview:
     prefix = names[0].split("/", 1)[0]
     if f"{prefix}/byteorder" in names and zf.read(f"{prefix}/byteorder") != b"little":
         raise _NotPlain("byte order")
+    key = _plain_storage(zf.read(f"{prefix}/data.pkl"), target)
+    info = zf.getinfo(f"{prefix}/data/{key}")
+    nbytes = target.numel() * target.element_size()
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
+        raise _NotPlain("record")
+    start = _data_start(item, info.header_offset)
+    if start + nbytes > len(item):
+        raise _NotPlain("bounds")
+    return start, nbytes
+
+
+def _data_start(item: memoryview | bytes, header: int) -> int:
+    """Where the data of the record whose local header is at ``header`` starts: 30
+    bytes, then the name and the extra field."""
+    return (
+        header
+        + 30
+        + int.from_bytes(item[header + 26 : header + 28], "little")
+        + int.from_bytes(item[header + 28 : header + 30], "little")
+    )
+
+
+def _plain_storage(pickled: bytes, target: torch.Tensor) -> str:
+    """The storage key of a torch.save'd tensor's ``data.pkl`` (``pickled``, or a
+    stream of bytes that begins with it) that holds exactly ``target``'s contents in
+    its layout, or :class:`_NotPlain`."""
     try:
-        record = _RecordUnpickler(io.BytesIO(zf.read(f"{prefix}/data.pkl"))).load()
+        record = _RecordUnpickler(io.BytesIO(pickled)).load()
     except _NotPlain:
         raise
     except Exception as exc:  # noqa: BLE001 - let torch.load judge (and name) it
@@ -218,16 +275,58 @@ def raw_record(item: memoryview, target: torch.Tensor) -> memoryview:
         or (record.stride != _contiguous_strides(record.size) and target.numel() > 1)
     ):
         raise _NotPlain("layout")
-    info = zf.getinfo(f"{prefix}/data/{storage.key}")
+    return storage.key
+
+
+#: How far into an item :func:`leading_span` looks for its storage's record.
+_LEAD = 64 << 10
+_LOCAL = b"PK\x03\x04"
+
+
+def leading_span(item: memoryview, target: torch.Tensor) -> tuple[int, int]:
+    """:func:`raw_span`'s answer, read from the first bytes of ``item`` only (what a
+    sequential pass over the file has reached), or :class:`_NotPlain`. raw_span reads
+    the zip's central directory at the item's end; here the local headers at its start
+    are searched instead: torch.save writes ``data.pkl`` first, then the storage's
+    record, and its writer puts the sizes after each record (in a data descriptor), so
+    the storage's record is found by its name. A guess from unchecked bytes: a caller
+    compares it with raw_span once the file's CRC has checked out."""
+    if not target.is_contiguous():
+        raise _NotPlain("target not contiguous")
+    window = bytes(item[:_LEAD])
+    if window[:4] != _LOCAL:
+        raise _NotPlain("local header")
+    name = window[30 : 30 + int.from_bytes(window[26:28], "little")]
+    if not name.endswith(b"/data.pkl"):
+        raise _NotPlain("data.pkl first")
+    prefix = name[: -len(b"/data.pkl")]
+    key = _plain_storage(window[_data_start(window, 0) :], target)
+    wanted = prefix + b"/data/" + key.encode()
+    header = _find_record(window, wanted)
+    order = _find_record(window, prefix + b"/byteorder", end=header)
+    if order >= 0 and not window[_data_start(window, order) :].startswith(b"little"):
+        raise _NotPlain("byte order")
     nbytes = target.numel() * target.element_size()
-    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
-        raise _NotPlain("record")
-    # the local file header: 30 bytes, then the name and the extra field, then the data
-    h = info.header_offset
-    start = h + 30 + int.from_bytes(item[h + 26 : h + 28], "little") + int.from_bytes(item[h + 28 : h + 30], "little")
+    start = _data_start(window, header)
     if start + nbytes > len(item):
         raise _NotPlain("bounds")
-    return item[start : start + nbytes]
+    return start, nbytes
+
+
+def _find_record(window: bytes, name: bytes, end: int | None = None) -> int:
+    """The offset of the local header of the record ``name`` in ``window`` (before
+    ``end``); -1 when ``end`` is given and there is none, else :class:`_NotPlain`."""
+    at = window.find(name, 30, None if end is None else end + 30 + len(name))
+    while at >= 0:
+        header = at - 30
+        if window[header : header + 4] == _LOCAL and int.from_bytes(window[header + 26 : header + 28], "little") == len(
+            name
+        ):
+            return header
+        at = window.find(name, at + 1, None if end is None else end + 30 + len(name))
+    if end is not None:
+        return -1
+    raise _NotPlain("storage record not in the item's first bytes")
 
 
 class _ToDevice:
@@ -264,15 +363,70 @@ class _ToDevice:
         self._done = [None, None]
 
 
+class _Job(NamedTuple):
+    """A tensor item of a one-pass read: where the item is in its file, and where its
+    bytes go."""
+
+    offset: int
+    length: int
+    target: torch.Tensor
+    item: ReadItem
+
+
+def _crc_and_copy(name: str, view: memoryview, expected: FileEntry, jobs: list[_Job]) -> dict[int, int]:
+    """Check ``view``'s CRC32C against ``expected``, piece by piece. When the pass
+    reaches a job's item, :func:`leading_span` locates its storage's bytes; each piece's
+    bytes that a job wants are copied into its target right after the CRC took them,
+    while the core's cache holds them. Returns, by job index (``jobs`` sorted by
+    offset), where in the file each located job's bytes began."""
+    located: dict[int, int] = {}
+    copies: list[tuple[int, int, numpy.ndarray]] = []  # (start, end, destination) in file order
+    crc, todo, i = 0, 0, 0
+    for off in range(0, len(view), _PIECE):
+        end = min(off + _PIECE, len(view))
+        crc = crc32c_extend(crc, view[off:end])
+        while todo < len(jobs) and jobs[todo].offset < end:
+            job = jobs[todo]
+            try:
+                start, nbytes = leading_span(view[job.offset : job.offset + job.length], job.target)
+            except (_NotPlain, ValueError):
+                pass  # read after the check, the usual way
+            else:
+                located[todo] = job.offset + start
+                dest = job.target.reshape(-1).view(torch.uint8).numpy()
+                copies.append((job.offset + start, job.offset + start + nbytes, dest))
+            todo += 1
+        while i < len(copies) and copies[i][0] < end:
+            first, last, dest = copies[i]
+            lo, hi = max(first, off), min(last, end)
+            if hi > lo:
+                numpy.copyto(dest[lo - first : hi - first], numpy.frombuffer(view[lo:hi], dtype=numpy.uint8))
+            if last > end:
+                break
+            i += 1
+    _check_value(name, crc, expected)
+    return located
+
+
 class VerifyingReader(SafeFileSystemReader):
     """A :class:`SafeFileSystemReader` that checks every file it reads against
     ``expected`` (the manifest's entries) as it reads it. ``direct`` and ``fallback``
-    count the tensor items copied raw and those parsed by torch.load."""
+    count the tensor items copied raw and those parsed by torch.load.
 
-    def __init__(self, path: str | os.PathLike[str], expected: dict[str, FileEntry], workers: int = 4):
+    ``blank``: the state's tensors hold no values yet (a model built for a restore, its
+    init deferred). Each file's CRC is then taken piece by piece and the piece copied
+    into the host tensors it belongs to while still in the core's cache: one pass
+    instead of a CRC pass, then a copy. A file that fails its check fails the load on
+    every rank as before, but may leave those tensors partly overwritten; everything
+    else (byte items, parsed and device items) still waits for every file's check."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], expected: dict[str, FileEntry], workers: int = 4, blank: bool = False
+    ):
         super().__init__(path)
         self.expected = expected
         self.workers = workers
+        self.blank = blank
         self.direct = 0
         self.fallback = 0
         self._mapped: dict[str, _Mapped] = {}
@@ -312,19 +466,29 @@ class VerifyingReader(SafeFileSystemReader):
             return
 
         def one(name: str) -> _Mapped:
-            return _Mapped(Path(self.path) / name, self._entry(name))
+            return _Mapped(Path(self.path) / name, self._entry(name), check=not self.blank)
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(todo)))) as pool:
-            futures = [(n, pool.submit(one, n)) for n in todo]
-        errors = []
+        for name, mapped in self._each(one, todo).items():
+            self._mapped[name] = mapped
+
+    def _each(self, fn: Any, names: list[str]) -> dict[str, Any]:
+        """``fn(name)`` for each name, on up to ``workers`` threads; the first error is
+        raised (after closing every mapping) once all are done."""
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(names)))) as pool:
+            futures = [(n, pool.submit(fn, n)) for n in names]
+        done, errors = {}, []
         for name, fut in futures:
             try:
-                self._mapped[name] = fut.result()
+                done[name] = fut.result()
             except BaseException as exc:  # noqa: BLE001 - reported below, the first one
                 errors.append(exc)
         if errors:
+            for value in done.values():
+                if isinstance(value, _Mapped):
+                    value.close()
             self.close()
             raise errors[0]
+        return done
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         self._map(self._files(plan))
@@ -333,7 +497,8 @@ class VerifyingReader(SafeFileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         try:
             self._map(self._files(plan))  # the plan DCP settled on may name more files
-            for item in plan.items:
+            items = self._read_in_one_pass(plan, planner) if self.blank else plan.items
+            for item in items:
                 md = self.storage_data[item.storage_index]
                 view = self._mapped[md.relative_path].view[md.offset : md.offset + md.length]
                 if item.type == LoadItemType.BYTE_IO:
@@ -348,6 +513,45 @@ class VerifyingReader(SafeFileSystemReader):
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _read_in_one_pass(self, plan: LoadPlan, planner: LoadPlanner) -> list[ReadItem]:
+        """Check every file of ``plan`` and copy its raw host tensor items as the check
+        reads them (``blank``). Returns the items left for after the check: those the
+        pass could not locate or copy, and any whose location, read again from the
+        checked file's central directory, is not where the pass copied from."""
+        jobs: dict[str, list[_Job]] = {name: [] for name in self._files(plan)}
+        rest = []
+        for item in plan.items:
+            md = self.storage_data[item.storage_index]
+            if item.type == LoadItemType.TENSOR and not md.transform_descriptors and not any(item.storage_offsets):
+                target = planner.resolve_tensor(item).detach()
+                if target.device.type == "cpu":
+                    jobs[md.relative_path].append(_Job(md.offset, md.length, target, item))
+                    continue
+            rest.append(item)
+
+        def one(name: str) -> tuple[list[_Job], dict[int, int]]:
+            batch = sorted(jobs[name], key=lambda job: job.offset)
+            return batch, _crc_and_copy(name, self._mapped[name].view, self._entry(name), batch)
+
+        passed = self._each(one, list(jobs))
+        for name, (batch, located) in passed.items():
+            view = self._mapped[name].view
+            for index, job in enumerate(batch):
+                start = located.get(index)
+                try:
+                    exact = (
+                        start is not None
+                        and raw_span(view[job.offset : job.offset + job.length], job.target)[0] == start - job.offset
+                    )
+                except (_NotPlain, zipfile.BadZipFile, KeyError, ValueError):
+                    exact = False
+                if not exact:
+                    rest.append(job.item)
+                    continue
+                planner.commit_tensor(job.item, job.target)
+                self.direct += 1
+        return rest
 
     def _stream(self, item: ReadItem, md: Any, view: memoryview) -> Any:
         return self.transforms.transform_load_stream(item, md.transform_descriptors or (), _ViewStream(view))

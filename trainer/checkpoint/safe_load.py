@@ -180,7 +180,11 @@ class _SafeEmptyLoadPlanner(_EmptyStateDictLoadPlanner):
 
 
 def load_into(
-    state: dict[str, Any], step_dir: Path, process_group: Any = None, expected: dict[str, Any] | None = None
+    state: dict[str, Any],
+    step_dir: Path,
+    process_group: Any = None,
+    expected: dict[str, Any] | None = None,
+    blank: bool = False,
 ) -> list[str]:
     """Load ``step_dir`` into ``state`` in place (collective over ``process_group``).
     Returns the optional entries the checkpoint lacked (they keep their values).
@@ -188,14 +192,16 @@ def load_into(
     ``expected``: the manifest's file entries. Every file read is then checked against
     them as it is read (:mod:`~ftfleet.trainer.checkpoint.reader`); one that does not
     match raises :class:`~ftfleet.trainer.checkpoint.reader.CorruptFile` on every rank,
-    before any rank has changed ``state``."""
+    before any rank has changed ``state``. With ``blank`` (``state``'s tensors hold no
+    values yet), each file is checked as its host tensors are copied, in one pass: a
+    corrupt file then may leave some of those tensors overwritten, and nothing else."""
     planner = SafeLoadPlanner()
     if expected is None:
         reader: SafeFileSystemReader = SafeFileSystemReader(step_dir)
     else:
         from ftfleet.trainer.checkpoint.reader import VerifyingReader
 
-        reader = VerifyingReader(step_dir, expected)
+        reader = VerifyingReader(step_dir, expected, blank=blank)
         reader.check_metadata()  # the same file on every rank: all raise, or none
     try:
         _loading(dcp.load, state, storage_reader=reader, planner=planner, process_group=process_group)
