@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,15 @@ def _manager(tmp_path, *overrides):
     return in_process_manager(
         tmp_path / "ckpt", "checkpoint.memory=true", f"checkpoint.memory_root={tmp_path / 'shm'}", *overrides
     )
+
+
+def _config(tmp_path, *overrides):
+    """The config _manager's manager is made from."""
+    from ftfleet.trainer.config import load_config
+    from tests.trainer.conftest import BASE, CONFIG
+
+    memory = ("checkpoint.memory=true", f"checkpoint.memory_root={tmp_path / 'shm'}")
+    return load_config(CONFIG, [*BASE, f"checkpoint.dir={tmp_path / 'ckpt'}", *memory, *overrides], environ={})
 
 
 def _model_hash(manager) -> str:
@@ -521,3 +531,64 @@ def test_the_exit_finalizer_and_a_closing_snapshot_thread_close_each_fd_once(tmp
     finalizer.join(10)
     assert not tier._maps
     os.close(os.open(tmp_path / "probe", os.O_CREAT | os.O_RDWR))
+
+
+def test_a_spare_nodes_reserve_becomes_its_first_snapshots_files(tmp_path, monkeypatch):
+    """A warm spare, while it waits, allocates files sized by the newest durable
+    checkpoint (trainer/inprocess/worker.py); once it trains, its first snapshot goes
+    straight into one of them (no buffer, no write, no new file), cut to size, and the
+    next new file comes from the reserve too."""
+    from ftfleet.contract import memory_dir
+    from ftfleet.trainer.checkpoint import memory
+    from ftfleet.trainer.inprocess.worker import reserve_snapshot_memory, snapshot_bytes_estimate
+
+    written = []
+    write_to = memory.Staged.write_to
+    monkeypatch.setattr(memory.Staged, "write_to", lambda self, path: (written.append(path), write_to(self, path)))
+    m = _manager(tmp_path)
+    m.app_state.progress.step = 2
+    m.save(2, blocking=True)
+    assert snapshot_bytes_estimate(str(tmp_path / "ckpt"), 1) > 0
+    cfg = _config(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("FTFLEET_ACTIVE_WORLD_SIZE", raising=False)
+    root = Path(memory_dir(cfg.checkpoint.memory_root, cfg.run_id))
+    import threading
+
+    assert reserve_snapshot_memory(cfg, threading.Event()) == cfg.checkpoint.memory_keep + 1  # own files only
+    reserved = {p.stat().st_ino: p.stat().st_size for p in (root / memory.RESERVE_DIR).iterdir()}
+    assert len(reserved) == 3
+
+    spare = _manager(tmp_path)  # the spare's trainer, on the same node's memory
+    assert spare.restore().step == 2
+    spare.snapshot(blocking=True, step=2)
+    snap = spare.snapshots.tier.own_dir / "step-2" / "__0.snap"
+    assert snap.stat().st_ino in reserved and snap.stat().st_size < reserved[snap.stat().st_ino]
+    assert written == []  # straight into the reserved file: no buffer written after
+    # every own file the snapshots take comes from the reserve while it lasts
+    for step in (3, 4):
+        spare.app_state.progress.step = step
+        spare.snapshot(blocking=True, step=step)
+    files = {(d / "__0.snap").stat().st_ino for d in spare.snapshots.tier.own_dir.iterdir()}
+    assert files <= set(reserved) and len(files) == 3
+    again = _manager(tmp_path)
+    assert again.restore().step == 4
+
+
+def test_the_estimate_covers_the_snapshot_and_a_reserve_too_small_is_not_used(tmp_path):
+    from ftfleet.trainer.checkpoint import memory
+    from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate
+
+    m = _manager(tmp_path)
+    assert snapshot_bytes_estimate(str(tmp_path / "ckpt"), 1) is None  # nothing committed yet
+    m.app_state.progress.step = 2
+    m.save(2, blocking=True)
+    m.snapshot(blocking=True, step=2)
+    size = (m.snapshots.tier.own_dir / "step-2" / "__0.snap").stat().st_size
+    estimate = snapshot_bytes_estimate(str(tmp_path / "ckpt"), 1)
+    assert size <= estimate <= size * 1.1 + (8 << 20)
+    fresh = _manager(tmp_path / "other")
+    assert memory.reserve_files(fresh.snapshots.tier.root, size - 1, 1, "t") == 1
+    fresh.snapshot(blocking=True, step=1)
+    reserve = fresh.snapshots.tier.root / memory.RESERVE_DIR / "t-0"
+    assert reserve.exists()  # one byte short: left alone, the snapshot made a new file

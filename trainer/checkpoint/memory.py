@@ -77,6 +77,8 @@ ALIGN = 64
 #: The first item of a tensor reference in the header.
 TENSOR = "\x00ftfleet.snapshot.tensor"
 _FREE = ".free-"
+#: Under the tier's root: files a warm spare node allocated for snapshots to come.
+RESERVE_DIR = "reserve"
 
 
 class SnapshotMismatch(RuntimeError):
@@ -290,6 +292,45 @@ def buffer_reader(data: bytes | bytearray | memoryview | torch.Tensor) -> Callab
     return read
 
 
+def reserve_files(root: str | Path, size: int, count: int, tag: str, stop: threading.Event | None = None) -> int:
+    """Allocate ``count`` files of ``size`` bytes in ``root``'s reserve for snapshots yet
+    to be taken: what a warm spare node does while it waits. The tier makes a new
+    snapshot file out of a reserved one that is big enough (moved, cut to size), so the
+    spare's first snapshots after it takes over find their pages allocated: a new
+    file's pages cost far more than the copy into them (1.5 s for 679 MB on the 2-core
+    machine's tmpfs, docs/BENCHMARKS.md). A file is listed once allocated (made under a
+    hidden name). Stops between files when ``stop`` is set, and at the first file that
+    does not fit. Returns how many reserved files of at least ``size`` bytes there are."""
+    where = Path(root) / RESERVE_DIR
+    where.mkdir(parents=True, exist_ok=True)
+    made = 0
+    for i in range(count):
+        if stop is not None and stop.is_set():
+            break
+        final = where / f"{tag}-{i}"
+        if final.exists() and final.stat().st_size >= size:
+            made += 1
+            continue
+        hidden = where / f".{tag}-{i}"
+        fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
+            # tmpfs allocates on fallocate but clears each page at its first touch (the
+            # slow part): touch them all now, writable, through a populated mapping.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE).close()
+        except OSError as exc:
+            log.info("memory: reserved %d of %d snapshot files in %s: %s", made, count, where, exc)
+            hidden.unlink(missing_ok=True)
+            break
+        finally:
+            os.close(fd)
+        os.replace(hidden, final)
+        made += 1
+    return made
+
+
 class MemoryTier:
     """The snapshot directories of one rank: its own, and the copy it holds for its peer."""
 
@@ -364,11 +405,39 @@ class MemoryTier:
         :meth:`prepare`'s), so that a copy into it allocates no new pages."""
         where = self._slot_source(self.held_dir if held else self.own_dir, step)
         if where is None:
-            return False
+            return self._reserved(size) is not None
         try:
             return (where / snapshot_file(self.peer_rank if held else self.ring.rank)).stat().st_size == size
         except OSError:
             return False
+
+    def _reserved(self, size: int) -> list[Path] | None:
+        """The reserved files (:func:`reserve_files`) of at least ``size`` bytes,
+        smallest first; None when there is none."""
+        try:
+            entries = list((self.root / RESERVE_DIR).iterdir())
+        except OSError:  # no reserve
+            return None
+        found = []
+        for p in entries:
+            try:
+                n = p.stat().st_size
+            except OSError:  # another rank of the node took it meanwhile
+                continue
+            if n >= size and not p.name.startswith("."):
+                found.append((n, p))
+        return [p for _, p in sorted(found)] or None
+
+    def _take_reserved(self, path: Path, size: int) -> None:
+        """Make ``path`` (not there yet) a reserved file cut to ``size`` bytes, if one is
+        big enough: its pages are allocated already."""
+        for source in self._reserved(size) or ():
+            try:
+                os.replace(source, path)
+            except FileNotFoundError:  # another rank of the node took it
+                continue
+            os.truncate(path, size)
+            return
 
     def prepare(self, held: bool, size: int) -> None:
         """Have a retired file of ``size`` bytes allocated and mapped for the next
@@ -388,6 +457,8 @@ class MemoryTier:
             # store or a read through an older mapping of it a SIGBUS.
             path.unlink()
         self._prune()
+        if not path.exists():
+            self._take_reserved(path, size)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         keep = False
         try:

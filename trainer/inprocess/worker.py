@@ -119,6 +119,68 @@ def wait_for(path: str, poll_s: float = 0.02) -> None:
         time.sleep(poll_s)
 
 
+#: How often a waiting spare looks for a durable checkpoint to size its reserve by.
+RESERVE_POLL_S = 2.0
+
+
+def snapshot_bytes_estimate(ckpt_dir: str, world_size: int) -> int | None:
+    """What one rank's snapshot will take, judged by the newest committed checkpoint in
+    ``ckpt_dir``: the largest rank's shard bytes there (times the checkpoint's world
+    size over ``world_size`` when more ranks wrote it than share the state now), plus
+    2 % and 4 MiB for the snapshot's header. None without a checkpoint."""
+    import re
+
+    from ftfleet.trainer.checkpoint.tiers import LocalTier
+
+    tier = LocalTier(ckpt_dir)
+    for step in tier.committed_steps():
+        manifest = tier.read_manifest(step)
+        if manifest is None:
+            continue
+        per_rank: dict[int, int] = {}
+        for name, entry in manifest.files.items():
+            match = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+            if match:
+                per_rank[int(match.group(1))] = per_rank.get(int(match.group(1)), 0) + entry.size
+        if per_rank:
+            scale = max(1.0, manifest.world_size / max(1, world_size))
+            return int(max(per_rank.values()) * scale * 1.02) + (4 << 20)
+    return None
+
+
+def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RESERVE_POLL_S) -> int:
+    """A warm spare node, while it waits: allocate the shared memory its first snapshots
+    will need once it takes over (``checkpoint.memory``), so that they do not pay for
+    new pages then (:func:`~ftfleet.trainer.checkpoint.memory.reserve_files`). This
+    process reserves ``memory_keep + 1`` files for its own snapshots and as many for its
+    peer's copy when the job spans nodes, each sized by
+    :func:`snapshot_bytes_estimate`, looked for every ``poll_s`` until a checkpoint
+    exists. A spare process (beyond ``LOCAL_WORLD_SIZE``) reserves nothing: it takes over
+    a rank of its node, whose files are there. Returns how many files it reserved."""
+    ck = cfg.checkpoint
+    local_rank, active = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not ck.memory or local_rank >= active:  # a spare process takes over a dead rank's files
+        return 0
+    from ftfleet.contract import memory_dir
+    from ftfleet.trainer.checkpoint.memory import reserve_files
+
+    world = int(os.environ.get("FTFLEET_ACTIVE_WORLD_SIZE") or os.environ.get("WORLD_SIZE", "1"))
+    per_node = ck.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    count = (ck.memory_keep + 1) * (2 if world > per_node else 1)
+    while not stop.is_set():
+        try:
+            size = snapshot_bytes_estimate(ck.dir, world)
+        except OSError:
+            size = None
+        if size:
+            tag = f"local{local_rank}"
+            made = reserve_files(memory_dir(ck.memory_root, cfg.run_id), size, count, tag, stop)
+            log.info("warm: %d shared-memory files of %.0f MB reserved for snapshots", made, size / 1e6)
+            return made
+        stop.wait(poll_s)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
     parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"))
@@ -167,7 +229,13 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         threading.Thread(target=_warm_up_niced, args=(warm_up, then), name="ftfleet-warm-up", daemon=True).start()
     shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
     if args.wait_for:
+        taken_over = threading.Event()  # the reserve stops between files when it is
+        reserving = threading.Thread(
+            target=reserve_snapshot_memory, args=(cfg, taken_over), name="ftfleet-reserve", daemon=True
+        )
+        reserving.start()
         wait_for(args.wait_for)
+        taken_over.set()
 
     def attempt(call_wrapper: Any = None) -> int:
         # Which iteration this is, for the event log's `attempt` and the summary's
