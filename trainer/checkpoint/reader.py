@@ -66,9 +66,6 @@ _CHUNK = 16 << 20
 _PIECE = 512 << 10
 #: Bytes per pinned buffer of a restore into device tensors (two of them).
 DEVICE_CHUNK = 16 << 20
-#: Bytes per piece of a one-pass restore: CRC'd, then copied out while the core's cache
-#: still holds them (the L2 here is 1 MiB per core).
-_PIECE = 512 << 10
 #: Aggressive read-ahead for the sequential CRC pass over each mapped shard.
 _ADVICE = (mmap.MADV_SEQUENTIAL,)
 METADATA = ".metadata"
