@@ -176,16 +176,23 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("kind", CORRUPTIONS)
-def test_a_bad_file_is_refused_in_one_line_naming_it_before_any_state_changes(tmp_path, kind):
+def refused(tmp_path, kind, blank=False):
+    """A checkpoint with the corruption ``kind``, loaded into zeros: what the load left
+    there (it must raise, in one line naming the bad file)."""
     state = odd_state()
     expected = save(tmp_path, state, threads=2)
     bad = CORRUPTIONS[kind](tmp_path)
     target = zeros_like(state)
     with pytest.raises(CorruptFile) as caught:
-        load_into(target, tmp_path, expected=expected)
+        load_into(target, tmp_path, expected=expected, blank=blank)
     message = str(caught.value)
     assert message.startswith(f"{bad}: ") and "\n" not in message, message
+    return target
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_a_bad_file_is_refused_in_one_line_naming_it_before_any_state_changes(tmp_path, kind):
+    target = refused(tmp_path, kind)
     # the first shard was good and read first: nothing of it reached the state either
     for key, value in target.items():
         if isinstance(value, torch.Tensor):
@@ -194,13 +201,7 @@ def test_a_bad_file_is_refused_in_one_line_naming_it_before_any_state_changes(tm
 
 @pytest.mark.parametrize("kind", ["a bit flip in the last shard", "a truncated shard", "a bit flip in .metadata"])
 def test_a_one_pass_load_refuses_a_bad_file_and_changes_nothing_but_tensor_bytes(tmp_path, kind):
-    state = odd_state()
-    expected = save(tmp_path, state, threads=2)
-    bad = CORRUPTIONS[kind](tmp_path)
-    target = zeros_like(state)
-    with pytest.raises(CorruptFile) as caught:
-        load_into(target, tmp_path, expected=expected, blank=True)
-    assert str(caught.value).startswith(f"{bad}: ")
+    target = refused(tmp_path, kind, blank=True)
     # byte items and the tensors torch.load parses wait for every file's check
     assert target["extra"] == {"name": "", "steps": []}
     assert not target["channels_last"].any() and not target["transposed"].any()

@@ -133,7 +133,7 @@ def snapshot_bytes_estimate(ckpt_dir: str, world_size: int) -> int | None:
     from ftfleet.trainer.checkpoint.tiers import LocalTier
 
     tier = LocalTier(ckpt_dir)
-    for step in tier.committed_steps():
+    for step in reversed(tier.committed_steps()):  # the newest first
         manifest = tier.read_manifest(step)
         if manifest is None:
             continue
