@@ -292,6 +292,12 @@ def buffer_reader(data: bytes | bytearray | memoryview | torch.Tensor) -> Callab
     return read
 
 
+def _map_populated(fd: int, size: int) -> mmap.mmap:
+    """``size`` bytes of ``fd`` mapped shared and writable, their pages faulted in."""
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 def reserve_files(root: str | Path, size: int, count: int, tag: str, stop: threading.Event | None = None) -> int:
     """Allocate ``count`` files of ``size`` bytes in ``root``'s reserve for snapshots yet
     to be taken: what a warm spare node does while it waits. The tier makes a new
@@ -318,8 +324,7 @@ def reserve_files(root: str | Path, size: int, count: int, tag: str, stop: threa
             os.posix_fallocate(fd, 0, size)
             # tmpfs allocates on fallocate but clears each page at its first touch (the
             # slow part): touch them all now, writable, through a populated mapping.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE).close()
+            _map_populated(fd, size).close()
         except OSError as exc:
             log.info("memory: reserved %d of %d snapshot files in %s: %s", made, count, where, exc)
             hidden.unlink(missing_ok=True)
@@ -472,8 +477,7 @@ class MemoryTier:
                 return cached[2]
             if cached is not None:
                 self._drop(key)
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            mm = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = _map_populated(fd, size)
             self._maps[key] = (fd, mm, torch.frombuffer(mm, dtype=torch.uint8))
             keep = True
             return self._maps[key][2]

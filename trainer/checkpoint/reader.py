@@ -410,12 +410,8 @@ class VerifyingReader(SafeFileSystemReader):
     ``expected`` (the manifest's entries) as it reads it. ``direct`` and ``fallback``
     count the tensor items copied raw and those parsed by torch.load.
 
-    ``blank``: the state's tensors hold no values yet (a model built for a restore, its
-    init deferred). Each file's CRC is then taken piece by piece and the piece copied
-    into the host tensors it belongs to while still in the core's cache: one pass
-    instead of a CRC pass, then a copy. A file that fails its check fails the load on
-    every rank as before, but may leave those tensors partly overwritten; everything
-    else (byte items, parsed and device items) still waits for every file's check."""
+    ``blank``: the state's tensors hold no values yet: one pass per file instead of a
+    check, then a copy (the module's docstring says what that gives up)."""
 
     def __init__(
         self, path: str | os.PathLike[str], expected: dict[str, FileEntry], workers: int = 4, blank: bool = False
