@@ -24,14 +24,15 @@ time to read the bytes once). Here:
 
 A restore into a state that holds no values yet (``blank``: a model built for a restore,
 its init deferred; a new optimizer) takes one pass instead of two: each file's CRC32C is
-taken in pieces of half a MiB, and each piece's bytes that a host tensor wants are
-copied into it while the core's cache still holds them. The storage's place in each
+taken in pieces of half a MiB, and each piece's bytes that a tensor wants are copied
+into it while the core's cache still holds them (into a CUDA tensor through the pinned
+buffers, gathered to their size). The storage's place in each
 item is read from the item's first bytes (:func:`leading_span`), which the pass reaches
 first; once the file checks out, its central directory confirms each place
 (:func:`raw_span`), and an item placed elsewhere is read again the usual way. A file
 that fails its check still fails the load on every rank, but may leave those tensors
 partly overwritten: the caller initialises them if nothing loads. Byte items, parsed
-items and device tensors still wait for every file's check.
+items and tensors on other accelerators still wait for every file's check.
 
 What this reader does not read, it does not check: a shard no item of this rank's plan
 needs is left alone (another rank checks what it reads).
@@ -328,32 +329,62 @@ def _find_record(window: bytes, name: bytes, end: int | None = None) -> int:
 
 class _ToDevice:
     """Copies host bytes into CUDA tensors through two pinned buffers of ``chunk``
-    bytes, in turns: a chunk's copy to the device (non-blocking, on the
-    current stream) overlaps the host copy of the next one into the other buffer.
-    :meth:`finish` waits for the last copies (before the buffers or the source go)."""
+    bytes, in turns: a buffer's copy to the device (non-blocking, on the destination
+    device's current stream) overlaps the host copy into the other buffer. Bytes
+    :meth:`put` in order for one destination gather in a buffer until it is full or the
+    run breaks; :meth:`finish` sends what is gathered and waits for every copy (before
+    the buffers or the destination are used)."""
 
     def __init__(self, chunk: int | None = None):
         self.chunk = chunk or DEVICE_CHUNK
         self._buffers: list[torch.Tensor] = []
         self._done: list[Any] = [None, None]
         self._turn = 0
+        self._fill = 0  # bytes gathered in the current buffer
+        self._dest: torch.Tensor | None = None  # where they go: _dest[_at : _at + _fill]
+        self._at = 0
 
     def copy(self, raw: memoryview, target: torch.Tensor) -> None:
-        if not self._buffers:
-            self._buffers = [torch.empty(self.chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-        dest = target.reshape(-1).view(torch.uint8)
-        for off in range(0, len(raw), self.chunk):
-            n = min(self.chunk, len(raw) - off)
-            turn, self._turn = self._turn, self._turn ^ 1
-            if self._done[turn] is not None:
-                self._done[turn].synchronize()  # that buffer's previous copy has left it
-            buffer = self._buffers[turn]
-            numpy.copyto(buffer.numpy()[:n], numpy.frombuffer(raw[off : off + n], dtype=numpy.uint8))
-            dest[off : off + n].copy_(buffer[:n], non_blocking=True)
-            self._done[turn] = torch.cuda.Event()
-            self._done[turn].record()
+        self.put(target.reshape(-1).view(torch.uint8), 0, raw)
+        self.flush()
+
+    def put(self, dest: torch.Tensor, at: int, data: memoryview) -> None:
+        """Queue ``data`` for ``dest[at : at + len(data)]`` (``dest``: a flat uint8
+        device tensor, the same object for every piece of one destination)."""
+        while len(data):
+            if self._fill and (dest is not self._dest or at != self._at + self._fill):
+                self.flush()
+            if not self._fill:
+                if not self._buffers:
+                    self._buffers = [torch.empty(self.chunk, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+                if self._done[self._turn] is not None:
+                    self._done[self._turn].synchronize()  # that buffer's previous copy has left it
+                    self._done[self._turn] = None
+                self._dest, self._at = dest, at
+            n = min(len(data), self.chunk - self._fill)
+            buffer = self._buffers[self._turn].numpy()
+            numpy.copyto(buffer[self._fill : self._fill + n], numpy.frombuffer(data[:n], dtype=numpy.uint8))
+            self._fill += n
+            data, at = data[n:], at + n
+            if self._fill == self.chunk:
+                self.flush()
+
+    def flush(self) -> None:
+        """Send the gathered bytes on their way (non-blocking)."""
+        if not self._fill or self._dest is None:
+            return
+        dest, n = self._dest, self._fill
+        stream = torch.cuda.current_stream(dest.device)
+        with torch.cuda.stream(stream):
+            dest[self._at : self._at + n].copy_(self._buffers[self._turn][:n], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        self._done[self._turn] = event
+        self._turn ^= 1
+        self._fill, self._dest = 0, None
 
     def finish(self) -> None:
+        self.flush()
         for event in self._done:
             if event is not None:
                 event.synchronize()
@@ -370,14 +401,17 @@ class _Job(NamedTuple):
     item: ReadItem
 
 
-def _crc_and_copy(name: str, view: memoryview, expected: FileEntry, jobs: list[_Job]) -> dict[int, int]:
+def _crc_and_copy(
+    name: str, view: memoryview, expected: FileEntry, jobs: list[_Job], to_device: _ToDevice | None = None
+) -> dict[int, int]:
     """Check ``view``'s CRC32C against ``expected``, piece by piece. When the pass
     reaches a job's item, :func:`leading_span` locates its storage's bytes; each piece's
     bytes that a job wants are copied into its target right after the CRC took them,
-    while the core's cache holds them. Returns, by job index (``jobs`` sorted by
-    offset), where in the file each located job's bytes began."""
+    while the core's cache holds them (a CUDA target's through ``to_device``'s pinned
+    buffers; the caller waits for those copies). Returns, by job index (``jobs`` sorted
+    by offset), where in the file each located job's bytes began."""
     located: dict[int, int] = {}
-    copies: list[tuple[int, int, numpy.ndarray]] = []  # (start, end, destination) in file order
+    copies: list[tuple[int, int, Any]] = []  # (start, end, put(offset, bytes)) in file order
     crc, todo, i = 0, 0, 0
     for off in range(0, len(view), _PIECE):
         end = min(off + _PIECE, len(view))
@@ -390,19 +424,29 @@ def _crc_and_copy(name: str, view: memoryview, expected: FileEntry, jobs: list[_
                 pass  # read after the check, the usual way
             else:
                 located[todo] = job.offset + start
-                dest = job.target.reshape(-1).view(torch.uint8).numpy()
-                copies.append((job.offset + start, job.offset + start + nbytes, dest))
+                copies.append((job.offset + start, job.offset + start + nbytes, _sink(job.target, to_device)))
             todo += 1
         while i < len(copies) and copies[i][0] < end:
-            first, last, dest = copies[i]
+            first, last, put = copies[i]
             lo, hi = max(first, off), min(last, end)
             if hi > lo:
-                numpy.copyto(dest[lo - first : hi - first], numpy.frombuffer(view[lo:hi], dtype=numpy.uint8))
+                put(lo - first, view[lo:hi])
             if last > end:
                 break
             i += 1
     _check_value(name, crc, expected)
     return located
+
+
+def _sink(target: torch.Tensor, to_device: _ToDevice | None) -> Any:
+    """``put(offset, bytes)``: writes bytes into ``target``'s storage at ``offset``."""
+    flat = target.reshape(-1).view(torch.uint8)
+    if target.device.type == "cuda":
+        if to_device is None:
+            raise ValueError("a CUDA target needs a _ToDevice")
+        return lambda at, data: to_device.put(flat, at, data)
+    dest = flat.numpy()
+    return lambda at, data: numpy.copyto(dest[at : at + len(data)], numpy.frombuffer(data, dtype=numpy.uint8))
 
 
 class VerifyingReader(SafeFileSystemReader):
@@ -508,8 +552,8 @@ class VerifyingReader(SafeFileSystemReader):
         return fut
 
     def _read_in_one_pass(self, plan: LoadPlan, planner: LoadPlanner) -> list[ReadItem]:
-        """Check every file of ``plan`` and copy its raw host tensor items as the check
-        reads them (``blank``). Returns the items left for after the check: those the
+        """Check every file of ``plan`` and copy its raw tensor items (host or CUDA) as
+        the check reads them (``blank``). Returns the items left for after the check: those the
         pass could not locate or copy, and any whose location, read again from the
         checked file's central directory, is not where the pass copied from."""
         jobs: dict[str, list[_Job]] = {name: [] for name in self._files(plan)}
@@ -518,14 +562,20 @@ class VerifyingReader(SafeFileSystemReader):
             md = self.storage_data[item.storage_index]
             if item.type == LoadItemType.TENSOR and not md.transform_descriptors and not any(item.storage_offsets):
                 target = planner.resolve_tensor(item).detach()
-                if target.device.type == "cpu":
+                if target.device.type in ("cpu", "cuda"):
                     jobs[md.relative_path].append(_Job(md.offset, md.length, target, item))
                     continue
             rest.append(item)
 
         def one(name: str) -> tuple[list[_Job], dict[int, int]]:
             batch = sorted(jobs[name], key=lambda job: job.offset)
-            return batch, _crc_and_copy(name, self._mapped[name].view, self._entry(name), batch)
+            # One set of pinned buffers per file (each file's pass has a thread).
+            to_device = _ToDevice() if any(job.target.device.type == "cuda" for job in batch) else None
+            try:
+                return batch, _crc_and_copy(name, self._mapped[name].view, self._entry(name), batch, to_device)
+            finally:
+                if to_device is not None:
+                    to_device.finish()
 
         passed = self._each(one, list(jobs))
         for name, (batch, located) in passed.items():
