@@ -6,9 +6,13 @@ GPU is lent, `make test-gpu`).
   DCP's DefaultStager alone does not.
 * In-memory snapshots copy device tensors into a pinned buffer on the training stream
   (non-blocking), ordered after its writes, and the snapshot's bytes are the tensors'.
-* The trainer on the GPU (NCCL, FSDP2 over one device): a run stopped and resumed, and
-  one SIGKILLed and resumed from shared memory, end bit-identical to an uninterrupted
-  GPU run.
+* The fast tier's reader loads into device tensors, in two phases and in a restart's
+  one pass (each piece copied to the device as its CRC is taken), and refuses a bad
+  shard in one pass too.
+* The trainer on the GPU (NCCL, FSDP2 over one device): a run stopped and resumed, one
+  SIGKILLed and resumed from shared memory, and one whose rank is SIGKILLed under the
+  in-process launcher and replaced in place by a warm spare, end bit-identical to an
+  uninterrupted GPU run.
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ def test_a_snapshot_of_device_tensors_holds_their_last_values():
     assert again.data.data_ptr() == staged.data.data_ptr()
 
 
+def on_cuda(state: dict) -> dict:
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
 def test_the_fast_tier_reader_loads_into_device_tensors(tmp_path, monkeypatch):
     """The one-read restore copies each raw record into its device tensor through two
     pinned buffers in turns (a chunk smaller than the tensors: several turns each)."""
@@ -93,12 +101,49 @@ def test_the_fast_tier_reader_loads_into_device_tensors(tmp_path, monkeypatch):
     monkeypatch.setattr(reader_module, "DEVICE_CHUNK", 1000)
     state = odd_state()
     expected = save(tmp_path, state)
-    target = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in zeros_like(state).items()}
+    target = on_cuda(zeros_like(state))
     got = load(tmp_path, target, expected)
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             assert target[key].is_cuda and torch.equal(target[key].cpu(), value), key
     assert got.direct == 5 and got.fallback == 2
+
+
+@pytest.mark.parametrize("piece", [512 << 10, 100])
+def test_a_one_pass_load_into_blank_device_tensors_loads_what_the_two_pass_load_loads(tmp_path, monkeypatch, piece):
+    """A restart's restore (``blank``) copies each piece into the device tensors as the
+    CRC takes it, gathered in the pinned buffers (a buffer smaller than the tensors, a
+    piece smaller than the records: runs break at buffer ends and between tensors)."""
+    from ftfleet.trainer.checkpoint import reader as reader_module
+    from tests.trainer.test_verifying_reader import load, odd_state, save, zeros_like
+
+    monkeypatch.setattr(reader_module, "DEVICE_CHUNK", 1000)
+    monkeypatch.setattr(reader_module, "_PIECE", piece)
+    state = odd_state()
+    state["big"] = torch.randn(300, 100)
+    expected = save(tmp_path, state)
+    two, one = on_cuda(zeros_like(state)), on_cuda(zeros_like(state))
+    load(tmp_path, two, expected)
+    reader = load(tmp_path, one, expected, blank=True)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert one[key].is_cuda and torch.equal(one[key].cpu(), value), key
+            assert torch.equal(two[key].cpu(), value), key
+    assert reader.fallback == 2 and reader.direct == 6
+
+
+def test_a_one_pass_load_into_device_tensors_refuses_a_bad_shard(tmp_path):
+    from ftfleet.trainer.checkpoint.reader import CorruptFile
+    from ftfleet.trainer.checkpoint.safe_load import load_into
+    from tests.trainer.test_verifying_reader import flip, last_shard, odd_state, save, zeros_like
+
+    state = odd_state()
+    expected = save(tmp_path, state, threads=2)
+    flip(last_shard(tmp_path))
+    target = on_cuda(zeros_like(state))
+    with pytest.raises(CorruptFile, match=last_shard(tmp_path).name):
+        load_into(target, tmp_path, expected=expected, blank=True)
+    assert target["extra"] == {"name": "", "steps": []}
 
 
 # ---------------------------------------------------------------------------
@@ -152,3 +197,49 @@ def test_a_sigkilled_gpu_run_resumes_from_shared_memory_bit_identical(tmp_path, 
     out = run_trainer(1, d, *MEMORY, env=env, timeout=300)
     assert out["resumed_from"]["tier"] == "memory" and out["resumed_from"]["step"] >= snapshot
     assert out["state_sha256"] == gpu_ref["state_sha256"]
+
+
+@pytest.mark.timeout(240)
+def test_a_sigkilled_gpu_rank_is_replaced_in_place_by_a_warm_spare_bit_identical(tmp_path, gpu_ref):
+    """The in-process launcher on the GPU, one rank and one warm spare (NCCL takes one
+    rank per GPU: one GPU lent): rank 0 SIGKILLed, the spare takes its place without a
+    new process, builds the model on CUDA for a restore, restores the dead rank's
+    snapshot from shared memory into device tensors, and ends bit-identical."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="needs nvidia-resiliency-ext")
+    from tests.trainer.conftest import BASE, MEMORY, REPO, child_env, inprocess_cmd, wait_for
+
+    run_dir, shm, log_path = tmp_path / "run", tmp_path / "shm", tmp_path / "launch.log"
+
+    def events() -> list[dict]:
+        path = run_dir / "events.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+    cmd = inprocess_cmd(run_dir, *BASE, *MEMORY, "train.step_events=true", nproc=1)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=child_env({"FTFLEET_SHM_DIR": str(shm)}), stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(lambda: any(e["event"] == "step" and e["step"] >= 10 for e in events()), 120, what="step 10")
+        pids = [
+            int(x.split()[-1]) for x in log_path.read_text().splitlines() if x.startswith("ftfleet.inprocess: process ")
+        ]
+        os.kill(pids[0], signal.SIGKILL)
+        try:
+            assert proc.wait(timeout=120) == 0, log_path.read_text()[-4000:]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within 120 s of the kill:\n{log_path.read_text()[-6000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["device"] == "cuda", summary
+    assert summary["resumed_from"]["tier"] == "memory" and summary["restarts"] == 1, summary
+    assert summary["state_sha256"] == gpu_ref["state_sha256"]
+    starts = [e for e in events() if e["event"] == "start"]
+    assert [e["pid"] for e in starts] == pids, "the spare did not take rank 0 in place"

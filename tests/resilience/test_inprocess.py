@@ -212,3 +212,51 @@ def test_a_warm_spare_has_imported_what_the_first_optimizer_would():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("launched", "per_node", "rank", "slot"),
+    [(0, 2, 0, 0), (1, 2, 1, 1), (2, 2, 1, 1), (2, 2, 0, 0), (3, 2, 5, 1), (0, 1, 0, 0), (1, 1, 0, 0)],
+)
+def test_a_spare_process_trains_on_the_device_of_the_rank_it_replaces(launched, per_node, rank, slot):
+    # Found on a lent GPU: the spare of 1 rank (launched as LOCAL_RANK 1) took rank 0 and
+    # asked for cuda:1 ("invalid device ordinal") in every attempt after.
+    from ftfleet.trainer.inprocess.worker import device_slot
+
+    assert device_slot(launched, per_node, rank) == slot
+
+
+CRASHER = """
+import sys
+from ftfleet.trainer.callbacks import Callback
+from ftfleet.trainer.inprocess.worker import main
+
+class Crash(Callback):
+    def on_train_start(self, run):
+        raise RuntimeError("planted: every attempt fails before its first step")
+
+sys.exit(main(callbacks=lambda overrides: ([Crash()], overrides)))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_attempts_that_keep_failing_before_a_step_give_up_instead_of_looping(tmp_path):
+    (tmp_path / "crasher.py").write_text(CRASHER)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=1", "--spares=0", "--worker=crasher"]
+    cmd += ["--max-failed-starts=2", "--", "--config", str(CONFIG), *BASE, f"run_dir={run_dir}"]
+    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FTFLEET_SHM_DIR": str(tmp_path / "shm")})
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=100)
+    assert out.returncode != 0, out.stderr[-3000:]
+    assert "error: 2 in-process attempts in a row failed before their first step: giving up in place" in out.stderr
+    assert out.stderr.count("planted: every attempt fails") >= 2
+    starts = [e for e in _events(run_dir) if e["event"] == "start"]
+    assert [e["attempt"] for e in starts] == [0, 1], starts
+
+
+def test_the_launcher_refuses_a_limit_of_no_attempts(capsys):
+    from ftfleet.trainer.inprocess.launch import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--nproc=1", "--max-failed-starts=0", "--", "--config", str(CONFIG)])
+    assert exc.value.code == 2 and "--max-failed-starts 0: use 1 or more" in capsys.readouterr().err

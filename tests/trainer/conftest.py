@@ -80,10 +80,12 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def inprocess_cmd(run_dir: Path, *overrides: str, spares: int = 1, soft_timeout: float | None = None) -> list[str]:
-    """The in-process launcher (2 ranks, ``spares`` warm spares) running the drill's
-    worker (the trainer with fault callbacks) on the tiny config."""
-    launcher = ["--nproc=2", f"--spares={spares}", "--worker=drill.inprocess_worker"]
+def inprocess_cmd(
+    run_dir: Path, *overrides: str, spares: int = 1, soft_timeout: float | None = None, nproc: int = 2
+) -> list[str]:
+    """The in-process launcher (``nproc`` ranks, ``spares`` warm spares) running the
+    drill's worker (the trainer with fault callbacks) on the tiny config."""
+    launcher = [f"--nproc={nproc}", f"--spares={spares}", "--worker=drill.inprocess_worker"]
     launcher += [f"--soft-timeout={soft_timeout}"] if soft_timeout is not None else []
     args = ["--config", str(CONFIG), *overrides, f"run_dir={run_dir}"]
     return [sys.executable, "-m", "ftfleet.trainer.inprocess", *launcher, "--", *args]

@@ -61,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", default="ftfleet.trainer.inprocess.worker", help="the worker's module")
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
     parser.add_argument(
+        "--max-failed-starts",
+        type=int,
+        default=5,
+        help="in-process attempts in a row that may fail before their first step; then the processes exit "
+        "non-zero (the same failure would repeat in place) and torchrun's or the fleet's restart takes over",
+    )
+    parser.add_argument(
         "--poll",
         type=float,
         default=0.25,
@@ -89,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--poll {args.poll}: use 0.01 to 1 second")
     if not args.soft_timeout >= 2:
         parser.error(f"--soft-timeout {args.soft_timeout}: use 2 seconds or more (the wrapper polls every second)")
+    if args.max_failed_starts < 1:
+        parser.error(f"--max-failed-starts {args.max_failed_starts}: use 1 or more")
     min_ranks = args.nproc if args.min_ranks is None else args.min_ranks
     if not 1 <= min_ranks <= args.nproc:
         parser.error(f"--min-ranks {args.min_ranks}: use 1 to --nproc ({args.nproc})")
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
         cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout)]
-        cmd += ["--poll", str(args.poll)]
+        cmd += ["--poll", str(args.poll), "--max-failed-starts", str(args.max_failed_starts)]
         cmd += ["--wait-for", args.wait_for] if args.wait_for else []
         cmd += rest
         procs.append(subprocess.Popen(cmd, env=env))

@@ -33,13 +33,39 @@ log = logging.getLogger("ftfleet.inprocess")
 
 
 class Ping(Callback):
-    """Tells the wrapper's progress watchdog that training moves, after every step."""
+    """Tells the wrapper's progress watchdog that training moves, after every step, and
+    counts the steps this attempt trained (``steps``)."""
 
     def __init__(self, call_wrapper: Any) -> None:
         self.call_wrapper = call_wrapper
+        self.steps = 0
 
     def on_step_end(self, run: Any, info: Any) -> None:
+        self.steps += 1
         self.call_wrapper.ping()
+
+
+def check_attempts(failed_starts: int, limit: int) -> None:
+    """Refuse another in-place attempt after ``limit`` in a row failed before training
+    a step (a bad device, a bug in the build, a checkpoint every rank fails on): the
+    process exits non-zero instead, and torchrun's (or the fleet's) restart takes over,
+    in a new process, on another node if need be."""
+    if failed_starts >= limit:
+        from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+
+        raise RestartAbort(
+            f"{failed_starts} in-process attempts in a row failed before their first step: giving up in place "
+            "(the log above says why; --max-failed-starts sets the limit)"
+        )
+
+
+def device_slot(launch_local_rank: int, per_node: int, rank: int) -> int:
+    """The local device index (``LOCAL_RANK``) a process trains ``rank`` on. A process
+    launched as one of a node's ``per_node`` ranks (or a spare node's) keeps its own
+    device; a spare process beside them has none of its own and takes the device of the
+    rank it replaces, which died with it: ``rank % per_node`` (ranks are laid out node
+    by node)."""
+    return launch_local_rank if launch_local_rank < per_node else rank % per_node
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -187,6 +213,12 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
     parser.add_argument("--poll", type=float, default=0.25, help="seconds between the wrapper's checks")
     parser.add_argument("--wait-for", metavar="FILE", help="train once FILE exists (a warm spare node)")
+    parser.add_argument(
+        "--max-failed-starts",
+        type=int,
+        default=5,
+        help="in-process attempts in a row that may fail before their first step (then exit non-zero)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -237,22 +269,39 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         wait_for(args.wait_for)
         taken_over.set()
 
+    launch_local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    failed_starts = 0  # attempts in a row, in this process, that failed before a step
+
     def attempt(call_wrapper: Any = None) -> int:
+        nonlocal failed_starts
+        check_attempts(failed_starts, args.max_failed_starts)
         # Which iteration this is, for the event log's `attempt` and the summary's
         # `restarts` (torchrun's counter, which the trainer already reads).
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(call_wrapper.iteration)
+        # The wrapper set RANK to the rank this process trains now.
+        os.environ["LOCAL_RANK"] = str(device_slot(launch_local_rank, per_node, int(os.environ["RANK"])))
+        ping = Ping(call_wrapper)
         try:
-            return int(train(cfg, [*extra, Ping(call_wrapper)])["exit_code"])
+            return int(train(cfg, [*extra, ping])["exit_code"])
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exc.exit_code
+        finally:
+            failed_starts = 0 if ping.steps else failed_starts + 1
 
     from nvidia_resiliency_ext.inprocess import CallWrapper
 
     # The wrapper hands itself to the parameter annotated with its class; this module's
     # annotations are strings (``from __future__ import annotations``).
     attempt.__annotations__["call_wrapper"] = CallWrapper
-    code = build_wrapper(active, args.soft_timeout, poll_s=args.poll, shrink=shrink)(attempt)()
+    from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+
+    try:
+        code = build_wrapper(active, args.soft_timeout, poll_s=args.poll, shrink=shrink)(attempt)()
+    except RestartAbort as exc:  # check_attempts gave up
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0 if code is None else int(code)  # a spare never called returns None
 
 
