@@ -85,3 +85,24 @@ def test_an_unreachable_bucket_is_one_warning_and_the_configured_prior_stays(cap
     assert cfg is CONFIGURED
     (record,) = caplog.records
     assert record.levelno == logging.WARNING and "unreadable" in record.getMessage()
+
+
+def test_an_in_process_restart_uses_the_prior_its_process_read_instead_of_reading_it_again(tmp_path, monkeypatch):
+    from ftfleet.trainer.resilience import prior as prior_module
+
+    (tmp_path / INTERRUPTION_PRIOR_KEY).parent.mkdir(parents=True)
+    (tmp_path / INTERRUPTION_PRIOR_KEY).write_text(prior_json(4, 2))
+    reads = []
+    real = prior_module.read_prior_bytes
+    monkeypatch.setattr(prior_module, "read_prior_bytes", lambda *a: (reads.append(a), real(*a))[1])
+    try:
+        prior_module.reuse_reads(600)
+        first = with_fleet_prior(CONFIGURED, None, tmp_path, now=NOW)
+        (tmp_path / INTERRUPTION_PRIOR_KEY).write_text(prior_json(9, 6, 3))  # updated since
+        again = with_fleet_prior(CONFIGURED, None, tmp_path, now=NOW)
+        assert len(reads) == 1 and first.mtbf_s == again.mtbf_s == pytest.approx(4 * 3600)
+        prior_module.reuse_reads(0)  # the default: every start reads it
+        assert with_fleet_prior(CONFIGURED, None, tmp_path, now=NOW).mtbf_s == pytest.approx(4.5 * 3600)
+        assert len(reads) == 2
+    finally:
+        prior_module.reuse_reads(0)

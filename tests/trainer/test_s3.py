@@ -186,3 +186,22 @@ def test_a_local_commit_whose_upload_was_killed_is_uploaded_when_the_run_restart
     mgr.close(wait_for_upload=True)
     assert (restored.tier, restored.step, mgr.app_state.progress.step) == ("local", 24, 24)
     assert manifests(s3, bucket) == [24] and mgr.durable_steps == [24]
+
+
+def test_an_in_process_restart_reuses_its_processes_s3_clients(monkeypatch):
+    from ftfleet.trainer.checkpoint import tiers
+    from ftfleet.trainer.checkpoint.tiers import s3 as s3_module
+
+    built = []
+    monkeypatch.setattr(s3_module, "make_client", lambda *args: built.append(args) or object())
+    try:
+        tiers.reuse_clients()
+        a = tiers.open_store("s3://b/run", endpoint_url="http://127.0.0.1:1", retries=3)
+        b = tiers.open_store("s3://b-replica/run", endpoint_url="http://127.0.0.1:1", retries=3)
+        other = tiers.open_store("s3://b/run", endpoint_url="http://127.0.0.1:2", retries=3)
+        assert a.client is b.client and other.client is not a.client
+        assert built == [("http://127.0.0.1:1", 3), ("http://127.0.0.1:2", 3)]
+        tiers.reuse_clients(False)  # the default: each store builds its own
+        assert tiers.open_store("s3://b/run", endpoint_url="http://127.0.0.1:1", retries=3).client is not a.client
+    finally:
+        tiers.reuse_clients(False)
