@@ -106,9 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--collective-timeout",
         type=float,
-        default=2.0,
+        default=1.0,
         metavar="S",
-        help="inprocess: seconds a collective waits for a hung peer before the survivors restart (default 2)",
+        help="inprocess: seconds a collective waits for a hung peer before the survivors restart (default 1: "
+        "ten times the drill's step; the slowest collective of a real job sets it)",
     )
     parser.add_argument("--config", type=Path, help="trainer config (default: the package's tiny.yaml)")
     parser.add_argument(

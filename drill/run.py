@@ -56,7 +56,7 @@ class DrillOptions:
     takes a dead rank's place, state from the in-memory snapshots)."""
     spares: int = 1
     """inprocess: warm spare processes per node."""
-    collective_timeout_s: float = 2.0
+    collective_timeout_s: float = 1.0
     """inprocess: parallel.collective_timeout_s, how the survivors of a hung rank find out."""
     config: Path = DEFAULT_CONFIG
     overrides: list[str] = dataclasses.field(default_factory=list)
