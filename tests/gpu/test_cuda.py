@@ -130,6 +130,7 @@ def test_a_one_pass_load_into_blank_device_tensors_loads_what_the_two_pass_load_
             assert one[key].is_cuda and torch.equal(one[key].cpu(), value), key
             assert torch.equal(two[key].cpu(), value), key
     assert reader.fallback == 2 and reader.direct == 6
+    assert reader._to_device is None, "a tensor went the two-phase way (only that path sets it)"
 
 
 def test_a_one_pass_load_into_device_tensors_refuses_a_bad_shard(tmp_path):

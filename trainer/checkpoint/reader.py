@@ -374,11 +374,10 @@ class _ToDevice:
         if not self._fill or self._dest is None:
             return
         dest, n = self._dest, self._fill
-        stream = torch.cuda.current_stream(dest.device)
-        with torch.cuda.stream(stream):
-            dest[self._at : self._at + n].copy_(self._buffers[self._turn][:n], non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
+        # The copy goes on the destination device's current stream; the event follows it.
+        dest[self._at : self._at + n].copy_(self._buffers[self._turn][:n], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(dest.device))
         self._done[self._turn] = event
         self._turn ^= 1
         self._fill, self._dest = 0, None
@@ -569,8 +568,14 @@ class VerifyingReader(SafeFileSystemReader):
 
         def one(name: str) -> tuple[list[_Job], dict[int, int]]:
             batch = sorted(jobs[name], key=lambda job: job.offset)
-            # One set of pinned buffers per file (each file's pass has a thread).
-            to_device = _ToDevice() if any(job.target.device.type == "cuda" for job in batch) else None
+            to_device = None
+            devices = [job.target.device for job in batch if job.target.device.type == "cuda"]
+            if devices:
+                # This file's pass has a thread of its own, whose current device starts
+                # at 0: make it the rank's, or CUDA calls here would make a context on
+                # GPU 0 for every rank. One set of pinned buffers per file.
+                torch.cuda.set_device(devices[0])
+                to_device = _ToDevice()
             try:
                 return batch, _crc_and_copy(name, self._mapped[name].view, self._entry(name), batch, to_device)
             finally:
@@ -609,8 +614,7 @@ class VerifyingReader(SafeFileSystemReader):
                 raw = None
         if raw is not None:
             if len(raw) and target.device.type == "cpu":
-                destination = target.reshape(-1).view(torch.uint8).numpy()
-                numpy.copyto(destination, numpy.frombuffer(raw, dtype=numpy.uint8))
+                _sink(target, None)(0, raw)
             elif len(raw) and target.device.type == "cuda":
                 self._to_device = self._to_device or _ToDevice()
                 self._to_device.copy(raw, target)

@@ -11,3 +11,7 @@ prefix, then the restore, which finds the in-memory snapshots (``checkpoint.memo
 the spare reads the dead rank's, which outlived it in shared memory) and ends
 bit-identical. docs/RESILIENCE.md ("Recovery ladder") says what falls back to what.
 """
+
+#: In-process attempts in a row that may fail before their first step, counted in each
+#: process (a spare that takes over starts at 0); then that process gives up.
+MAX_FAILED_STARTS = 5

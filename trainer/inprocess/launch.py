@@ -35,6 +35,8 @@ import time
 
 import torch.distributed as dist
 
+from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
+
 
 def free_port_pair() -> int:
     """A port p with p and p + 1 free (the trainer's store and the wrapper's)."""
@@ -63,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-failed-starts",
         type=int,
-        default=5,
-        help="in-process attempts in a row that may fail before their first step; then the processes exit "
-        "non-zero (the same failure would repeat in place) and torchrun's or the fleet's restart takes over",
+        default=MAX_FAILED_STARTS,
+        help="in-process attempts in a row that may fail before their first step, counted in each process; "
+        "then that process exits non-zero (the same failure would repeat in place)",
     )
     parser.add_argument(
         "--poll",

@@ -28,6 +28,7 @@ from typing import Any
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory
 from ftfleet.trainer.callbacks import Callback
+from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 log = logging.getLogger("ftfleet.inprocess")
 
@@ -230,11 +231,13 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     parser.add_argument(
         "--max-failed-starts",
         type=int,
-        default=5,
+        default=MAX_FAILED_STARTS,
         help="in-process attempts in a row that may fail before their first step (then exit non-zero)",
     )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if args.max_failed_starts < 1:
+        parser.error(f"--max-failed-starts {args.max_failed_starts}: use 1 or more")
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
@@ -276,14 +279,16 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     reuse_clients()  # and the S3 clients
 
     attempted = threading.Event()  # set once this process trains
+    freezing = threading.Lock()  # an attempt does not start while the warm-up freezes
     if args.wait_for:
         warm_up()
     elif spare_process:
 
         def then() -> None:
             start_for(cfg)
-            if not attempted.is_set():  # else a run's objects would be frozen too
-                freeze_what_is_loaded()
+            with freezing:
+                if not attempted.is_set():  # else a run's objects would be frozen too
+                    freeze_what_is_loaded()
 
         threading.Thread(target=_warm_up_niced, args=(warm_up, then), name="ftfleet-warm-up", daemon=True).start()
     shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
@@ -307,7 +312,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
 
     def attempt(call_wrapper: Any = None) -> int:
         nonlocal failed_starts
-        attempted.set()
+        with freezing:
+            attempted.set()
         check_attempts(failed_starts, args.max_failed_starts)
         # Which iteration this is, for the event log's `attempt` and the summary's
         # `restarts` (torchrun's counter, which the trainer already reads).

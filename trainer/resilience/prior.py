@@ -43,7 +43,8 @@ def reuse_reads(seconds: float) -> None:
 
 def _read(store: ObjectStore | None, fast_root: Path | None) -> tuple[bytes | None, str]:
     """:func:`read_prior_bytes`, or this process's read of the same place less than
-    ``_reuse_s`` ago (a failed read is not kept)."""
+    ``_reuse_s`` ago. "No prior there" is kept too (a prior published since is seen
+    after ``_reuse_s``); a read that failed is not."""
     if _reuse_s <= 0:
         return read_prior_bytes(store, fast_root)
     key = f"{store.uri}/{INTERRUPTION_PRIOR_KEY}" if store is not None else str(fast_root)
