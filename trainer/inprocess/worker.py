@@ -294,15 +294,11 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
     if args.wait_for:
         taken_over = threading.Event()  # the reserve stops between files when it is
-        # At the lowest CPU priority: an idle spare node loses nothing, and one that shares
-        # cores (the one-machine benchmarks, where each spare's reserve cost the ranks
-        # about 3 s of step time) takes only what they leave.
         reserving = threading.Thread(
-            target=lambda: (lower_thread_priority(), reserve_snapshot_memory(cfg, taken_over)),
-            name="ftfleet-reserve",
-            daemon=True,
+            target=reserve_snapshot_memory, args=(cfg, taken_over), name="ftfleet-reserve", daemon=True
         )
         reserving.start()
+        freeze_what_is_loaded()  # now, not after the take-over (its first pass: 0.2-0.4 s)
         wait_for(args.wait_for)
         taken_over.set()
 
@@ -337,7 +333,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 
     wrapper = build_wrapper(active, args.soft_timeout, poll_s=args.poll, shrink=shrink)
-    freeze_what_is_loaded()  # a spare process's warm-up freezes again once it is done
+    if not args.wait_for:  # a spare node froze before its wait
+        freeze_what_is_loaded()  # a spare process's warm-up freezes again once it is done
     try:
         code = wrapper(attempt)()
     except RestartAbort as exc:  # check_attempts gave up
