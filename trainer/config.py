@@ -180,6 +180,11 @@ class CheckpointConfig:
     """Ranks per node for the snapshot ring (node i holds node i+1's copy). 0: torchrun's
     LOCAL_WORLD_SIZE. Smaller values simulate several nodes on one machine (tests, drills)."""
 
+    def node_size(self, world_size: int) -> int:
+        """Ranks per node for the snapshot ring: ``ranks_per_node``, else torchrun's
+        LOCAL_WORLD_SIZE, else the whole world (one node)."""
+        return self.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
     def __post_init__(self) -> None:
         if self.keep < 2:
             raise ConfigError(

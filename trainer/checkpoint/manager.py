@@ -159,7 +159,7 @@ class CheckpointManager:
         if cfg.memory:
             group = dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() else None
             comm = DistComm(group) if group is not None else LocalComm()
-            per_node = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", comm.world_size))
+            per_node = cfg.node_size(comm.world_size)
             if comm.world_size % per_node:
                 raise ConfigError(
                     f"checkpoint.ranks_per_node={per_node} does not divide the world size {comm.world_size}: "

@@ -206,8 +206,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     from ftfleet.trainer.checkpoint.memory import reserve_files
 
     world = int(os.environ.get("FTFLEET_ACTIVE_WORLD_SIZE") or os.environ.get("WORLD_SIZE", "1"))
-    per_node = ck.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    count = (ck.memory_keep + 1) * (2 if world > per_node else 1)
+    count = (ck.memory_keep + 1) * (2 if world > ck.node_size(world) else 1)
     while not stop.is_set():
         try:
             size = snapshot_bytes_estimate(ck.dir, world)

@@ -31,8 +31,9 @@ def open_store(
 
         client = None
         if _s3_clients is not None:
-            key = (endpoint_url, retries)
-            client = _s3_clients.get(key) or _s3_clients.setdefault(key, s3.make_client(endpoint_url, retries))
+            if (endpoint_url, retries) not in _s3_clients:
+                _s3_clients[endpoint_url, retries] = s3.make_client(endpoint_url, retries)
+            client = _s3_clients[endpoint_url, retries]
         return s3.S3Store(
             uri, endpoint_url=endpoint_url, retries=retries, chunk_mb=chunk_mb, workers=workers, client=client
         )
