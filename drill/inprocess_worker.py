@@ -4,8 +4,7 @@ in-process-restartable worker with the faults named by ``faults.*`` injected
 
 from __future__ import annotations
 
-import sys
-
+from ftfleet.trainer.__main__ import exit_quickly
 from ftfleet.trainer.inprocess.worker import main as worker_main
 
 
@@ -16,4 +15,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())

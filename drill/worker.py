@@ -7,8 +7,7 @@ with the faults named by ``faults.*`` injected through its callbacks
 
 from __future__ import annotations
 
-import sys
-
+from ftfleet.trainer.__main__ import exit_quickly
 from ftfleet.trainer.__main__ import main as trainer_main
 
 
@@ -19,4 +18,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())

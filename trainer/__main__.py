@@ -10,6 +10,7 @@ restart will not help), others as the stop request says.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ftfleet.contract import AGENT_STOP_EXITS, EXIT_CODES
 from ftfleet.errors import ConfigError, UserError
@@ -57,6 +58,17 @@ def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = N
         # torchrun would restart the workers into the same failure (trainer/agent.py).
         stop_agent(code, EXIT_CODES[code])
     return code
+
+
+def exit_quickly(code: int) -> NoReturn:
+    """``sys.exit(code)`` for the end of a process that loaded torch: the objects alive
+    now are frozen (``gc.freeze``) first, so that the interpreter's shutdown does not end
+    with a garbage-collector pass over all of them. That pass took 0.6-1.1 s of every
+    trainer process's exit on the 2-core machine (``import torch`` alone: about 0.6 s),
+    time a torchrun restart and every caller waiting for the exit status pays. atexit
+    handlers, the flush of stdout and stderr, and the modules' teardown still run."""
+    gc.freeze()
+    sys.exit(code)
 
 
 #: Exit codes a restart of the workers on this node cannot fix. (A preempted node's 75
@@ -112,4 +124,4 @@ def _failed_summary(cfg, rank: int, error: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())

@@ -56,7 +56,8 @@ def start_worker_server(method: str, modules: Sequence[str] = ()) -> None:
 
     # "__main__": a class defined in the user's script; the server imports the script as
     # multiprocessing's spawn does (its entry point under `if __name__ == "__main__"`).
-    forkserver.set_forkserver_preload(list(dict.fromkeys(["torch", *(m for m in modules if m)])))
+    preload = ["torch", *(m for m in modules if m), "ftfleet.trainer.data.frozen"]  # frozen: last
+    forkserver.set_forkserver_preload(list(dict.fromkeys(preload)))
     forkserver.ensure_running()  # returns at once; the server imports in the background
 
 

@@ -1,5 +1,4 @@
-import sys
-
+from ftfleet.trainer.__main__ import exit_quickly
 from ftfleet.trainer.inprocess.launch import main
 
-sys.exit(main())
+exit_quickly(main())

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ftfleet.errors import ConfigError, UserError
-from ftfleet.trainer.__main__ import CallbackFactory
+from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
@@ -343,4 +343,4 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())
