@@ -133,6 +133,23 @@ def test_trainer_exits_2_with_one_line_on_bad_config(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint.keep=1")
 
 
+def test_a_quick_exit_keeps_the_code_the_atexit_handlers_and_the_buffered_output():
+    """The entry points end with exit_quickly (gc.freeze, then sys.exit): only the
+    shutdown's last collector pass is skipped."""
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import child_env
+
+    code = (
+        "import atexit, sys; from ftfleet.trainer.__main__ import exit_quickly; "
+        "atexit.register(lambda: print('atexit ran', file=sys.stderr)); "
+        "sys.stdout.write('buffered, no newline'); exit_quickly(75)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (75, "buffered, no newline", "atexit ran\n")
+
+
 def run_cli(*args: str, cwd=REPO, env: dict | None = None, module: str = "ftfleet.trainer"):
     import subprocess
     import sys

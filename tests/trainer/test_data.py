@@ -21,7 +21,7 @@ from ftfleet.errors import UserError
 from ftfleet.trainer.data.loader import GlobalBatches
 from ftfleet.trainer.data.order import GlobalOrder
 from ftfleet.trainer.data.shards import INDEX, ShardIndex, ShardSetError, TokenShards
-from ftfleet.trainer.data.workers import resolve_start_method
+from ftfleet.trainer.data.workers import resolve_start_method, start_worker_server
 from tests.trainer.conftest import REPO, child_env, wait_for
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
@@ -544,6 +544,21 @@ def test_loader_workers_are_forked_from_a_server_not_from_the_trainer():
         assert set(forked.get(0, 1).data[:, 1].tolist()) == {os.getpid()}
     finally:
         forked.close()
+
+
+def test_the_workers_server_freezes_what_its_preloads_imported_last(monkeypatch):
+    """Its frozen objects stay out of the collector in the forked workers (shared pages
+    stay shared) and in its own exit (no pass over all of torch)."""
+    from multiprocessing import forkserver
+
+    preloads = []
+    monkeypatch.setattr(forkserver, "set_forkserver_preload", preloads.append)
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: None)
+    start_worker_server("forkserver", ["my_pkg.data", "torch"])
+    assert preloads == [["torch", "my_pkg.data", "ftfleet.trainer.data.frozen"]]
+    code = "import gc, ftfleet.trainer.data.frozen; print(gc.get_freeze_count())"
+    frozen = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, check=True)
+    assert int(frozen.stdout) > 1000
 
 
 class Unpicklable(ParentPids):
