@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import threading
+import zipfile
 
 import pytest
 import torch
@@ -57,6 +58,49 @@ def test_the_writer_crc_equals_the_file_read_back_for_a_real_dcp_save(tmp_path, 
         assert streamed[name] == checksum_file(tmp_path / name), name
     # .metadata goes through the same stream (pickle.dump) under its temporary name.
     assert streamed[".metadata.tmp"] == checksum_file(tmp_path / ".metadata")
+
+
+def test_torch_saves_own_crc32_is_left_out_of_the_shards_only_while_the_writer_writes(tmp_path):
+    """The manifest's CRC32C covers the shards: the zip CRC32 of each record is work
+    done twice. It is off in each writer thread while it writes, as it was afterwards
+    and in other threads; what was written still loads with stock DCP."""
+    from torch.serialization import get_crc32_options, set_crc32_options
+
+    from ftfleet.trainer.checkpoint.writer import without_zip_crc32
+
+    state = realistic_state()
+    dcp.save(state, storage_writer=ChecksummingWriter(tmp_path, thread_count=2), no_dist=True)
+    assert get_crc32_options() is True
+    crcs = []
+    metadata = dcp.FileSystemReader(tmp_path).read_metadata()
+    for index, where in metadata.storage_data.items():
+        if isinstance(metadata.state_dict_metadata[index.fqn], BytesStorageMetadata):
+            continue  # written as they are, not by torch.save
+        raw = (tmp_path / where.relative_path).read_bytes()[where.offset : where.offset + where.length]
+        crcs += [info.CRC for info in zipfile.ZipFile(io.BytesIO(raw)).infolist()]
+    assert len(crcs) > 20 and set(crcs) == {0}
+    loaded = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
+    dcp.load(loaded, storage_reader=dcp.FileSystemReader(tmp_path), no_dist=True)
+    assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
+
+    seen = {}
+
+    def other_thread():
+        seen["other"] = get_crc32_options()
+
+    with without_zip_crc32():
+        seen["inside"] = get_crc32_options()
+        other = threading.Thread(target=other_thread)
+        other.start()
+        other.join()
+    assert seen == {"inside": False, "other": True}  # torch keeps it per thread
+    set_crc32_options(False)  # a caller's own choice is kept
+    try:
+        with without_zip_crc32():
+            pass
+        assert get_crc32_options() is False
+    finally:
+        set_crc32_options(True)
 
 
 def test_metadata_returned_without_storage_records_is_read_from_the_file(tmp_path):

@@ -228,9 +228,9 @@ def raw_span(item: memoryview, target: torch.Tensor) -> tuple[int, int]:
     zf = zipfile.ZipFile(_ViewStream(item))
     names = zf.namelist()
     prefix = names[0].split("/", 1)[0]
-    if f"{prefix}/byteorder" in names and zf.read(f"{prefix}/byteorder") != b"little":
+    if f"{prefix}/byteorder" in names and _stored(item, zf, f"{prefix}/byteorder") != b"little":
         raise _NotPlain("byte order")
-    key = _plain_storage(zf.read(f"{prefix}/data.pkl"), target)
+    key = _plain_storage(_stored(item, zf, f"{prefix}/data.pkl"), target)
     info = zf.getinfo(f"{prefix}/data/{key}")
     nbytes = target.numel() * target.element_size()
     if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
@@ -239,6 +239,19 @@ def raw_span(item: memoryview, target: torch.Tensor) -> tuple[int, int]:
     if start + nbytes > len(item):
         raise _NotPlain("bounds")
     return start, nbytes
+
+
+def _stored(item: memoryview, zf: zipfile.ZipFile, name: str) -> bytes:
+    """The bytes of the record ``name``, stored uncompressed, without zipfile's check
+    of its CRC32: the checkpoint's writer has torch.save leave it out (writer.py), and
+    the file's CRC32C covers these bytes."""
+    info = zf.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise _NotPlain("record")
+    start = _data_start(item, info.header_offset)
+    if start + info.compress_size > len(item):
+        raise _NotPlain("bounds")
+    return bytes(item[start : start + info.compress_size])
 
 
 def _data_start(item: memoryview | bytes, header: int) -> int:

@@ -18,6 +18,14 @@ of bytes written, leave a reason instead of an entry, and the commit reads that 
 back. So does a shard of this rank that no record covers (a future DCP that opens files
 another way). ``.metadata`` is small and always read back.
 
+torch.save also takes a CRC32 of each zip record it writes, in software: a third of a
+save's time here (a 680 MB ``dcp.save``: 0.77-0.90 s with it, 0.58-0.60 s without, on
+the 2-core machine). The manifest's CRC32C covers every byte of each file already, so
+the streams of :class:`ChecksummingFileSystem` have torch leave it out
+(:func:`without_zip_crc32`). torch.load does not check it
+(``torch.serialization.set_crc32_options``), and the reader takes a record's bytes
+without zipfile's check.
+
 What a streamed entry vouches for is the bytes handed to ``write()``; the restore
 verification reads the files and compares, so anything that changes a file after it was
 written (or on the way to the disk) is still caught there.
@@ -35,11 +43,26 @@ from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.serialization import get_crc32_options, set_crc32_options
 
 from ftfleet.trainer.checkpoint.manifest import Crc32c, FileEntry
 
 #: What a writer learned about one file: its entry, or why there is none.
 Streamed = FileEntry | str
+
+
+@contextmanager
+def without_zip_crc32() -> Generator[None, None, None]:
+    """torch.save's CRC32 of each zip record off in the body, then as it was. torch
+    keeps the setting per thread (its config lives in context variables; a new thread
+    starts with the defaults), so this changes nothing for the caller's other threads:
+    DCP's writer threads each open their own streams, and each turns it off for itself."""
+    before = get_crc32_options()
+    set_crc32_options(False)
+    try:
+        yield
+    finally:
+        set_crc32_options(before)
 
 
 class CrcStream:
@@ -165,7 +188,7 @@ class ChecksummingFileSystem(FileSystem):
             if name in self._records:
                 self._reopened.add(name)
             self._records[name] = "still open"
-        with path.open("wb") as raw:
+        with path.open("wb") as raw, without_zip_crc32():
             stream = CrcStream(raw)
             try:
                 yield stream
