@@ -135,10 +135,8 @@ def test_meta_init_with_bf16_starts_from_init_from_and_resumes_bit_identically(t
     saved = load_offline(run / "checkpoints" / "step-0")["app"]["model"]
     assert saved.keys() == weights.keys() and all(torch.equal(saved[k], weights[k]) for k in weights)
     # A checkpoint exists now: init_from is not read (a missing file would stop the run).
-    second = run_trainer(2, run, *common, f"model.init_from={tmp_path / 'gone.pt'}", "train.stop_at_step=9")
-    assert second["resumed_from"]["step"] == 0 and second["step"] == 9
-    third = run_trainer(2, run, *start)
-    assert third["resumed_from"]["step"] == 9 and third["step"] == 24
+    second = run_trainer(2, run, *common, f"model.init_from={tmp_path / 'gone.pt'}")
+    assert second["resumed_from"]["step"] == 0 and second["step"] == 24
 
     straight = tmp_path / "straight"
     whole = run_trainer(2, straight, *start)
