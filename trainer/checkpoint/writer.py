@@ -18,9 +18,9 @@ of bytes written, leave a reason instead of an entry, and the commit reads that 
 back. So does a shard of this rank that no record covers (a future DCP that opens files
 another way). ``.metadata`` is small and always read back.
 
-torch.save also takes a CRC32 of each zip record it writes, in software: a third of a
-save's time here (a 680 MB ``dcp.save``: 0.77-0.90 s with it, 0.58-0.60 s without, on
-the 2-core machine). The manifest's CRC32C covers every byte of each file already, so
+torch.save also takes a CRC32 of each zip record it writes, in software: about a third
+of a save's CPU time on the 2-core machine (``bench/writer_bench.py``, in
+docs/BENCHMARKS.md). The manifest's CRC32C covers every byte of each file already, so
 the streams of :class:`ChecksummingFileSystem` have torch leave it out
 (:func:`without_zip_crc32`). torch.load does not check it
 (``torch.serialization.set_crc32_options``), and the reader takes a record's bytes
