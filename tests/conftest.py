@@ -4,12 +4,30 @@ the same ones)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 - fixtures for every folder
 from tests.trainer.conftest import run_trainer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def children_tmpdir(tmp_path_factory) -> Iterator[Path]:
+    """The processes the tests start keep their temporary files (torchrun's run logs,
+    multiprocessing's socket directories, a stopped agent's exit file) in this
+    session's pytest directory instead of /tmp, where every killed process left its own
+    for good. pytest keeps the last three sessions' directories."""
+    tmp = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
+    yield tmp
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
 
 
 @pytest.fixture(scope="session")
