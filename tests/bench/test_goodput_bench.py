@@ -158,6 +158,36 @@ def test_markdown_and_plot(bench, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_two_level_model_from_a_runs_measured_costs(bench):
+    """The inprocess row of the run of 2026-11-26 07:25 (docs/BENCHMARKS.md), whose
+    model was first worked out by hand: 0.882."""
+    r = {
+        "snapshots": 33,
+        "snapshot_blocked_s": 0.137,
+        "snapshot_slowdown_s": 0.183,
+        "saves": 8,
+        "save_blocked_s": 0.908,
+        "interval_s": 45.82,
+        "emergency_blocked_s": 1.0321,
+        "overhead_s": {"save": 8.9},
+        "useful_step_s": 2.2294,
+        "failures": [
+            {"kind": "notice", "restart_s": 2.03},
+            {"kind": "sigkill", "restart_s": 0.97},
+            {"kind": "notice", "restart_s": 1.99},
+            {"kind": "sigkill", "restart_s": 1.22},
+        ],
+    }
+    m = bench.two_level_model(r, 120.0, 0.5)
+    assert m["snapshot_interval_s"] == pytest.approx(12.39, abs=0.01)  # sqrt(2 x 0.32 x 120 / 0.5)
+    assert (m["snapshots"], m["durable"], m["failures"]) == pytest.approx((0.0516, 0.0441, 0.0219), abs=1e-4)
+    assert m["goodput"] == pytest.approx(0.8824, abs=1e-4)
+    # Cheaper snapshots, fewer notices: less waste.
+    assert bench.two_level_model({**r, "snapshot_slowdown_s": 0.0}, 120.0, 0.5)["goodput"] > m["goodput"]
+    assert bench.two_level_model({**r, "snapshots": 0}, 120.0, 0.5) is None  # no in-memory tier
+    assert bench.two_level_model({**r, "failures": r["failures"][:1]}, 120.0, 0.5) is None  # no SIGKILL measured
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="lowering a niceness needs root (CAP_SYS_NICE)")
 def test_a_spare_node_taking_over_gets_its_priority_back_in_every_thread(bench):
     code = "import subprocess, threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); "
