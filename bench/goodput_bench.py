@@ -596,7 +596,8 @@ def two_level_model(r: dict[str, Any], mtbf_s: float, notice_share: float) -> di
     C_s is a snapshot's blocked time plus its slowdown, C_d a save's blocked time plus
     the save slowdown per save; q the share of notices. None without the measurements."""
     needed = ("snapshots", "saves", "interval_s", "emergency_blocked_s", "overhead_s")
-    if not all(r.get(k) for k in needed) or not 0 <= notice_share < 1:
+    measured = ("snapshot_blocked_s", "snapshot_slowdown_s", "save_blocked_s", "useful_step_s")
+    if not all(r.get(k) for k in needed) or any(r.get(k) is None for k in measured) or not 0 <= notice_share < 1:
         return None
     failures = {k: [f["restart_s"] for f in r["failures"] if f["kind"] == k] for k in ("notice", "sigkill")}
     if not all(failures.values()):

@@ -185,6 +185,7 @@ def test_the_two_level_model_from_a_runs_measured_costs(bench):
     # Cheaper snapshots, fewer notices: less waste.
     assert bench.two_level_model({**r, "snapshot_slowdown_s": 0.0}, 120.0, 0.5)["goodput"] > m["goodput"]
     assert bench.two_level_model({**r, "snapshots": 0}, 120.0, 0.5) is None  # no in-memory tier
+    assert bench.two_level_model({**r, "snapshot_slowdown_s": None}, 120.0, 0.5) is None  # none completed
     assert bench.two_level_model({**r, "failures": r["failures"][:1]}, 120.0, 0.5) is None  # no SIGKILL measured
 
 

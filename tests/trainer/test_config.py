@@ -135,19 +135,26 @@ def test_trainer_exits_2_with_one_line_on_bad_config(tmp_path):
 
 def test_a_quick_exit_keeps_the_code_the_atexit_handlers_and_the_buffered_output():
     """The entry points end with exit_quickly (gc.freeze, then sys.exit): only the
-    shutdown's last collector pass is skipped."""
+    shutdown's last collector pass is skipped (a plain sys.exit, for comparison, runs
+    it: the cycle's finalizer)."""
     import subprocess
     import sys
 
     from tests.trainer.conftest import child_env
 
     code = (
-        "import atexit, sys; from ftfleet.trainer.__main__ import exit_quickly; "
-        "atexit.register(lambda: print('atexit ran', file=sys.stderr)); "
-        "sys.stdout.write('buffered, no newline'); exit_quickly(75)"
+        "import atexit, sys; from ftfleet.trainer.__main__ import exit_quickly\n"
+        "class Cycle:\n"
+        "    def __del__(self): print('collected at exit', file=sys.stderr)\n"
+        "c = Cycle(); c.me = c; del c\n"  # only the collector's last pass would finalize it
+        "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+        "sys.stdout.write('buffered, no newline'); {exit}(75)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (75, "buffered, no newline", "atexit ran\n")
+    for exit, stderr in (("exit_quickly", "atexit ran\n"), ("sys.exit", "atexit ran\ncollected at exit\n")):
+        proc = subprocess.run(
+            [sys.executable, "-c", code.format(exit=exit)], env=child_env(), capture_output=True, text=True, timeout=60
+        )
+        assert (proc.returncode, proc.stdout, proc.stderr) == (75, "buffered, no newline", stderr), exit
 
 
 def run_cli(*args: str, cwd=REPO, env: dict | None = None, module: str = "ftfleet.trainer"):

@@ -75,7 +75,7 @@ def test_torch_saves_own_crc32_is_left_out_of_the_shards_only_while_the_writer_w
     metadata = dcp.FileSystemReader(tmp_path).read_metadata()
     for index, where in metadata.storage_data.items():
         if isinstance(metadata.state_dict_metadata[index.fqn], BytesStorageMetadata):
-            continue  # written as they are, not by torch.save
+            continue  # some are not torch.save's (a BytesIO is written as its bytes)
         raw = (tmp_path / where.relative_path).read_bytes()[where.offset : where.offset + where.length]
         crcs += [info.CRC for info in zipfile.ZipFile(io.BytesIO(raw)).infolist()]
     assert len(crcs) > 20 and set(crcs) == {0}
@@ -101,6 +101,40 @@ def test_torch_saves_own_crc32_is_left_out_of_the_shards_only_while_the_writer_w
         assert get_crc32_options() is False
     finally:
         set_crc32_options(True)
+
+
+def test_where_torch_keeps_the_crc_setting_for_the_process_the_last_writer_out_restores_it(monkeypatch):
+    """torch before 2.13 holds one value for the process: overlapping writers (DCP's
+    threads, an async save beside an emergency one) must not restore it under each
+    other."""
+    import ftfleet.trainer.checkpoint.writer as writer_module
+
+    setting = {"crc": True}  # one value for the process, as such a torch keeps it
+    monkeypatch.setattr(writer_module, "_crc_option_per_thread", lambda: False)
+    monkeypatch.setattr(writer_module, "get_crc32_options", lambda: setting["crc"])
+    monkeypatch.setattr(writer_module, "set_crc32_options", lambda on: setting.update(crc=on))
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with writer_module.without_zip_crc32():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with writer_module.without_zip_crc32():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(setting["crc"])  # the first writer left; this one still writes
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [False] and setting["crc"] is True
 
 
 def test_metadata_returned_without_storage_records_is_read_from_the_file(tmp_path):

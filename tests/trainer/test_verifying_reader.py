@@ -158,6 +158,23 @@ def test_every_tensor_of_a_checkpoint_loaded_at_its_world_size_is_copied_raw(tmp
         assert torch.equal(fresh.state_dict()[key], value), key
 
 
+def test_a_checkpoint_whose_records_carry_torchs_crc32_is_copied_raw_too(tmp_path, monkeypatch):
+    """Checkpoints written before the writer left torch.save's CRC32 out read the same
+    way."""
+    import contextlib
+
+    import ftfleet.trainer.checkpoint.writer as writer_module
+
+    monkeypatch.setattr(writer_module, "without_zip_crc32", contextlib.nullcontext)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16))
+    expected = save(tmp_path, {"model": model.state_dict()})
+    fresh = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16))
+    reader = load(tmp_path, {"model": fresh.state_dict()}, expected)
+    assert reader.direct == 3 and reader.fallback == 0
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
 def flip(path, where=0.5):
     raw = bytearray(path.read_bytes())
     raw[int(len(raw) * where)] ^= 0x04

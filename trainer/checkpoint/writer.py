@@ -22,9 +22,10 @@ torch.save also takes a CRC32 of each zip record it writes, in software: about a
 of a save's CPU time on the 2-core machine (``bench/writer_bench.py``, in
 docs/BENCHMARKS.md). The manifest's CRC32C covers every byte of each file already, so
 the streams of :class:`ChecksummingFileSystem` have torch leave it out
-(:func:`without_zip_crc32`). torch.load does not check it
-(``torch.serialization.set_crc32_options``), and the reader takes a record's bytes
-without zipfile's check.
+(:func:`without_zip_crc32`; per thread where torch keeps the setting per thread, as
+2.13 does, else for the process while a checkpoint is written). torch.load does not
+check it (``torch.serialization.set_crc32_options``), and the reader takes a record's
+bytes without zipfile's check.
 
 What a streamed entry vouches for is the bytes handed to ``write()``; the restore
 verification reads the files and compares, so anything that changes a file after it was
@@ -33,6 +34,8 @@ written (or on the way to the disk) is still caught there.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import io
 import os
 import threading
@@ -51,18 +54,53 @@ from ftfleet.trainer.checkpoint.manifest import Crc32c, FileEntry
 Streamed = FileEntry | str
 
 
+@functools.cache
+def _crc_option_per_thread() -> bool:
+    """Whether torch keeps ``set_crc32_options`` per thread: its config module holds
+    each override in a context variable (torch 2.13, read in its source); earlier ones
+    hold one value for the process."""
+    from torch.utils.serialization import config
+
+    entry = getattr(config, "_config", {}).get("save.compute_crc32")
+    return isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
+
+
+_ZIP_CRC_LOCK = threading.Lock()
+_zip_crc_writers = 0
+_zip_crc_before = True
+
+
 @contextmanager
 def without_zip_crc32() -> Generator[None, None, None]:
-    """torch.save's CRC32 of each zip record off in the body, then as it was. torch
-    keeps the setting per thread (its config lives in context variables; a new thread
-    starts with the defaults), so this changes nothing for the caller's other threads:
-    DCP's writer threads each open their own streams, and each turns it off for itself."""
-    before = get_crc32_options()
-    set_crc32_options(False)
+    """torch.save's CRC32 of each zip record off in the body, then as it was. Where
+    torch keeps the setting per thread (2.13), each thread turns it off for itself:
+    DCP's writer threads each open their own streams, and nothing changes for the
+    caller's other threads. Where it is the process's, the first writer in turns it
+    off and the last one out restores it (writers overlap: DCP's threads, an async
+    save beside an emergency one), and a ``torch.save`` of the caller's own, running
+    meanwhile, also goes without it (its file still loads; ``unzip -t`` would call its
+    CRCs wrong)."""
+    global _zip_crc_writers, _zip_crc_before
+    if _crc_option_per_thread():
+        before = get_crc32_options()
+        set_crc32_options(False)
+        try:
+            yield
+        finally:
+            set_crc32_options(before)
+        return
+    with _ZIP_CRC_LOCK:
+        if _zip_crc_writers == 0:
+            _zip_crc_before = get_crc32_options()
+            set_crc32_options(False)
+        _zip_crc_writers += 1
     try:
         yield
     finally:
-        set_crc32_options(before)
+        with _ZIP_CRC_LOCK:
+            _zip_crc_writers -= 1
+            if _zip_crc_writers == 0:
+                set_crc32_options(_zip_crc_before)
 
 
 class CrcStream:
