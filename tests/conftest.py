@@ -4,7 +4,6 @@ the same ones)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +20,9 @@ def children_tmpdir(tmp_path_factory) -> Iterator[Path]:
     session's pytest directory instead of /tmp, where every killed process left its own
     for good. pytest keeps the last three sessions' directories."""
     tmp = tmp_path_factory.mktemp("tmp")
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(tmp)
-    yield tmp
-    if before is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmp))
+        yield tmp
 
 
 @pytest.fixture(scope="session")

@@ -231,27 +231,30 @@ def raw_span(item: memoryview, target: torch.Tensor) -> tuple[int, int]:
     if f"{prefix}/byteorder" in names and _stored(item, zf, f"{prefix}/byteorder") != b"little":
         raise _NotPlain("byte order")
     key = _plain_storage(_stored(item, zf, f"{prefix}/data.pkl"), target)
-    info = zf.getinfo(f"{prefix}/data/{key}")
-    nbytes = target.numel() * target.element_size()
-    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
+    start, nbytes = _stored_span(item, zf, f"{prefix}/data/{key}")
+    if nbytes != target.numel() * target.element_size():
         raise _NotPlain("record")
-    start = _data_start(item, info.header_offset)
-    if start + nbytes > len(item):
-        raise _NotPlain("bounds")
     return start, nbytes
 
 
-def _stored(item: memoryview, zf: zipfile.ZipFile, name: str) -> bytes:
-    """The bytes of the record ``name``, stored uncompressed, without zipfile's check
-    of its CRC32: the checkpoint's writer has torch.save leave it out (writer.py), and
-    the file's CRC32C covers these bytes."""
+def _stored_span(item: memoryview, zf: zipfile.ZipFile, name: str) -> tuple[int, int]:
+    """Where in ``item`` the bytes of the record ``name`` are, stored uncompressed:
+    (offset, length), or :class:`_NotPlain`."""
     info = zf.getinfo(name)
-    if info.compress_type != zipfile.ZIP_STORED:
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         raise _NotPlain("record")
     start = _data_start(item, info.header_offset)
-    if start + info.compress_size > len(item):
+    if start + info.file_size > len(item):
         raise _NotPlain("bounds")
-    return bytes(item[start : start + info.compress_size])
+    return start, info.file_size
+
+
+def _stored(item: memoryview, zf: zipfile.ZipFile, name: str) -> bytes:
+    """The bytes of the record ``name`` without zipfile's check of its CRC32: the
+    checkpoint's writer has torch.save leave it out (writer.py), and the file's CRC32C
+    covers these bytes."""
+    start, size = _stored_span(item, zf, name)
+    return bytes(item[start : start + size])
 
 
 def _data_start(item: memoryview | bytes, header: int) -> int:
