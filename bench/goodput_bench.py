@@ -38,6 +38,10 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
   (e^((tau + C)/M) - 1)), at its best at Daly's interval; computed with the measured C
   and R. The PNG plots it against the checkpoint interval with the measured points.
 
+Every process gets the host allocator the image's entrypoint gives its trainers
+(``FTFLEET_HOST_ALLOCATOR``; unset, jemalloc where installed: ``apt-get install
+libjemalloc2``), recorded as ``setup.host_allocator``.
+
 Timings on a shared 2-core machine are noisy; every figure comes with what it was
 measured from in the JSON (``--out``).
 """
@@ -63,6 +67,7 @@ from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
+from ftfleet.contract import allocator_env  # noqa: E402
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -98,6 +103,7 @@ def model_overrides(d_model: int) -> list[str]:
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_", "TORCHELASTIC_"))}
+    out.update(allocator_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
     out.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     out.update(extra or {})
     return out
@@ -672,7 +678,7 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
         f"{setup['sync_save_s']:.2f} s = T/{setup['mtbf_s'] / setup['sync_save_s']:.0f}; "
         f"{setup['steps']} steps at {setup['ref_step_s']:.3f} s/step uninterrupted (measured "
         f"before and after: {setup['ref_step_s_before']:.3f}, {setup['ref_step_s_after']:.3f}), "
-        f"{setup['nproc']} processes.",
+        f"{setup['nproc']} processes; host allocator {setup.get('host_allocator', 'glibc')}.",
         "- goodput: steps after the first x useful seconds per step over the wall time from the end of "
         "the first step to the last; useful s/step is the median step of the same run with no save or "
         "snapshot in flight "
@@ -945,6 +951,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_step_s": cal.step_s,
         "shm_root": args.shm_root,
         "notice_share": args.notice_share,
+        "host_allocator": env().get("LD_PRELOAD") or "glibc",
     }
     (work / "goodput.json").write_text(
         json.dumps({"setup": setup, "model": model, "results": results}, indent=1) + "\n"

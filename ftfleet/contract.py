@@ -22,8 +22,9 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ftfleet.errors import UserError
 
@@ -149,6 +150,16 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "/run/ftfleet-shm",
     ),
     EnvVar(
+        "FTFLEET_HOST_ALLOCATOR",
+        False,
+        "The malloc the trainer's processes use for host memory. `jemalloc` (the image's "
+        "default): freed memory stays in the process for the next step (`MALLOC_CONF` "
+        "`dirty_decay_ms:-1,muzzy_decay_ms:-1` unless one is set) instead of coming back as "
+        "fresh pages; `system`: glibc's malloc; an absolute path: that library, preloaded. "
+        "Unset: jemalloc where it is installed.",
+        "system",
+    ),
+    EnvVar(
         "FTFLEET_METRICS_PORT",
         False,
         "Port of the Prometheus exporter of local rank 0 (rank r: port + r; 0: off).",
@@ -163,6 +174,7 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
 )
 
 ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)
+HOST_ALLOCATOR_ENV = "FTFLEET_HOST_ALLOCATOR"
 
 #: GCE sets instance/preempted this long before it stops a Spot or preemptible VM (the
 #: ACPI soft-off and its shutdown period), when the template asks for no extended notice.
@@ -218,8 +230,71 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     notice = environ.get("FTFLEET_PREEMPTION_NOTICE_S", "")
     if notice and not _positive_number(notice):
         raise ContractError(f"FTFLEET_PREEMPTION_NOTICE_S={notice!r}: use a positive number of seconds")
+    host_allocator(environ)
     if environ.get("FTFLEET_CLOUD") not in CLOUDS:
         raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use one of {', '.join(CLOUDS)}")
+
+
+def host_allocator(environ: Mapping[str, str] | None = None) -> str:
+    """FTFLEET_HOST_ALLOCATOR, checked: "" (unset), ``jemalloc``, ``system`` or an
+    absolute path (:func:`allocator_env` acts on it)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(HOST_ALLOCATOR_ENV, "")
+    if value not in ("", "jemalloc", "system") and not value.startswith("/"):
+        raise ContractError(f"{HOST_ALLOCATOR_ENV}={value!r}: use jemalloc, system or a library's absolute path")
+    return value
+
+
+#: jemalloc's settings for a trainer: freed memory stays in the process for reuse (why:
+#: ftfleet/trainer/hostmem.py).
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+#: Where distributions put jemalloc (Debian/Ubuntu's libjemalloc2 on x86-64 and arm64,
+#: RPM distributions, a source build); the interpreter's prefix (conda) is searched too.
+JEMALLOC_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib64/libjemalloc.so.2",
+    "/usr/local/lib/libjemalloc.so.2",
+)
+
+
+def find_jemalloc(candidates: Sequence[str] | None = None) -> str | None:
+    """The first jemalloc library that exists, or None."""
+    if candidates is None:
+        candidates = (*JEMALLOC_PATHS, os.path.join(sys.prefix, "lib", "libjemalloc.so.2"))
+    return next((path for path in candidates if os.path.isfile(path)), None)
+
+
+def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence[str] | None = None) -> dict[str, str]:
+    """The variables (``LD_PRELOAD``, ``MALLOC_CONF``) to add to ``environ`` for the
+    processes a launcher starts, as ``FTFLEET_HOST_ALLOCATOR`` asks: unset, jemalloc
+    where it is installed; ``jemalloc``, jemalloc or a ContractError; ``system``,
+    nothing (glibc's malloc); an absolute path, that library. Nothing when the library
+    is preloaded already; a ``MALLOC_CONF`` of the caller's own is kept."""
+    environ = os.environ if environ is None else environ
+    choice = host_allocator(environ)
+    if choice == "system":
+        return {}
+    if choice.startswith("/"):
+        if not os.path.isfile(choice):
+            raise ContractError(f"{HOST_ALLOCATOR_ENV}={choice}: no such file; give a malloc library, or system")
+        library: str | None = choice
+    else:  # unset, or jemalloc
+        library = find_jemalloc(candidates)
+        if library is None and choice:
+            raise ContractError(
+                f"{HOST_ALLOCATOR_ENV}=jemalloc: no libjemalloc.so.2 found (install libjemalloc2, give its path, "
+                "or set system)"
+            )
+    if library is None:
+        return {}
+    preload = environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    if any(os.path.basename(p) == os.path.basename(library) for p in preload):
+        return {}
+    out = {"LD_PRELOAD": " ".join([library, *preload])}
+    if "jemalloc" in os.path.basename(library) and not environ.get("MALLOC_CONF"):
+        out["MALLOC_CONF"] = JEMALLOC_CONF
+    return out
 
 
 def _positive_number(text: str) -> bool:

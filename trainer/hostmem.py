@@ -28,6 +28,23 @@ PyTorch reads the variable once, at its first CPU allocation (of any size): call
 after the config is read), or set ``THP_MEM_ALLOC_ENABLE=1`` in the environment. It
 sets the variable only when it is not set (``THP_MEM_ALLOC_ENABLE=0`` keeps a user's
 choice); children (data-loader workers) inherit it.
+
+Huge pages make a fresh block cheaper; they do not stop the blocks from being fresh.
+Every step still gave its memory back to the kernel and took new memory again (the
+goodput bench's FSDP step: about 3.6 GB of new huge pages a step on each rank, 60 % of
+the ranks' CPU time in the kernel), and on a virtual machine that reports free memory
+to its host (virtio-balloon free page reporting, as on the 2-core machine) a block
+that stayed free for a moment, across a save or a restart, comes back through the
+host's page faults: the step after each synchronous save took 0.3-2.1 s longer.
+jemalloc keeps freed memory in the process for the next allocation of its size
+(``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``: never handed back), so after the
+first steps a step allocates nothing new from the kernel. PyTorch's CPU performance
+guide recommends it for CPU work; it keeps the process's peak of host memory, which a
+training node dedicates to its trainer anyway. A process takes it only when it starts
+(``LD_PRELOAD``): :func:`ftfleet.contract.allocator_env` gives the variables for the
+processes a launcher starts, as the image's entrypoint and the in-process launcher do
+(``FTFLEET_HOST_ALLOCATOR``, docs/CONTRACT.md); :func:`active_allocator` says which
+one a running process has.
 """
 
 from __future__ import annotations
@@ -69,3 +86,16 @@ def use_huge_pages(path: Path = THP_MODE) -> bool:
     if asked and mode == "never":
         log.info("host memory: the kernel's transparent huge pages are off (%s: never); 4 KiB pages", path)
     return asked and mode in ("always", "madvise")
+
+
+def active_allocator(maps: Path = Path("/proc/self/maps")) -> str:
+    """The malloc library this process has loaded (``jemalloc``, ``tcmalloc``,
+    ``mimalloc``), else ``glibc``."""
+    try:
+        text = maps.read_text()
+    except OSError:
+        return "unknown"
+    for name in ("jemalloc", "tcmalloc", "mimalloc"):
+        if f"/lib{name}" in text:
+            return name
+    return "glibc"

@@ -34,7 +34,7 @@ from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state
 from ftfleet.trainer.config import JobConfig
 from ftfleet.trainer.data.loader import GlobalBatches
 from ftfleet.trainer.data.workers import start_for
-from ftfleet.trainer.hostmem import use_huge_pages
+from ftfleet.trainer.hostmem import active_allocator, use_huge_pages
 from ftfleet.trainer.preflight import preflight
 from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
 from ftfleet.trainer.resilience.reference import Resilience
@@ -203,8 +203,8 @@ def _expect(obj: Any, kind: type, key: str, what: str) -> Any:
 
 def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     preflight(cfg)  # bad input fails here, before init_process_group
-    if cfg.train.huge_pages:
-        use_huge_pages()  # before the model, its optimizer and the first step allocate
+    huge = cfg.train.huge_pages and use_huge_pages()  # before the model, its optimizer and the first step allocate
+    log.info("host memory: %s malloc%s", active_allocator(), ", transparent huge pages" if huge else "")
     t_start = time.monotonic()
     start_for(cfg)  # the entry points started it already; a library caller's starts here
     run = build(cfg)

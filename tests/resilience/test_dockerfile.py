@@ -142,6 +142,17 @@ def test_efa_settings_are_not_baked_into_the_image():
     assert "efa_env()" in ENTRYPOINT.read_text()
 
 
+def test_the_image_allocates_host_memory_with_jemalloc_and_checks_it_is_there():
+    steps = run_steps()
+    assert re.search(r"apt-get install [^&]*\blibjemalloc2\b", steps)
+    assert 'test -e "/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2"' in steps
+    env = dict(re.findall(r"([A-Z_][A-Z0-9_]*)=(\S+)", " ".join(values("ENV"))))
+    # Asked for by name: a missing library stops the entrypoint instead of training without it.
+    assert env["FTFLEET_HOST_ALLOCATOR"] == "jemalloc"
+    assert "LD_PRELOAD" not in env  # only torchrun and its workers get it, from the entrypoint
+    assert "allocator_env()" in ENTRYPOINT.read_text()
+
+
 def test_the_image_runs_as_a_non_root_user():
     users = values("USER")
     assert users, "no USER instruction"
@@ -290,6 +301,53 @@ def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
         assert got.exists()
     finally:
         proc.kill()
+
+
+def _mapped_library(stem: str) -> str | None:
+    """The path of a shared library this interpreter has loaded (a real ELF object that
+    is harmless to preload), or None."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if os.path.basename(path).startswith(stem + ".so"):
+            return path
+    return None
+
+
+def test_the_entrypoint_preloads_the_host_allocator_for_torchrun(fake_bin):
+    fake_torchrun(fake_bin, 'printf "preload=%s conf=%s\\n" "${LD_PRELOAD:-}" "${MALLOC_CONF:-}"\n')
+    library = _mapped_library("libm")
+    if library is None:
+        pytest.skip("no libm mapped in this interpreter to preload")
+    result = subprocess.run(
+        [str(ENTRYPOINT)],
+        cwd=REPO,
+        env=contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR=library, LD_PRELOAD=None, MALLOC_CONF=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"preload={library} conf="
+    result = subprocess.run(
+        [str(ENTRYPOINT)],
+        cwd=REPO,
+        env=contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR="system", LD_PRELOAD=None, MALLOC_CONF=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "preload= conf="
+    for bad, why in (("tcmalloc", "use jemalloc, system"), ("/nowhere/libjemalloc.so.2", "no such file")):
+        result = subprocess.run(
+            [str(ENTRYPOINT)],
+            cwd=REPO,
+            env=contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR=bad),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == EXIT_CONFIG and result.stdout == ""
+        assert "FTFLEET_HOST_ALLOCATOR" in result.stderr and why in result.stderr, result.stderr
 
 
 def test_max_restarts_defaults_to_100_and_must_be_a_number(fake_bin):

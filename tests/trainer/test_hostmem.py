@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ftfleet import contract
+from ftfleet.contract import ContractError
 from ftfleet.trainer import hostmem
 
 # A fresh process: the allocator reads the variable once, at its first large allocation.
@@ -80,3 +82,79 @@ def test_a_users_setting_is_kept_and_the_kernel_mode_is_read(tmp_path: Path, mon
     mode.write_text("always madvise [never]\n")
     assert hostmem.use_huge_pages(mode) is False  # asked for, but the kernel gives none
     assert hostmem.thp_mode(tmp_path / "missing") is None
+
+
+# -- the host allocator (FTFLEET_HOST_ALLOCATOR) -------------------------------------
+
+REUSE = textwrap.dedent(
+    """
+    import json, resource
+    import torch
+    from ftfleet.trainer.hostmem import active_allocator
+    def faults():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    counts = []
+    for _ in range(3):
+        before = faults()
+        x = torch.ones(25_000_000)  # 100 MB, freed below
+        del x
+        counts.append(faults() - before)
+    print(json.dumps({"allocator": active_allocator(), "faults": counts}))
+    """
+)
+
+
+def _reuse(env: dict[str, str]) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF", hostmem.ENV)}
+    environ.update({hostmem.ENV: "0", **env})  # 4 KiB pages: one fault per page touched
+    out = subprocess.run(
+        [sys.executable, "-c", REUSE], capture_output=True, text=True, env=environ, timeout=120, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(contract.find_jemalloc() is None, reason="no libjemalloc.so.2 on this machine (apt libjemalloc2)")
+def test_with_jemalloc_a_freed_tensor_s_memory_is_reused_not_faulted_in_again() -> None:
+    small_pages = 100_000_000 // 4096
+    glibc = _reuse(contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "system"}))
+    assert glibc["allocator"] == "glibc"
+    assert min(glibc["faults"]) > small_pages * 0.9  # every allocation: new pages from the kernel
+    jemalloc = _reuse(contract.allocator_env({}))
+    assert jemalloc["allocator"] == "jemalloc"
+    first, *again = jemalloc["faults"]
+    assert first > small_pages * 0.9 and max(again) < small_pages / 10, jemalloc
+
+
+def test_the_allocator_variables_follow_the_setting(tmp_path: Path) -> None:
+    lib = tmp_path / "libjemalloc.so.2"
+    lib.write_bytes(b"")
+    found = [str(lib)]
+    assert contract.allocator_env({}, found) == {"LD_PRELOAD": str(lib), "MALLOC_CONF": contract.JEMALLOC_CONF}
+    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "jemalloc"}, found)["LD_PRELOAD"] == str(lib)
+    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "system"}, found) == {}
+    # Another preload is kept behind it; a MALLOC_CONF of the user's own is kept.
+    env = contract.allocator_env({"LD_PRELOAD": "/opt/a.so:/opt/b.so", "MALLOC_CONF": "narenas:2"}, found)
+    assert env == {"LD_PRELOAD": f"{lib} /opt/a.so /opt/b.so"}
+    # Preloaded already (by whoever started this process): nothing to add.
+    assert contract.allocator_env({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, found) == {}
+    # Not installed: nothing unless it was asked for by name.
+    assert contract.allocator_env({}, [str(tmp_path / "missing.so")]) == {}
+    with pytest.raises(ContractError, match="FTFLEET_HOST_ALLOCATOR=jemalloc: no libjemalloc.so.2 found"):
+        contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "jemalloc"}, [str(tmp_path / "missing.so")])
+    # A library by path: preloaded without jemalloc's settings; it must exist.
+    other = tmp_path / "libtcmalloc.so.4"
+    other.write_bytes(b"")
+    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(other)}) == {"LD_PRELOAD": str(other)}
+    with pytest.raises(ContractError, match="no such file"):
+        contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(tmp_path / "nope.so")})
+    with pytest.raises(ContractError, match="use jemalloc, system or a library's absolute path"):
+        contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "tcmalloc"})
+
+
+def test_the_loaded_allocator_is_read_from_the_process_maps(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n")
+    assert hostmem.active_allocator(maps) == "jemalloc"
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert hostmem.active_allocator(maps) == "glibc"
+    assert hostmem.active_allocator(tmp_path / "missing") == "unknown"

@@ -8,7 +8,8 @@ is the whole-group restart this mode avoids. Here the launcher:
   trainer's (``MASTER_PORT``; the ranks connect as clients, as under torchrun's agent
   store, ``TORCHELASTIC_USE_AGENT_STORE=True``) and the wrapper's (``MASTER_PORT + 1``);
 * starts N + K worker processes (:mod:`.worker`): ranks 0..N-1 train, N..N+K-1 are
-  warm spares, torch imported, waiting in the wrapper;
+  warm spares, torch imported, waiting in the wrapper; with the host allocator
+  ``FTFLEET_HOST_ALLOCATOR`` asks for (jemalloc where installed, :mod:`~ftfleet.trainer.hostmem`);
 * keeps the world at N ranks (the same trajectory as an uninterrupted run): with fewer
   processes left the ranks wait, inactive, and the launcher stops them (SIGTERM,
   SIGKILL 2 s later) so that the machine restarts at once instead of after the
@@ -35,6 +36,7 @@ import time
 
 import torch.distributed as dist
 
+from ftfleet.contract import ContractError, allocator_env
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= min_ranks <= args.nproc:
         parser.error(f"--min-ranks {args.min_ranks}: use 1 to --nproc ({args.nproc})")
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    try:  # the workers' host allocator (FTFLEET_HOST_ALLOCATOR), preloaded when they start
+        allocator = allocator_env()
+    except ContractError as exc:
+        parser.error(str(exc))
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
     total = args.nproc + args.spares
     timeout = datetime.timedelta(seconds=300)
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for rank in range(total):
         env = {
             **os.environ,
+            **allocator,
             "RANK": str(rank),
             "WORLD_SIZE": str(total),
             "LOCAL_RANK": str(rank),
