@@ -396,6 +396,7 @@ class CheckpointManager:
             sync_files=True,
             thread_count=self.cfg.thread_count,
             overwrite=True,
+            direct_io=self.cfg.direct_io,
         )
         if source is not None:
             # The snapshot's bytes are the staged copy: nothing for training to wait for.
