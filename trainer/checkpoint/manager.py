@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, StagingOptions
 
 from ftfleet.contract import memory_dir
-from ftfleet.errors import ConfigError
+from ftfleet.errors import ConfigError, interrupt_in
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
 from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
@@ -415,6 +415,11 @@ class CheckpointManager:
             try:
                 written.set_result(dcp.save(state, storage_writer=writer, process_group=self.ckpt_group))
             except (Exception, CheckpointException) as exc:  # a CommitError on every rank
+                # An in-process restart's request, delivered inside DCP's collective and
+                # wrapped by it, goes on (a failed save in its place left the wrapper
+                # without its signal: the rank gave up instead of restarting).
+                if (interrupt := interrupt_in(exc, self.comm.rank)) is not None:
+                    raise interrupt from None
                 written.set_exception(exc)
         self._inflight = self._commit_pool.submit(self._commit, step, written, writer, t0)
         self.last_saved_step = step

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from ftfleet.contract import EXIT_CONFIG
-from ftfleet.errors import UserError
+from ftfleet.errors import UserError, interrupt_in
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
@@ -62,6 +62,10 @@ def _loading(fn, *args, **kwargs) -> None:
     try:
         fn(*args, **kwargs)
     except CheckpointException as exc:
+        group = kwargs.get("process_group")
+        rank = torch.distributed.get_rank(group) if torch.distributed.is_initialized() else 0
+        if (interrupt := interrupt_in(exc, rank)) is not None:
+            raise interrupt from None  # an in-process restart's request, wrapped by DCP
         # Every rank gets the same failures (by rank): each raises the same one.
         failures = [error for error, _trace in exc.failures.values()]
         for kind in (CheckpointMismatch, CorruptFile):

@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ftfleet.errors import ConfigError, UserError
+from ftfleet.errors import ConfigError, UserError, interrupt_in
 from ftfleet.trainer.data.order import GlobalOrder
 from ftfleet.trainer.data.workers import drop_inherited_sockets, exit_with, resolve_start_method, start_worker_server
 
@@ -290,7 +290,7 @@ class GlobalBatches:
         try:
             self.close()
         except Exception as exc:  # noqa: BLE001 - the failure being handled is the one to report
-            interrupt = _interrupt_in(exc)
+            interrupt = interrupt_in(exc)
             if interrupt is not None:
                 raise interrupt from None
             log.warning("data loader: closing after a failure: %s: %s", type(exc).__name__, exc)
@@ -307,20 +307,6 @@ class GlobalBatches:
                 shutdown()
         if self._trace is not None:
             self._trace.close()
-
-
-def _interrupt_in(exc: BaseException) -> BaseException | None:
-    """A BaseException that is not an Exception (KeyboardInterrupt, SystemExit, an
-    asynchronous restart request) which ``exc`` replaced while it was handled: it must go
-    on, not be logged away with ``exc``."""
-    seen: set[int] = set()
-    cause = exc.__context__
-    while cause is not None and id(cause) not in seen:
-        if not isinstance(cause, Exception):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__context__
-    return None
 
 
 def _to_device(data: Any, device: torch.device) -> Any:
