@@ -67,7 +67,7 @@ from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
-from ftfleet.contract import allocator_env  # noqa: E402
+from ftfleet.contract import ContractError, allocator_env  # noqa: E402
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -793,6 +793,10 @@ def main(argv: list[str] | None = None) -> int:
         help="only draw goodput.png again (into --out) from a run's goodput.json",
     )
     args = p.parse_args(argv)
+    try:
+        allocator_env(os.environ)  # a bad FTFLEET_HOST_ALLOCATOR stops here, not at a node's start
+    except ContractError as exc:
+        p.error(str(exc))
     if args.replot:
         args.out.mkdir(parents=True, exist_ok=True)
         say(replot(args.replot, args.out / "goodput.png"))
@@ -951,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_step_s": cal.step_s,
         "shm_root": args.shm_root,
         "notice_share": args.notice_share,
-        "host_allocator": env().get("LD_PRELOAD") or "glibc",
+        "host_allocator": next((p for p in env().get("LD_PRELOAD", "").split() if "malloc" in p), "glibc"),
     }
     (work / "goodput.json").write_text(
         json.dumps({"setup": setup, "model": model, "results": results}, indent=1) + "\n"

@@ -16,6 +16,18 @@ tmpfs mounted with ``huge=within_size``, as the fleet's boot scripts do, against
 /dev/shm): the file created, allocated, mapped and populated the way
 :meth:`~ftfleet.trainer.checkpoint.memory.MemoryTier.mapped` does it, then the state's
 bytes copied in, alternating between the directories, ``--repeats`` times, medians.
+
+    .venv/bin/python bench/hostmem_bench.py --saves --rounds 2
+
+the host allocator and the shards' writes: the same model, ``--steps`` steps with a
+synchronous save every ``--every``, with glibc's malloc and buffered shards (before),
+jemalloc and buffered shards, and jemalloc with ``O_DIRECT`` shards (as it is),
+alternating. Reported, medians over the rounds: the median step without a save beside
+it, the step right after each save above that median, and each save's blocked time.
+jemalloc is preloaded the way the image's entrypoint does it (``FTFLEET_HOST_ALLOCATOR``;
+``apt-get install libjemalloc2``). The other modes run with the allocator the
+environment gives (:func:`goodput_bench.env`: jemalloc where installed); their
+figures in docs/BENCHMARKS.md predate it (``FTFLEET_HOST_ALLOCATOR=system`` repeats them).
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from goodput_bench import cmd, env, model_overrides  # noqa: E402
 
+from ftfleet.contract import allocator_env, find_jemalloc  # noqa: E402
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
 
 SETTINGS = {"4 KiB pages": "train.huge_pages=false", "huge pages": "train.huge_pages=true"}
@@ -90,6 +103,66 @@ def files(dirs: list[Path], repeats: int, nbytes: int) -> None:
         print(f"| {d} | {create:.3f} ({create / base:.2f}x) | {copy:.3f} |")
 
 
+#: --saves: (FTFLEET_HOST_ALLOCATOR, checkpoint.direct_io) of each variant.
+SAVE_VARIANTS = {
+    "glibc, buffered (before)": ("system", False),
+    "jemalloc, buffered": ("jemalloc", False),
+    "jemalloc, O_DIRECT (as it is)": ("jemalloc", True),
+}
+
+
+def save_run(work: Path, name: str, args: argparse.Namespace) -> dict[str, float]:
+    allocator, direct = SAVE_VARIANTS[name]
+    run_dir = work / name.split(" (")[0].replace(", ", "-")
+    overrides = model_overrides(args.d_model) + [
+        f"train.steps={args.steps}",
+        "resilience.interval.mode=fixed",
+        f"resilience.interval.fixed_steps={args.every}",
+        "checkpoint.async_save=false",
+        f"checkpoint.direct_io={str(direct).lower()}",
+    ]
+    environ = {k: v for k, v in env().items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    environ.update(allocator_env({"FTFLEET_HOST_ALLOCATOR": allocator}))
+    subprocess.run(cmd(2, run_dir, overrides), env=environ, cwd=REPO, check=True, capture_output=True)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    steps = {e["step"]: e["seconds"] for e in events if e["event"] == "step"}
+    after = {s + 1 for s in range(args.every, args.steps, args.every)}
+    quiet = statistics.median(t for s, t in steps.items() if s not in after and s > 1)
+    blocked = [e["blocked_s"] for e in events if e["event"] == "committed" and e.get("reason") == "interval"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {
+        "step_s": quiet,
+        "after_save_s": statistics.median(steps[s] - quiet for s in after if s in steps),
+        "blocked_s": statistics.median(blocked),
+    }
+
+
+def saves(args: argparse.Namespace) -> None:
+    if find_jemalloc() is None:
+        sys.exit("error: no libjemalloc.so.2 found: install it (apt-get install libjemalloc2)")
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in SAVE_VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="ftfleet-hostmem-", dir=args.dir) as tmp:
+        for r in range(args.rounds):
+            for name in SAVE_VARIANTS:
+                rows[name].append(save_run(Path(tmp), name, args))
+                print(f"round {r + 1} {name}: {rows[name][-1]}", file=sys.stderr, flush=True)
+    keys = ("step_s", "after_save_s", "blocked_s")
+    med = {name: {k: statistics.median(x[k] for x in samples) for k in keys} for name, samples in rows.items()}
+
+    def per_interval(m: dict[str, float]) -> float:  # training's time per save interval
+        return args.every * m["step_s"] + m["after_save_s"] + m["blocked_s"]
+
+    base = per_interval(med[next(iter(SAVE_VARIANTS))])
+    print(f"2 ranks, d_model {args.d_model}, a synchronous save every {args.every} steps, medians of {args.rounds}")
+    print("| variant | step (s) | step after a save, above it (s) | save blocked (s) | per interval / before |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, m in med.items():
+        print(
+            f"| {name} | {m['step_s']:.3f} | {m['after_save_s']:+.3f} | {m['blocked_s']:.3f} "
+            f"| {per_interval(m) / base:.2f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -98,7 +171,14 @@ def main() -> None:
     parser.add_argument("--files", type=Path, nargs="+", metavar="DIR", help="only time new snapshot files in each")
     parser.add_argument("--repeats", type=int, default=7, help="with --files (default 7)")
     parser.add_argument("--mb", type=int, default=679, help="with --files: the file's size (default 679: a rank's)")
+    parser.add_argument("--saves", action="store_true", help="only the allocator and shard-write variants")
+    parser.add_argument("--every", type=int, default=5, help="with --saves: steps between saves (default 5)")
+    parser.add_argument("--dir", type=Path, default=None, help="with --saves: where the runs go (default: TMPDIR)")
     args = parser.parse_args()
+    if args.saves:
+        args.steps = max(args.steps, 5 * args.every + 1)
+        saves(args)
+        return
     if args.files:
         files(args.files, args.repeats, args.mb * 10**6)
         return

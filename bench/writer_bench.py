@@ -1,16 +1,18 @@
-"""The checkpoint writer's cost with torch.save's zip CRC32 left out (what it does) and
-taken (what it did before), in the same run.
+"""The checkpoint writer as it is (shards with ``O_DIRECT``, torch.save's zip CRC32 left
+out) against itself buffered through the page cache, and buffered with the zip CRC32
+taken (the writer before either change), in the same run.
 
     .venv/bin/python bench/writer_bench.py --mb 680 --repeats 9
 
 ``dcp.save`` of one rank's state (``--mb`` of float32 tensors in 24 pieces, like
 weights and two Adam moments) through :class:`ChecksummingWriter` into a new directory
-(the previous one removed first, as the retention does), with ``fsync``, ``--threads``
-writer threads. The two alternate within each repeat, so that a shared machine's
-drifting load hits them alike. Wall time, and CPU time (every thread of the process:
-on a machine whose cores train, a background save's CPU time is what training loses).
-The baseline swaps :func:`~ftfleet.trainer.checkpoint.writer.without_zip_crc32` for a
-context that changes nothing.
+(the previous one removed first, as the retention does, then ``--idle`` seconds without
+I/O, as between a trainer's saves), with ``fsync``, ``--threads`` writer threads. The
+three alternate within each repeat, so that a shared machine's drifting load hits them
+alike. Wall time, and CPU time (every thread of the process: on a machine whose cores
+train, a background save's CPU time is what training loses). The zip-CRC baseline swaps
+:func:`~ftfleet.trainer.checkpoint.writer.without_zip_crc32` for a context that changes
+nothing.
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ from ftfleet.trainer.checkpoint import writer as writer_module  # noqa: E402
 from ftfleet.trainer.checkpoint.writer import ChecksummingWriter  # noqa: E402
 
 
-def save_once(state: dict[str, torch.Tensor], where: Path, threads: int) -> tuple[float, float]:
+def save_once(
+    state: dict[str, torch.Tensor], where: Path, threads: int, idle_s: float, direct: bool
+) -> tuple[float, float]:
     shutil.rmtree(where, ignore_errors=True)
-    writer = ChecksummingWriter(where, single_file_per_rank=True, sync_files=True, thread_count=threads)
+    time.sleep(idle_s)
+    writer = ChecksummingWriter(
+        where, single_file_per_rank=True, sync_files=True, thread_count=threads, direct_io=direct
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     dcp.save(state, storage_writer=writer, no_dist=True)
     return time.perf_counter() - t0, time.process_time() - c0
@@ -47,30 +54,41 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2, help="writer threads (checkpoint.thread_count)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ftfleet-writer-bench"))
+    ap.add_argument(
+        "--idle",
+        type=float,
+        default=5.0,
+        help="seconds between removing the last save and the next (default 5; memory freed that long "
+        "ago is what a trainer's next save finds)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     n = int(args.mb * (1 << 20) / 4) // 24
     state = {f"{g}.{i}": torch.randn(n) for g in ("w", "m", "v") for i in range(8)}
     without = writer_module.without_zip_crc32
-    runs: dict[str, list[tuple[float, float]]] = {"zip CRC32 left out": [], "zip CRC32 taken": []}
+    names = ("direct (as it is)", "buffered", "buffered, zip CRC32 taken")
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     try:
         for _ in range(args.repeats):
             writer_module.without_zip_crc32 = without
-            runs["zip CRC32 left out"].append(save_once(state, args.dir, args.threads))
+            runs[names[0]].append(save_once(state, args.dir, args.threads, args.idle, True))
+            runs[names[1]].append(save_once(state, args.dir, args.threads, args.idle, False))
             writer_module.without_zip_crc32 = contextlib.nullcontext
-            runs["zip CRC32 taken"].append(save_once(state, args.dir, args.threads))
+            runs[names[2]].append(save_once(state, args.dir, args.threads, args.idle, False))
     finally:
         writer_module.without_zip_crc32 = without
         shutil.rmtree(args.dir, ignore_errors=True)
     size = sum(t.numel() * t.element_size() for t in state.values())
-    print(f"dcp.save of {size / 1e6:.0f} MB, {args.threads} writer threads, fsync, median of {args.repeats}")
-    print("| writer | wall | CPU |")
-    print("| --- | --- | --- |")
+    print(
+        f"dcp.save of {size / 1e6:.0f} MB, {args.threads} writer threads, fsync, {args.idle:g} s idle before "
+        f"each, median of {args.repeats}"
+    )
+    print("| writer | wall | CPU | wall / as it is | CPU / as it is |")
+    print("| --- | --- | --- | --- | --- |")
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
+    w0, c0 = med[names[0]]
     for name, (wall, cpu) in med.items():
-        print(f"| {name} | {wall:.3f} s | {cpu:.3f} s |")
-    (w1, c1), (w0, c0) = med["zip CRC32 left out"], med["zip CRC32 taken"]
-    print(f"left out / taken: wall {w1 / w0:.2f}, CPU {c1 / c0:.2f}")
+        print(f"| {name} | {wall:.3f} s | {cpu:.3f} s | {wall / w0:.2f} | {cpu / c0:.2f} |")
 
 
 if __name__ == "__main__":

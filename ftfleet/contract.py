@@ -41,6 +41,9 @@ class EnvVar:
     example: str
 
 
+#: Which malloc the trainer's processes use (:func:`allocator_env`).
+HOST_ALLOCATOR_ENV = "FTFLEET_HOST_ALLOCATOR"
+
 TRAINER_ENV: tuple[EnvVar, ...] = (
     EnvVar(
         "FTFLEET_RUN_ID", True, "Identifies the training run; checkpoints of another run are refused.", "aws-prod-llm"
@@ -150,13 +153,14 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "/run/ftfleet-shm",
     ),
     EnvVar(
-        "FTFLEET_HOST_ALLOCATOR",
+        HOST_ALLOCATOR_ENV,
         False,
         "The malloc the trainer's processes use for host memory. `jemalloc` (the image's "
         "default): freed memory stays in the process for the next step (`MALLOC_CONF` "
-        "`dirty_decay_ms:-1,muzzy_decay_ms:-1` unless one is set) instead of coming back as "
-        "fresh pages; `system`: glibc's malloc; an absolute path: that library, preloaded. "
-        "Unset: jemalloc where it is installed.",
+        "`dirty_decay_ms:-1,muzzy_decay_ms:-1` unless one is set; every process, loader "
+        "workers too, keeps its peak) instead of coming back as fresh pages; `system`: "
+        "glibc's malloc; an absolute path: that library, preloaded. Unset: jemalloc where "
+        "it is installed.",
         "system",
     ),
     EnvVar(
@@ -174,7 +178,6 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
 )
 
 ENV_NAMES = frozenset(v.name for v in TRAINER_ENV)
-HOST_ALLOCATOR_ENV = "FTFLEET_HOST_ALLOCATOR"
 
 #: GCE sets instance/preempted this long before it stops a Spot or preemptible VM (the
 #: ACPI soft-off and its shutdown period), when the template asks for no extended notice.
@@ -265,32 +268,50 @@ def find_jemalloc(candidates: Sequence[str] | None = None) -> str | None:
     return next((path for path in candidates if os.path.isfile(path)), None)
 
 
+#: Basenames of malloc libraries a process may have preloaded.
+MALLOC_LIBRARIES = ("libjemalloc", "libtcmalloc", "libmimalloc")
+
+
+def _is_malloc(path: str) -> bool:
+    return os.path.basename(path).startswith(MALLOC_LIBRARIES)
+
+
 def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence[str] | None = None) -> dict[str, str]:
-    """The variables (``LD_PRELOAD``, ``MALLOC_CONF``) to add to ``environ`` for the
-    processes a launcher starts, as ``FTFLEET_HOST_ALLOCATOR`` asks: unset, jemalloc
-    where it is installed; ``jemalloc``, jemalloc or a ContractError; ``system``,
-    nothing (glibc's malloc); an absolute path, that library. Nothing when the library
-    is preloaded already; a ``MALLOC_CONF`` of the caller's own is kept."""
+    """The variables (``LD_PRELOAD``, ``MALLOC_CONF``) to set for the processes a
+    launcher starts, as ``FTFLEET_HOST_ALLOCATOR`` in ``environ`` asks: unset, jemalloc
+    where it is installed (a malloc preloaded already is left as it is); ``jemalloc``,
+    jemalloc or a ContractError; ``system``, glibc's malloc (a preloaded one taken out);
+    an absolute path, that library. Another malloc already preloaded where one is asked
+    for by name is a ContractError; a ``MALLOC_CONF`` of the caller's own is kept."""
     environ = os.environ if environ is None else environ
     choice = host_allocator(environ)
+    preload = environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    others = [p for p in preload if not _is_malloc(p)]
     if choice == "system":
-        return {}
+        return {"LD_PRELOAD": " ".join(others)} if len(others) != len(preload) else {}
     if choice.startswith("/"):
         if not os.path.isfile(choice):
-            raise ContractError(f"{HOST_ALLOCATOR_ENV}={choice}: no such file; give a malloc library, or system")
-        library: str | None = choice
+            raise ContractError(f"{HOST_ALLOCATOR_ENV}={choice!r}: no such file; give a malloc library, or system")
+        library = choice
     else:  # unset, or jemalloc
-        library = find_jemalloc(candidates)
-        if library is None and choice:
-            raise ContractError(
-                f"{HOST_ALLOCATOR_ENV}=jemalloc: no libjemalloc.so.2 found (install libjemalloc2, give its path, "
-                "or set system)"
-            )
-    if library is None:
+        found = find_jemalloc(candidates)
+        if found is None:
+            if choice:
+                raise ContractError(
+                    f"{HOST_ALLOCATOR_ENV}=jemalloc: no libjemalloc.so.2 found (install libjemalloc2, give its "
+                    "path, or set system)"
+                )
+            return {}
+        library = found
+    preloaded = [p for p in preload if _is_malloc(p)]
+    if any(os.path.basename(p) == os.path.basename(library) for p in preloaded):
         return {}
-    preload = environ.get("LD_PRELOAD", "").replace(":", " ").split()
-    if any(os.path.basename(p) == os.path.basename(library) for p in preload):
-        return {}
+    if preloaded:
+        if not choice:
+            return {}  # the caller's own choice
+        raise ContractError(
+            f"{HOST_ALLOCATOR_ENV}={choice!r}, but LD_PRELOAD has {preloaded[0]} already: unset one of them"
+        )
     out = {"LD_PRELOAD": " ".join([library, *preload])}
     if "jemalloc" in os.path.basename(library) and not environ.get("MALLOC_CONF"):
         out["MALLOC_CONF"] = JEMALLOC_CONF

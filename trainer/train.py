@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ftfleet.contract import EXIT_OK
+from ftfleet.contract import EXIT_OK, HOST_ALLOCATOR_ENV, find_jemalloc
 from ftfleet.errors import ConfigError
 from ftfleet.trainer import distributed, parallel
 from ftfleet.trainer.callbacks import Callback, StepInfo, StopRequest, first_stop
@@ -204,7 +204,11 @@ def _expect(obj: Any, kind: type, key: str, what: str) -> Any:
 def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     preflight(cfg)  # bad input fails here, before init_process_group
     huge = cfg.train.huge_pages and use_huge_pages()  # before the model, its optimizer and the first step allocate
-    log.info("host memory: %s malloc%s", active_allocator(), ", transparent huge pages" if huge else "")
+    allocator = active_allocator()
+    hint = ""
+    if allocator == "glibc" and os.environ.get(HOST_ALLOCATOR_ENV) != "system" and find_jemalloc():
+        hint = f" (jemalloc is installed: the image's entrypoint preloads it; elsewhere LD_PRELOAD={find_jemalloc()})"
+    log.info("host memory: %s malloc%s%s", allocator, ", transparent huge pages" if huge else "", hint)
     t_start = time.monotonic()
     start_for(cfg)  # the entry points started it already; a library caller's starts here
     run = build(cfg)

@@ -318,34 +318,18 @@ def test_the_entrypoint_preloads_the_host_allocator_for_torchrun(fake_bin):
     library = _mapped_library("libm")
     if library is None:
         pytest.skip("no libm mapped in this interpreter to preload")
-    result = subprocess.run(
-        [str(ENTRYPOINT)],
-        cwd=REPO,
-        env=contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR=library, LD_PRELOAD=None, MALLOC_CONF=None),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def entrypoint(allocator: str) -> subprocess.CompletedProcess[str]:
+        env = contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR=allocator, LD_PRELOAD=None, MALLOC_CONF=None)
+        return subprocess.run([str(ENTRYPOINT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+    result = entrypoint(library)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"preload={library} conf="
-    result = subprocess.run(
-        [str(ENTRYPOINT)],
-        cwd=REPO,
-        env=contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR="system", LD_PRELOAD=None, MALLOC_CONF=None),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = entrypoint("system")
     assert result.returncode == 0 and result.stdout.strip() == "preload= conf="
     for bad, why in (("tcmalloc", "use jemalloc, system"), ("/nowhere/libjemalloc.so.2", "no such file")):
-        result = subprocess.run(
-            [str(ENTRYPOINT)],
-            cwd=REPO,
-            env=contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR=bad),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = entrypoint(bad)
         assert result.returncode == EXIT_CONFIG and result.stdout == ""
         assert "FTFLEET_HOST_ALLOCATOR" in result.stderr and why in result.stderr, result.stderr
 

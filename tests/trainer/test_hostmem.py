@@ -137,6 +137,14 @@ def test_the_allocator_variables_follow_the_setting(tmp_path: Path) -> None:
     assert env == {"LD_PRELOAD": f"{lib} /opt/a.so /opt/b.so"}
     # Preloaded already (by whoever started this process): nothing to add.
     assert contract.allocator_env({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, found) == {}
+    # system takes a preloaded malloc out, and leaves the rest.
+    system = {"FTFLEET_HOST_ALLOCATOR": "system", "LD_PRELOAD": f"/opt/a.so {lib}"}
+    assert contract.allocator_env(system, found) == {"LD_PRELOAD": "/opt/a.so"}
+    # Another malloc preloaded by the caller: kept when nothing is asked for by name, refused when jemalloc is.
+    tcmalloc = {"LD_PRELOAD": "/usr/lib/libtcmalloc.so.4"}
+    assert contract.allocator_env(tcmalloc, found) == {}
+    with pytest.raises(ContractError, match="LD_PRELOAD has /usr/lib/libtcmalloc.so.4 already"):
+        contract.allocator_env({**tcmalloc, "FTFLEET_HOST_ALLOCATOR": "jemalloc"}, found)
     # Not installed: nothing unless it was asked for by name.
     assert contract.allocator_env({}, [str(tmp_path / "missing.so")]) == {}
     with pytest.raises(ContractError, match="FTFLEET_HOST_ALLOCATOR=jemalloc: no libjemalloc.so.2 found"):

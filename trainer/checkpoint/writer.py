@@ -119,11 +119,15 @@ def without_zip_crc32() -> Generator[None, None, None]:
                 set_crc32_options(_zip_crc_before)
 
 
-#: O_DIRECT's alignment of offsets, lengths and memory (a page: what any device asks for).
+#: O_DIRECT's alignment of offsets, lengths and memory: a page, which covers the
+#: logical block size of the devices and file systems a fast tier runs on (one that asks
+#: for more refuses the write, and the file goes on buffered).
 DIRECT_BLOCK = 4096
 #: Bytes collected in an aligned buffer before each direct write (8 MiB: 2.0 GB/s on the
 #: 2-core machine's disk; larger buys nothing there).
 DIRECT_CHUNK = 8 << 20
+#: What a file system that does not do O_DIRECT answers at the open or the first write.
+_REFUSED = (errno.EINVAL, errno.EOPNOTSUPP)
 _BUFFERS_LOCK = threading.Lock()
 #: Aligned buffers of finished files, for the next ones (fresh memory costs page faults).
 _free_buffers: list[mmap.mmap] = []
@@ -133,7 +137,8 @@ def _take_buffer() -> mmap.mmap:
     with _BUFFERS_LOCK:
         if _free_buffers:
             return _free_buffers.pop()
-    return mmap.mmap(-1, DIRECT_CHUNK)  # page-aligned, as O_DIRECT needs
+    # Page-aligned, as O_DIRECT needs; private, so that a forked child does not share it.
+    return mmap.mmap(-1, DIRECT_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def _give_buffer(buffer: mmap.mmap) -> None:
@@ -146,11 +151,12 @@ def _give_buffer(buffer: mmap.mmap) -> None:
 
 class DirectFile:
     """A new file written with ``O_DIRECT``, append-only like DCP's: ``write()`` copies
-    into an aligned buffer, written out a full :data:`DIRECT_CHUNK` at a time;
-    ``flush()`` writes the whole blocks collected so far (torch.save flushes after every
-    tensor; the rest waits for more bytes); :meth:`finish` writes the last partial block
-    through the page cache and fsyncs. If the file system refuses a direct write
-    (``EINVAL``), or a write comes back short, the file goes on buffered."""
+    into an aligned buffer, written out a full :data:`DIRECT_CHUNK` at a time (so
+    ``flush()``, which torch.save calls after every tensor, writes nothing: on a network
+    file system each small synchronous write would wait for the server); :meth:`finish`
+    writes the rest, the last partial block through the page cache, and fsyncs. If the
+    file system refuses a direct write (``EINVAL``, ``EOPNOTSUPP``), or a write comes
+    back short of a whole block, the file goes on buffered."""
 
     def __init__(self, fd: int, name: str):
         self._fd = fd
@@ -159,6 +165,7 @@ class DirectFile:
         self._view = memoryview(self._buffer)
         self._fill = 0
         self._pos = 0
+        #: Every whole block so far went straight to the device.
         self.direct = True
         self.closed = False
 
@@ -166,18 +173,23 @@ class DirectFile:
     def open(cls, path: str | os.PathLike) -> DirectFile | None:
         """``path`` created (or truncated) for direct writes; None where the file
         system does not take ``O_DIRECT``."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0)
-        if not getattr(os, "O_DIRECT", 0):
+        direct = getattr(os, "O_DIRECT", 0)
+        if not direct:
             return None
         try:
-            fd = os.open(path, flags, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | direct, 0o666)
         except OSError as exc:
-            if exc.errno == errno.EINVAL:
+            if exc.errno in _REFUSED:
                 return None
             raise
-        return cls(fd, os.fspath(path))
+        try:
+            return cls(fd, os.fspath(path))
+        except BaseException:
+            os.close(fd)
+            raise
 
     def write(self, data: Any) -> int:
+        self._check_open()
         src = memoryview(data).cast("B")
         n = len(src)
         while src:
@@ -195,12 +207,15 @@ class DirectFile:
         done = 0
         while done < nbytes:
             try:
-                done += os.write(self._fd, self._view[done:nbytes])
+                n = os.write(self._fd, self._view[done:nbytes])
             except OSError as exc:
-                if not (self.direct and exc.errno == errno.EINVAL):
+                if not (self.direct and exc.errno in _REFUSED):
                     raise
                 self._buffered()  # the file system took the open, not the write
                 continue
+            if n <= 0:
+                raise OSError(errno.EIO, f"write of {nbytes - done} bytes to {self.name} wrote nothing")
+            done += n
             if self.direct and done % DIRECT_BLOCK and done < nbytes:
                 self._buffered()  # a short write left the offset unaligned
         rest = self._fill - nbytes
@@ -209,18 +224,20 @@ class DirectFile:
         self._fill = rest
 
     def _buffered(self) -> None:
-        """The rest of the file through the page cache: ``direct`` stays True only while
-        every whole block went straight to the device."""
+        """The rest of the file through the page cache."""
         fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
         self.direct = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError(f"{self.name}: I/O on a closed file")
 
     def tell(self) -> int:
         return self._pos
 
     def flush(self) -> None:
-        whole = self._fill - self._fill % DIRECT_BLOCK if self.direct else self._fill
-        if whole:
-            self._drain(whole)
+        """Nothing: bytes go out a chunk at a time, the rest in :meth:`finish`."""
+        self._check_open()
 
     def fileno(self) -> int:
         return self._fd
@@ -229,8 +246,12 @@ class DirectFile:
         return False
 
     def finish(self) -> None:
-        """Write what is left, less than a block, through the page cache; fsync."""
-        self.flush()
+        """Write what is left (whole blocks directly, the last partial one through the
+        page cache) and fsync."""
+        self._check_open()
+        whole = self._fill - self._fill % DIRECT_BLOCK
+        if whole and self.direct:
+            self._drain(whole)
         if self._fill:
             direct = self.direct
             self._buffered()
@@ -239,14 +260,17 @@ class DirectFile:
         os.fsync(self._fd)
 
     def close(self) -> None:
+        """Without :meth:`finish` (a failed write): the file is closed as it is."""
         if self.closed:
             return
         self.closed = True
-        self._view.release()
-        if self._buffer is not None:
-            _give_buffer(self._buffer)
-            self._buffer = None
-        os.close(self._fd)
+        try:
+            self._view.release()
+            if self._buffer is not None:
+                _give_buffer(self._buffer)
+                self._buffer = None
+        finally:
+            os.close(self._fd)
 
     def __enter__(self) -> DirectFile:
         return self
@@ -334,6 +358,8 @@ class CrcStream:
         self._closed = True
         try:
             if isinstance(self._raw, DirectFile):
+                if self._problem is not None:  # a failed write: nothing more goes into the file
+                    return
                 self._raw.finish()
             else:
                 self._raw.flush()
