@@ -132,8 +132,9 @@ class CheckpointConfig:
     direct_io: bool = True
     """Write the shards with O_DIRECT (from an aligned buffer to the device, not through
     the page cache; buffered where the file system refuses it). A checkpoint is read
-    again only after a failure: cached, it takes memory from training, and filling the
-    cache cost 4x the direct write on the 2-core machine (docs/BENCHMARKS.md)."""
+    again only after a failure: cached, it takes memory from training, and on the 2-core
+    machine filling the cache with fresh pages cost more than the write itself
+    (docs/BENCHMARKS.md, "Host memory")."""
     uri: str = ""
     """Durable tier in the primary region, `s3://bucket/prefix` or `gs://bucket/prefix`.
     Env: FTFLEET_CKPT_URI."""

@@ -32,13 +32,13 @@ The shards (``.distcp``) are written with ``O_DIRECT`` where the file system tak
 the device, not into the page cache. A checkpoint is written once and read again only
 after a failure, so caching it only takes memory from training (a node's page cache
 fills with checkpoints, which the kernel must reclaim later), and every byte is copied
-into fresh cache pages first: on the 2-core machine, a virtual machine that hands free
-memory back to its host, putting 680 MB into the page cache took 1.45 s when the
-memory had been free for a few seconds, 0.17 s right after another process freed it;
-the same bytes with ``O_DIRECT`` took 0.33-0.38 s, fsync included (docs/BENCHMARKS.md).
-The last partial block of a file goes through the page cache, then the file is
-fsynced. A file system that refuses ``O_DIRECT`` (``EINVAL`` at open or at the first
-write: tmpfs on older kernels, some FUSE file systems) gets the usual buffered file.
+into fresh cache pages first. On the 2-core machine, a virtual machine that hands free
+memory back to its host, fresh pages are dear: ``bench/writer_bench.py`` measures the
+writer both ways (docs/BENCHMARKS.md, "Host memory"). The bytes are collected into
+chunks of :data:`DIRECT_CHUNK`; the last partial block of a file goes through the page
+cache, then the file is fsynced. A file system that refuses ``O_DIRECT`` (``EINVAL`` or
+``EOPNOTSUPP`` at the open or at a write: tmpfs on older kernels, some FUSE file
+systems) gets the usual buffered file.
 
 What a streamed entry vouches for is the bytes handed to ``write()``; the restore
 verification reads the files and compares, so anything that changes a file after it was
