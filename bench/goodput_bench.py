@@ -67,7 +67,7 @@ from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
-from ftfleet.contract import ContractError, allocator_env  # noqa: E402
+from ftfleet.contract import ContractError, allocator_env, is_malloc  # noqa: E402
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -955,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_step_s": cal.step_s,
         "shm_root": args.shm_root,
         "notice_share": args.notice_share,
-        "host_allocator": next((p for p in env().get("LD_PRELOAD", "").split() if "malloc" in p), "glibc"),
+        "host_allocator": next((p for p in env().get("LD_PRELOAD", "").split() if is_malloc(p)), "glibc"),
     }
     (work / "goodput.json").write_text(
         json.dumps({"setup": setup, "model": model, "results": results}, indent=1) + "\n"

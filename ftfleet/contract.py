@@ -272,7 +272,8 @@ def find_jemalloc(candidates: Sequence[str] | None = None) -> str | None:
 MALLOC_LIBRARIES = ("libjemalloc", "libtcmalloc", "libmimalloc")
 
 
-def _is_malloc(path: str) -> bool:
+def is_malloc(path: str) -> bool:
+    """Whether ``path`` names one of :data:`MALLOC_LIBRARIES`."""
     return os.path.basename(path).startswith(MALLOC_LIBRARIES)
 
 
@@ -286,7 +287,7 @@ def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence
     environ = os.environ if environ is None else environ
     choice = host_allocator(environ)
     preload = environ.get("LD_PRELOAD", "").replace(":", " ").split()
-    others = [p for p in preload if not _is_malloc(p)]
+    others = [p for p in preload if not is_malloc(p)]
     if choice == "system":
         return {"LD_PRELOAD": " ".join(others)} if len(others) != len(preload) else {}
     if choice.startswith("/"):
@@ -303,7 +304,7 @@ def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence
                 )
             return {}
         library = found
-    preloaded = [p for p in preload if _is_malloc(p)]
+    preloaded = [p for p in preload if is_malloc(p)]
     if any(os.path.basename(p) == os.path.basename(library) for p in preloaded):
         return {}
     if preloaded:

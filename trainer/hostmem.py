@@ -54,6 +54,8 @@ import os
 import sys
 from pathlib import Path
 
+from ftfleet.contract import is_malloc
+
 log = logging.getLogger("ftfleet.hostmem")
 
 ENV = "THP_MEM_ALLOC_ENABLE"
@@ -90,12 +92,13 @@ def use_huge_pages(path: Path = THP_MODE) -> bool:
 
 def active_allocator(maps: Path = Path("/proc/self/maps")) -> str:
     """The malloc library this process has loaded (``jemalloc``, ``tcmalloc``,
-    ``mimalloc``), else ``glibc``."""
+    ``mimalloc``: :data:`ftfleet.contract.MALLOC_LIBRARIES`), else ``glibc``."""
     try:
-        text = maps.read_text()
+        lines = maps.read_text().splitlines()
     except OSError:
         return "unknown"
-    for name in ("jemalloc", "tcmalloc", "mimalloc"):
-        if f"/lib{name}" in text:
-            return name
+    for line in lines:
+        path = line.rsplit(" ", 1)[-1]
+        if is_malloc(path):
+            return os.path.basename(path)[len("lib") :].split(".")[0]
     return "glibc"

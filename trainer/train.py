@@ -206,8 +206,9 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     huge = cfg.train.huge_pages and use_huge_pages()  # before the model, its optimizer and the first step allocate
     allocator = active_allocator()
     hint = ""
-    if allocator == "glibc" and os.environ.get(HOST_ALLOCATOR_ENV) != "system" and find_jemalloc():
-        hint = f" (jemalloc is installed: the image's entrypoint preloads it; elsewhere LD_PRELOAD={find_jemalloc()})"
+    jemalloc = find_jemalloc() if allocator == "glibc" and os.environ.get(HOST_ALLOCATOR_ENV) != "system" else None
+    if jemalloc:
+        hint = f" (jemalloc is installed: the image's entrypoint preloads it; elsewhere LD_PRELOAD={jemalloc})"
     log.info("host memory: %s malloc%s%s", allocator, ", transparent huge pages" if huge else "", hint)
     t_start = time.monotonic()
     start_for(cfg)  # the entry points started it already; a library caller's starts here
