@@ -115,9 +115,24 @@ SPARE_NICE = 19
 CAN_UNNICE = os.geteuid() == 0
 
 
+def set_autogroup_nice(pid: int, value: int) -> None:
+    """The niceness of ``pid``'s autogroup (its session's), where the kernel groups tasks by
+    session (``/proc/sys/kernel/sched_autogroup_enabled``): the scheduler first shares the
+    CPU between autogroups, and a thread's own niceness weighs only within its group. A
+    spare node runs in a session of its own, so a nice of 19 on its threads alone left it
+    an equal share beside the active node's session."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(value))
+    except FileNotFoundError:  # no autogroups (or the process is gone): the threads' nice is all
+        pass
+    except PermissionError:
+        say(f"cannot set the autogroup niceness of pid {pid} (not root)")
+
+
 def unnice(pid: int) -> None:
     """Every thread of ``pid`` and its descendants back to niceness 0 (nice is per thread
-    on Linux; threads started later inherit their creator's)."""
+    on Linux; threads started later inherit their creator's), and its autogroup."""
+    set_autogroup_nice(pid, 0)
     todo = [pid]
     while todo:
         p = todo.pop()
@@ -315,6 +330,8 @@ class FaultedRun:
         ).start()
         if gate is not None:
             self._gates[name] = gate
+            if CAN_UNNICE:
+                set_autogroup_nice(node.pid, SPARE_NICE)
         self.nodes.append(node)
         return node
 
