@@ -57,6 +57,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +305,10 @@ class FaultedRun:
         self.standby: Node | None = None
         self._gates: dict[str, Path] = {}
         self._shm: dict[str, Path] = {}
+        #: Each spare node's start beside the training node: [started, ready] (time.time();
+        #: ready once its snapshot files are reserved, or when it takes over first).
+        self.spare_boots: dict[str, list[float | None]] = {}
+        self._spare_looked = 0.0
 
     def _start(self, gate: Path | None = None) -> Node:
         n = len(self.nodes) + 1
@@ -330,6 +335,7 @@ class FaultedRun:
         ).start()
         if gate is not None:
             self._gates[name] = gate
+            self.spare_boots[name] = [time.time(), None]
             if CAN_UNNICE:
                 set_autogroup_nice(node.pid, SPARE_NICE)
         self.nodes.append(node)
@@ -341,6 +347,7 @@ class FaultedRun:
         in-process run keeps one spare node warm behind the active one."""
         if self.standby is not None:
             node, self.standby = self.standby, None
+            self._spare_ready(node, take_over=True)
             unnice(node.pid)
             self._gates[node.name].touch()
         else:
@@ -348,6 +355,21 @@ class FaultedRun:
         if self.spares:
             self.standby = self._start(self.run_dir.parent / f"{self.name}-go-{len(self.nodes) + 1}")
         return node
+
+    def _spare_ready(self, node: Node, take_over: bool = False) -> None:
+        """Close ``node``'s boot window once its log says its snapshot files are reserved
+        (the last thing a spare node does before it only waits), or at its take-over."""
+        window = self.spare_boots.get(node.name)
+        if window is None or window[1] is not None:
+            return
+        now = time.time()
+        if not take_over:
+            if now - self._spare_looked < 0.5:  # its log, twice a second
+                return
+            self._spare_looked = now
+            if "reserved for snapshots" not in node.log_tail(20000):
+                return
+        window[1] = now
 
     def gone(self, node: Node) -> None:
         """The machine is gone: its processes and its RAM."""
@@ -429,6 +451,8 @@ class FaultedRun:
             if time.monotonic() > end:
                 node.kill()
                 raise SystemExit(f"{self.name}: no end after {self.args.run_timeout:.0f}s")
+            if self.standby is not None:
+                self._spare_ready(self.standby)
             time.sleep(0.02)
         tail.poll()
         return tail.events
@@ -503,7 +527,8 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "name": name,
         "steps": steps,
         "wall_s": round(wall, 1),
-        "overhead_s": overhead(lives, first, useful_s) if useful_s else None,
+        "overhead_s": overhead(lives, first, useful_s, spare_windows(run)) if useful_s else None,
+        "spare_boots_s": [round(b - a, 1) for a, b in spare_windows(run)],
         "goodput": round(counted * useful_s / wall, 4) if wall > 0 and useful_s else None,
         "useful_step_s": round(useful_s, 4) if useful_s else None,
         "goodput_vs_reference": round(counted * ref_step_s / wall, 4) if wall > 0 else None,
@@ -523,7 +548,18 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
     }
 
 
-def overhead(lives: list[Any], first: float, useful_s: float) -> dict[str, float]:
+#: Where a run's wall time went (:func:`overhead`).
+PARTS = ("useful", "redo", "save", "snapshot", "noise", "spare", "between", "restart")
+
+
+def spare_windows(run: Any) -> list[tuple[float, float]]:
+    """The spare nodes' boot windows that closed (started, ready), from ``run.spare_boots``."""
+    return [(a, b) for a, b in getattr(run, "spare_boots", {}).values() if b is not None]
+
+
+def overhead(
+    lives: list[Any], first: float, useful_s: float, spares: Sequence[tuple[float, float]] = ()
+) -> dict[str, float]:
     """Where the wall time beyond the useful steps went, summed over every pair of
     consecutive step events (rank 0's, in time order, from the first step on), so that
     ``useful + the parts = wall`` exactly:
@@ -531,6 +567,10 @@ def overhead(lives: list[Any], first: float, useful_s: float) -> dict[str, float
     - ``save`` / ``snapshot`` / ``noise``: each step's own time above the run's useful
       step, for steps with a save in flight / a snapshot in flight / neither (the last
       is the machine's spread; a quiet step below the median counts negative);
+    - ``spare``: what would be ``noise``, for steps that ran while a spare node started
+      beside the training node (``spares``: its processes importing torch, its snapshot
+      files reserved; on a fleet, another machine's work; on the bench's one machine it
+      shares the cores and the memory);
     - ``between``: time between one step's end and the next one's start in the same
       life (a save's or a snapshot's blocking part, the schedule's collectives, logging);
     - ``restart``: from a life's last step to the start of the next life's first step;
@@ -540,7 +580,7 @@ def overhead(lives: list[Any], first: float, useful_s: float) -> dict[str, float
         ((e, i) for i, life in enumerate(lives) for e in life.events if e["event"] == "step" and e["t"] >= first),
         key=lambda m: m[0]["t"],
     )
-    out = dict.fromkeys(("useful", "redo", "save", "snapshot", "noise", "between", "restart"), 0.0)
+    out = dict.fromkeys(PARTS, 0.0)
     reached = int(marks[0][0]["step"]) if marks else 0
     for (a, life_a), (b, life_b) in zip(marks, marks[1:], strict=False):
         seconds = float(b["seconds"])
@@ -549,6 +589,8 @@ def overhead(lives: list[Any], first: float, useful_s: float) -> dict[str, float
         out["useful" if int(b["step"]) > reached else "redo"] += useful_s
         reached = max(reached, int(b["step"]))
         part = "save" if b.get("saving") else "snapshot" if b.get("snapshotting") else "noise"
+        if part == "noise" and any(t0 < b["t"] and b["t"] - seconds < t1 for t0, t1 in spares):
+            part = "spare"
         out[part] += seconds - useful_s
     return {k: round(v, 1) for k, v in out.items()}
 
@@ -673,7 +715,7 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
                 f"{r['snapshot_blocked_s']} s; their background part took {r['snapshot_background_s']} s "
                 f"and cost the steps beside it {r['snapshot_slowdown_s']} s (means)."
             )
-    parts = ("useful", "redo", "save", "snapshot", "noise", "between", "restart")
+    parts = PARTS
     lines += [
         "",
         "| configuration | wall (s) | " + " | ".join(parts) + " |",
@@ -687,7 +729,9 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
         "",
         "- Where the wall time went (s; `overhead()`): useful = the steps that advanced x useful s/step; "
         "redo = steps computed again; save / snapshot / noise = step time above the useful step with a "
-        "save / a snapshot / neither in flight; between = time between steps in one life (blocking "
+        "save / a snapshot / neither in flight; spare = the same as noise, for steps beside a spare node's "
+        "start (from its launch to its snapshot files reserved; on a fleet another machine's work); "
+        "between = time between steps in one life (blocking "
         "parts of saves and snapshots, collectives); restart = from a life's last step to the next "
         "life's first.",
         f"- T = {setup['mtbf_s']:.0f} s between failures; notice lead {setup['notice_lead_s']:.0f} s; "
