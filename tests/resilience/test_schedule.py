@@ -102,6 +102,39 @@ def test_snapshot_costs_carry_over_a_restart_and_a_first_unmeasured_snapshot_is_
     assert fresh.interval.snapshots == 1 and abs(fresh.interval.snapshot_s - 4.05) < 1e-9
 
 
+def test_a_runs_first_unmeasured_snapshot_plans_only_until_a_measured_one_replaces_it():
+    """A fresh run's first snapshot ends before a quiet step was measured: its whole
+    background part counts, as a stand-in. The next snapshot, measured against quiet
+    steps, replaces it instead of being averaged with it (carried over a restart too)."""
+    events: list = []
+    s = _schedule(4.0, events, first=2)
+    for i in range(1, 5):  # the snapshot at step 2 ends at step 4, before enough quiet steps
+        s.on_step_end(None, _step(i, 5.0 if i == 3 else 1.0, snapshotting=(i == 3)))
+    assert s.interval.snapshot_provisional and abs(s.interval.snapshot_s - 4.05) < 1e-9
+    _, why = s.interval.snapshot_interval_steps(1.0)
+    assert "provisional: no quiet step to compare with of 1" in why
+    saved = {k: v.clone() for k, v in IntervalState(s.interval).state_dict().items()}
+    s.ckpt.background_s = 0.1
+    step = 5
+    while s.interval.snapshot_provisional:
+        s.on_step_end(None, _step(step, 1.0, snapshotting=(step == s.next_snapshot + 1)))
+        step += 1
+        assert step < 200
+    assert s.interval.snapshots == 1 and abs(s.interval.snapshot_s - 0.05) < 1e-9  # 0.05 blocked, no slowdown
+    s.interval.record_snapshot(0.25)  # measured samples average as before
+    assert s.interval.snapshots == 2 and abs(s.interval.snapshot_s - (0.3 * 0.25 + 0.7 * 0.05)) < 1e-9
+
+    after = _schedule(4.0, [], first=2)  # a replacement process continues with the stand-in
+    IntervalState(after.interval).load_state_dict(saved)
+    assert after.interval.snapshot_provisional and after.interval.snapshots == 1
+    after.interval.record_snapshot(0.1, 0.05, 0.2)
+    assert not after.interval.snapshot_provisional and abs(after.interval.snapshot_s - 0.15) < 1e-9
+    old = {k: v for k, v in saved.items() if k != "snapshot_provisional"}  # written before the flag
+    older = _schedule(4.0, [], first=2)
+    IntervalState(older.interval).load_state_dict(old)
+    assert not older.interval.snapshot_provisional and abs(older.interval.snapshot_s - 4.05) < 1e-9
+
+
 def test_a_checkpoint_without_snapshot_costs_keeps_the_live_ones():
     """Checkpoints written before the snapshots' costs were kept have only ``history``."""
     source = _schedule(0.1, []).interval
@@ -202,7 +235,7 @@ def test_auto_saves_each_way_once_then_the_cheaper_and_a_blocking_save_in_the_fo
     s.save(step + 1, "emergency", blocking=True)
     assert ckpt.modes[-1] == (step + 1, True, False)
     state = IntervalState(s.interval).state_dict()
-    assert set(state) == {"history", "snapshots", "other"}
+    assert set(state) == {"history", "snapshots", "snapshot_provisional", "other"}
     again = SaveSchedule(IntervalConfig(), AutoCkpt(), last_step=10)
     IntervalState(again.interval).load_state_dict(state)
     assert again.interval.costs["sync"].saves == 3 and again.interval.costs["async"].saves == 1

@@ -204,6 +204,8 @@ class AdaptiveInterval:
         #: EWMA of a snapshot's duration end to end (blocked + background).
         self.snapshot_busy_s: float | None = None
         self.snapshots = 0
+        #: The only sample so far was provisional (see :meth:`record_snapshot`).
+        self.snapshot_provisional = False
         # Recent step times, without and with a save in flight (not checkpointed: a
         # restarted process measures its own machine again).
         self._quiet: deque[float] = deque(maxlen=STEP_SAMPLES)
@@ -243,18 +245,30 @@ class AdaptiveInterval:
         """The chosen mode's EWMA of the time from a save's return to its commit."""
         return self.costs[self.best_mode()].persist_s
 
-    def record_snapshot(self, blocked_s: float, slowdown_s: float = 0.0, background_s: float = 0.0) -> None:
+    def record_snapshot(
+        self, blocked_s: float, slowdown_s: float = 0.0, background_s: float = 0.0, provisional: bool = False
+    ) -> None:
         """One in-memory snapshot: seconds it blocked training (the copy of the state),
         the extra seconds of the steps its background part overlapped (their time over
-        the median quiet step), and how long that background part took."""
+        the median quiet step), and how long that background part took.
+
+        ``provisional``: a sample without that comparison (a run's first snapshot, before
+        a quiet step was measured: its whole background part counts, and it pays for the
+        process's new memory and files). As the only sample it plans the interval until
+        the next one, which replaces it instead of being averaged with it: in the goodput
+        bench a first snapshot of 6.06 s, averaged in, kept the estimate at 2.2 s four
+        snapshots later where they cost 0.1-0.45 s, and the interval at 17-20 steps."""
         if not (blocked_s >= 0 and slowdown_s >= 0 and background_s >= 0):
             raise ValueError(
                 f"snapshot durations must be >= 0 (blocked={blocked_s!r}, slowdown={slowdown_s!r}, "
                 f"background={background_s!r})"
             )
+        if self.snapshot_provisional:  # a stand-in until now: replaced
+            self.snapshot_s, self.snapshot_busy_s, self.snapshots = None, None, 0
         self.snapshot_s = self._ewma(self.snapshot_s, blocked_s + slowdown_s)
         self.snapshot_busy_s = self._ewma(self.snapshot_busy_s, blocked_s + background_s)
         self.snapshots += 1
+        self.snapshot_provisional = provisional and self.snapshots == 1
 
     def _ewma(self, average: float | None, sample: float) -> float:
         a = self.config.ewma_alpha
@@ -417,7 +431,9 @@ class AdaptiveInterval:
         floor = math.ceil(self.snapshot_busy_s / step_time_s - 1e-9)
         steps = max(1, floor, round(t / step_time_s))
         why = (
-            f"Daly: C={c:.4f}s (snapshot: blocked + slowdown, EWMA of {self.snapshots}), {m_why} -> T={t:.1f}s"
+            f"Daly: C={c:.4f}s (snapshot: blocked + slowdown, "
+            f"{'provisional: no quiet step to compare with' if self.snapshot_provisional else 'EWMA'} of "
+            f"{self.snapshots}), {m_why} -> T={t:.1f}s"
             f" = {steps} steps at {step_time_s:.3f}s/step"
         )
         if steps == floor and floor > round(t / step_time_s):
@@ -435,6 +451,7 @@ class AdaptiveInterval:
             "snapshot_s": self.snapshot_s,
             "snapshot_busy_s": self.snapshot_busy_s,
             "snapshots": self.snapshots,
+            "snapshot_provisional": self.snapshot_provisional,
         }
         for prefix, mode in zip(("", "other_"), self.modes, strict=False):
             cost = self.costs[mode]
@@ -459,3 +476,4 @@ class AdaptiveInterval:
             self.snapshot_s = state.get("snapshot_s")
             self.snapshot_busy_s = state.get("snapshot_busy_s")
             self.snapshots = int(state["snapshots"])
+            self.snapshot_provisional = bool(state.get("snapshot_provisional") or False)

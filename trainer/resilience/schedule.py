@@ -54,6 +54,8 @@ class IntervalState:
     _KEYS = {
         "history": ("elapsed_s", "interruptions", "blocked_s", "persist_s", "saves"),
         "snapshots": ("snapshot_s", "snapshot_busy_s", "snapshots"),
+        # Its own key: checkpoints written before it lack it (then: not provisional).
+        "snapshot_provisional": ("snapshot_provisional",),
         # checkpoint.async_save=auto: the other mode's costs.
         "other": ("other_blocked_s", "other_persist_s", "other_saves"),
     }
@@ -258,7 +260,7 @@ class SaveSchedule(Callback):
         # replacement node's interval to 26 steps where 6 were due. Like the first step.
         counted = known or self.interval.snapshots == 0
         if counted:
-            self.interval.record_snapshot(blocked, slowdown, background)
+            self.interval.record_snapshot(blocked, slowdown, background, provisional=not known)
         self._emit(
             "snapshotted",
             step=step,
