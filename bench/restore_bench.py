@@ -23,7 +23,12 @@ checkpoint's files dropped (posix_fadvise) first:
 
 The three alternate within each repeat, so that a shared machine's drifting load hits
 them alike; the ratios are medians of the per-repeat ratios. New tensors are on
-transparent huge pages, as in the trainer (``--small-pages``: 4 KiB pages).
+transparent huge pages, as in the trainer (``--small-pages``: 4 KiB pages). The bench
+runs under the host allocator the image gives its trainers (``FTFLEET_HOST_ALLOCATOR``:
+jemalloc where installed, re-executing itself with it preloaded), so a restart's new
+tensors come from the memory the previous state freed, as in an in-process restart;
+``FTFLEET_HOST_ALLOCATOR=system`` gives glibc's malloc, whose large blocks are new pages
+each time, as in a newly started process.
 ``--device cuda``: the state on the GPU, each timing ending once the device's copies
 are done.
 """
@@ -39,6 +44,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from ftfleet.contract import ContractError, allocator_env  # noqa: E402
+
+try:  # the trainers' host allocator, preloaded before torch loads (once: then it is there)
+    _preload = allocator_env(os.environ)
+except ContractError as exc:
+    sys.exit(f"error: {exc}")
+if _preload:
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_preload})
 # Before torch is imported: it reads the variable at its first allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")
 
@@ -51,6 +65,7 @@ from ftfleet.trainer.checkpoint.safe_load import load_into  # noqa: E402
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress  # noqa: E402
 from ftfleet.trainer.config import CheckpointConfig, ParallelConfig  # noqa: E402
 from ftfleet.trainer.distributed import init_distributed  # noqa: E402
+from ftfleet.trainer.hostmem import active_allocator  # noqa: E402
 
 
 def synced(fn):
@@ -155,8 +170,8 @@ def main() -> int:
     read = times["read once"]
     print(
         f"checkpoint {nbytes / 1e9:.3f} GB in {len(paths) - 1} files + manifest, "
-        f"{os.cpu_count()} CPUs, state on {device.type}, medians of {args.repeats} (page cache dropped before "
-        "each):\n"
+        f"{os.cpu_count()} CPUs, state on {device.type}, host allocator {active_allocator()}, medians of "
+        f"{args.repeats} (page cache dropped before each):\n"
     )
     print("| restore path | time (s) | x read once |")
     print("| --- | ---: | ---: |")
