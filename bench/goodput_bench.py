@@ -121,13 +121,22 @@ def set_autogroup_nice(pid: int, value: int) -> None:
     session (``/proc/sys/kernel/sched_autogroup_enabled``): the scheduler first shares the
     CPU between autogroups, and a thread's own niceness weighs only within its group. A
     spare node runs in a session of its own, so a nice of 19 on its threads alone left it
-    an equal share beside the active node's session."""
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(str(value))
-    except FileNotFoundError:  # no autogroups (or the process is gone): the threads' nice is all
-        pass
-    except PermissionError:
-        say(f"cannot set the autogroup niceness of pid {pid} (not root)")
+    an equal share beside the active node's session. (Tasks in a cpu cgroup other than
+    the root one are shared by their cgroup instead; then this changes nothing.)"""
+    for _ in range(3):
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(str(value))
+            return
+        except FileNotFoundError:  # no autogroups (or the process is gone): the threads' nice is all
+            return
+        except BlockingIOError:
+            # Without CAP_SYS_ADMIN the kernel takes one such write per 100 ms, machine-wide:
+            # a take-over writes the old spare's 0 and the new spare's 19 in a row.
+            time.sleep(0.11)
+        except OSError as exc:
+            say(f"cannot set the autogroup niceness of pid {pid}: {exc}")
+            return
+    say(f"cannot set the autogroup niceness of pid {pid}: refused 3 times (EAGAIN)")
 
 
 def unnice(pid: int) -> None:
@@ -527,8 +536,8 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
         "name": name,
         "steps": steps,
         "wall_s": round(wall, 1),
-        "overhead_s": overhead(lives, first, useful_s, spare_windows(run)) if useful_s else None,
-        "spare_boots_s": [round(b - a, 1) for a, b in spare_windows(run)],
+        "overhead_s": overhead(lives, first, useful_s, spare_windows(run, last)) if useful_s else None,
+        "spare_boots_s": [round(b - a, 1) for a, b in spare_windows(run, last)],
         "goodput": round(counted * useful_s / wall, 4) if wall > 0 and useful_s else None,
         "useful_step_s": round(useful_s, 4) if useful_s else None,
         "goodput_vs_reference": round(counted * ref_step_s / wall, 4) if wall > 0 else None,
@@ -551,10 +560,21 @@ def measure(name: str, run: FaultedRun, events: list[dict[str, Any]], ref_step_s
 #: Where a run's wall time went (:func:`overhead`).
 PARTS = ("useful", "redo", "save", "snapshot", "noise", "spare", "between", "restart")
 
+#: A life's first steps stay noise in :func:`overhead`, even beside a spare node's start:
+#: they are the new process's own warm-up (its first memory, its first collectives),
+#: which a fleet pays too, and the next spare starts right at a take-over.
+OWN_WARM_UP_STEPS = 2
 
-def spare_windows(run: Any) -> list[tuple[float, float]]:
-    """The spare nodes' boot windows that closed (started, ready), from ``run.spare_boots``."""
-    return [(a, b) for a, b in getattr(run, "spare_boots", {}).values() if b is not None]
+
+def spare_windows(run: Any, end: float | None = None) -> list[tuple[float, float]]:
+    """The spare nodes' start windows (started, ready), from ``run.spare_boots``; one
+    still open (the run ended first) closes at ``end``, else it is left out."""
+    out = []
+    for a, b in getattr(run, "spare_boots", {}).values():
+        b = b if b is not None else end
+        if b is not None and b > a:
+            out.append((a, b))
+    return out
 
 
 def overhead(
@@ -570,7 +590,8 @@ def overhead(
     - ``spare``: what would be ``noise``, for steps that ran while a spare node started
       beside the training node (``spares``: its processes importing torch, its snapshot
       files reserved; on a fleet, another machine's work; on the bench's one machine it
-      shares the cores and the memory);
+      shares the cores and the memory), except each life's first
+      :data:`OWN_WARM_UP_STEPS` steps;
     - ``between``: time between one step's end and the next one's start in the same
       life (a save's or a snapshot's blocking part, the schedule's collectives, logging);
     - ``restart``: from a life's last step to the start of the next life's first step;
@@ -582,14 +603,19 @@ def overhead(
     )
     out = dict.fromkeys(PARTS, 0.0)
     reached = int(marks[0][0]["step"]) if marks else 0
+    seen: dict[int, int] = {}  # steps of each life so far
+    for _, life in marks[:1]:
+        seen[life] = 1
     for (a, life_a), (b, life_b) in zip(marks, marks[1:], strict=False):
+        seen[life_b] = seen.get(life_b, 0) + 1
         seconds = float(b["seconds"])
         gap = b["t"] - a["t"] - seconds
         out["restart" if life_b != life_a else "between"] += gap
         out["useful" if int(b["step"]) > reached else "redo"] += useful_s
         reached = max(reached, int(b["step"]))
         part = "save" if b.get("saving") else "snapshot" if b.get("snapshotting") else "noise"
-        if part == "noise" and any(t0 < b["t"] and b["t"] - seconds < t1 for t0, t1 in spares):
+        beside = any(t0 < b["t"] and b["t"] - seconds < t1 for t0, t1 in spares)
+        if part == "noise" and beside and seen[life_b] > OWN_WARM_UP_STEPS:
             part = "spare"
         out[part] += seconds - useful_s
     return {k: round(v, 1) for k, v in out.items()}
@@ -730,7 +756,8 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
         "- Where the wall time went (s; `overhead()`): useful = the steps that advanced x useful s/step; "
         "redo = steps computed again; save / snapshot / noise = step time above the useful step with a "
         "save / a snapshot / neither in flight; spare = the same as noise, for steps beside a spare node's "
-        "start (from its launch to its snapshot files reserved; on a fleet another machine's work); "
+        "start (from its launch to its snapshot files reserved, rank 0's log; on a fleet another machine's "
+        f"work), a life's first {OWN_WARM_UP_STEPS} steps left as noise; "
         "between = time between steps in one life (blocking "
         "parts of saves and snapshots, collectives); restart = from a life's last step to the next "
         "life's first.",

@@ -85,23 +85,26 @@ def test_restart_cost_lost_work_and_goodput(bench):
 
 
 def test_steps_beside_a_spare_nodes_start_are_counted_apart_from_the_noise(bench):
+    slow = (2, 4, 5, 8)  # 1.5 s each instead of 1.0
     events = life(1, 100.0, range(1, 11), restore_s=0.0)
+    shift = 0.0
     for e in events:
-        if e["event"] == "step" and e["step"] in (4, 5, 8):
-            e.update(seconds=1.5)  # slower: 4 and 5 beside the spare's start, 8 after it
-            if e["step"] == 5:
-                e.update(snapshotting=True)  # a snapshot's step stays the snapshot's
-    for e in events:  # the later steps shift by the slower ones' extra half second
         if e["event"] in ("step", "first_step"):
-            e["t"] += 0.5 * sum(1 for s in (4, 5, 8) if s <= e["step"] and e["event"] == "step")
-    # A spare node started at 102.5 and had its files reserved at 104.2: step 4 (103.5
-    # to 105.0) overlaps it, step 8 does not.
-    run = SimpleNamespace(failures=[], overrides=[], spare_boots={"n-2": [102.5, 104.2], "n-3": [120.0, None]})
+            if e["event"] == "step" and e["step"] in slow:
+                shift += 0.5
+                e.update(seconds=1.5, snapshotting=e["step"] == 5)  # step 5's extra stays the snapshot's
+            e["t"] += shift if e["event"] == "step" else 0.0
+    # Steps 2 (101.0-102.5), 4 (103.5-105.0) and 5 (105.0-106.5) ran beside a spare node
+    # started at 101.0 and ready at 105.5; step 8 (108.5-110.0) beside one started at
+    # 109.0 and still starting when the run ended (its window closes at the last step,
+    # 112.0). Step 2 is one of the life's first two, the new process's own warm-up:
+    # noise. Spare: steps 4 and 8.
+    run = SimpleNamespace(failures=[], overrides=[], spare_boots={"n-2": [101.0, 105.5], "n-3": [109.0, None]})
     r = bench.measure("inprocess", run, events, ref_step_s=1.0, steps=10)
     o = r["overhead_s"]
-    assert (o["spare"], o["snapshot"], o["noise"]) == (pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5))
+    assert (o["spare"], o["snapshot"], o["noise"]) == (pytest.approx(1.0), pytest.approx(0.5), pytest.approx(0.5))
     assert sum(o.values()) == pytest.approx(r["wall_s"])
-    assert r["spare_boots_s"] == [1.7]  # the one still starting is not counted
+    assert r["spare_boots_s"] == [4.5, 3.0]  # the second closed at the last step, 112.0
 
 
 def test_useful_step_time_is_the_median_step_without_a_save_in_flight(bench):

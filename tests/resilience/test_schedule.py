@@ -112,7 +112,7 @@ def test_a_runs_first_unmeasured_snapshot_plans_only_until_a_measured_one_replac
         s.on_step_end(None, _step(i, 5.0 if i == 3 else 1.0, snapshotting=(i == 3)))
     assert s.interval.snapshot_provisional and abs(s.interval.snapshot_s - 4.05) < 1e-9
     _, why = s.interval.snapshot_interval_steps(1.0)
-    assert "provisional: no quiet step to compare with of 1" in why
+    assert "(snapshot: blocked + slowdown, provisional: no quiet step to compare with)" in why
     saved = {k: v.clone() for k, v in IntervalState(s.interval).state_dict().items()}
     s.ckpt.background_s = 0.1
     step = 5
@@ -121,6 +121,14 @@ def test_a_runs_first_unmeasured_snapshot_plans_only_until_a_measured_one_replac
         step += 1
         assert step < 200
     assert s.interval.snapshots == 1 and abs(s.interval.snapshot_s - 0.05) < 1e-9  # 0.05 blocked, no slowdown
+    # The snapshot that replaced it was planned from the stand-in's cost when it was taken:
+    # its interval is planned again once it is measured, not kept.
+    from ftfleet.trainer.resilience.interval import daly_interval
+
+    taken = [f["step"] for e, f in events if e == "snapshot"][-1]
+    for i in range(step, step + 3):
+        s.on_step_end(None, _step(i, 1.0))
+    assert s.next_snapshot == taken + max(1, round(daly_interval(0.05, 600.0) / 1.0))
     s.interval.record_snapshot(0.25)  # measured samples average as before
     assert s.interval.snapshots == 2 and abs(s.interval.snapshot_s - (0.3 * 0.25 + 0.7 * 0.05)) < 1e-9
 

@@ -432,8 +432,12 @@ class AdaptiveInterval:
         steps = max(1, floor, round(t / step_time_s))
         why = (
             f"Daly: C={c:.4f}s (snapshot: blocked + slowdown, "
-            f"{'provisional: no quiet step to compare with' if self.snapshot_provisional else 'EWMA'} of "
-            f"{self.snapshots}), {m_why} -> T={t:.1f}s"
+            + (
+                "provisional: no quiet step to compare with"
+                if self.snapshot_provisional
+                else f"EWMA of {self.snapshots}"
+            )
+            + f"), {m_why} -> T={t:.1f}s"
             f" = {steps} steps at {step_time_s:.3f}s/step"
         )
         if steps == floor and floor > round(t / step_time_s):

@@ -54,7 +54,9 @@ class IntervalState:
     _KEYS = {
         "history": ("elapsed_s", "interruptions", "blocked_s", "persist_s", "saves"),
         "snapshots": ("snapshot_s", "snapshot_busy_s", "snapshots"),
-        # Its own key: checkpoints written before it lack it (then: not provisional).
+        # Its own key: DCP checkpoints written before it lack it (then: not provisional);
+        # an in-memory snapshot written before it does not fit (keys must match): the
+        # restore goes to the disk tiers then.
         "snapshot_provisional": ("snapshot_provisional",),
         # checkpoint.async_save=auto: the other mode's costs.
         "other": ("other_blocked_s", "other_persist_s", "other_saves"),
@@ -217,9 +219,10 @@ class SaveSchedule(Callback):
         self._snapshot_open = [step, blocked, 0.0, True]
         self._snapshots_taken += 1
         self.reschedule_snapshot(step)
-        if self._snapshots_taken == 1 and self.cfg.mode != "fixed":
+        if (self._snapshots_taken == 1 or self.interval.snapshot_provisional) and self.cfg.mode != "fixed":
             # Its cost is known once its background part is done: plan again then, not
-            # snapshot_fixed_steps later (a SIGKILL meanwhile would lose all of them).
+            # snapshot_fixed_steps (or the provisional cost's interval) later: a SIGKILL
+            # meanwhile would lose all of them.
             self._replan = (step + 2, step)
 
     def _measure_snapshot(self, info: StepInfo) -> None:
