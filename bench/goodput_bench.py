@@ -603,9 +603,7 @@ def overhead(
     )
     out = dict.fromkeys(PARTS, 0.0)
     reached = int(marks[0][0]["step"]) if marks else 0
-    seen: dict[int, int] = {}  # steps of each life so far
-    for _, life in marks[:1]:
-        seen[life] = 1
+    seen = {marks[0][1]: 1} if marks else {}  # steps of each life so far
     for (a, life_a), (b, life_b) in zip(marks, marks[1:], strict=False):
         seen[life_b] = seen.get(life_b, 0) + 1
         seconds = float(b["seconds"])
@@ -741,15 +739,14 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
                 f"{r['snapshot_blocked_s']} s; their background part took {r['snapshot_background_s']} s "
                 f"and cost the steps beside it {r['snapshot_slowdown_s']} s (means)."
             )
-    parts = PARTS
     lines += [
         "",
-        "| configuration | wall (s) | " + " | ".join(parts) + " |",
-        "|---|---:|" + "---:|" * len(parts),
+        "| configuration | wall (s) | " + " | ".join(PARTS) + " |",
+        "|---|---:|" + "---:|" * len(PARTS),
     ]
     for r in results:
         if r.get("overhead_s"):
-            cells = " | ".join(str(r["overhead_s"][k]) for k in parts)
+            cells = " | ".join(str(r["overhead_s"][k]) for k in PARTS)
             lines.append(f"| {r['name']} | {r['wall_s']} | {cells} |")
     lines += [
         "",

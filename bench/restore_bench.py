@@ -47,13 +47,12 @@ sys.path.insert(0, str(REPO))
 
 from ftfleet.contract import ContractError, allocator_env  # noqa: E402
 
-_REEXEC = "FTFLEET_RESTORE_BENCH_PRELOADED"
-try:  # the trainers' host allocator, preloaded before torch loads (once: the marker says so)
-    _preload = {} if os.environ.get(_REEXEC) else allocator_env(os.environ)
+try:  # the trainers' host allocator, preloaded before torch loads (once: then it is there)
+    _preload = allocator_env(os.environ)
 except ContractError as exc:
     sys.exit(f"error: {exc}")
 if _preload:
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_preload, _REEXEC: "1"})
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_preload})
 # Before torch is imported: it reads the variable at its first allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")
 

@@ -304,9 +304,9 @@ def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence
                 )
             return {}
         library = found
+    if any(os.path.basename(p) == os.path.basename(library) for p in preload):
+        return {}  # there already (whatever its name): applying the result again changes nothing
     preloaded = [p for p in preload if is_malloc(p)]
-    if any(os.path.basename(p) == os.path.basename(library) for p in preloaded):
-        return {}
     if preloaded:
         if not choice:
             return {}  # the caller's own choice

@@ -153,6 +153,13 @@ def test_the_allocator_variables_follow_the_setting(tmp_path: Path) -> None:
     other = tmp_path / "libtcmalloc.so.4"
     other.write_bytes(b"")
     assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(other)}) == {"LD_PRELOAD": str(other)}
+    # Applied once, it is there: whatever the library's name, applying it again adds nothing
+    # (a process that re-executes itself with the result would otherwise never stop).
+    plain = tmp_path / "mymalloc.so"
+    plain.write_bytes(b"")
+    once = contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(plain)})
+    assert once == {"LD_PRELOAD": str(plain)}
+    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(plain), **once}) == {}
     with pytest.raises(ContractError, match="no such file"):
         contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(tmp_path / "nope.so")})
     with pytest.raises(ContractError, match="use jemalloc, system or a library's absolute path"):
