@@ -281,6 +281,61 @@ def size_state(work: Path, target_s: float, nproc: int) -> Calibration:
 # ---------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by ``pid`` and its descendants (utime + stime, live ones)."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        todo.extend(_children(p))
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+#: Files smaller than this in a node's snapshot tier are not snapshots (manifests, markers).
+RECYCLE_MIN_BYTES = 1 << 20
+
+
+def recycle_memory(old: Path, new: Path, nproc: int, size: int) -> int:
+    """Make the snapshot files a gone node left in its RAM file system (``old``, its
+    ``FTFLEET_SHM_DIR``) the reserve of the spare node just started on ``new``, under the
+    names :func:`~ftfleet.trainer.checkpoint.memory.reserve_files` fills (``local<r>-<i>``
+    for each of the ``nproc`` local ranks), each at least ``size`` bytes (a hole past
+    the old end, no new pages). Returns how many files were moved.
+
+    On a fleet the two are different machines: the gone node's RAM vanishes with it, and
+    the spare's reserve is its own RAM, neither at the training node's expense. On the
+    bench's one virtual machine, 4 GB freed goes back to the host, and 4 GB reserved
+    comes back through the host's faults, each costing the training node several seconds
+    whatever the niceness (docs/RESILIENCE.md); moving the files costs neither. What the
+    files hold is stale: the reserve's names carry no snapshot (no manifest), and a
+    snapshot taken into one overwrites it before it is committed."""
+    from ftfleet.trainer.checkpoint.memory import RESERVE_DIR
+
+    moved = 0
+    for tier in sorted(old.glob("ftfleet-*")):
+        found = []
+        for p in tier.rglob("*"):
+            try:
+                if p.is_file() and not p.is_symlink() and p.stat().st_size >= RECYCLE_MIN_BYTES:
+                    found.append((p.stat().st_size, p))
+            except OSError:
+                continue
+        reserve = new / tier.name / RESERVE_DIR
+        reserve.mkdir(parents=True, exist_ok=True)
+        for i, (n, p) in enumerate(sorted(found, reverse=True)):
+            target = reserve / f"local{i % nproc}-{i // nproc}"
+            os.replace(p, target)
+            if n < size:
+                os.truncate(target, size)
+            moved += 1
+    return moved
+
+
 @dataclasses.dataclass
 class Failure:
     kind: str  # "notice" | "sigkill"
@@ -318,6 +373,9 @@ class FaultedRun:
         #: ready once its snapshot files are reserved, or when it takes over first).
         self.spare_boots: dict[str, list[float | None]] = {}
         self._spare_looked = 0.0
+        #: The last node gone's RAM (its snapshot tier), until the next spare node
+        #: takes it as its reserve (:func:`recycle_memory`).
+        self._left: Path | None = None
 
     def _start(self, gate: Path | None = None) -> Node:
         n = len(self.nodes) + 1
@@ -329,6 +387,11 @@ class FaultedRun:
             # Each node's own RAM: a replacement node does not find its predecessor's.
             self._shm[name] = Path(self.args.shm_root) / f"ftfleet-goodput-{os.getpid()}-{name}"
             extra["FTFLEET_SHM_DIR"] = str(self._shm[name])
+            if gate is not None and self._left is not None:
+                moved = recycle_memory(self._left, self._shm[name], self.args.nproc, self.reserve_bytes())
+                shutil.rmtree(self._left, ignore_errors=True)
+                self._left = None
+                say(f"{self.name}: the node gone's {moved} snapshot files are the new spare's reserve")
         command = cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate)
         if gate is not None and CAN_UNNICE:
             # A spare node is another machine on the fleet: its boot (three processes
@@ -354,16 +417,50 @@ class FaultedRun:
         """The next node to train: the warm spare node, told to go, when there is one (a
         booted node with torch imported, waiting: ``spareNodes``), else a fresh one. An
         in-process run keeps one spare node warm behind the active one."""
-        if self.standby is not None:
+        first = not self.nodes
+        if self.spares and first:
+            # The fleet's spare nodes are booted before the job starts (``spareNodes``):
+            # the first one is, before the first node trains.
+            self.standby = self._start(self._gate())
+            self._booted(self.standby)
+        if self.standby is not None and not first:
             node, self.standby = self.standby, None
             self._spare_ready(node, take_over=True)
             unnice(node.pid)
             self._gates[node.name].touch()
         else:
             node = self._start()
-        if self.spares:
-            self.standby = self._start(self.run_dir.parent / f"{self.name}-go-{len(self.nodes) + 1}")
+        if self.spares and not first:
+            self.standby = self._start(self._gate())
         return node
+
+    def _gate(self) -> Path:
+        return self.run_dir.parent / f"{self.name}-go-{len(self.nodes) + 1}"
+
+    def _booted(self, node: Node, timeout: float = 300.0) -> None:
+        """Wait until ``node`` (a spare) is warm: its log says it waits, and its processes
+        have stopped using the CPU (the other ranks' imports end about then too)."""
+        end, last = time.monotonic() + timeout, None
+        while time.monotonic() < end:
+            if node.poll() is not None:
+                raise SystemExit(f"{self.name}: the spare node exited; see {node.log_path}\n{node.log_tail(2000)}")
+            if "warm: waiting for" in node.log_tail(20000):
+                used = cpu_seconds(node.pid)
+                if last is not None and used - last < 0.05:
+                    return
+                last = used
+            time.sleep(1.0)
+        say(f"{self.name}: the spare node was not idle after {timeout:.0f}s; training starts anyway")
+
+    def reserve_bytes(self) -> int:
+        """What a spare node sizes each reserved file by (the newest durable checkpoint);
+        0 before there is one."""
+        from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate
+
+        try:
+            return snapshot_bytes_estimate(str(self.run_dir / "checkpoints"), self.args.nproc) or 0
+        except OSError:
+            return 0
 
     def _spare_ready(self, node: Node, take_over: bool = False) -> None:
         """Close ``node``'s boot window once its log says its snapshot files are reserved
@@ -381,9 +478,14 @@ class FaultedRun:
         window[1] = now
 
     def gone(self, node: Node) -> None:
-        """The machine is gone: its processes and its RAM."""
+        """The machine is gone: its processes, and its RAM, which the next spare node
+        started takes as its reserve (:func:`recycle_memory`)."""
         node.kill()
-        shutil.rmtree(self._shm.pop(node.name, "/nonexistent"), ignore_errors=True)
+        shm = self._shm.pop(node.name, None)
+        if shm is not None:
+            if self._left is not None:
+                shutil.rmtree(self._left, ignore_errors=True)
+            self._left = shm
 
     def close(self) -> None:
         if self.standby is not None:
@@ -391,6 +493,9 @@ class FaultedRun:
             self.standby = None
         for name in list(self._shm):
             shutil.rmtree(self._shm.pop(name), ignore_errors=True)
+        if self._left is not None:
+            shutil.rmtree(self._left, ignore_errors=True)
+            self._left = None
         for gate in self._gates.values():
             gate.unlink(missing_ok=True)
 

@@ -235,3 +235,53 @@ def test_a_spare_node_taking_over_gets_its_priority_back_in_every_thread(bench):
             os.kill(p, 9)
         proc.kill()
         proc.wait()
+
+
+def test_a_gone_nodes_snapshot_files_become_the_next_spares_reserve(bench, tmp_path):
+    from ftfleet.trainer.checkpoint.memory import RESERVE_DIR, reserve_files
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    tier = old / "ftfleet-goodput"
+    sizes = {
+        "node-0/rank-0/step-4/snapshot-0.bin": 3 << 20,
+        "node-0/rank-1/step-4/snapshot-1.bin": 3 << 20,
+        "node-0/rank-0/.free-next/snapshot-0.bin": 3 << 20,
+        "node-0/peer/rank-1/step-4/snapshot-1.bin": 3 << 20,
+        "reserve/local0-2": 4 << 20,
+        "node-0/rank-0/step-4/manifest.json": 100,
+    }
+    inodes = {}
+    for rel, n in sizes.items():
+        p = tier / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x" * n)
+        inodes[p.stat().st_ino] = n
+    size = (3 << 20) + 4096  # the spare's estimate: a little over the snapshots' size
+    assert bench.recycle_memory(old, new, nproc=2, size=size) == 5
+    reserve = new / "ftfleet-goodput" / RESERVE_DIR
+    names = sorted(p.name for p in reserve.iterdir())
+    assert names == ["local0-0", "local0-1", "local0-2", "local1-0", "local1-1"]
+    assert all(p.stat().st_size >= size and p.stat().st_ino in inodes for p in reserve.iterdir())
+    assert (tier / "node-0/rank-0/step-4/manifest.json").exists()  # not a snapshot: left
+    # The spare finds them reserved and allocates nothing new for them (the same inodes).
+    assert reserve_files(new / "ftfleet-goodput", size, 3, "local0") == 3
+    assert reserve_files(new / "ftfleet-goodput", size, 2, "local1") == 2
+    assert {p.stat().st_ino for p in reserve.iterdir()} <= set(inodes)
+
+
+def test_cpu_seconds_counts_a_process_and_its_children(bench):
+    code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'while True: pass'])"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        first, used = bench.cpu_seconds(proc.pid), 0.0
+        for _ in range(200):  # the child spins: its CPU time shows within seconds
+            time.sleep(0.05)
+            used = bench.cpu_seconds(proc.pid) - first
+            if used > 0.2:
+                break
+        assert used > 0.2
+    finally:
+        for p in bench._children(proc.pid):
+            os.kill(p, 9)
+        proc.kill()
+        proc.wait()
