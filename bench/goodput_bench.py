@@ -22,6 +22,14 @@ ftfleet (adaptive async saves + emergency checkpoints on notices), in the same r
       75, replacement node;
   (d) ``inprocess``: ftfleet's settings plus in-process restart, a warm spare process
       and a warm spare node, in-memory snapshots at their own Daly interval.
+* The in-process run's nodes share this machine, each with its own RAM file system
+  (``FTFLEET_SHM_DIR``). Its spare node is a launcher started with ``--wait-for`` (torch
+  imported, waiting); the first one is up before the first node trains, as a fleet's
+  spare nodes are booted before the job, and each take-over starts the next one,
+  niced. A node gone leaves its snapshot files to the next spare node as its reserve
+  (:func:`recycle_memory`): on a fleet the gone node's RAM vanishes and the spare's is
+  its own, and neither costs the training node; here freeing 4 GB and allocating 4 GB
+  again would each cost it seconds of the host's page work.
 * Where the wall time went: ``overhead_s`` (see :func:`overhead`).
 * Goodput = steps x useful seconds per step / wall time from the end of the first
   training step to the last (the steps after the first, which fill that time), where
@@ -68,7 +76,8 @@ from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
-from ftfleet.contract import ContractError, allocator_env, is_malloc  # noqa: E402
+from ftfleet.contract import RESERVE_DIR, ContractError, allocator_env, is_malloc, reserved_name  # noqa: E402
+from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate  # noqa: E402  (no torch: the bench never imports it)
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -282,7 +291,9 @@ def size_state(work: Path, target_s: float, nproc: int) -> Calibration:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds used so far by ``pid`` and its descendants (utime + stime, live ones)."""
+    """CPU seconds used so far by ``pid`` and its live descendants (utime + stime; the
+    children of each process's main thread, where the launcher and torch start theirs).
+    A child that exits takes its seconds with it: the sum can fall."""
     total, todo = 0.0, [pid]
     tick = os.sysconf("SC_CLK_TCK")
     while todo:
@@ -303,37 +314,44 @@ RECYCLE_MIN_BYTES = 1 << 20
 def recycle_memory(old: Path, new: Path, nproc: int, size: int) -> int:
     """Make the snapshot files a gone node left in its RAM file system (``old``, its
     ``FTFLEET_SHM_DIR``) the reserve of the spare node just started on ``new``, under the
-    names :func:`~ftfleet.trainer.checkpoint.memory.reserve_files` fills (``local<r>-<i>``
-    for each of the ``nproc`` local ranks), each at least ``size`` bytes (a hole past
-    the old end, no new pages). Returns how many files were moved.
+    names its local ranks fill (:func:`~ftfleet.contract.reserved_name`, for each of the
+    ``nproc``), each grown past ``size`` (the spare's estimate) by a quarter: the growth
+    is a hole, no new pages, and a spare whose own estimate comes out a little larger
+    (a newer checkpoint) still finds them big enough. Hidden files (one being reserved
+    when the node went) are left. Returns how many files were moved.
 
     On a fleet the two are different machines: the gone node's RAM vanishes with it, and
     the spare's reserve is its own RAM, neither at the training node's expense. On the
     bench's one virtual machine, 4 GB freed goes back to the host, and 4 GB reserved
     comes back through the host's faults, each costing the training node several seconds
     whatever the niceness (docs/RESILIENCE.md); moving the files costs neither. What the
-    files hold is stale: the reserve's names carry no snapshot (no manifest), and a
-    snapshot taken into one overwrites it before it is committed."""
-    from ftfleet.trainer.checkpoint.memory import RESERVE_DIR
-
+    files hold is stale: the reserve is never read as a snapshot (no manifest), and a
+    snapshot taken into one writes its bytes and takes its CRC32C over the file's mapped
+    bytes before its manifest commits it."""
     moved = 0
     for tier in sorted(old.glob("ftfleet-*")):
         found = []
         for p in tier.rglob("*"):
             try:
-                if p.is_file() and not p.is_symlink() and p.stat().st_size >= RECYCLE_MIN_BYTES:
-                    found.append((p.stat().st_size, p))
+                if p.name.startswith(".") or not p.is_file() or p.is_symlink():
+                    continue
+                n = p.stat().st_size
             except OSError:
                 continue
+            if n >= RECYCLE_MIN_BYTES:
+                found.append((n, p))
         reserve = new / tier.name / RESERVE_DIR
         reserve.mkdir(parents=True, exist_ok=True)
         for i, (n, p) in enumerate(sorted(found, reverse=True)):
-            target = reserve / f"local{i % nproc}-{i // nproc}"
+            target = reserve / reserved_name(i % nproc, i // nproc)
             os.replace(p, target)
-            if n < size:
-                os.truncate(target, size)
+            os.truncate(target, max(n, size) * 5 // 4)
             moved += 1
     return moved
+
+
+#: Seconds between looks at a spare node booting before the first node trains.
+BOOT_POLL_S = 1.0
 
 
 @dataclasses.dataclass
@@ -388,10 +406,7 @@ class FaultedRun:
             self._shm[name] = Path(self.args.shm_root) / f"ftfleet-goodput-{os.getpid()}-{name}"
             extra["FTFLEET_SHM_DIR"] = str(self._shm[name])
             if gate is not None and self._left is not None:
-                moved = recycle_memory(self._left, self._shm[name], self.args.nproc, self.reserve_bytes())
-                shutil.rmtree(self._left, ignore_errors=True)
-                self._left = None
-                say(f"{self.name}: the node gone's {moved} snapshot files are the new spare's reserve")
+                self._recycle(self._shm[name])
         command = cmd(self.args.nproc, self.run_dir, self.overrides, spares=self.spares, wait_for=gate)
         if gate is not None and CAN_UNNICE:
             # A spare node is another machine on the fleet: its boot (three processes
@@ -414,15 +429,17 @@ class FaultedRun:
         return node
 
     def launch(self) -> Node:
-        """The next node to train: the warm spare node, told to go, when there is one (a
-        booted node with torch imported, waiting: ``spareNodes``), else a fresh one. An
-        in-process run keeps one spare node warm behind the active one."""
+        """The next node to train. On the first call of an in-process run, a spare node
+        (a launcher started with ``--wait-for``: torch imported, waiting) is started and
+        waited for before a fresh node trains, as a fleet's spare nodes are up before the
+        job starts; on later calls the spare node is told to go and the next one starts.
+        Otherwise (torchrun, or no spare left) a fresh node."""
         first = not self.nodes
         if self.spares and first:
-            # The fleet's spare nodes are booted before the job starts (``spareNodes``):
-            # the first one is, before the first node trains.
             self.standby = self._start(self._gate())
-            self._booted(self.standby)
+            if not self._booted(self.standby):
+                self.gone(self.standby)
+                self.standby = None
         if self.standby is not None and not first:
             node, self.standby = self.standby, None
             self._spare_ready(node, take_over=True)
@@ -430,36 +447,56 @@ class FaultedRun:
             self._gates[node.name].touch()
         else:
             node = self._start()
-        if self.spares and not first:
+        if self.spares and self.standby is None:
             self.standby = self._start(self._gate())
         return node
 
     def _gate(self) -> Path:
         return self.run_dir.parent / f"{self.name}-go-{len(self.nodes) + 1}"
 
-    def _booted(self, node: Node, timeout: float = 300.0) -> None:
+    def _booted(self, node: Node, timeout: float = 300.0) -> bool:
         """Wait until ``node`` (a spare) is warm: its log says it waits, and its processes
-        have stopped using the CPU (the other ranks' imports end about then too)."""
-        end, last = time.monotonic() + timeout, None
+        used under 0.05 s of CPU in each of two looks in a row (the other ranks' imports
+        end about then too). From then until a durable checkpoint exists to size its
+        reserve by, it only waits: its start window opens again at the first commit
+        (:meth:`_run`). False (and said) when it exited or did not settle in ``timeout``."""
+        end, last, quiet = time.monotonic() + timeout, None, 0
         while time.monotonic() < end:
             if node.poll() is not None:
-                raise SystemExit(f"{self.name}: the spare node exited; see {node.log_path}\n{node.log_tail(2000)}")
+                say(f"{self.name}: the spare node exited while it booted (see {node.log_path}); none before the job")
+                return False
             if "warm: waiting for" in node.log_tail(20000):
                 used = cpu_seconds(node.pid)
-                if last is not None and used - last < 0.05:
-                    return
+                quiet = quiet + 1 if last is not None and 0 <= used - last < 0.05 else 0
+                if quiet >= 2:
+                    self.spare_boots[node.name] = [None, None]
+                    return True
                 last = used
-            time.sleep(1.0)
-        say(f"{self.name}: the spare node was not idle after {timeout:.0f}s; training starts anyway")
+            time.sleep(BOOT_POLL_S)
+        say(f"{self.name}: the spare node was not idle after {timeout:.0f}s; training starts beside it")
+        return True
+
+    def _recycle(self, shm: Path) -> None:
+        """The last node gone's snapshot files become the reserve of the spare node to
+        start on ``shm`` (:func:`recycle_memory`); the rest of its RAM is freed."""
+        left, self._left = self._left, None
+        size = self.reserve_bytes()
+        if not size:
+            say(f"{self.name}: no durable checkpoint to size the reserve by; the files are kept as they are")
+        try:
+            moved = recycle_memory(left, shm, self.args.nproc, size)
+        except OSError as exc:
+            say(f"{self.name}: the node gone's snapshot files were not moved ({exc}); freed instead")
+        else:
+            say(f"{self.name}: the node gone's {moved} snapshot files are the new spare's reserve")
+        shutil.rmtree(left, ignore_errors=True)
 
     def reserve_bytes(self) -> int:
         """What a spare node sizes each reserved file by (the newest durable checkpoint);
         0 before there is one."""
-        from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate
-
         try:
             return snapshot_bytes_estimate(str(self.run_dir / "checkpoints"), self.args.nproc) or 0
-        except OSError:
+        except (OSError, ValueError):
             return 0
 
     def _spare_ready(self, node: Node, take_over: bool = False) -> None:
@@ -488,9 +525,9 @@ class FaultedRun:
             self._left = shm
 
     def close(self) -> None:
-        if self.standby is not None:
-            self.gone(self.standby)
-            self.standby = None
+        self.standby = None
+        for node in self.nodes:  # each node still running, whichever role (kill() skips an exited one)
+            node.kill()
         for name in list(self._shm):
             shutil.rmtree(self._shm.pop(name), ignore_errors=True)
         if self._left is not None:
@@ -520,6 +557,10 @@ class FaultedRun:
                     clock0 = e["t"]
                 if e["event"] == "marker":
                     marker = True  # the handoff contract: the node may go now
+                if e["event"] == "committed":  # a booted spare can size its reserve now
+                    for window in self.spare_boots.values():
+                        if window[0] is None:
+                            window[0] = e["t"]
             now = time.time()
             if clock0 is not None and notice is None and now >= clock0 + (k + 1) * T:
                 kind = "notice" if k % 2 == 0 else "sigkill"
@@ -672,10 +713,14 @@ OWN_WARM_UP_STEPS = 2
 
 
 def spare_windows(run: Any, end: float | None = None) -> list[tuple[float, float]]:
-    """The spare nodes' start windows (started, ready), from ``run.spare_boots``; one
-    still open (the run ended first) closes at ``end``, else it is left out."""
+    """The spare nodes' start windows (started, ready), from ``run.spare_boots``: from a
+    spare's launch, or for the one booted before the job, from the first durable commit
+    (when it can size its reserve); to its snapshot files reserved. One still open (the
+    run ended first) closes at ``end``, else it is left out."""
     out = []
     for a, b in getattr(run, "spare_boots", {}).values():
+        if a is None:  # booted before the job, no checkpoint yet to reserve by
+            continue
         b = b if b is not None else end
         if b is not None and b > a:
             out.append((a, b))
@@ -858,7 +903,8 @@ def markdown(setup: dict[str, Any], model: dict[str, Any], results: list[dict[st
         "- Where the wall time went (s; `overhead()`): useful = the steps that advanced x useful s/step; "
         "redo = steps computed again; save / snapshot / noise = step time above the useful step with a "
         "save / a snapshot / neither in flight; spare = the same as noise, for steps beside a spare node's "
-        "start (from its launch to its snapshot files reserved, rank 0's log; on a fleet another machine's "
+        "start (from its launch, or the first commit for the one booted before the job, to its snapshot files "
+        "reserved, rank 0's log; on a fleet another machine's "
         f"work), a life's first {OWN_WARM_UP_STEPS} steps left as noise; "
         "between = time between steps in one life (blocking "
         "parts of saves and snapshots, collectives); restart = from a life's last step to the next "

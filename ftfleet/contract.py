@@ -495,6 +495,16 @@ def memory_dir(root: str, run_id: str) -> str:
     return os.path.join(root or SHM_ROOT, f"ftfleet-{run_id}")
 
 
+#: Under a run's tier (:func:`memory_dir`): files a warm spare node allocated for the
+#: snapshots it will take once it trains.
+RESERVE_DIR = "reserve"
+
+
+def reserved_name(local_rank: int, index: int) -> str:
+    """The name of local rank ``local_rank``'s ``index``-th reserved file in ``RESERVE_DIR``."""
+    return f"local{local_rank}-{index}"
+
+
 def step_dir_name(step: int) -> str:
     return f"{STEP_DIR_PREFIX}{step}"
 

@@ -238,7 +238,8 @@ def test_a_spare_node_taking_over_gets_its_priority_back_in_every_thread(bench):
 
 
 def test_a_gone_nodes_snapshot_files_become_the_next_spares_reserve(bench, tmp_path):
-    from ftfleet.trainer.checkpoint.memory import RESERVE_DIR, reserve_files
+    from ftfleet.contract import RESERVE_DIR
+    from ftfleet.trainer.checkpoint.memory import reserve_files
 
     old, new = tmp_path / "old", tmp_path / "new"
     tier = old / "ftfleet-goodput"
@@ -248,6 +249,7 @@ def test_a_gone_nodes_snapshot_files_become_the_next_spares_reserve(bench, tmp_p
         "node-0/rank-0/.free-next/snapshot-0.bin": 3 << 20,
         "node-0/peer/rank-1/step-4/snapshot-1.bin": 3 << 20,
         "reserve/local0-2": 4 << 20,
+        "reserve/.local1-2": 4 << 20,  # being reserved when the node went: not whole
         "node-0/rank-0/step-4/manifest.json": 100,
     }
     inodes = {}
@@ -256,17 +258,126 @@ def test_a_gone_nodes_snapshot_files_become_the_next_spares_reserve(bench, tmp_p
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"x" * n)
         inodes[p.stat().st_ino] = n
-    size = (3 << 20) + 4096  # the spare's estimate: a little over the snapshots' size
+    size = (3 << 20) + 4096  # the bench's estimate: a little over the snapshots' size
     assert bench.recycle_memory(old, new, nproc=2, size=size) == 5
     reserve = new / "ftfleet-goodput" / RESERVE_DIR
     names = sorted(p.name for p in reserve.iterdir())
     assert names == ["local0-0", "local0-1", "local0-2", "local1-0", "local1-1"]
-    assert all(p.stat().st_size >= size and p.stat().st_ino in inodes for p in reserve.iterdir())
+    for p in reserve.iterdir():
+        assert p.stat().st_ino in inodes
+        assert p.stat().st_size >= size * 5 // 4
+        assert p.stat().st_blocks * 512 <= inodes[p.stat().st_ino] + (1 << 20)  # grown by a hole
     assert (tier / "node-0/rank-0/step-4/manifest.json").exists()  # not a snapshot: left
-    # The spare finds them reserved and allocates nothing new for them (the same inodes).
-    assert reserve_files(new / "ftfleet-goodput", size, 3, "local0") == 3
-    assert reserve_files(new / "ftfleet-goodput", size, 2, "local1") == 2
+    assert (tier / "reserve/.local1-2").exists()
+    # The spare, whose own estimate came out larger still, finds them reserved and
+    # allocates nothing new for them (the same inodes).
+    assert reserve_files(new / "ftfleet-goodput", size + (256 << 10), 3, 0) == 3
+    assert reserve_files(new / "ftfleet-goodput", size + (256 << 10), 2, 1) == 2
     assert {p.stat().st_ino for p in reserve.iterdir()} <= set(inodes)
+
+
+class FakeNode:
+    """A node of the bench (drill.runner.Node's surface), nothing run: its log says it
+    is warm at once; ``exit_next`` makes the next one exit while it boots."""
+
+    started: list[FakeNode] = []
+
+    def __init__(self, name, command, env, cwd, log_path):
+        self.name, self.command, self.env, self.log_path = name, command, env, log_path
+        self.exit_code = 1 if FakeNode.exit_next else None
+        FakeNode.exit_next = False
+        self.killed = False
+        self.pid = os.getpid()
+
+    exit_next = False
+
+    def start(self):
+        FakeNode.started.append(self)
+        return self
+
+    def poll(self):
+        return self.exit_code
+
+    def kill(self):
+        self.killed = True
+
+    def log_tail(self, chars=3000):
+        return "warm: waiting for the gate"
+
+
+@pytest.fixture
+def fake_nodes(bench, monkeypatch):
+    FakeNode.started, FakeNode.exit_next = [], False
+    monkeypatch.setattr(bench, "Node", FakeNode)
+    monkeypatch.setattr(bench, "CAN_UNNICE", False)
+    monkeypatch.setattr(bench, "BOOT_POLL_S", 0.01)
+    monkeypatch.setattr(bench, "cpu_seconds", lambda pid: 1.0)  # idle
+    unniced = []
+    monkeypatch.setattr(bench, "unnice", unniced.append)
+    return unniced
+
+
+def faulted_run(bench, tmp_path, spares=1):
+    args = SimpleNamespace(nproc=2, shm_root=str(tmp_path / "shm"))
+    (tmp_path / "work").mkdir(exist_ok=True)
+    return bench.FaultedRun(
+        "inprocess",
+        [],
+        watch_notices=True,
+        args=args,
+        work=tmp_path / "work",
+        metadata=SimpleNamespace(url="http://127.0.0.1:1"),
+        spares=spares,
+    )
+
+
+def test_a_spare_node_boots_before_the_job_and_inherits_the_gone_nodes_ram(bench, tmp_path, fake_nodes):
+    run = faulted_run(bench, tmp_path)
+    first = run.launch()
+    spare = run.standby
+    assert FakeNode.started == [spare, first]  # the spare first, booted, then the node that trains
+    assert "--wait-for" in spare.command and "--wait-for" not in first.command
+    assert run.spare_boots[spare.name] == [None, None]  # its window opens at the first commit
+    gate = Path(spare.command[spare.command.index("--wait-for") + 1])
+    assert not gate.exists()
+    # The node that trains has snapshot files in its RAM when it goes.
+    shm = Path(first.env["FTFLEET_SHM_DIR"])
+    snap = shm / "ftfleet-goodput" / "node-0" / "rank-0" / "step-3" / "snapshot-0.bin"
+    snap.parent.mkdir(parents=True)
+    snap.write_bytes(b"s" * (2 << 20))
+    inode = snap.stat().st_ino
+    run.gone(first)
+    assert first.killed and shm.exists()  # kept for the next spare
+    second = run.launch()
+    assert second is spare and gate.exists() and fake_nodes == [spare.pid]
+    nxt = run.standby
+    assert nxt is not None and nxt is not spare and run.spare_boots[nxt.name][0] is not None
+    reserve = Path(nxt.env["FTFLEET_SHM_DIR"]) / "ftfleet-goodput" / "reserve"
+    assert [p.stat().st_ino for p in reserve.iterdir()] == [inode]
+    assert not shm.exists()  # the rest of the gone node's RAM is freed
+    run.close()
+    assert all(n.killed for n in FakeNode.started)
+    assert not any((tmp_path / "shm").iterdir()) and not gate.exists()
+
+
+def test_a_spare_node_that_exits_while_it_boots_is_replaced(bench, tmp_path, fake_nodes):
+    FakeNode.exit_next = True
+    run = faulted_run(bench, tmp_path)
+    first = run.launch()
+    dead, node, spare = FakeNode.started
+    assert dead.exit_code == 1 and dead.killed and node is first
+    assert spare is run.standby and spare.exit_code is None
+    run.close()
+
+
+def test_torchrun_runs_start_no_spare_node(bench, tmp_path, fake_nodes):
+    run = faulted_run(bench, tmp_path, spares=0)
+    node = run.launch()
+    assert FakeNode.started == [node] and run.standby is None
+    assert "FTFLEET_SHM_DIR" not in node.env
+    run.gone(node)
+    assert run.launch() is not node
+    run.close()
 
 
 def test_cpu_seconds_counts_a_process_and_its_children(bench):

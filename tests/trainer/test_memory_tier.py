@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftfleet.contract import reserved_name
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint.memory import Ring, SnapshotMismatch, buffer_reader, decode, encode, prepare, views
 from ftfleet.trainer.checkpoint.state import state_sha256
@@ -588,7 +589,7 @@ def test_the_estimate_covers_the_snapshot_and_a_reserve_too_small_is_not_used(tm
     estimate = snapshot_bytes_estimate(str(tmp_path / "ckpt"), 1)
     assert size <= estimate <= size * 1.1 + (8 << 20)
     fresh = _manager(tmp_path / "other")
-    assert memory.reserve_files(fresh.snapshots.tier.root, size - 1, 1, "t") == 1
+    assert memory.reserve_files(fresh.snapshots.tier.root, size - 1, 1, 0) == 1
     fresh.snapshot(blocking=True, step=1)
-    reserve = fresh.snapshots.tier.root / memory.RESERVE_DIR / "t-0"
+    reserve = fresh.snapshots.tier.root / memory.RESERVE_DIR / reserved_name(0, 0)
     assert reserve.exists()  # one byte short: left alone, the snapshot made a new file

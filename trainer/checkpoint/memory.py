@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from ftfleet.contract import step_dir_name
+from ftfleet.contract import RESERVE_DIR, reserved_name, step_dir_name
 from ftfleet.trainer.checkpoint.manifest import (
     Crc32c,
     Manifest,
@@ -77,8 +77,6 @@ ALIGN = 64
 #: The first item of a tensor reference in the header.
 TENSOR = "\x00ftfleet.snapshot.tensor"
 _FREE = ".free-"
-#: Under the tier's root: files a warm spare node allocated for snapshots to come.
-RESERVE_DIR = "reserve"
 
 
 class SnapshotMismatch(RuntimeError):
@@ -298,9 +296,11 @@ def _map_populated(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
-def reserve_files(root: str | Path, size: int, count: int, tag: str, stop: threading.Event | None = None) -> int:
+def reserve_files(root: str | Path, size: int, count: int, local_rank: int, stop: threading.Event | None = None) -> int:
     """Allocate ``count`` files of ``size`` bytes in ``root``'s reserve for snapshots yet
-    to be taken: what a warm spare node does while it waits. The tier makes a new
+    to be taken (named :func:`~ftfleet.contract.reserved_name`, for ``local_rank``): what a
+    warm spare node's local rank does while it waits. A file of that name and at least
+    that size is there already, and counted. The tier makes a new
     snapshot file out of a reserved one that is big enough (moved, cut to size), so the
     spare's first snapshots after it takes over find their pages allocated: a new
     file's pages cost far more than the copy into them (1.5 s for 679 MB on the 2-core
@@ -313,11 +313,11 @@ def reserve_files(root: str | Path, size: int, count: int, tag: str, stop: threa
     for i in range(count):
         if stop is not None and stop.is_set():
             break
-        final = where / f"{tag}-{i}"
+        final = where / reserved_name(local_rank, i)
         if final.exists() and final.stat().st_size >= size:
             made += 1
             continue
-        hidden = where / f".{tag}-{i}"
+        hidden = where / f".{final.name}"
         fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, size)

@@ -213,8 +213,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
         except OSError:
             size = None
         if size:
-            tag = f"local{local_rank}"
-            made = reserve_files(memory_dir(ck.memory_root, cfg.run_id), size, count, tag, stop)
+            made = reserve_files(memory_dir(ck.memory_root, cfg.run_id), size, count, local_rank, stop)
             log.info("warm: %d shared-memory files of %.0f MB reserved for snapshots", made, size / 1e6)
             return made
         stop.wait(poll_s)
