@@ -146,7 +146,9 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "FTFLEET_SHM_DIR",
         False,
         "Where the in-memory snapshot tier lives (`checkpoint.memory`): each rank's latest "
-        "snapshots, and the copy of the next node's, under `<dir>/ftfleet-<run id>/`. Must be "
+        "snapshots, and the copy of the next node's, under `<dir>/ftfleet-<run id>/`; a warm "
+        "spare node (`--wait-for`) allocates its first snapshots' files in `reserve/` there "
+        "(`RESERVE_DIR`, named by `reserved_name`). Must be "
         "a RAM file system that outlives the training process (survives a crash or a "
         "torchrun restart, not a node loss). The fleet mounts one of its own on huge pages "
         "and passes it in. Unset: `/dev/shm`.",
