@@ -438,6 +438,7 @@ class FaultedRun:
         if self.spares and first:
             self.standby = self._start(self._gate())
             if not self._booted(self.standby):
+                self.spare_boots.pop(self.standby.name, None)  # no start to count beside training
                 self.gone(self.standby)
                 self.standby = None
         if self.standby is not None and not first:
@@ -459,7 +460,8 @@ class FaultedRun:
         used under 0.05 s of CPU in each of two looks in a row (the other ranks' imports
         end about then too). From then until a durable checkpoint exists to size its
         reserve by, it only waits: its start window opens again at the first commit
-        (:meth:`_run`). False (and said) when it exited or did not settle in ``timeout``."""
+        (:meth:`_run`). False (and said) when it exited; one not settled in ``timeout`` is
+        said, and training starts beside it (True)."""
         end, last, quiet = time.monotonic() + timeout, None, 0
         while time.monotonic() < end:
             if node.poll() is not None:
@@ -482,7 +484,7 @@ class FaultedRun:
         left, self._left = self._left, None
         size = self.reserve_bytes()
         if not size:
-            say(f"{self.name}: no durable checkpoint to size the reserve by; the files are kept as they are")
+            say(f"{self.name}: no durable checkpoint to size the reserve by; the files are grown by a quarter only")
         try:
             moved = recycle_memory(left, shm, self.args.nproc, size)
         except OSError as exc:

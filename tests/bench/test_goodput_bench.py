@@ -287,7 +287,7 @@ class FakeNode:
         self.exit_code = 1 if FakeNode.exit_next else None
         FakeNode.exit_next = False
         self.killed = False
-        self.pid = os.getpid()
+        self.pid = 100000 + len(FakeNode.started)  # never signalled: unnice and cpu_seconds are stand-ins too
 
     exit_next = False
 
@@ -366,6 +366,7 @@ def test_a_spare_node_that_exits_while_it_boots_is_replaced(bench, tmp_path, fak
     first = run.launch()
     dead, node, spare = FakeNode.started
     assert dead.exit_code == 1 and dead.killed and node is first
+    assert dead.name not in run.spare_boots  # no start window left open for the whole run
     assert spare is run.standby and spare.exit_code is None
     run.close()
 
@@ -376,8 +377,38 @@ def test_torchrun_runs_start_no_spare_node(bench, tmp_path, fake_nodes):
     assert FakeNode.started == [node] and run.standby is None
     assert "FTFLEET_SHM_DIR" not in node.env
     run.gone(node)
-    assert run.launch() is not node
+    nxt = run.launch()
+    assert FakeNode.started == [node, nxt] and run.standby is None  # a fresh node, no spare
     run.close()
+
+
+def test_a_start_window_without_a_start_is_left_out(bench):
+    run = SimpleNamespace(spare_boots={"a": [None, None], "b": [10.0, 40.0], "c": [50.0, None], "d": [None, 5.0]})
+    assert bench.spare_windows(run, end=60.0) == [(10.0, 40.0), (50.0, 60.0)]
+    assert bench.spare_windows(run) == [(10.0, 40.0)]
+
+
+def test_the_bench_process_itself_never_imports_torch(tmp_path):
+    # A take-over runs the bench's own code beside the recovery (the reserve's size from
+    # the newest checkpoint, the files moved): torch there would be seconds of CPU that
+    # no fleet pays.
+    code = """
+import importlib.util, sys
+from pathlib import Path
+from types import SimpleNamespace
+spec = importlib.util.spec_from_file_location("g", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+sys.modules["g"] = m
+spec.loader.exec_module(m)
+work = Path(sys.argv[2])
+run = SimpleNamespace(run_dir=work / "run", args=SimpleNamespace(nproc=2))
+m.recycle_memory(work / "old", work / "new", 2, m.FaultedRun.reserve_bytes(run))
+print("torch" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(BENCH), str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
 
 
 def test_cpu_seconds_counts_a_process_and_its_children(bench):
