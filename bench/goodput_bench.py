@@ -148,14 +148,21 @@ def set_autogroup_nice(pid: int, value: int) -> None:
     say(f"cannot set the autogroup niceness of pid {pid}: refused 3 times (EAGAIN)")
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (the children of each process's main thread)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(_children(p))
+    return out
+
+
 def unnice(pid: int) -> None:
     """Every thread of ``pid`` and its descendants back to niceness 0 (nice is per thread
     on Linux; threads started later inherit their creator's), and its autogroup."""
     set_autogroup_nice(pid, 0)
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(_children(p))
+    for p in process_tree(pid):
         try:
             tids = os.listdir(f"/proc/{p}/task")
         except OSError:  # gone meanwhile
@@ -294,11 +301,8 @@ def cpu_seconds(pid: int) -> float:
     """CPU seconds used so far by ``pid`` and its live descendants (utime + stime; the
     children of each process's main thread, where the launcher and torch start theirs).
     A child that exits takes its seconds with it: the sum can fall."""
-    total, todo = 0.0, [pid]
-    tick = os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
-        todo.extend(_children(p))
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for p in process_tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
