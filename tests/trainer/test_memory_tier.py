@@ -344,33 +344,6 @@ def test_a_snapshot_file_round_trips_every_kind_of_tensor_and_value():
     assert seen["empty"].shape == (0, 3)
 
 
-def test_the_checksum_taken_while_copying_is_the_crc_of_the_bytes_in_the_file(monkeypatch):
-    """The stager checksums each slice as it copies it (one pass over the bytes): the
-    result is the CRC32C of the whole file as it lies, the alignment's padding included,
-    which in a reused file holds the old snapshot's bytes."""
-    from ftfleet.trainer.checkpoint import memory
-    from ftfleet.trainer.checkpoint.manifest import Crc32c
-
-    monkeypatch.setattr(memory, "CRC_SLICE", 64)  # many slices, ending inside tensors
-    state = {
-        "strided": torch.arange(24, dtype=torch.float32).reshape(4, 6).t(),  # not contiguous
-        "odd": torch.randn(37),  # 148 bytes: the next tensor starts after 44 bytes of padding
-        "bf16": torch.randn(301, dtype=torch.bfloat16),
-        "empty": torch.empty(0, 3),
-        "flags": torch.tensor([True, False, True]),
-        "big": torch.randn(1000, dtype=torch.float64),
-        "step": 7,
-    }
-    reused = torch.full((1 << 16,), 0xAB, dtype=torch.uint8)  # the old snapshot's bytes
-    staged = memory.Stager().stage(state, into=lambda n: reused[:n])
-    assert staged.in_place and staged.checksum is not None
-    whole = Crc32c()
-    whole.update(memory._bytes(staged.data))
-    assert staged.crc().entry() == whole.entry()
-    back = decode(buffer_reader(staged.data), staged.data.numel())
-    assert back["step"] == 7 and all(torch.equal(back[k], v) for k, v in state.items() if k != "step")
-
-
 def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
     """After an in-process restart the new iteration's manager supersedes the old one's
     snapshot thread: whatever that thread was doing, it commits no file afterwards."""

@@ -77,9 +77,6 @@ ALIGN = 64
 #: The first item of a tensor reference in the header.
 TENSOR = "\x00ftfleet.snapshot.tensor"
 _FREE = ".free-"
-#: Bytes the stager copies before it checksums them (:func:`_copy_checksummed`): well
-#: within a core's L2 cache.
-CRC_SLICE = 1 << 20
 
 
 class SnapshotMismatch(RuntimeError):
@@ -129,17 +126,12 @@ class Staged:
     """The bytes are in their file already (mapped); else :meth:`write_to` writes them."""
     ready: Any = None
     """A CUDA event the copies into ``data`` complete at (None: complete already)."""
-    checksum: Crc32c | None = None
-    """The CRC32C of ``data``, taken by the stager as it copied (host tensors); None:
-    :meth:`crc` reads the bytes again."""
 
     def wait(self) -> None:
         if self.ready is not None:
             self.ready.synchronize()
 
     def crc(self) -> Crc32c:
-        if self.checksum is not None:
-            return self.checksum
         crc = Crc32c()
         crc.update(_bytes(self.data))
         return crc
@@ -184,40 +176,14 @@ class Stager:
             data = self.buffer[:total]
         data[: len(prefix)].copy_(torch.frombuffer(bytearray(prefix), dtype=torch.uint8))
         blob = data[len(prefix) :]
+        for t, off in zip(tensors, offsets, strict=True):
+            if t.numel():
+                blob[off : off + _nbytes(t)].view(t.dtype).view(t.shape).copy_(t, non_blocking=cuda)
+        ready = None
         if cuda:
-            for t, off in zip(tensors, offsets, strict=True):
-                if t.numel():
-                    blob[off : off + _nbytes(t)].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
-            return Staged(data, in_place, ready)
-        crc = Crc32c()
-        crc.update(_bytes(data[: len(prefix)]))
-        end = 0
-        for t, off in zip(tensors, offsets, strict=True):
-            if off > end:  # the alignment's padding, as it is in the file
-                crc.update(_bytes(blob[end:off]))
-            end = off + _nbytes(t)
-            _copy_checksummed(blob[off:end], t, crc)
-        return Staged(data, in_place, checksum=crc)
-
-
-def _copy_checksummed(dst: torch.Tensor, t: torch.Tensor, crc: Crc32c) -> None:
-    """Copy host tensor ``t`` into the bytes ``dst`` and extend ``crc`` over them, in
-    slices of :data:`CRC_SLICE`: each slice is checksummed while it is still in the
-    core's cache, so the snapshot's bytes cross the memory bus once (the copy), not twice
-    (the copy, then a CRC pass over 680 MB; docs/BENCHMARKS.md)."""
-    if not t.numel():
-        return
-    if not t.is_contiguous():  # rare (a view saved as is): copied whole, then checksummed
-        dst.view(t.dtype).view(t.shape).copy_(t)
-        crc.update(_bytes(dst))
-        return
-    src = t.detach().reshape(-1).view(torch.uint8)
-    for start in range(0, src.numel(), CRC_SLICE):
-        part = dst[start : start + CRC_SLICE]
-        part.copy_(src[start : start + CRC_SLICE])
-        crc.update(_bytes(part))
+        return Staged(data, in_place, ready)
 
 
 def encode(state_dict: Any) -> bytes:
