@@ -1,0 +1,155 @@
+"""Two revisions of the trainer on the same run, interleaved (base, head, base, head, ...):
+for a change whose effect is smaller than this machine's drift between two benchmark
+runs (the goodput bench's uninterrupted step moved by 10-20 % within an evening).
+
+Each run is the goodput bench's model (``--d-model``, 2 processes under torchrun, the
+host allocator of ``FTFLEET_HOST_ALLOCATOR`` as the image sets it) with in-memory
+snapshots every ``--snapshot-every`` steps and no durable save but the final one, so
+what differs between the revisions is what a snapshot costs the run. Extra trainer
+overrides follow ``--``. Each revision runs from a git worktree of its own; the
+project's editable install is pointed at that worktree (``sitecustomize.py``).
+
+    python bench/revisions_ab.py --base 12a7ae6 --head HEAD --shm-root /tmp/hugetest
+
+Printed, per run: the wall time from the end of step 3 to the end of the last step,
+the median step with and without a snapshot's background part in flight, the median
+time a snapshot blocked training and its background part; then head's mean wall over
+base's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.goodput_bench import cmd, env, model_overrides, say  # noqa: E402
+
+#: Written into each worktree: the editable install's finder maps ``ftfleet`` to the
+#: project's checkout; a worktree's processes must import the worktree's code.
+SHIM = """import os
+root = os.path.dirname(os.path.abspath(__file__))
+try:
+    import __editable___ftfleet_0_1_0_finder as f
+except ImportError:
+    f = None
+if f is not None:
+    for k in list(f.MAPPING):
+        f.MAPPING[k] = f.MAPPING[k].replace({repo!r}, root)
+"""
+
+#: Steps left out at the start of each run (process start, first files, warm-up).
+SKIP = 3
+
+
+def worktree(rev: str, into: Path) -> tuple[str, Path]:
+    sha = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    path = into / sha.strip()[:12]
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(path), sha.strip()], cwd=REPO, check=True, capture_output=True
+    )
+    (path / "sitecustomize.py").write_text(SHIM.format(repo=str(REPO)))
+    return sha.strip()[:12], path
+
+
+def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: float) -> dict[str, Any]:
+    shutil.rmtree(shm, ignore_errors=True)
+    extra = {"PYTHONPATH": str(tree)}
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        proc = subprocess.run(
+            [str(a) for a in cmd(2, run_dir, overrides)],
+            cwd=tree,
+            env=env(extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+        )
+    if proc.returncode != 0:
+        raise SystemExit(f"revisions_ab: the run in {tree} exited {proc.returncode}: see {run_dir.with_suffix('.log')}")
+    return stats(run_dir / "events.jsonl")
+
+
+def stats(events: Path) -> dict[str, Any]:
+    ev = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    steps = [e for e in ev if e["event"] == "step" and e["step"] > SKIP]
+    quiet = [e["seconds"] for e in steps if not e["snapshotting"]]
+    busy = [e["seconds"] for e in steps if e["snapshotting"]]
+    blocked = [e["blocked_s"] for e in ev if e["event"] == "snapshot" and e["step"] > SKIP]
+    background = [e["background_s"] for e in ev if e["event"] == "snapshotted" and e["step"] > SKIP]
+
+    def med(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 3) if xs else None
+
+    return {
+        "wall_s": round(steps[-1]["t"] - steps[0]["t"], 2),
+        "steps": len(steps),
+        "quiet_step_s": med(quiet),
+        "busy_step_s": med(busy),
+        "snapshots": len(blocked),
+        "blocked_s": med(blocked),
+        "background_s": med(background),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="HEAD~1")
+    p.add_argument("--head", default="HEAD")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steps", type=int, default=46)
+    p.add_argument("--snapshot-every", type=int, default=3)
+    p.add_argument("--d-model", type=int, default=1856)
+    p.add_argument("--shm-root", type=Path, default=Path("/dev/shm"), help="the RAM file system of the snapshots")
+    p.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("overrides", nargs="*", help="more trainer overrides (after --)")
+    args = p.parse_args(argv)
+    shm = args.shm_root / "ftfleet-revisions-ab"
+    overrides = model_overrides(args.d_model) + [
+        f"train.steps={args.steps}",
+        "checkpoint.memory=true",
+        f"checkpoint.memory_root={shm}",
+        "checkpoint.async_save=false",
+        "resilience.interval.mode=fixed",
+        f"resilience.interval.fixed_steps={args.steps * 10}",
+        f"resilience.interval.snapshot_fixed_steps={args.snapshot_every}",
+        *args.overrides,
+    ]
+    work = Path(tempfile.mkdtemp(prefix="ftfleet-ab-"))
+    out = args.out or work / "runs"
+    out.mkdir(parents=True, exist_ok=True)
+    trees: list[tuple[str, Path]] = []
+    try:
+        trees = [worktree(args.base, work), worktree(args.head, work)]
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
+        for r in range(args.repeats):
+            for name, tree in trees:
+                say(f"run {r + 1}/{args.repeats}: {name}")
+                s = run(tree, out / f"{name}-{r + 1}", overrides, shm, args.timeout)
+                results[name].append(s)
+                print(json.dumps({"rev": name, "run": r + 1, **s}), flush=True)
+        (base, _), (head, _) = trees
+        walls = {n: statistics.mean(s["wall_s"] for s in results[n]) for n in results}
+        print(
+            f"head {head} / base {base}, mean wall over steps {SKIP + 1}-{args.steps}: {walls[head] / walls[base]:.3f}"
+        )
+    finally:
+        for _, tree in trees:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+        shutil.rmtree(shm, ignore_errors=True)
+        if args.out is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
