@@ -1,0 +1,53 @@
+"""bench/revisions_ab.py's parts that need no trainer run: what it reads from a run's
+events, and the shim that points the editable install at a worktree."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "revisions_ab.py"
+
+
+@pytest.fixture(scope="module")
+def ab():
+    spec = importlib.util.spec_from_file_location("revisions_ab", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_stats_leave_out_the_first_steps_and_split_steps_by_a_snapshot_in_flight(ab, tmp_path):
+    ev = []
+    t = 100.0
+    for step in range(1, 11):
+        busy = step % 3 == 1 and step > 1  # the step after each snapshot of step 3, 6, 9
+        t += 2.5 if busy else 2.0
+        ev.append({"t": t, "event": "step", "step": step, "seconds": 2.5 if busy else 2.0, "snapshotting": busy})
+        if step % 3 == 0:
+            ev.append({"t": t, "event": "snapshot", "step": step, "blocked_s": 0.1 * step})
+            ev.append({"t": t + 1, "event": "snapshotted", "step": step, "background_s": 0.2})
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in ev) + "\n")
+    s = ab.stats(path)
+    # Steps 4..10: from the end of step 4 to the end of step 10.
+    end_of_4 = next(e["t"] for e in ev if e.get("step") == 4)
+    assert s["steps"] == 7 and s["wall_s"] == pytest.approx(ev[-1]["t"] - end_of_4)
+    assert (s["quiet_step_s"], s["busy_step_s"]) == (2.0, 2.5)
+    assert s["snapshots"] == 2 and s["blocked_s"] == pytest.approx(0.75)  # steps 6 and 9; 3 is left out
+    assert s["background_s"] == 0.2
+
+
+def test_the_shim_points_the_editable_finder_at_its_own_tree(ab, tmp_path, monkeypatch):
+    finder = types.ModuleType("__editable___ftfleet_0_1_0_finder")
+    finder.MAPPING = {"ftfleet": str(ab.REPO / "ftfleet"), "drill": str(ab.REPO / "drill")}
+    monkeypatch.setitem(sys.modules, finder.__name__, finder)
+    shim = tmp_path / "sitecustomize.py"
+    shim.write_text(ab.SHIM.format(repo=str(ab.REPO)))
+    exec(compile(shim.read_text(), str(shim), "exec"), {"__file__": str(shim)})
+    assert finder.MAPPING == {"ftfleet": str(tmp_path / "ftfleet"), "drill": str(tmp_path / "drill")}
