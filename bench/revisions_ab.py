@@ -1,6 +1,6 @@
 """Two revisions of the trainer on the same run, interleaved (base, head, base, head, ...):
 for a change whose effect is smaller than this machine's drift between two benchmark
-runs (the goodput bench's uninterrupted step moved by 10-20 % within an evening).
+runs (docs/BENCHMARKS.md records drifts of several per cent within an evening).
 
 Each run is the goodput bench's model (``--d-model``, 2 processes under torchrun, the
 host allocator of ``FTFLEET_HOST_ALLOCATOR`` as the image sets it) with in-memory
@@ -11,7 +11,7 @@ project's editable install is pointed at that worktree (``sitecustomize.py``).
 
     python bench/revisions_ab.py --base 12a7ae6 --head HEAD --shm-root /tmp/hugetest
 
-Printed, per run: the wall time from the end of step 3 to the end of the last step,
+Printed, per run: the wall time from the end of step 4 to the end of the last step,
 the median step with and without a snapshot's background part in flight, the median
 time a snapshot blocked training and its background part; then head's mean wall over
 base's.
@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.goodput_bench import cmd, env, model_overrides, say  # noqa: E402
+from bench.goodput_bench import CONFIG, cmd, env, model_overrides, say  # noqa: E402
 
 #: Written into each worktree: the editable install's finder maps ``ftfleet`` to the
 #: project's checkout; a worktree's processes must import the worktree's code.
@@ -63,10 +63,16 @@ def worktree(rev: str, into: Path) -> tuple[str, Path]:
 
 def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: float) -> dict[str, Any]:
     shutil.rmtree(shm, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # events are appended; a checkpoint would be resumed
     extra = {"PYTHONPATH": str(tree)}
+    # The worktree's own config, not the checkout's.
+    argv = [
+        str(tree / "trainer" / "configs" / "tiny.yaml") if str(a) == str(CONFIG) else str(a)
+        for a in cmd(2, run_dir, overrides)
+    ]
     with open(run_dir.with_suffix(".log"), "w") as log:
         proc = subprocess.run(
-            [str(a) for a in cmd(2, run_dir, overrides)],
+            argv,
             cwd=tree,
             env=env(extra),
             stdout=log,
@@ -74,15 +80,20 @@ def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: flo
             timeout=timeout,
         )
     if proc.returncode != 0:
-        raise SystemExit(f"revisions_ab: the run in {tree} exited {proc.returncode}: see {run_dir.with_suffix('.log')}")
+        tail = run_dir.with_suffix(".log").read_text()[-3000:]
+        raise SystemExit(f"revisions_ab: the run in {tree} exited {proc.returncode}; its log ends:\n{tail}")
     return stats(run_dir / "events.jsonl")
 
 
 def stats(events: Path) -> dict[str, Any]:
     ev = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-    steps = [e for e in ev if e["event"] == "step" and e["step"] > SKIP]
-    quiet = [e["seconds"] for e in steps if not e["snapshotting"]]
-    busy = [e["seconds"] for e in steps if e["snapshotting"]]
+    steps = [e for e in ev if e.get("event") == "step" and e["step"] > SKIP]
+    if len(steps) < 2:
+        raise SystemExit(f"revisions_ab: {events} has {len(steps)} step events after step {SKIP}: use more --steps")
+    if any(e.get("attempt", 0) != 0 for e in ev):
+        raise SystemExit(f"revisions_ab: {events} has more than one attempt (a restart): its wall is no measure")
+    quiet = [e["seconds"] for e in steps if not e.get("snapshotting")]
+    busy = [e["seconds"] for e in steps if e.get("snapshotting")]
     blocked = [e["blocked_s"] for e in ev if e["event"] == "snapshot" and e["step"] > SKIP]
     background = [e["background_s"] for e in ev if e["event"] == "snapshotted" and e["step"] > SKIP]
 
@@ -94,6 +105,7 @@ def stats(events: Path) -> dict[str, Any]:
         "steps": len(steps),
         "quiet_step_s": med(quiet),
         "busy_step_s": med(busy),
+        "busy_steps": len(busy),
         "snapshots": len(blocked),
         "blocked_s": med(blocked),
         "background_s": med(background),
@@ -125,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         *args.overrides,
     ]
     work = Path(tempfile.mkdtemp(prefix="ftfleet-ab-"))
-    out = args.out or work / "runs"
+    out = args.out.resolve() if args.out else work / "runs"
     out.mkdir(parents=True, exist_ok=True)
     trees: list[tuple[str, Path]] = []
     try:
-        trees = [worktree(args.base, work), worktree(args.head, work)]
+        for rev in (args.base, args.head):
+            trees.append(worktree(rev, work))
+        if trees[0][0] == trees[1][0]:
+            raise SystemExit("revisions_ab: --base and --head are the same commit")
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
         for r in range(args.repeats):
             for name, tree in trees:
@@ -140,14 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         (base, _), (head, _) = trees
         walls = {n: statistics.mean(s["wall_s"] for s in results[n]) for n in results}
         print(
-            f"head {head} / base {base}, mean wall over steps {SKIP + 1}-{args.steps}: {walls[head] / walls[base]:.3f}"
+            f"head {head} / base {base}, mean wall over steps {SKIP + 2}-{args.steps}: {walls[head] / walls[base]:.3f}"
         )
     finally:
         for _, tree in trees:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=REPO, capture_output=True)
         shutil.rmtree(shm, ignore_errors=True)
-        if args.out is None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)  # runs under --out are kept
     return 0
 
 
