@@ -177,10 +177,18 @@ def unnice(pid: int) -> None:
                 return
 
 
-def cmd(nproc: int, run_dir: Path, overrides: list[str], *, spares: int = 0, wait_for: Path | None = None) -> list[str]:
+def cmd(
+    nproc: int,
+    run_dir: Path,
+    overrides: list[str],
+    *,
+    spares: int = 0,
+    wait_for: Path | None = None,
+    config: Path = CONFIG,
+) -> list[str]:
     """torchrun (``spares`` 0) or, with ``spares`` >= 1, the in-process launcher with
     that many warm spare processes; ``wait_for``: a spare node, held until the file exists."""
-    trainer = ["--config", str(CONFIG), f"run_dir={run_dir}", *overrides]
+    trainer = ["--config", str(config), f"run_dir={run_dir}", *overrides]
     if spares:
         gate = ["--wait-for", str(wait_for)] if wait_for else []
         return [

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.goodput_bench import CONFIG, cmd, env, model_overrides, say  # noqa: E402
+from ftfleet.trainer.events import read_events  # noqa: E402
 
 #: Written into each worktree: the editable install's finder maps ``ftfleet`` to the
 #: project's checkout; a worktree's processes must import the worktree's code.
@@ -52,24 +53,19 @@ SKIP = 3
 
 
 def worktree(rev: str, into: Path) -> tuple[str, Path]:
-    sha = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    path = into / sha.strip()[:12]
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(path), sha.strip()], cwd=REPO, check=True, capture_output=True
-    )
+    git = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True)
+    sha = git.stdout.strip()
+    path = into / sha[:12]
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO, check=True, capture_output=True)
     (path / "sitecustomize.py").write_text(SHIM.format(repo=str(REPO)))
-    return sha.strip()[:12], path
+    return sha[:12], path
 
 
 def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: float) -> dict[str, Any]:
     shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(run_dir, ignore_errors=True)  # events are appended; a checkpoint would be resumed
     extra = {"PYTHONPATH": str(tree)}
-    # The worktree's own config, not the checkout's.
-    argv = [
-        str(tree / "trainer" / "configs" / "tiny.yaml") if str(a) == str(CONFIG) else str(a)
-        for a in cmd(2, run_dir, overrides)
-    ]
+    argv = cmd(2, run_dir, overrides, config=tree / CONFIG.relative_to(REPO))  # the worktree's own config
     with open(run_dir.with_suffix(".log"), "w") as log:
         proc = subprocess.run(
             argv,
@@ -82,11 +78,12 @@ def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: flo
     if proc.returncode != 0:
         tail = run_dir.with_suffix(".log").read_text()[-3000:]
         raise SystemExit(f"revisions_ab: the run in {tree} exited {proc.returncode}; its log ends:\n{tail}")
-    return stats(run_dir / "events.jsonl")
+    return stats(run_dir)
 
 
 def stats(events: Path) -> dict[str, Any]:
-    ev = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    """The figures of the run in directory ``events`` (its events.jsonl)."""
+    ev = list(read_events(events))
     steps = [e for e in ev if e.get("event") == "step" and e["step"] > SKIP]
     if len(steps) < 2:
         raise SystemExit(f"revisions_ab: {events} has {len(steps)} step events after step {SKIP}: use more --steps")

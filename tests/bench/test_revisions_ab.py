@@ -34,7 +34,7 @@ def test_the_stats_leave_out_the_first_steps_and_split_steps_by_a_snapshot_in_fl
             ev.append({"t": t + 1, "event": "snapshotted", "step": step, "background_s": 0.2})
     path = tmp_path / "events.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in ev) + "\n")
-    s = ab.stats(path)
+    s = ab.stats(tmp_path)
     # Steps 4..10 counted; the wall runs from the end of step 4 to the end of step 10.
     end_of_4 = next(e["t"] for e in ev if e.get("step") == 4)
     assert s["steps"] == 7 and s["wall_s"] == pytest.approx(ev[-1]["t"] - end_of_4)
@@ -47,11 +47,11 @@ def test_a_run_with_too_few_steps_or_a_restart_is_refused(ab, tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_text(json.dumps({"t": 1.0, "event": "step", "step": 4, "seconds": 1.0}) + "\n")
     with pytest.raises(SystemExit, match="more --steps"):
-        ab.stats(path)
+        ab.stats(tmp_path)
     ev = [{"t": float(s), "event": "step", "step": s, "seconds": 1.0, "attempt": int(s > 6)} for s in range(1, 9)]
     path.write_text("".join(json.dumps(e) + "\n" for e in ev))
     with pytest.raises(SystemExit, match="restart"):
-        ab.stats(path)
+        ab.stats(tmp_path)
 
 
 def test_the_shim_points_the_editable_finder_at_its_own_tree(ab, tmp_path, monkeypatch):
