@@ -33,6 +33,7 @@ from tests.resilience.torchrun_tree import (
     workers,
 )
 from tests.trainer.conftest import (
+    LOADER_WORKERS,
     REPO,
     assert_each_sample_once,
     child_env,
@@ -104,7 +105,7 @@ def test_workers_killed_at_random_moments_restart_and_end_bit_identical(ref2, tm
     kills = plan(random.Random(seed))
     why = f"seed {seed} (replay: KILL_SEED={seed}), plan {kills}"
     run_dir = tmp_path / "run"
-    cmd = trainer_cmd(2, run_dir, SLOW)
+    cmd = trainer_cmd(2, run_dir, SLOW, LOADER_WORKERS)
     cmd.insert(1, f"--max-restarts={KILLS}")  # one each: any other failure fails the run
     log_path = tmp_path / "torchrun.log"
     with open(log_path, "w") as log:

@@ -23,6 +23,12 @@ BIN = Path(sys.executable).parent
 
 #: A model and run small enough for a few seconds per torchrun, with dropout so that a
 #: resume that loses the RNG state shows in the hash. Global batch 6: 1, 2 and 3 ranks.
+#: No loader workers: on this interpreter (3.11 before 3.11.10) each rank's workers come
+#: from a forkserver that imports torch beside the rank's own import, which on 2 cores
+#: costs every launch about 1.5 s of wall. The runs that keep them (:data:`LOADER_WORKERS`)
+#: are the kills, the stops and the in-process restarts, where workers must go with their
+#: rank and the samples must stay exact; the references run without, so those runs also
+#: show that the workers change nothing.
 BASE = [
     "run_id=t",
     "seed=7",
@@ -41,7 +47,10 @@ BASE = [
     "checkpoint.keep=3",
     "data.trace_samples=true",
     "train.state_hash=true",
+    "data.num_workers=0",
 ]
+#: The loader's workers as the trainer's default has them (see :data:`BASE`).
+LOADER_WORKERS = "data.num_workers=2"
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
 #: Two ranks as two nodes, snapshots in shared memory every step, durable checkpoints

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from tests.trainer.conftest import MEMORY, kill9, run_trainer, start_trainer, wait_for
+from tests.trainer.conftest import LOADER_WORKERS, MEMORY, kill9, run_trainer, start_trainer, wait_for
 
 STEPS = 24
 
@@ -37,7 +37,7 @@ def _newest_everywhere(shm) -> int:
 def _killed_between_durable_checkpoints(d, shm):
     """Start the run, SIGKILL every process once both ranks' snapshots and copies reach
     step 10 or later (the newest durable checkpoint is step 8). Returns that step."""
-    proc = start_trainer(2, d, *MEMORY, env={"FTFLEET_SHM_DIR": str(shm)})
+    proc = start_trainer(2, d, *MEMORY, LOADER_WORKERS, env={"FTFLEET_SHM_DIR": str(shm)})
     try:
         wait_for(lambda: _newest_everywhere(shm) >= 10, 90, what="snapshot 10")
     finally:
@@ -54,7 +54,7 @@ def test_a_sigkilled_run_resumes_from_its_own_shared_memory_bit_identical(tmp_pa
     d, shm = tmp_path / "run", tmp_path / "shm"
     snapshot = _killed_between_durable_checkpoints(d, shm)
 
-    out = run_trainer(2, d, *MEMORY, env={"FTFLEET_SHM_DIR": str(shm)})
+    out = run_trainer(2, d, *MEMORY, LOADER_WORKERS, env={"FTFLEET_SHM_DIR": str(shm)})
     assert out["resumed_from"]["tier"] == "memory"
     assert out["resumed_from"]["step"] >= snapshot
     assert out["step"] == STEPS

@@ -11,6 +11,7 @@ import pytest
 
 from ftfleet.trainer.events import read_events
 from tests.trainer.conftest import (
+    LOADER_WORKERS,
     assert_each_sample_once,
     ckpt_hash,
     copy_steps,
@@ -27,14 +28,14 @@ STEPS, BATCH = 24, 6
 @pytest.mark.timeout(240)
 def test_two_process_run_stopped_twice_ends_bit_identical(session_dir, ref2):
     d = session_dir / "stopped2"
-    first = run_trainer(2, d, "train.stop_at_step=7")
+    first = run_trainer(2, d, LOADER_WORKERS, "train.stop_at_step=7")
     assert (first["step"], first["status"], first["resumed_from"]) == (7, "stopped", None)
     assert [c["step"] for c in first["committed"]] == [4, 7]
 
-    second = run_trainer(2, d, "train.stop_at_step=13")
+    second = run_trainer(2, d, LOADER_WORKERS, "train.stop_at_step=13")
     assert second["resumed_from"]["step"] == 7 and second["step"] == 13
 
-    final = run_trainer(2, d)
+    final = run_trainer(2, d, LOADER_WORKERS)
     assert final["resumed_from"]["step"] == 13
     assert final["step"] == STEPS and final["world_size"] == 2
     assert final["state_sha256"] == ref2["state_sha256"]

@@ -20,6 +20,7 @@ from tests.trainer.conftest import (
     BASE,
     BIN,
     CONFIG,
+    LOADER_WORKERS,
     REPO,
     child_env,
     free_port_pair,
@@ -79,7 +80,7 @@ def test_aws_spot_notice_commits_within_the_deadline_and_resume_is_exact(
     d = tmp_path / "run"
     s3_args = [f"checkpoint.uri=s3://{bucket}/job", f"checkpoint.s3_endpoint_url={moto_url}"]
     env = {"FTFLEET_CLOUD": "aws", "FTFLEET_METADATA_ENDPOINT": metadata.url, "FTFLEET_NODE_ID": "node-a"}
-    proc = start_trainer(2, d, *PACED, *s3_args, env=env)
+    proc = start_trainer(2, d, *PACED, *s3_args, LOADER_WORKERS, env=env)
     wait_for(lambda: started(d), 90, 0.1, "the first step")
     metadata.schedule_spot_interruption(in_seconds=120)
     finish(proc)
@@ -222,6 +223,7 @@ def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path,
         "--config",
         str(CONFIG),
         *BASE,
+        LOADER_WORKERS,
         f"run_dir={d}",
         "faults.hang_at_step=10",
         "faults.hang_rank=1",
