@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import BASE, CONFIG, MEMORY, REPO, child_env, inprocess_cmd, wait_for
+from tests.trainer.conftest import BASE, CONFIG, LOADER_WORKERS, MEMORY, REPO, child_env, inprocess_cmd, wait_for
 
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
@@ -35,7 +35,7 @@ def _events(run_dir):
 @pytest.mark.timeout(240)
 def test_a_sigkilled_rank_is_replaced_by_the_spare_and_the_survivor_never_exits(tmp_path, ref2):
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
-    cmd = inprocess_cmd(run_dir, *ARGS)
+    cmd = inprocess_cmd(run_dir, *ARGS, LOADER_WORKERS)  # the loader is built again in place
     log = open(tmp_path / "launch.log", "w")
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=child_env({"FTFLEET_SHM_DIR": str(shm)}), stdout=log, stderr=subprocess.STDOUT

@@ -25,10 +25,11 @@ BIN = Path(sys.executable).parent
 #: resume that loses the RNG state shows in the hash. Global batch 6: 1, 2 and 3 ranks.
 #: No loader workers: on this interpreter (3.11 before 3.11.10) each rank's workers come
 #: from a forkserver that imports torch beside the rank's own import, which on 2 cores
-#: costs every launch about 1.5 s of wall. The runs that keep them (:data:`LOADER_WORKERS`)
-#: are the kills, the stops and the in-process restarts, where workers must go with their
-#: rank and the samples must stay exact; the references run without, so those runs also
-#: show that the workers change nothing.
+#: costs every launch about 1.5 s of wall. Some runs keep them (:data:`LOADER_WORKERS`):
+#: a run stopped twice, torchrun's restarts after random kills and after a hang, a spot
+#: notice, a SIGKILL resumed from shared memory, an in-process restart; there the workers
+#: must go with their rank and the samples stay exact. The references run without, so
+#: those runs also show that the workers change nothing.
 BASE = [
     "run_id=t",
     "seed=7",
