@@ -1,5 +1,6 @@
-"""Two revisions of the trainer on the same run, interleaved (base, head, base, head, ...):
-for a change whose effect is smaller than this machine's drift between two benchmark
+"""Two revisions of the trainer on the same run, interleaved (base, head, head, base, base,
+head, ...: each pair of repeats is ABBA, so that a steady drift of the machine weighs on
+both alike): for a change whose effect is smaller than this machine's drift between two benchmark
 runs (docs/BENCHMARKS.md records drifts of several per cent within an evening).
 
 Each run is the goodput bench's model (``--d-model``, 2 processes under torchrun, the
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.goodput_bench import CONFIG, cmd, env, model_overrides, say  # noqa: E402
+from drill.runner import Node  # noqa: E402
 from ftfleet.trainer.events import read_events  # noqa: E402
 
 #: Written into each worktree: the editable install's finder maps ``ftfleet`` to the
@@ -61,23 +63,36 @@ def worktree(rev: str, into: Path) -> tuple[str, Path]:
     return sha[:12], path
 
 
+def order(repeat: int, trees: list[Any]) -> list[Any]:
+    """The revisions in the order of repeat ``repeat`` (from 0): base first in even
+    repeats, head first in odd ones."""
+    return list(trees) if repeat % 2 == 0 else list(reversed(trees))
+
+
+def run_to_end(argv: list[str], cwd: Path, environ: dict[str, str], log: Path, timeout: float) -> None:
+    """Run ``argv`` (torchrun) to its end. Past ``timeout``, or failed, it stops with its
+    log's tail; a run cut off takes its workers with it (torchrun starts each in a
+    session of its own, which a kill of torchrun alone would leave running)."""
+    node = Node(log.stem, argv, environ, cwd, log).start()
+    assert node.proc is not None
+    try:
+        rc: int | None = node.proc.wait(timeout)  # no polling of /proc while it is measured
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        node.kill()  # nothing when it ended; else torchrun and every worker
+    if rc != 0:
+        why = f"ran past {timeout:.0f} s" if rc is None else f"exited {rc}"
+        raise SystemExit(f"revisions_ab: the run in {cwd} {why}; its log ends:\n{node.log_tail(3000)}")
+
+
 def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: float) -> dict[str, Any]:
     shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(run_dir, ignore_errors=True)  # events are appended; a checkpoint would be resumed
-    extra = {"PYTHONPATH": str(tree)}
+    log = run_dir.with_suffix(".log")
+    log.unlink(missing_ok=True)  # Node appends
     argv = cmd(2, run_dir, overrides, config=tree / CONFIG.relative_to(REPO))  # the worktree's own config
-    with open(run_dir.with_suffix(".log"), "w") as log:
-        proc = subprocess.run(
-            argv,
-            cwd=tree,
-            env=env(extra),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-        )
-    if proc.returncode != 0:
-        tail = run_dir.with_suffix(".log").read_text()[-3000:]
-        raise SystemExit(f"revisions_ab: the run in {tree} exited {proc.returncode}; its log ends:\n{tail}")
+    run_to_end(argv, tree, env({"PYTHONPATH": str(tree)}), log, timeout)
     return stats(run_dir)
 
 
@@ -144,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("revisions_ab: --base and --head are the same commit")
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
         for r in range(args.repeats):
-            for name, tree in trees:
+            for name, tree in order(r, trees):
                 say(f"run {r + 1}/{args.repeats}: {name}")
                 s = run(tree, out / f"{name}-{r + 1}", overrides, shm, args.timeout)
                 results[name].append(s)

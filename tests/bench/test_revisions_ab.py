@@ -62,3 +62,42 @@ def test_the_shim_points_the_editable_finder_at_its_own_tree(ab, tmp_path, monke
     shim.write_text(ab.SHIM.format(repo=str(ab.REPO)))
     exec(compile(shim.read_text(), str(shim), "exec"), {"__file__": str(shim)})
     assert finder.MAPPING == {"ftfleet": str(tmp_path / "ftfleet"), "drill": str(tmp_path / "drill")}
+
+
+def test_the_pairs_of_repeats_run_abba(ab):
+    assert [ab.order(r, ["base", "head"]) for r in range(4)] == [
+        ["base", "head"],
+        ["head", "base"],
+        ["base", "head"],
+        ["head", "base"],
+    ]
+
+
+SPAWNS_A_WORKER = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(worker.pid))
+time.sleep(60)
+"""
+
+
+def test_a_run_past_its_timeout_is_stopped_with_its_workers(ab, tmp_path):
+    import os
+
+    from drill.runner import _stat
+
+    pid_file = tmp_path / "worker.pid"
+    argv = [sys.executable, "-c", SPAWNS_A_WORKER, str(pid_file)]
+    with pytest.raises(SystemExit, match="ran past 3 s"):
+        ab.run_to_end(argv, tmp_path, dict(os.environ), tmp_path / "run.log", timeout=3)
+    worker = int(pid_file.read_text())
+    stat = _stat(worker)  # gone, or a zombie until init reaps it
+    assert stat is None or stat[0] in ("Z", "X"), stat
+
+
+def test_a_failed_run_stops_the_bench_with_its_log(ab, tmp_path):
+    import os
+
+    argv = [sys.executable, "-c", "import sys; print('bad override'); sys.exit(2)"]
+    with pytest.raises(SystemExit, match="exited 2(.|\n)*bad override"):
+        ab.run_to_end(argv, tmp_path, dict(os.environ), tmp_path / "run.log", timeout=30)
