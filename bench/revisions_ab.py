@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -124,11 +125,15 @@ def stats(events: Path) -> dict[str, Any]:
     }
 
 
+def _stop(signum: int, _frame: Any) -> None:
+    raise SystemExit(f"revisions_ab: stopped by signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="HEAD~1")
     p.add_argument("--head", default="HEAD")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each revision (even: whole ABBA pairs)")
     p.add_argument("--steps", type=int, default=46)
     p.add_argument("--snapshot-every", type=int, default=3)
     p.add_argument("--d-model", type=int, default=1856)
@@ -137,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("overrides", nargs="*", help="more trainer overrides (after --)")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats: use 1 or more")
+    if args.repeats % 2:
+        say(f"--repeats {args.repeats} is odd: the last repeat runs base first only, unbalanced by drift")
+    # Each run is in a session of its own (so that a timeout can stop all of it): a
+    # SIGTERM or a hang-up of the bench must still stop the run in flight.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
     shm = args.shm_root / "ftfleet-revisions-ab"
     overrides = model_overrides(args.d_model) + [
         f"train.steps={args.steps}",

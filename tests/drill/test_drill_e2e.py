@@ -94,8 +94,8 @@ def test_a_short_gcp_drill_survives_a_preemption_and_the_loss_of_a_location_and_
         "6",
         "--step-delay",
         "0.02",
-        # No kill here, so no loader workers (tests/trainer/conftest.py: BASE); the AWS
-        # drill above keeps them through its SIGKILL.
+        # No loader workers (tests/trainer/conftest.py: BASE): here the trainer exits on
+        # its own after the notice; the AWS drill above keeps them through its SIGKILL.
         "--set",
         "data.num_workers=0",
     )

@@ -180,7 +180,7 @@ def test_a_gpu_run_stopped_and_resumed_ends_bit_identical(tmp_path, gpu_ref):
 
 
 def test_a_sigkilled_gpu_run_resumes_from_shared_memory_bit_identical(tmp_path, gpu_ref):
-    from tests.trainer.conftest import MEMORY, kill9, run_trainer, start_trainer, wait_for
+    from tests.trainer.conftest import LOADER_WORKERS, MEMORY, kill9, run_trainer, start_trainer, wait_for
 
     d, shm = tmp_path / "run", tmp_path / "shm"
     env = {"FTFLEET_SHM_DIR": str(shm)}
@@ -189,13 +189,13 @@ def test_a_sigkilled_gpu_run_resumes_from_shared_memory_bit_identical(tmp_path, 
     def newest() -> int:
         return max((int(p.parent.name.removeprefix("step-")) for p in own.glob("step-*/manifest.json")), default=0)
 
-    proc = start_trainer(1, d, *MEMORY, env=env)
+    proc = start_trainer(1, d, *MEMORY, LOADER_WORKERS, env=env)
     try:
         wait_for(lambda: newest() >= 10, 240, what="snapshot 10")
     finally:
         kill9(proc)
     snapshot = newest()
-    out = run_trainer(1, d, *MEMORY, env=env, timeout=300)
+    out = run_trainer(1, d, *MEMORY, LOADER_WORKERS, env=env, timeout=300)
     assert out["resumed_from"]["tier"] == "memory" and out["resumed_from"]["step"] >= snapshot
     assert out["state_sha256"] == gpu_ref["state_sha256"]
 
@@ -212,7 +212,7 @@ def test_a_sigkilled_gpu_rank_is_replaced_in_place_by_a_warm_spare_bit_identical
     import subprocess
 
     pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="needs nvidia-resiliency-ext")
-    from tests.trainer.conftest import BASE, MEMORY, REPO, child_env, inprocess_cmd, wait_for
+    from tests.trainer.conftest import BASE, LOADER_WORKERS, MEMORY, REPO, child_env, inprocess_cmd, wait_for
 
     run_dir, shm, log_path = tmp_path / "run", tmp_path / "shm", tmp_path / "launch.log"
 
@@ -220,7 +220,7 @@ def test_a_sigkilled_gpu_rank_is_replaced_in_place_by_a_warm_spare_bit_identical
         path = run_dir / "events.jsonl"
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
-    cmd = inprocess_cmd(run_dir, *BASE, *MEMORY, "train.step_events=true", nproc=1)
+    cmd = inprocess_cmd(run_dir, *BASE, *MEMORY, LOADER_WORKERS, "train.step_events=true", nproc=1)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=child_env({"FTFLEET_SHM_DIR": str(shm)}), stdout=log, stderr=subprocess.STDOUT

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import BASE, MEMORY, REPO, child_env, inprocess_cmd, kill9, run_trainer
+from tests.trainer.conftest import BASE, LOADER_WORKERS, MEMORY, REPO, child_env, inprocess_cmd, kill9, run_trainer
 
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
@@ -58,7 +58,7 @@ class Machine:
         self.launches = 0
 
     def start(self) -> None:
-        cmd = inprocess_cmd(self.run_dir, *BASE, *ARGS, soft_timeout=30)
+        cmd = inprocess_cmd(self.run_dir, *BASE, *ARGS, LOADER_WORKERS, soft_timeout=30)
         with self.log.open("a") as out:
             out.write(f"--- launch {self.launches}\n")
             out.flush()

@@ -170,6 +170,7 @@ def test_a_hung_rank_is_restarted_in_place_by_the_failed_collective(tmp_path, re
     cmd = inprocess_cmd(
         run_dir,
         *ARGS,
+        LOADER_WORKERS,  # rebuilt in place by both ranks
         "parallel.collective_timeout_s=2",
         "resilience.watchdog.timeout_s=20",
         "faults.hang_at_step=12",

@@ -23,13 +23,18 @@ BIN = Path(sys.executable).parent
 
 #: A model and run small enough for a few seconds per torchrun, with dropout so that a
 #: resume that loses the RNG state shows in the hash. Global batch 6: 1, 2 and 3 ranks.
-#: No loader workers: on this interpreter (3.11 before 3.11.10) each rank's workers come
-#: from a forkserver that imports torch beside the rank's own import, which on 2 cores
-#: costs every launch about 1.5 s of wall. Some runs keep them (:data:`LOADER_WORKERS`):
-#: a run stopped twice, torchrun's restarts after random kills and after a hang, a spot
-#: notice, a SIGKILL resumed from shared memory, an in-process restart; there the workers
-#: must go with their rank and the samples stay exact. The references run without, so
-#: those runs also show that the workers change nothing.
+#: No loader workers, on every interpreter: on CPython 3.11 before 3.11.10 (CI's) each
+#: rank's workers come from a forkserver that imports torch beside the rank's own
+#: import, which on 2 cores cost a 2-rank launch of 24 steps about 1.7 s of wall
+#: (11.1 s against 9.3 s, means of 3 runs each, 2026-11-26). Where a run's subject is a
+#: stop, a kill or a restart, it keeps them (:data:`LOADER_WORKERS`), in every launch of
+#: its story: the run stopped twice, torchrun's restarts after random kills and after a
+#: hang, the AWS spot notice and its replacement, both shared-memory resumes, the
+#: in-process SIGKILL, hang and chaos runs, and the GPU tests. There the workers must go
+#: with their rank and the reader's saved state must come back; the references run
+#: without, so those runs also show that the workers change nothing. The rest
+#: (anomalies, the image entrypoint's exits, elastic node loss, the reshards, S3) run
+#: without them.
 BASE = [
     "run_id=t",
     "seed=7",

@@ -67,7 +67,7 @@ def test_a_lost_nodes_rank_resumes_from_its_neighbours_copy_bit_identical(tmp_pa
     snapshot = _killed_between_durable_checkpoints(d, shm)
     shutil.rmtree(shm / "ftfleet-t" / "node-1")  # node 1 is gone, and its RAM with it
 
-    out = run_trainer(2, d, *MEMORY, env={"FTFLEET_SHM_DIR": str(shm)})
+    out = run_trainer(2, d, *MEMORY, LOADER_WORKERS, env={"FTFLEET_SHM_DIR": str(shm)})
     assert out["resumed_from"]["tier"] == "memory-peer"
     assert out["resumed_from"]["step"] >= snapshot
     assert "ranks [1] from their peers' copies" in out["_stderr"]

@@ -94,7 +94,7 @@ def test_aws_spot_notice_commits_within_the_deadline_and_resume_is_exact(
     # The replacement node: same fast tier, no notice. It ends where an uninterrupted
     # run ends, bit for bit.
     metadata.reset()
-    resumed = run_trainer(2, d, *s3_args)
+    resumed = run_trainer(2, d, *s3_args, LOADER_WORKERS)  # the reader state saved with workers
     assert resumed["resumed_from"]["step"] == s["step"]
     assert resumed["state_sha256"] == ref2["state_sha256"]
 
