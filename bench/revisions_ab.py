@@ -55,9 +55,12 @@ if f is not None:
 SKIP = 3
 
 
-def worktree(rev: str, into: Path) -> tuple[str, Path]:
+def resolve(rev: str) -> str:
     git = subprocess.run(["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True)
-    sha = git.stdout.strip()
+    return git.stdout.strip()
+
+
+def worktree(sha: str, into: Path) -> tuple[str, Path]:
     path = into / sha[:12]
     subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO, check=True, capture_output=True)
     (path / "sitecustomize.py").write_text(SHIM.format(repo=str(REPO)))
@@ -166,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     trees: list[tuple[str, Path]] = []
     try:
-        for rev in (args.base, args.head):
-            trees.append(worktree(rev, work))
-        if trees[0][0] == trees[1][0]:
+        shas = [resolve(args.base), resolve(args.head)]
+        if shas[0] == shas[1]:  # before a worktree: a second one at the same path would fail
             raise SystemExit("revisions_ab: --base and --head are the same commit")
+        for sha in shas:
+            trees.append(worktree(sha, work))
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
         for r in range(args.repeats):
             for name, tree in order(r, trees):
