@@ -88,10 +88,6 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         MaxActiveWorldSize,
     )
 
-    from ftfleet.trainer.inprocess.store import install
-
-    install()  # the wrapper's endless store waits poll instead of logging each timeout
-
     # Compose applies the last first: fill the gaps, cap at N, then all-or-nothing.
     filters = [MaxActiveWorldSize(active_world_size), FillGaps()]
     if not shrink:
@@ -100,9 +96,9 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
         rank_assignment=inprocess.Compose(*filters),
         health_check=None,  # its only check is CUDA's
-        # The monitor thread waits for the "a rank was interrupted" key, one wait of this
-        # length after another (polled: .store); a set key ends the wait. With
-        # 50 ms store waits, a spare's monitor thread saw the key 2.9-4.1 s late (measured,
+        # The monitor thread waits in the store for the "a rank was interrupted" key, one
+        # wait of this length after another; a set key returns the wait at once. With
+        # 50 ms waits, a spare's monitor thread saw the key 2.9-4.1 s late (measured,
         # every run); with 1 s waits, the restart began 0.85 s after the kill.
         monitor_thread_interval=_seconds(1.0),
         monitor_process_interval=_seconds(poll_s),
