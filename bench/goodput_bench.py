@@ -76,7 +76,7 @@ from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
-from ftfleet.contract import RESERVE_DIR, ContractError, allocator_env, is_malloc, reserved_name  # noqa: E402
+from ftfleet.contract import RESERVE_DIR, ContractError, host_memory_env, is_malloc, reserved_name  # noqa: E402
 from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate  # noqa: E402  (no torch: the bench never imports it)
 from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
 
@@ -113,7 +113,7 @@ def model_overrides(d_model: int) -> list[str]:
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_", "TORCHELASTIC_"))}
-    out.update(allocator_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
+    out.update(host_memory_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
     out.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     out.update(extra or {})
     return out
@@ -1044,7 +1044,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     try:
-        allocator_env(os.environ)  # a bad FTFLEET_HOST_ALLOCATOR stops here, not at a node's start
+        host_memory_env(os.environ)  # a bad FTFLEET_HOST_ALLOCATOR stops here, not at a node's start
     except ContractError as exc:
         p.error(str(exc))
     if args.replot:

@@ -45,10 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ftfleet.contract import ContractError, allocator_env  # noqa: E402
+from ftfleet.contract import ContractError, host_memory_env  # noqa: E402
 
 try:  # the trainers' host allocator, preloaded before torch loads (once: then it is there)
-    _preload = allocator_env(os.environ)
+    _preload = host_memory_env(os.environ)
 except ContractError as exc:
     sys.exit(f"error: {exc}")
 if _preload:

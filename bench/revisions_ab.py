@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -90,13 +91,30 @@ def run_to_end(argv: list[str], cwd: Path, environ: dict[str, str], log: Path, t
         raise SystemExit(f"revisions_ab: the run in {cwd} {why}; its log ends:\n{node.log_tail(3000)}")
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment the revision in ``tree`` starts its trainers with: its own
+    goodput bench's :func:`~bench.goodput_bench.env` (the image's launch variables as
+    that revision sets them, e.g. the host allocator, glibc's tunables), asked of a
+    Python in the worktree; a revision without that function gets this one's."""
+    probe = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from bench.goodput_bench import env; "
+        "print(json.dumps(env({'PYTHONPATH': sys.argv[1]})))"
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {"PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", probe, str(tree)], cwd=tree, env=clean, capture_output=True, text=True)
+    if out.returncode != 0:
+        say(f"{tree.name}: its bench gave no environment ({out.stderr.strip().splitlines()[-1:]}); using this one's")
+        return env({"PYTHONPATH": str(tree)})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: float) -> dict[str, Any]:
     shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(run_dir, ignore_errors=True)  # events are appended; a checkpoint would be resumed
     log = run_dir.with_suffix(".log")
     log.unlink(missing_ok=True)  # Node appends
     argv = cmd(2, run_dir, overrides, config=tree / CONFIG.relative_to(REPO))  # the worktree's own config
-    run_to_end(argv, tree, env({"PYTHONPATH": str(tree)}), log, timeout)
+    run_to_end(argv, tree, tree_env(tree), log, timeout)
     return stats(run_dir)
 
 

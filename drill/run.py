@@ -22,7 +22,7 @@ from drill.lives import steady_step_time
 from drill.report import DrillReport, Goodput
 from drill.runner import EventTail, Node, WorkerGroup
 from drill.scenario import Plan, SegmentPlan, build_plan
-from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, GCP_PREEMPTION_NOTICE_S, allocator_env
+from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, GCP_PREEMPTION_NOTICE_S, host_memory_env
 
 #: The repository root: children import the same ``drill`` and ``ftfleet`` as this process.
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ class Drill:
             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         }
         env.update(CREDENTIALS)
-        env.update(allocator_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
+        env.update(host_memory_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
         env["OMP_NUM_THREADS"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
             [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

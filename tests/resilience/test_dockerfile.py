@@ -150,7 +150,7 @@ def test_the_image_allocates_host_memory_with_jemalloc_and_checks_it_is_there():
     # Asked for by name: a missing library stops the entrypoint instead of training without it.
     assert env["FTFLEET_HOST_ALLOCATOR"] == "jemalloc"
     assert "LD_PRELOAD" not in env  # only torchrun and its workers get it, from the entrypoint
-    assert "allocator_env()" in ENTRYPOINT.read_text()
+    assert "host_memory_env()" in ENTRYPOINT.read_text()
 
 
 def test_the_image_runs_as_a_non_root_user():

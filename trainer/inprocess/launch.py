@@ -36,7 +36,7 @@ import time
 
 import torch.distributed as dist
 
-from ftfleet.contract import ContractError, allocator_env
+from ftfleet.contract import ContractError, host_memory_env
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--min-ranks {args.min_ranks}: use 1 to --nproc ({args.nproc})")
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     try:  # the workers' host allocator (FTFLEET_HOST_ALLOCATOR), preloaded when they start
-        allocator = allocator_env()
+        allocator = host_memory_env()
     except ContractError as exc:
         parser.error(str(exc))
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
