@@ -101,3 +101,23 @@ def test_a_failed_run_stops_the_bench_with_its_log(ab, tmp_path):
     argv = [sys.executable, "-c", "import sys; print('bad override'); sys.exit(2)"]
     with pytest.raises(SystemExit, match="exited 2(.|\n)*bad override"):
         ab.run_to_end(argv, tmp_path, dict(os.environ), tmp_path / "run.log", timeout=30)
+
+
+def test_each_revision_runs_with_the_environment_its_own_bench_gives(ab, tmp_path, monkeypatch):
+    own = tmp_path / "own"
+    (own / "bench").mkdir(parents=True)
+    (own / "bench" / "goodput_bench.py").write_text(
+        "import os\n"
+        "def env(extra=None):\n"
+        "    return {'MARK': 'own', 'SEEN_TUNABLES': os.environ.get('GLIBC_TUNABLES', '-'), **(extra or {})}\n"
+    )
+    # The bench's own process may carry tunables; the revision decides its own.
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    got = ab.tree_env(own)
+    assert got == {"MARK": "own", "SEEN_TUNABLES": "-", "PYTHONPATH": str(own)}
+    # A revision whose bench has no env(): this bench's, pointed at the worktree.
+    old = tmp_path / "old"
+    (old / "bench").mkdir(parents=True)
+    (old / "bench" / "goodput_bench.py").write_text("")
+    fallback = ab.tree_env(old)
+    assert fallback["PYTHONPATH"] == str(old) and fallback["OMP_NUM_THREADS"] == "1" and "MARK" not in fallback

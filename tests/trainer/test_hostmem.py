@@ -166,6 +166,33 @@ def test_the_allocator_variables_follow_the_setting(tmp_path: Path) -> None:
         contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "tcmalloc"})
 
 
+def test_trainers_get_glibcs_non_temporal_threshold_unless_the_caller_set_it() -> None:
+    ours = f"{contract.NON_TEMPORAL_TUNABLE}={contract.NON_TEMPORAL_THRESHOLD:#x}"
+    assert contract.copy_tunables_env({}, "x86_64") == {"GLIBC_TUNABLES": ours}
+    # The caller's other tunables are kept in front; their own threshold wins.
+    other = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    assert contract.copy_tunables_env(other, "x86_64") == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{ours}"}
+    theirs = {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{contract.NON_TEMPORAL_TUNABLE}=0x100000"}
+    assert contract.copy_tunables_env(theirs, "x86_64") == {}
+    # Applied once, it is there (a process re-executing itself with the result stops).
+    assert contract.copy_tunables_env({"GLIBC_TUNABLES": ours}, "x86_64") == {}
+    assert contract.copy_tunables_env({}, "aarch64") == {}  # an x86 tunable
+    both = contract.host_memory_env({"FTFLEET_HOST_ALLOCATOR": "system"})
+    assert both == contract.copy_tunables_env({})
+
+
+@pytest.mark.skipif(not Path("/lib64/ld-linux-x86-64.so.2").exists(), reason="not x86-64 glibc")
+def test_this_glibc_takes_the_threshold_trainers_get() -> None:
+    # glibc ignores a tunable it does not know or a value out of its range without a
+    # word: its loader lists the value in force.
+    env = {**os.environ, **contract.copy_tunables_env({}, "x86_64")}
+    out = subprocess.run(
+        ["/lib64/ld-linux-x86-64.so.2", "--list-tunables"], env=env, capture_output=True, text=True, check=True
+    )
+    line = next(x for x in out.stdout.splitlines() if x.startswith(contract.NON_TEMPORAL_TUNABLE + ":"))
+    assert line.split()[1] == f"{contract.NON_TEMPORAL_THRESHOLD:#x}", line
+
+
 def test_the_loaded_allocator_is_read_from_the_process_maps(tmp_path: Path) -> None:
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n")

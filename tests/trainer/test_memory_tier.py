@@ -12,7 +12,17 @@ import torch
 
 from ftfleet.contract import reserved_name
 from ftfleet.errors import ConfigError
-from ftfleet.trainer.checkpoint.memory import Ring, SnapshotMismatch, buffer_reader, decode, encode, prepare, views
+from ftfleet.trainer.checkpoint import memory
+from ftfleet.trainer.checkpoint.memory import (
+    Ring,
+    SnapshotMismatch,
+    buffer_reader,
+    copy_into,
+    decode,
+    encode,
+    prepare,
+    views,
+)
 from ftfleet.trainer.checkpoint.state import state_sha256
 from tests.trainer.conftest import in_process_manager
 
@@ -342,6 +352,40 @@ def test_a_snapshot_file_round_trips_every_kind_of_tensor_and_value():
         assert torch.equal(t, state[key]) and t.dtype == state[key].dtype, key
         assert t.untyped_storage().nbytes() == t.nbytes and lo <= t.data_ptr() < hi, key
     assert seen["empty"].shape == (0, 3)
+
+
+def test_a_dense_host_tensor_is_copied_as_bytes_and_anything_else_through_torch(monkeypatch):
+    moved: list[int] = []
+    real = memory.ctypes.memmove
+
+    def memmove(dst: int, src: int, n: int) -> int:
+        moved.append(n)
+        return real(dst, src, n)
+
+    monkeypatch.setattr(memory.ctypes, "memmove", memmove)
+    base = torch.randn(6, 8)
+    cases = {
+        "dense": (base, True),
+        "slice at an offset": (base[2:5], True),  # contiguous, storage offset 16 floats
+        "bf16": (torch.randn(33, dtype=torch.bfloat16), True),
+        "scalar": (torch.tensor(7, dtype=torch.int64), True),
+        "transposed": (base.t(), False),
+        "every other column": (base[:, ::2], False),
+        "conjugate bit": (torch.randn(5, dtype=torch.complex64).conj(), False),
+        "negative bit": (torch._neg_view(torch.randn(5)), False),  # contiguous, its bytes not negated
+        "parameter subclass": (torch.nn.Parameter(torch.randn(4)).data.as_subclass(_Marked), False),
+    }
+    for name, (src, as_bytes) in cases.items():
+        moved.clear()
+        dst = torch.full((src.numel() * src.element_size(),), 0xAB, dtype=torch.uint8)
+        copy_into(dst, src)
+        assert moved == ([dst.numel()] if as_bytes else []), name
+        expect = src.resolve_conj().resolve_neg().contiguous()
+        assert torch.equal(dst.view(src.dtype).view(src.shape), expect.as_subclass(torch.Tensor)), name
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: its bytes are not assumed to be its elements."""
 
 
 def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
