@@ -113,7 +113,7 @@ def model_overrides(d_model: int) -> list[str]:
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("FTFLEET_", "AWS_", "TORCHELASTIC_"))}
-    out.update(host_memory_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
+    out.update(host_memory_env(os.environ))  # as the image's entrypoint (allocator, glibc tunables)
     out.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     out.update(extra or {})
     return out

@@ -121,6 +121,7 @@ def save_run(work: Path, name: str, args: argparse.Namespace) -> dict[str, float
         "checkpoint.async_save=false",
         f"checkpoint.direct_io={str(direct).lower()}",
     ]
+    # Only the allocator differs between the variants (glibc's tunables: env()'s, in each).
     environ = {k: v for k, v in env().items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
     environ.update(allocator_env({"FTFLEET_HOST_ALLOCATOR": allocator}))
     subprocess.run(cmd(2, run_dir, overrides), env=environ, cwd=REPO, check=True, capture_output=True)

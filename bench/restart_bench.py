@@ -29,6 +29,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ftfleet.contract import host_memory_env  # noqa: E402  (no torch)
+
 MODEL = [
     "run_id=bench",
     "seed=7",
@@ -82,7 +86,13 @@ def _launch(run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inpro
         *MODEL,
         f"run_dir={run_dir}",
     ]
-    env = {**os.environ, "FTFLEET_SHM_DIR": str(shm), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        **host_memory_env(os.environ),  # as the image's entrypoint and the in-process launcher
+        "FTFLEET_SHM_DIR": str(shm),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 

@@ -4,7 +4,8 @@ both alike): for a change whose effect is smaller than this machine's drift betw
 runs (docs/BENCHMARKS.md records drifts of several per cent within an evening).
 
 Each run is the goodput bench's model (``--d-model``, 2 processes under torchrun, the
-host allocator of ``FTFLEET_HOST_ALLOCATOR`` as the image sets it) with in-memory
+launch environment that revision's own bench gives: the host allocator of
+``FTFLEET_HOST_ALLOCATOR`` and glibc's tunables, as the image sets them) with in-memory
 snapshots every ``--snapshot-every`` steps and no durable save but the final one, so
 what differs between the revisions is what a snapshot costs the run. Extra trainer
 overrides follow ``--``. Each revision runs from a git worktree of its own; the
@@ -102,10 +103,12 @@ def tree_env(tree: Path) -> dict[str, str]:
     )
     clean = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {"PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", probe, str(tree)], cwd=tree, env=clean, capture_output=True, text=True)
-    if out.returncode != 0:
-        say(f"{tree.name}: its bench gave no environment ({out.stderr.strip().splitlines()[-1:]}); using this one's")
-        return env({"PYTHONPATH": str(tree)})
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        say(f"{tree.name}: its bench gave no environment ({why}); using this one's")
+        return {k: v for k, v in env({"PYTHONPATH": str(tree)}).items() if k != "GLIBC_TUNABLES"}
+    return json.loads(lines[-1])
 
 
 def run(tree: Path, run_dir: Path, overrides: list[str], shm: Path, timeout: float) -> dict[str, Any]:

@@ -26,7 +26,9 @@ into a pinned buffer on the training stream, and each timing waits for the strea
 ``blocked`` is what the stream is held for, not only the host's part.
 
 New tensors are on transparent huge pages, as in the trainer (``train.huge_pages``;
-``--small-pages``: 4 KiB pages, as before it).
+``--small-pages``: 4 KiB pages, as before it). Each process re-executes itself once
+with what the image's entrypoint gives a trainer (:func:`ftfleet.contract.host_memory_env`:
+the host allocator, glibc's copy threshold), unless ``--as-started``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,20 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ftfleet.contract import ContractError, host_memory_env  # noqa: E402  (no torch)
+
+if "--as-started" not in sys.argv:  # once: applied, the variables are there
+    try:
+        _host = host_memory_env(os.environ)
+    except ContractError as exc:
+        sys.exit(f"error: {exc}")
+    if _host:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_host})
 
 # Before torch is imported: it reads the variable at its first allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")
@@ -96,6 +111,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=float, nargs="+", default=[64, 679])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--as-started",
+        action="store_true",
+        help="no host allocator or glibc tunables of the entrypoint's: the environment as given",
+    )
     parser.add_argument("--shm", default="/dev/shm")
     parser.add_argument(
         "--small-pages",

@@ -170,7 +170,7 @@ class Drill:
             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         }
         env.update(CREDENTIALS)
-        env.update(host_memory_env(os.environ))  # as the image's entrypoint (FTFLEET_HOST_ALLOCATOR)
+        env.update(host_memory_env(os.environ))  # as the image's entrypoint (allocator, glibc tunables)
         env["OMP_NUM_THREADS"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
             [str(SOURCE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

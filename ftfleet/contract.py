@@ -19,13 +19,15 @@ it (``python -m ftfleet.contract``) and a test keeps the two in step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ftfleet.errors import UserError
 
@@ -163,7 +165,12 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "`dirty_decay_ms:-1,muzzy_decay_ms:-1` unless one is set; every process, loader "
         "workers too, keeps its peak) instead of coming back as fresh pages; `system`: "
         "glibc's malloc; an absolute path: that library, preloaded. Unset: jemalloc where "
-        "it is installed.",
+        "it is installed. Whatever the choice, the entrypoint also lowers glibc's "
+        "non-temporal copy threshold to 4 MiB for torchrun and its workers where glibc's "
+        "default is above it (`GLIBC_TUNABLES`, added to the caller's; a caller's own "
+        "`glibc.cpu.x86_non_temporal_threshold` is kept; x86-64 only), so that a snapshot "
+        'of host-resident state is copied past the cache (docs/BENCHMARKS.md, "Snapshot '
+        'copies streamed past the cache").',
         "system",
     ),
     EnvVar(
@@ -323,27 +330,62 @@ def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence
 
 
 #: glibc's tunable for the size from which ``memcpy``/``memmove`` stream a block past
-#: the cache (non-temporal stores), and the value trainers get: 4 MiB, an L2's size.
-#: glibc derives its default from the L3's size, 114 MB on this project's test
-#: machine, above every tensor of a snapshot (1-55 MB blocks), whose copies then read
-#: each destination line before writing it: 0.12-0.13 s for 679 MB against 0.065-0.075 s
-#: streamed (docs/BENCHMARKS.md).
+#: the cache (non-temporal stores), and the most trainers get: 4 MiB, an L2's size.
+#: glibc derives its default from the L3's size: 114 MB on this project's test machine
+#: (glibc 2.36), above every tensor of a snapshot (1-55 MB blocks), whose copies then
+#: read each destination line before writing it (docs/BENCHMARKS.md, "Snapshot copies
+#: streamed past the cache").
 NON_TEMPORAL_TUNABLE = "glibc.cpu.x86_non_temporal_threshold"
 NON_TEMPORAL_THRESHOLD = 4 << 20
+#: The x86-64 program interpreter (fixed by the psABI): ``--list-tunables`` prints the
+#: values in force for the environment it runs in (glibc 2.33 and later).
+X86_64_LOADER = "/lib64/ld-linux-x86-64.so.2"
 
 
-def copy_tunables_env(environ: Mapping[str, str] | None = None, machine: str | None = None) -> dict[str, str]:
-    """``GLIBC_TUNABLES`` for the processes a launcher starts, with glibc's non-temporal
-    threshold at :data:`NON_TEMPORAL_THRESHOLD` added to the caller's tunables; nothing
-    when the caller sets that tunable already (theirs is kept) or off x86-64."""
+def glibc_tunable(name: str, environ: Mapping[str, str], loader: str = X86_64_LOADER) -> int | None:
+    """The value of glibc tunable ``name`` that a process started with ``environ`` gets
+    (glibc's default or the environment's ``GLIBC_TUNABLES``), as its loader reports it;
+    None where it cannot tell (no such loader, an older glibc, another libc). The
+    loader runs once per ``GLIBC_TUNABLES`` value in this process."""
+    return _listed_tunable(name, environ.get("GLIBC_TUNABLES"), loader)
+
+
+@functools.lru_cache(maxsize=16)
+def _listed_tunable(name: str, tunables: str | None, loader: str) -> int | None:
+    env = {} if tunables is None else {"GLIBC_TUNABLES": tunables}
+    try:
+        out = subprocess.run([loader, "--list-tunables"], env=env, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        key, _, rest = line.partition(":")
+        if key == name and rest.split():
+            try:
+                return int(rest.split()[0], 0)
+            except ValueError:
+                return None
+    return None
+
+
+def copy_tunables_env(
+    environ: Mapping[str, str] | None = None,
+    machine: str | None = None,
+    current: Callable[[str, Mapping[str, str]], int | None] = glibc_tunable,
+) -> dict[str, str]:
+    """``GLIBC_TUNABLES`` for the processes a launcher starts: glibc's non-temporal
+    threshold lowered to :data:`NON_TEMPORAL_THRESHOLD`, added to the caller's tunables.
+    Nothing when the caller sets that tunable (theirs is kept), when glibc's default
+    (``current``, asked of the loader) is that or lower or cannot be told, or off
+    x86-64: the threshold is only ever lowered."""
     environ = os.environ if environ is None else environ
     machine = platform.machine() if machine is None else machine
-    current = environ.get("GLIBC_TUNABLES", "")
-    names = {item.split("=", 1)[0] for item in current.split(":") if item}
-    if machine.lower() not in ("x86_64", "amd64") or NON_TEMPORAL_TUNABLE in names:
+    tunables = [item for item in environ.get("GLIBC_TUNABLES", "").split(":") if item]
+    if machine.lower() not in ("x86_64", "amd64") or any(t.startswith(NON_TEMPORAL_TUNABLE + "=") for t in tunables):
         return {}
-    ours = f"{NON_TEMPORAL_TUNABLE}={NON_TEMPORAL_THRESHOLD:#x}"
-    return {"GLIBC_TUNABLES": f"{current}:{ours}" if current else ours}
+    default = current(NON_TEMPORAL_TUNABLE, environ)
+    if default is None or default <= NON_TEMPORAL_THRESHOLD:
+        return {}
+    return {"GLIBC_TUNABLES": ":".join([*tunables, f"{NON_TEMPORAL_TUNABLE}={NON_TEMPORAL_THRESHOLD:#x}"])}
 
 
 def host_memory_env(

@@ -41,8 +41,9 @@ jemalloc keeps freed memory in the process for the next allocation of its size
 first steps a step allocates nothing new from the kernel. PyTorch's CPU performance
 guide recommends it for CPU work; it keeps the process's peak of host memory, which a
 training node dedicates to its trainer anyway. A process takes it only when it starts
-(``LD_PRELOAD``): :func:`ftfleet.contract.allocator_env` gives the variables for the
-processes a launcher starts, as the image's entrypoint and the in-process launcher do
+:func:`ftfleet.contract.allocator_env` gives the variables (``LD_PRELOAD``) for the
+processes a launcher starts, and :func:`ftfleet.contract.host_memory_env` adds glibc's
+copy threshold to them, as the image's entrypoint and the in-process launcher set
 (``FTFLEET_HOST_ALLOCATOR``, docs/CONTRACT.md); :func:`active_allocator` says which
 one a running process has.
 """

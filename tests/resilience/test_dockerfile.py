@@ -334,6 +334,23 @@ def test_the_entrypoint_preloads_the_host_allocator_for_torchrun(fake_bin):
         assert "FTFLEET_HOST_ALLOCATOR" in result.stderr and why in result.stderr, result.stderr
 
 
+def test_the_entrypoint_gives_torchrun_glibcs_copy_threshold_and_keeps_the_callers(fake_bin):
+    fake_torchrun(fake_bin, 'printf "tunables=%s\\n" "${GLIBC_TUNABLES:-}"\n')
+
+    def entrypoint(**env: str | None) -> str:
+        env = contract_env(fake_bin, FTFLEET_HOST_ALLOCATOR="system", **env)
+        result = subprocess.run([str(ENTRYPOINT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    callers = "glibc.malloc.arena_max=2"
+    expected = contract.copy_tunables_env({"GLIBC_TUNABLES": callers})  # {} where glibc's default is low already
+    want = expected.get("GLIBC_TUNABLES", callers)
+    assert entrypoint(GLIBC_TUNABLES=callers) == f"tunables={want}"
+    theirs = f"{contract.NON_TEMPORAL_TUNABLE}=0x10000000"
+    assert entrypoint(GLIBC_TUNABLES=theirs) == f"tunables={theirs}"
+
+
 def test_max_restarts_defaults_to_100_and_must_be_a_number(fake_bin):
     result = subprocess.run(
         [str(ENTRYPOINT)],

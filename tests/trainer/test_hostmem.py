@@ -166,31 +166,59 @@ def test_the_allocator_variables_follow_the_setting(tmp_path: Path) -> None:
         contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "tcmalloc"})
 
 
-def test_trainers_get_glibcs_non_temporal_threshold_unless_the_caller_set_it() -> None:
+def test_trainers_get_glibcs_non_temporal_threshold_lowered_never_raised() -> None:
     ours = f"{contract.NON_TEMPORAL_TUNABLE}={contract.NON_TEMPORAL_THRESHOLD:#x}"
-    assert contract.copy_tunables_env({}, "x86_64") == {"GLIBC_TUNABLES": ours}
-    # The caller's other tunables are kept in front; their own threshold wins.
+    asked: list[dict[str, str]] = []
+
+    def default(value: int | None):
+        def current(name: str, environ):
+            assert name == contract.NON_TEMPORAL_TUNABLE
+            asked.append(dict(environ))
+            return value
+
+        return current
+
+    big = default(0x7200000)  # glibc 2.36's on a host with a large L3
+    assert contract.copy_tunables_env({}, "x86_64", big) == {"GLIBC_TUNABLES": ours}
+    # The caller's other tunables are kept in front (and the loader is asked with them).
     other = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
-    assert contract.copy_tunables_env(other, "x86_64") == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{ours}"}
-    theirs = {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{contract.NON_TEMPORAL_TUNABLE}=0x100000"}
-    assert contract.copy_tunables_env(theirs, "x86_64") == {}
-    # Applied once, it is there (a process re-executing itself with the result stops).
-    assert contract.copy_tunables_env({"GLIBC_TUNABLES": ours}, "x86_64") == {}
-    assert contract.copy_tunables_env({}, "aarch64") == {}  # an x86 tunable
-    both = contract.host_memory_env({"FTFLEET_HOST_ALLOCATOR": "system"})
-    assert both == contract.copy_tunables_env({})
+    assert contract.copy_tunables_env(other, "x86_64", big) == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{ours}"}
+    assert asked[-1] == other
+    # Their own threshold wins, whatever it is; applied once, it is there (a process
+    # re-executing itself with the result stops).
+    theirs = {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{contract.NON_TEMPORAL_TUNABLE}=0x10000000"}
+    assert contract.copy_tunables_env(theirs, "x86_64", big) == {}
+    assert contract.copy_tunables_env({"GLIBC_TUNABLES": ours}, "x86_64", big) == {}
+    # A default at or below ours, or none to be told: glibc is left alone.
+    assert contract.copy_tunables_env({}, "x86_64", default(0xC0000)) == {}
+    assert contract.copy_tunables_env({}, "x86_64", default(contract.NON_TEMPORAL_THRESHOLD)) == {}
+    assert contract.copy_tunables_env({}, "x86_64", default(None)) == {}
+    assert contract.copy_tunables_env({}, "aarch64", big) == {}  # an x86 tunable
 
 
-@pytest.mark.skipif(not Path("/lib64/ld-linux-x86-64.so.2").exists(), reason="not x86-64 glibc")
-def test_this_glibc_takes_the_threshold_trainers_get() -> None:
-    # glibc ignores a tunable it does not know or a value out of its range without a
-    # word: its loader lists the value in force.
-    env = {**os.environ, **contract.copy_tunables_env({}, "x86_64")}
-    out = subprocess.run(
-        ["/lib64/ld-linux-x86-64.so.2", "--list-tunables"], env=env, capture_output=True, text=True, check=True
+def test_the_loader_reports_the_threshold_in_force(tmp_path: Path) -> None:
+    name = contract.NON_TEMPORAL_TUNABLE
+    fake = tmp_path / "ld.so"
+    fake.write_text(
+        f"#!/bin/sh\necho 'glibc.malloc.arena_max: 0x0 (min: 0x1, max: 0xff)'\necho '{name}: 0x7200000 (min: 0x4040)'\n"
     )
-    line = next(x for x in out.stdout.splitlines() if x.startswith(contract.NON_TEMPORAL_TUNABLE + ":"))
-    assert line.split()[1] == f"{contract.NON_TEMPORAL_THRESHOLD:#x}", line
+    fake.chmod(0o755)
+    assert contract.glibc_tunable(name, {}, str(fake)) == 0x7200000
+    assert contract.glibc_tunable("glibc.cpu.nothing", {}, str(fake)) is None
+    assert contract.glibc_tunable(name, {}, str(tmp_path / "missing")) is None
+
+
+@pytest.mark.skipif(not Path(contract.X86_64_LOADER).exists(), reason="no x86-64 glibc loader")
+def test_this_glibc_takes_the_threshold_trainers_get() -> None:
+    # glibc ignores a tunable it does not know, or a value out of its range, without a
+    # word: its loader lists the value in force.
+    default = contract.glibc_tunable(contract.NON_TEMPORAL_TUNABLE, {})
+    if default is None:
+        pytest.skip("this glibc's loader does not list its tunables (glibc before 2.33)")
+    env = contract.copy_tunables_env({})
+    assert contract.glibc_tunable(contract.NON_TEMPORAL_TUNABLE, env) == min(default, contract.NON_TEMPORAL_THRESHOLD)
+    # With the allocator's variables (none for glibc's malloc, nothing preloaded).
+    assert contract.host_memory_env({"FTFLEET_HOST_ALLOCATOR": "system"}) == env
 
 
 def test_the_loaded_allocator_is_read_from_the_process_maps(tmp_path: Path) -> None:

@@ -354,38 +354,69 @@ def test_a_snapshot_file_round_trips_every_kind_of_tensor_and_value():
     assert seen["empty"].shape == (0, 3)
 
 
-def test_a_dense_host_tensor_is_copied_as_bytes_and_anything_else_through_torch(monkeypatch):
-    moved: list[int] = []
+class _Marked(torch.Tensor):
+    """A tensor subclass: its bytes are not assumed to be its elements."""
+
+
+@pytest.fixture
+def moved(monkeypatch) -> list[int]:
+    """The sizes of the copies ``copy_into`` made as ``memmove`` calls."""
+    sizes: list[int] = []
     real = memory.ctypes.memmove
 
     def memmove(dst: int, src: int, n: int) -> int:
-        moved.append(n)
+        sizes.append(n)
         return real(dst, src, n)
 
     monkeypatch.setattr(memory.ctypes, "memmove", memmove)
-    base = torch.randn(6, 8)
-    cases = {
-        "dense": (base, True),
-        "slice at an offset": (base[2:5], True),  # contiguous, storage offset 16 floats
-        "bf16": (torch.randn(33, dtype=torch.bfloat16), True),
-        "scalar": (torch.tensor(7, dtype=torch.int64), True),
-        "transposed": (base.t(), False),
-        "every other column": (base[:, ::2], False),
-        "conjugate bit": (torch.randn(5, dtype=torch.complex64).conj(), False),
-        "negative bit": (torch._neg_view(torch.randn(5)), False),  # contiguous, its bytes not negated
-        "parameter subclass": (torch.nn.Parameter(torch.randn(4)).data.as_subclass(_Marked), False),
-    }
-    for name, (src, as_bytes) in cases.items():
-        moved.clear()
-        dst = torch.full((src.numel() * src.element_size(),), 0xAB, dtype=torch.uint8)
-        copy_into(dst, src)
-        assert moved == ([dst.numel()] if as_bytes else []), name
-        expect = src.resolve_conj().resolve_neg().contiguous()
-        assert torch.equal(dst.view(src.dtype).view(src.shape), expect.as_subclass(torch.Tensor)), name
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # as under torchrun
+    return sizes
 
 
-class _Marked(torch.Tensor):
-    """A tensor subclass: its bytes are not assumed to be its elements."""
+_BASE = torch.randn(6, 8)
+
+
+@pytest.mark.parametrize(
+    "src, as_bytes",
+    [
+        pytest.param(_BASE, True, id="dense"),
+        pytest.param(_BASE[2:5], True, id="slice-at-an-offset"),
+        pytest.param(torch.randn(33, dtype=torch.bfloat16), True, id="bf16"),
+        pytest.param(torch.tensor(7, dtype=torch.int64), True, id="scalar"),
+        pytest.param(_BASE.t(), False, id="transposed"),
+        pytest.param(_BASE[:, ::2], False, id="every-other-column"),
+        pytest.param(torch.randn(1, 8).expand(4, 8), False, id="expanded"),
+        pytest.param(torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), False, id="channels-last"),
+        pytest.param(torch.randn(5, dtype=torch.complex64).conj(), False, id="conjugate-bit"),
+        pytest.param(torch._neg_view(torch.randn(5)), False, id="negative-bit"),  # contiguous, bytes not negated
+        pytest.param(torch.randn(4).as_subclass(_Marked), False, id="subclass"),
+    ],
+)
+def test_a_dense_host_tensor_is_copied_as_its_bytes_anything_else_through_torch(moved, src, as_bytes):
+    nbytes = src.numel() * src.element_size()
+    out = torch.full((nbytes + 128,), 0xAB, dtype=torch.uint8)
+    dst = out[64 : 64 + nbytes]  # a slice of a larger buffer, as in a snapshot file
+    copy_into(dst, src)
+    assert moved == ([nbytes] if as_bytes else [])
+    expect = src.resolve_conj().resolve_neg().as_subclass(torch.Tensor)
+    assert torch.equal(dst.view(src.dtype).view(src.shape), expect)
+    assert bool((out[:64] == 0xAB).all()) and bool((out[64 + nbytes :] == 0xAB).all())  # nothing beyond it
+
+
+def test_with_several_torch_threads_the_copy_is_torchs(moved, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    src = torch.randn(64)
+    dst = torch.empty(src.numel() * 4, dtype=torch.uint8)
+    copy_into(dst, src)
+    assert moved == [] and torch.equal(dst.view(torch.float32), src)
+
+
+def test_a_snapshot_copies_its_dense_tensors_as_bytes_and_round_trips(moved):
+    state = {"w": torch.randn(16, 4), "m": torch.randn(64).t(), "strided": _BASE.t(), "step": 3}
+    data = encode(state)
+    assert sorted(moved) == sorted([16 * 4 * 4, 64 * 4])  # the transposed view went through copy_
+    back = decode(buffer_reader(data), len(data))
+    assert back["step"] == 3 and all(torch.equal(back[k], state[k]) for k in ("w", "m", "strided"))
 
 
 def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):

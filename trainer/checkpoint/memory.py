@@ -191,14 +191,17 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) 
     """Copy ``src``'s elements into ``dst``, a uint8 tensor of exactly its byte size.
 
     A dense host tensor (the snapshot's usual case) is one ``memmove`` of its bytes, not
-    ``Tensor.copy_``: torch's copy kernel stores through the cache, so each destination
-    line is read from memory before it is written, while glibc's ``memmove`` streams a
-    block past the cache (non-temporal stores) once it is past glibc's threshold, which
+    ``Tensor.copy_``, when torch runs one thread per process (torchrun's default with
+    several processes; ``copy_`` spreads a large copy over torch's threads, ``memmove``
+    does not): torch's copy kernel stores through the cache, so each destination line
+    is read from memory before it is written, while glibc's ``memmove`` streams a block
+    past the cache (non-temporal stores) once it is past glibc's threshold, which
     :func:`ftfleet.contract.host_memory_env` lowers to 4 MiB for trainers. On the test
-    machine that took a snapshot's copy of 679 MB per rank from 0.14 s to 0.09 s
-    (docs/BENCHMARKS.md, "In-memory snapshots"). Anything else (a device tensor, a view
-    that is not contiguous, a conjugate or negative bit, a subclass) goes through
-    ``copy_``. ctypes releases the GIL for the call, as ``copy_`` does."""
+    machine a snapshot of 679 MB per rank then blocked training 0.083-0.101 s instead
+    of 0.152-0.159 s (docs/BENCHMARKS.md, "Snapshot copies streamed past the cache").
+    Anything else (a device tensor, a view that is not contiguous, a conjugate or
+    negative bit, a quantized tensor, a subclass) goes through ``copy_``. ctypes
+    releases the GIL for the call, as ``copy_`` does."""
     if (
         type(src) is torch.Tensor
         and src.device.type == "cpu"
@@ -206,10 +209,12 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) 
         and src.is_contiguous()
         and not src.is_conj()
         and not src.is_neg()
+        and not src.is_quantized
         and dst.device.type == "cpu"
         and dst.dtype == torch.uint8
         and dst.is_contiguous()
         and dst.numel() == _nbytes(src)
+        and torch.get_num_threads() == 1
     ):
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), dst.numel())
     else:

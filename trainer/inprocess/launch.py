@@ -9,7 +9,8 @@ is the whole-group restart this mode avoids. Here the launcher:
   store, ``TORCHELASTIC_USE_AGENT_STORE=True``) and the wrapper's (``MASTER_PORT + 1``);
 * starts N + K worker processes (:mod:`.worker`): ranks 0..N-1 train, N..N+K-1 are
   warm spares, torch imported, waiting in the wrapper; with the host allocator
-  ``FTFLEET_HOST_ALLOCATOR`` asks for (jemalloc where installed, :mod:`~ftfleet.trainer.hostmem`);
+  ``FTFLEET_HOST_ALLOCATOR`` asks for (jemalloc where installed, :mod:`~ftfleet.trainer.hostmem`)
+  and glibc's copy threshold (:func:`ftfleet.contract.host_memory_env`);
 * keeps the world at N ranks (the same trajectory as an uninterrupted run): with fewer
   processes left the ranks wait, inactive, and the launcher stops them (SIGTERM,
   SIGKILL 2 s later) so that the machine restarts at once instead of after the
@@ -106,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= min_ranks <= args.nproc:
         parser.error(f"--min-ranks {args.min_ranks}: use 1 to --nproc ({args.nproc})")
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
-    try:  # the workers' host allocator (FTFLEET_HOST_ALLOCATOR), preloaded when they start
-        allocator = host_memory_env()
+    try:  # the workers' host allocator (FTFLEET_HOST_ALLOCATOR) and glibc tunables, set when they start
+        host_memory = host_memory_env()
     except ContractError as exc:
         parser.error(str(exc))
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for rank in range(total):
         env = {
             **os.environ,
-            **allocator,
+            **host_memory,
             "RANK": str(rank),
             "WORLD_SIZE": str(total),
             "LOCAL_RANK": str(rank),
