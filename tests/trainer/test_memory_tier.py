@@ -13,6 +13,7 @@ import torch
 from ftfleet.contract import reserved_name
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint import memory
+from ftfleet.trainer.checkpoint.manifest import Crc32c
 from ftfleet.trainer.checkpoint.memory import (
     Ring,
     SnapshotMismatch,
@@ -417,6 +418,28 @@ def test_a_snapshot_copies_its_dense_tensors_as_bytes_and_round_trips(moved):
     assert sorted(moved) == sorted([16 * 4 * 4, 64 * 4])  # the transposed view went through copy_
     back = decode(buffer_reader(data), len(data))
     assert back["step"] == 3 and all(torch.equal(back[k], state[k]) for k in ("w", "m", "strided"))
+
+
+@pytest.mark.parametrize("most", [None, 1000], ids=["whole-reads", "short-reads"])
+def test_a_restore_reads_and_checksums_in_slices(monkeypatch, most):
+    monkeypatch.setattr(memory, "READ_SLICE", 4096)
+    state = {"w": torch.randn(10_000), "b": torch.arange(3), "step": 5}
+    data = encode(state)
+    inner, asked = buffer_reader(data), []
+
+    def read(view: memoryview) -> int:  # a file may return less than asked
+        asked.append(view.nbytes)
+        return inner(view[:most] if most else view)
+
+    crc = Crc32c()
+    back = decode(read, len(data), crc)
+    assert max(asked) <= 4096 and sum(1 for n in asked if n == 4096) >= 9
+    whole = Crc32c()
+    whole.update(data)
+    assert crc.entry() == whole.entry()
+    assert back["step"] == 5 and torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
+    with pytest.raises(SnapshotMismatch, match=f"ends after {len(data) - 5000} of {len(data)} bytes"):
+        decode(buffer_reader(data[:-5000]), len(data))
 
 
 def test_a_superseded_snapshot_thread_writes_nothing(tmp_path, monkeypatch):
