@@ -45,14 +45,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ftfleet.contract import ContractError, host_memory_env  # noqa: E402
+from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402
 
-try:  # the trainers' host allocator, preloaded before torch loads (once: then it is there)
-    _preload = host_memory_env(os.environ)
+try:  # the trainers' host allocator and glibc tunables, before torch loads
+    exec_with_host_memory()
 except ContractError as exc:
     sys.exit(f"error: {exc}")
-if _preload:
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_preload})
 # Before torch is imported: it reads the variable at its first allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")
 

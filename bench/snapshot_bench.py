@@ -46,15 +46,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ftfleet.contract import ContractError, host_memory_env  # noqa: E402  (no torch)
+from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402  (no torch)
 
-if "--as-started" not in sys.argv:  # once: applied, the variables are there
+if "--as-started" not in sys.argv:
     try:
-        _host = host_memory_env(os.environ)
+        exec_with_host_memory()
     except ContractError as exc:
         sys.exit(f"error: {exc}")
-    if _host:
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_host})
 
 # Before torch is imported: it reads the variable at its first allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "0" if "--small-pages" in sys.argv else "1")

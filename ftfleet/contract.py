@@ -397,6 +397,17 @@ def host_memory_env(
     return {**allocator_env(environ, candidates), **copy_tunables_env(environ)}
 
 
+def exec_with_host_memory() -> None:
+    """For a script that starts trainer-like processes itself (a benchmark), before torch
+    is imported: execute this Python again, with the command line it was started with
+    (``sys.orig_argv``: interpreter options, ``-c`` or ``-m`` included) and
+    :func:`host_memory_env` applied; return when it is applied already (once, then the
+    variables are there). ContractError as :func:`allocator_env`."""
+    extra = host_memory_env(os.environ)
+    if extra:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **extra})
+
+
 def _positive_number(text: str) -> bool:
     try:
         return math.isfinite(float(text)) and float(text) > 0

@@ -196,6 +196,20 @@ def test_trainers_get_glibcs_non_temporal_threshold_lowered_never_raised() -> No
     assert contract.copy_tunables_env({}, "aarch64", big) == {}  # an x86 tunable
 
 
+def test_a_script_is_executed_again_once_with_the_host_memory_variables(monkeypatch) -> None:
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-u", "bench.py", "--mb", "64"])
+    monkeypatch.setattr(contract, "host_memory_env", lambda environ: {"GLIBC_TUNABLES": "x=1"})
+    contract.exec_with_host_memory()
+    ((exe, argv, env),) = calls
+    assert exe == sys.executable and argv == [sys.executable, "-u", "bench.py", "--mb", "64"]
+    assert env["GLIBC_TUNABLES"] == "x=1" and env["PATH"] == os.environ["PATH"]
+    monkeypatch.setattr(contract, "host_memory_env", lambda environ: {})
+    contract.exec_with_host_memory()  # applied already: nothing
+    assert len(calls) == 1
+
+
 def test_the_loader_reports_the_threshold_in_force(tmp_path: Path) -> None:
     name = contract.NON_TEMPORAL_TUNABLE
     fake = tmp_path / "ld.so"
