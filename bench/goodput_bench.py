@@ -336,10 +336,10 @@ def recycle_memory(old: Path, new: Path, nproc: int, size: int) -> int:
     the spare's reserve is its own RAM, neither at the training node's expense. On the
     bench's one virtual machine, 4 GB freed goes back to the host, and 4 GB reserved
     comes back through the host's faults, each costing the training node several seconds
-    whatever the niceness (docs/RESILIENCE.md); moving the files costs neither. What the
-    files hold is stale: the reserve is never read as a snapshot (no manifest), and a
-    snapshot taken into one writes its bytes and takes its CRC32C over the file's mapped
-    bytes before its manifest commits it."""
+    whatever the niceness (docs/BENCHMARKS.md, "Recovery ladder, run by run"); moving the
+    files costs neither. What the files hold is stale: the reserve is never read as a
+    snapshot (no manifest), and a snapshot taken into one writes its bytes and takes its
+    CRC32C over the file's mapped bytes before its manifest commits it."""
     moved = 0
     for tier in sorted(old.glob("ftfleet-*")):
         found = []

@@ -16,7 +16,8 @@ checkpoints every 8 steps. Each kill, at a seeded random moment (while restoring
 
 ``FTFLEET_CHAOS_KILLS`` (default 50) and ``FTFLEET_CHAOS_SEED`` (default 13) set the
 run; ``FTFLEET_CHAOS_REPORT`` names a JSON file for the per-kill record (kind, step at
-the kill, the step and tier restored, seconds from the kill to the next step).
+the kill, the step and tier restored, seconds from the kill to the next step, and the
+rung that recovered it: an in-process restart, a machine restart, or a lost node's).
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def test_random_sigkills_of_ranks_and_nodes_end_bit_identical(tmp_path):
                     break
             start, after = _after_last_start(run_dir, starts - 1)
             at_step = max((e["step"] for e in after if e["event"] == "step"), default=None)
-            kill = {"kill": len(kills) + 1, "at_step": at_step, "t": time.time()}
+            kill = {"kill": len(kills) + 1, "at_step": at_step, "t": time.time(), "launches": machine.launches}
             if rng.random() < 0.25:
                 node = rng.randrange(2)
                 machine.kill()
@@ -155,11 +156,11 @@ def test_random_sigkills_of_ranks_and_nodes_end_bit_identical(tmp_path):
                 kill.update(kind="node", node=node)
             else:
                 rank = rng.randrange(2)
+                kill.update(kind="rank", rank=rank)
                 try:
                     os.kill(start["pids"][rank], signal.SIGKILL)
                 except ProcessLookupError:  # it had already gone: the run is restarting
-                    pass
-                kill.update(kind="rank", rank=rank)
+                    kill["missed"] = True
             kills.append(kill)
         # The last recovery, then the rest of the run.
         if kills and "resumed_step" not in kills[-1]:
@@ -200,7 +201,20 @@ def _recovery(run_dir: Path, machine: Machine, starts: int) -> dict:
         "resumed_step": restored.get("step", 0),
         "tier": restored.get("tier", "fresh"),
         "first_step_t": first["t"],
+        "launches_after": machine.launches,
     }
+
+
+def rung(kill: dict) -> str:
+    """Which rung of the recovery ladder (docs/RESILIENCE.md) recovered a kill: for a
+    process, whether the launcher had to start again."""
+    if "launches_after" not in kill:
+        return "not timed"  # killed again while restoring
+    if kill["kind"] == "node":
+        return "lost node"
+    if kill.get("missed"):
+        return "missed"  # the process had gone already
+    return "in-process restart" if kill["launches_after"] == kill["launches"] else "machine restart"
 
 
 def _report(kills: list[dict], machine: Machine) -> None:
@@ -224,6 +238,12 @@ def _report(kills: list[dict], machine: Machine) -> None:
                 f"(median {times[len(times) // 2]}), lost steps max "
                 f"{max(k.get('lost_steps', 0) for k in ks)}, restored from {', '.join(tiers)}"
             )
+    for k in kills:
+        k["rung"] = rung(k)
+    for name in ("in-process restart", "machine restart", "lost node"):
+        times = sorted(k["recovery_s"] for k in kills if k["rung"] == name and "recovery_s" in k)
+        if times:
+            lines.append(f"  {name}: {len(times)} timed, {times[0]}-{times[-1]} s (median {times[len(times) // 2]})")
     print("\n".join(lines))
     path = os.environ.get("FTFLEET_CHAOS_REPORT")
     if path:
