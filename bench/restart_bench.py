@@ -4,6 +4,11 @@ torchrun's whole-group restart, both restoring from the in-memory snapshots.
 
     .venv/bin/python bench/restart_bench.py --runs 5 --modes inprocess torchrun shrink
 
+``--set KEY=VALUE`` (repeatable) adds a trainer override to every run, the reference's
+too (``--set data.num_workers=0``: no loader workers; the config's 2 by default).
+``--kill-at 1`` times a take-over right after the launch, while a spare may still be
+warming up.
+
 ``shrink``: in-process without a spare, so the survivor goes on alone (world 1): the
 snapshots are refused at the new world size, the restore reshards the newest durable
 checkpoint, and the result is not the 2-rank reference (it is the smaller-world rung).
@@ -64,7 +69,9 @@ def _events(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _launch(run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inprocess") -> subprocess.Popen:
+def _launch(
+    run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inprocess", extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
     if mode in ("inprocess", "shrink"):
         head = [
             sys.executable,
@@ -84,6 +91,7 @@ def _launch(run_dir: Path, shm: Path, spares: int, log: Path, mode: str = "inpro
         "--config",
         str(REPO / "trainer" / "configs" / "tiny.yaml"),
         *MODEL,
+        *extra,
         f"run_dir={run_dir}",
     ]
     env = {
@@ -113,9 +121,9 @@ def _rank_pid(launcher: int, rank: int, log: Path, mode: str) -> int:
     raise RuntimeError(f"no worker of rank {rank} under {launcher}")
 
 
-def one(work: Path, kill_at: int, mode: str) -> dict:
+def one(work: Path, kill_at: int, mode: str, extra: tuple[str, ...] = ()) -> dict:
     run_dir, shm, log = work / "run", work / "shm", work / "launch.log"
-    proc = _launch(run_dir, shm, 0 if mode == "shrink" else 1, log, mode)
+    proc = _launch(run_dir, shm, 0 if mode == "shrink" else 1, log, mode, extra)
     deadline = time.monotonic() + 120
     while not any(e["event"] == "step" and e["step"] >= kill_at for e in _events(run_dir)):
         if time.monotonic() > deadline or proc.poll() is not None:
@@ -129,15 +137,17 @@ def one(work: Path, kill_at: int, mode: str) -> dict:
     after = [e for e in _events(run_dir) if e["t"] > t_kill and e["attempt"] == 1]
     at = {e["event"]: e["t"] - t_kill for e in reversed(after)}
     summary = json.loads((run_dir / "summary.json").read_text())
+    # A kill before the first snapshot: the next attempt starts from step 0 ("fresh").
+    resumed = summary["resumed_from"] or {"tier": "none", "step": 0}
     return {
         "code": code,
         "start": at.get("start"),
-        "restored": at.get("restored"),
+        "restored": at.get("restored", at.get("fresh")),
         "first_step": at.get("first_step"),
-        "resumed": summary["resumed_from"],
+        "resumed": resumed,
         "sha": summary["state_sha256"],
         "lost": max((e["step"] for e in _events(run_dir) if e["event"] == "step" and e["t"] < t_kill), default=0)
-        - summary["resumed_from"]["step"],
+        - resumed["step"],
     }
 
 
@@ -147,11 +157,13 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=10)
     modes = ("inprocess", "torchrun", "shrink")
     parser.add_argument("--modes", nargs="+", choices=modes, default=["inprocess", "torchrun"])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer override")
     args = parser.parse_args()
+    extra = tuple(args.set)
     root = Path(tempfile.mkdtemp(prefix="ftfleet-restart-"))
     ref = root / "ref"
     ref.mkdir()
-    proc = _launch(ref / "run", ref / "shm", 0, ref / "launch.log")
+    proc = _launch(ref / "run", ref / "shm", 0, ref / "launch.log", extra=extra)
     assert proc.wait(timeout=180) == 0, (ref / "launch.log").read_text()[-3000:]
     ref_sha = json.loads((ref / "run" / "summary.json").read_text())["state_sha256"]
     for mode in args.modes:
@@ -159,12 +171,13 @@ def main() -> None:
         for i in range(args.runs):
             work = root / f"{mode}-{i}"
             work.mkdir()
-            r = one(work, args.kill_at, mode)
+            r = one(work, args.kill_at, mode, extra)
             r["identical"] = r["sha"] == ref_sha
             rows.append(r)
             print(
                 f"{mode} run {i}: exit {r['code']}, kill -> start {r['start']:.2f} s, -> restored "
-                f"{r['restored']:.2f} s, -> first step {r['first_step']:.2f} s; resumed from "
+                f"{r['restored']:.2f} s, -> first step {r['first_step']:.2f} s (restored -> first step "
+                f"{r['first_step'] - r['restored']:.2f} s); resumed from "
                 f"{r['resumed']['tier']} step {r['resumed']['step']}, {r['lost']} steps lost, "
                 f"bit-identical: {r['identical']}",
                 flush=True,

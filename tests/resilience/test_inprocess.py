@@ -214,6 +214,53 @@ def test_a_warm_spare_has_imported_what_the_first_optimizer_would():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+SLOW_WARM_UP = """
+import sys, time
+import ftfleet.trainer.train
+from ftfleet.trainer.inprocess.worker import main
+
+if __name__ == "__main__":  # the loader workers' server imports this module too
+    ftfleet.trainer.train.warm_up = lambda: time.sleep(600)  # a spare's warm-up that never ends
+    ftfleet.trainer.train.train = lambda cfg, callbacks: time.sleep(600)  # a rank that needs no CPU
+    sys.exit(main())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_spare_process_starts_its_loader_workers_server_at_launch_not_after_its_warm_up(tmp_path):
+    """A take-over soon after a launch found the spare's server still importing torch:
+    1.13-1.22 s from the restore to the first step, against 0.37-0.51 s with the server
+    started at launch (docs/BENCHMARKS.md). Here the spare's warm-up never ends, and its
+    server must run all the same."""
+    from ftfleet.trainer.data.workers import resolve_start_method
+    from tests.resilience.torchrun_tree import children
+
+    if resolve_start_method("auto") != "forkserver":
+        pytest.skip("this interpreter forks the loader's workers from the trainer: no server")
+    (tmp_path / "slow_warm_up.py").write_text(SLOW_WARM_UP)
+    cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=1", "--spares=1", "--worker=slow_warm_up"]
+    cmd += ["--", "--config", str(CONFIG), *BASE, LOADER_WORKERS, f"run_dir={tmp_path / 'run'}"]
+    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FTFLEET_SHM_DIR": str(tmp_path / "shm")})
+    log = tmp_path / "launch.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def spare_server() -> bool:
+        spare = next((line.split()[-1] for line in log.read_text().splitlines() if " process 1 pid " in line), None)
+        for child in children(int(spare)) if spare else []:
+            with contextlib.suppress(OSError):
+                if b"forkserver" in open(f"/proc/{child}/cmdline", "rb").read():
+                    return True
+        return False
+
+    try:
+        wait_for(spare_server, 60, interval=0.05, what=f"the spare's loader workers' server: {log}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher, its workers and their servers
+        proc.wait(timeout=30)
+
+
 @pytest.mark.parametrize(
     ("launched", "per_node", "rank", "slot"),
     [(0, 2, 0, 0), (1, 2, 1, 1), (2, 2, 1, 1), (2, 2, 0, 0), (3, 2, 5, 1), (0, 1, 0, 0), (1, 1, 0, 0)],

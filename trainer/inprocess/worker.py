@@ -139,11 +139,10 @@ def freeze_what_is_loaded() -> None:
 
 def _warm_up_niced(warm_up: Any, then: Callable[[], None]) -> None:
     """A spare process's warm-up: ``warm_up`` on a thread at the lowest CPU priority,
-    then ``then`` (the loader workers' server: 1 more import of torch) on this one, at
-    the normal priority. A process inherits the nice value of the thread that starts it,
-    and the workers would inherit it from the server; after the niced warm-up, the
-    ranks that train are past their start-up (with every process's server starting at
-    launch, the chaos run's fresh launches on 2 cores took about 2 s longer, median)."""
+    then ``then`` (the collector's freeze, which holds the GIL throughout) on this one,
+    at the normal priority: a niced thread holding the GIL would hold up a take-over.
+    Nothing that starts a process runs niced: a process inherits the nice value of the
+    thread that starts it, and without CAP_SYS_NICE it cannot raise it again."""
     niced = threading.Thread(target=lambda: (lower_thread_priority(), warm_up()), name="ftfleet-warm-up-niced")
     niced.start()
     niced.join()
@@ -256,17 +255,20 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         from ftfleet.trainer.hostmem import use_huge_pages
 
         use_huge_pages()
+    # The loader workers' server imports torch while this process does, in every
+    # process: a spare's too, or a take-over soon after the launch waits for its server
+    # to import torch before the first batch (restored to the first step: 1.13-1.22 s
+    # when the kill came 0.3 s into the launch's first attempt, 0.37-0.51 s with the
+    # spare's server started here, with no slower launch: docs/BENCHMARKS.md).
+    from ftfleet.trainer.data.workers import start_for
+
+    start_for(cfg)
     # torch and the whole trainer are imported now; a spare also imports what a build
     # imports lazily (warm_up), so that taking over does not pay for it. A spare node
     # waits anyway; a spare process starts beside the ranks that train, so it warms up
-    # on a thread at the lowest CPU priority, not taking their start-up's CPU, and
-    # starts its loader workers' server after that (see _warm_up_niced).
-    from ftfleet.trainer.data.workers import start_for
-
+    # on a thread at the lowest CPU priority, not taking their start-up's CPU.
     active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
     spare_process = rank >= active and not args.wait_for
-    if not spare_process:
-        start_for(cfg)  # the loader workers' server imports torch while this process does
     from ftfleet.trainer.checkpoint.tiers import reuse_clients
     from ftfleet.trainer.resilience.prior import reuse_reads
     from ftfleet.trainer.train import train, warm_up
@@ -283,7 +285,6 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     elif spare_process:
 
         def then() -> None:
-            start_for(cfg)
             with freezing:
                 if not attempted.is_set():  # else a run's objects would be frozen too
                     freeze_what_is_loaded()
