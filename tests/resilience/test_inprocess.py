@@ -231,15 +231,14 @@ def test_a_spare_process_starts_its_loader_workers_server_at_launch_not_after_it
     """A take-over soon after a launch found the spare's server still importing torch:
     1.13-1.22 s from the restore to the first step, against 0.37-0.51 s with the server
     started at launch (docs/BENCHMARKS.md). Here the spare's warm-up never ends, and its
-    server must run all the same."""
-    from ftfleet.trainer.data.workers import resolve_start_method
+    server must run all the same (a forkserver on every interpreter, `auto` picks it only
+    where forking the trainer can deadlock)."""
     from tests.resilience.torchrun_tree import children
 
-    if resolve_start_method("auto") != "forkserver":
-        pytest.skip("this interpreter forks the loader's workers from the trainer: no server")
     (tmp_path / "slow_warm_up.py").write_text(SLOW_WARM_UP)
     cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=1", "--spares=1", "--worker=slow_warm_up"]
-    cmd += ["--", "--config", str(CONFIG), *BASE, LOADER_WORKERS, f"run_dir={tmp_path / 'run'}"]
+    cmd += ["--", "--config", str(CONFIG), *BASE, LOADER_WORKERS, "data.start_method=forkserver"]
+    cmd += [f"run_dir={tmp_path / 'run'}"]
     env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FTFLEET_SHM_DIR": str(tmp_path / "shm")})
     log = tmp_path / "launch.log"
     with log.open("w") as out:
@@ -249,7 +248,7 @@ def test_a_spare_process_starts_its_loader_workers_server_at_launch_not_after_it
         spare = next((line.split()[-1] for line in log.read_text().splitlines() if " process 1 pid " in line), None)
         for child in children(int(spare)) if spare else []:
             with contextlib.suppress(OSError):
-                if b"forkserver" in open(f"/proc/{child}/cmdline", "rb").read():
+                if b"multiprocessing.forkserver" in open(f"/proc/{child}/cmdline", "rb").read():
                     return True
         return False
 

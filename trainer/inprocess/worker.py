@@ -139,10 +139,9 @@ def freeze_what_is_loaded() -> None:
 
 def _warm_up_niced(warm_up: Any, then: Callable[[], None]) -> None:
     """A spare process's warm-up: ``warm_up`` on a thread at the lowest CPU priority,
-    then ``then`` (the collector's freeze, which holds the GIL throughout) on this one,
-    at the normal priority: a niced thread holding the GIL would hold up a take-over.
-    Nothing that starts a process runs niced: a process inherits the nice value of the
-    thread that starts it, and without CAP_SYS_NICE it cannot raise it again."""
+    then ``then`` (the collector's freeze) on this one, at the normal priority. Nothing
+    that starts a process runs niced: a process inherits the nice value of the thread
+    that starts it, and without CAP_SYS_NICE it cannot raise it again."""
     niced = threading.Thread(target=lambda: (lower_thread_priority(), warm_up()), name="ftfleet-warm-up-niced")
     niced.start()
     niced.join()
