@@ -1,9 +1,14 @@
 """Fixtures shared by every test folder: the uninterrupted reference runs of the
-trainer, computed once per session (tests/trainer and tests/resilience compare against
-the same ones)."""
+trainer, computed once per test run, by whichever of pytest-xdist's workers needs one
+first (tests/trainer and tests/resilience compare against the same ones)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,19 +35,41 @@ def session_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("trainer")
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _reference(tmp_path_factory, name: str, nproc: int, *overrides: str) -> dict:
+    """An uninterrupted run, once per test run: under pytest-xdist every worker's base
+    temporary directory lies in the run's own (its parent), where the first worker to
+    need the reference runs it and the others wait for its summary (before, each worker
+    ran its own). A failed run leaves no summary, and the next worker tries again in a
+    directory of its own (the failed one's checkpoints would make it a resume)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    done = root / f"{name}.summary.json"
+    with _locked(root / f"{name}.lock"):
+        if not done.exists():
+            run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+            summary = {**run_trainer(nproc, run_dir, *overrides), "run_dir": str(run_dir)}
+            partial = done.with_suffix(".partial")
+            partial.write_text(json.dumps(summary))
+            partial.rename(done)  # whole, or not there
+        summary = json.loads(done.read_text())
+    summary["run_dir"] = Path(summary["run_dir"])
+    return summary
+
+
 @pytest.fixture(scope="session")
-def ref1(session_dir) -> dict:
+def ref1(tmp_path_factory) -> dict:
     """Uninterrupted 1-process run, checkpoint every 2 steps, all kept."""
-    d = session_dir / "ref1"
-    s = run_trainer(1, d, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
-    s["run_dir"] = d
-    return s
+    return _reference(tmp_path_factory, "ref1", 1, "resilience.interval.fixed_steps=2", "checkpoint.keep=100")
 
 
 @pytest.fixture(scope="session")
-def ref2(session_dir) -> dict:
+def ref2(tmp_path_factory) -> dict:
     """Uninterrupted 2-process run, every checkpoint kept."""
-    d = session_dir / "ref2"
-    s = run_trainer(2, d, "checkpoint.keep=100")
-    s["run_dir"] = d
-    return s
+    return _reference(tmp_path_factory, "ref2", 2, "checkpoint.keep=100")
