@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # process: a spare's too, or a take-over soon after the launch waits for its server
     # to import torch before the first batch (restored to the first step: 1.13-1.22 s
     # when the kill came 0.3 s into the launch's first attempt, 0.37-0.51 s with the
-    # spare's server started here, with no slower launch: docs/BENCHMARKS.md).
+    # spare's server started here; a fresh launch not measurably slower: docs/BENCHMARKS.md).
     from ftfleet.trainer.data.workers import start_for
 
     start_for(cfg)
