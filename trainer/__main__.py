@@ -87,7 +87,12 @@ def exit_quickly(code: int) -> NoReturn:
     referenced from its traceback. The teardown's collector pass, which cost 0.6-1.1 s
     of each exit on that machine, is skipped too. Objects still alive get no
     ``__del__``, as Python allows at exit; the trainer's own files are closed or
-    flushed line by line before this."""
+    flushed line by line before this.
+
+    Under a profiler or a tracer (``python -m cProfile``, ``trace``, a debugger) this is
+    ``sys.exit(code)``: they write their reports on the way out, past this call."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's own first step
     if shutdown_threads is not None:
         shutdown_threads()
