@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import json
 import logging
 import os
@@ -69,37 +70,43 @@ def exit_quickly(code: int) -> NoReturn:
        flight on the manager's pool finishes), then the join of every non-daemon thread.
     2. The ``atexit`` handlers: ``logging.shutdown``, ``weakref.finalize`` (temporary
        directories), multiprocessing's reaping of its children.
-    3. The flush of ``sys.stdout`` and ``sys.stderr``.
+    3. The flush of ``sys.stdout`` and ``sys.stderr``, and of the C library's streams
+       (what C and C++ code printed).
 
     What is skipped is the teardown of the modules and the C++ static destructors. On
     that teardown gloo's worker threads (``pt_gloo_runloop``) killed the process: a
     thread that destroys a finished collective's work object needs the GIL to release
     its tensors, and a thread that asks for the GIL while the interpreter finalizes is
     ended with ``pthread_exit``, whose unwind through the C++ destructor calls
-    ``std::terminate`` ("terminate called without an active exception": SIGABRT, at
-    times SIGSEGV). On the 2-core machine (torch 2.13, Python 3.11, 2026-11-27) 2 of 40
-    runs of the trainer stopping after repeated anomalies ended -6 or 139 instead of 77,
-    and 20 of 40 runs of a script exiting just after an asynchronous all_gather, with
-    the exit this replaces (``gc.freeze`` then ``sys.exit``); 0 of 40 of each with this
-    one (tests/trainer/test_config.py makes the crash certain). pytorch/pytorch#190489 is the same
-    crash without ``destroy_process_group``, which a rank cannot always call before it
-    exits: a peer may hold a collective open, and a failed run's process groups stay
-    referenced from its traceback. The teardown's collector pass, which cost 0.6-1.1 s
-    of each exit on that machine, is skipped too. Objects still alive get no
-    ``__del__``, as Python allows at exit; the trainer's own files are closed or
-    flushed line by line before this.
+    ``std::terminate`` ("terminate called without an active exception"; the process
+    dies of SIGABRT, at times of SIGSEGV). On the 2-core machine (torch 2.13, Python
+    3.11, 2026-11-27), with the exit this replaces (``gc.freeze`` then ``sys.exit``): 2
+    of 40 runs of the trainer stopping after repeated anomalies died of SIGSEGV after
+    that message instead of exiting 77 (and one of SIGABRT in a test-suite run), and 20
+    of 40 runs of a script exiting just after an asynchronous all_gather aborted; 0 of
+    40 of each with this one (tests/trainer/test_config.py makes the crash certain).
+    pytorch/pytorch#190489 is the same crash without ``destroy_process_group``, which a
+    rank cannot always call before it exits: a peer may hold a collective open, and a
+    failed run's process groups stay referenced from its traceback. The teardown's
+    collector pass, which cost 0.6-1.1 s of each exit on that machine, is skipped too.
+    Objects still alive get no ``__del__``, as Python allows at exit; the trainer's own
+    files are closed or flushed line by line before this.
 
-    Under a profiler or a tracer (``python -m cProfile``, ``trace``, a debugger) this is
-    ``sys.exit(code)``: they write their reports on the way out, past this call."""
-    if sys.getprofile() is not None or sys.gettrace() is not None:
+    Under a profiler, a tracer or a debugger (``python -m cProfile``, ``trace``, pdb)
+    this is ``sys.exit(code)``: they write their reports on the way out, past this
+    call."""
+    if _observed():
         sys.exit(code)
-    shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's own first step
-    if shutdown_threads is not None:
-        shutdown_threads()
-    else:  # pragma: no cover - another interpreter: join what the shutdown would have
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+    try:
+        shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's own first step
+        if shutdown_threads is not None:
+            shutdown_threads()
+        else:  # pragma: no cover - another interpreter: join what the shutdown would have
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and not thread.daemon:
+                    thread.join()
+    except BaseException:  # noqa: BLE001 - e.g. ^C while a commit finishes: say so, keep the code
+        traceback.print_exc()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -107,7 +114,20 @@ def exit_quickly(code: int) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can be said
             pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # os._exit skips the C library's own flush
+    except (OSError, AttributeError):
+        pass
     os._exit(code)
+
+
+def _observed() -> bool:
+    """Whether a profiler, a tracer or a debugger watches this process: the legacy
+    hooks, or (Python 3.12+, where cProfile uses it) a ``sys.monitoring`` tool."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6))
 
 
 #: Exit codes a restart of the workers on this node cannot fix. (A preempted node's 75

@@ -161,7 +161,8 @@ def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buf
         )
         assert (proc.returncode, proc.stdout) == (75, "buffered, no newline"), (exit, proc.stderr)
         lines = proc.stderr.splitlines()
-        assert lines[:3] == ["pool job done", "thread done", "atexit ran"] and set(lines[3:]) == last, (exit, lines)
+        assert set(lines[:2]) == {"pool job done", "thread done"} and lines[2] == "atexit ran", (exit, lines)
+        assert set(lines[3:]) == last, (exit, lines)
 
 
 def test_a_quick_exit_under_a_profiler_leaves_the_profile(tmp_path):
@@ -190,8 +191,9 @@ def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
     """A gloo worker thread that releases a finished collective's tensors needs the GIL;
     asking for it while the interpreter finalizes ends the thread with an unwind that
     calls std::terminate (trainer/__main__.py: exit_quickly). Here the GIL stays with
-    the main thread from the collective to the exit (a switch interval of 30 s), which
-    makes that certain: a plain sys.exit aborts, and exit_quickly exits with its code."""
+    the main thread from the collective to the exit (a switch interval of 30 s), so a
+    worker thread holding the last reference to the work is still waiting for it then:
+    a plain sys.exit dies of the signal, and exit_quickly exits with its code."""
     import subprocess
     import sys
 
@@ -202,23 +204,30 @@ def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
         "from ftfleet.trainer.__main__ import exit_quickly\n"
         "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
         "group = dist.new_group(backend='gloo')\n"
+        "data = torch.ones(1 << 24)\n"  # 64 MiB: the copy outlasts the next two lines
         "sys.setswitchinterval(30)\n"
-        "out = [torch.zeros(4)]\n"
-        "work = dist.all_gather(out, torch.ones(4), group=group, async_op=True)\n"
-        "del work, out\n"
+        "out = [torch.zeros(1 << 24)]\n"
+        "work = dist.all_gather(out, data, group=group, async_op=True)\n"
+        "print('raced' if work.is_completed() else 'in flight', file=sys.stderr, flush=True)\n"
+        "del work, out\n"  # the worker thread now holds the last reference
         "sum(range(10**7))\n"  # holds the GIL while the worker thread finishes the collective
         "{exit}(3)"
     )
-    codes = {}
-    for exit in ("exit_quickly", "sys.exit"):
-        proc = subprocess.run(
+
+    def run(exit: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
             [sys.executable, "-c", code.format(exit=exit)], env=child_env(), capture_output=True, text=True, timeout=60
         )
-        codes[exit] = (proc.returncode, proc.stderr[-300:])
-    assert codes["exit_quickly"][0] == 3, codes["exit_quickly"]
-    # The control: if this torch and Python no longer crash here, exit_quickly's
-    # os._exit is no longer needed for this, and the docstring should say so.
-    assert codes["sys.exit"][0] == -6, codes["sys.exit"]
+
+    control = run("sys.exit")
+    if control.returncode == 3:
+        # The collective finished before its last reference moved to the worker thread
+        # ("raced"), or this torch and Python no longer crash here (then exit_quickly's
+        # os._exit is no longer needed for this, and its docstring should say so).
+        pytest.skip(f"a plain sys.exit did not crash: {control.stderr.splitlines()[:1]}")
+    assert control.returncode in (-6, -11), control.stderr[-600:]  # SIGABRT, at times SIGSEGV
+    quick = run("exit_quickly")
+    assert quick.returncode == 3, quick.stderr[-600:]
 
 
 def run_cli(*args: str, cwd=REPO, env: dict | None = None, module: str = "ftfleet.trainer"):
