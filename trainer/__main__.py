@@ -84,7 +84,7 @@ def exit_quickly(code: int) -> NoReturn:
     of 40 runs of the trainer stopping after repeated anomalies died of SIGSEGV after
     that message instead of exiting 77 (and one of SIGABRT in a test-suite run), and 20
     of 40 runs of a script exiting just after an asynchronous all_gather aborted; 0 of
-    40 of each with this one (tests/trainer/test_config.py makes the crash certain).
+    40 of each with this one (tests/trainer/test_config.py reproduces it).
     pytorch/pytorch#190489 is the same crash without ``destroy_process_group``, which a
     rank cannot always call before it exits: a peer may hold a collective open, and a
     failed run's process groups stay referenced from its traceback. The teardown's
@@ -98,27 +98,29 @@ def exit_quickly(code: int) -> NoReturn:
     if _observed():
         sys.exit(code)
     try:
-        shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's own first step
-        if shutdown_threads is not None:
-            shutdown_threads()
-        else:  # pragma: no cover - another interpreter: join what the shutdown would have
-            for thread in threading.enumerate():
-                if thread is not threading.current_thread() and not thread.daemon:
-                    thread.join()
-    except BaseException:  # noqa: BLE001 - e.g. ^C while a commit finishes: say so, keep the code
-        traceback.print_exc()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
         try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's own first step
+            if shutdown_threads is not None:
+                shutdown_threads()
+            else:  # pragma: no cover - another interpreter: join what the shutdown would have
+                for thread in threading.enumerate():
+                    if thread is not threading.current_thread() and not thread.daemon:
+                        thread.join()
+        except BaseException:  # noqa: BLE001 - e.g. ^C while a commit finishes: say so, keep the code
+            traceback.print_exc()
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can be said
+                pass
+        try:
+            ctypes.CDLL(None).fflush(None)  # os._exit skips the C library's own flush
+        except (OSError, AttributeError):
             pass
-    try:
-        ctypes.CDLL(None).fflush(None)  # os._exit skips the C library's own flush
-    except (OSError, AttributeError):
-        pass
-    os._exit(code)
+    finally:  # whatever interrupts the steps above, never the teardown
+        os._exit(code)
 
 
 def _observed() -> bool:

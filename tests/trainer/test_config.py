@@ -161,7 +161,7 @@ def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buf
         )
         assert (proc.returncode, proc.stdout) == (75, "buffered, no newline"), (exit, proc.stderr)
         lines = proc.stderr.splitlines()
-        assert set(lines[:2]) == {"pool job done", "thread done"} and lines[2] == "atexit ran", (exit, lines)
+        assert set(lines[:2]) == {"pool job done", "thread done"} and lines[2:3] == ["atexit ran"], (exit, lines)
         assert set(lines[3:]) == last, (exit, lines)
 
 
@@ -224,7 +224,8 @@ def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
         # The collective finished before its last reference moved to the worker thread
         # ("raced"), or this torch and Python no longer crash here (then exit_quickly's
         # os._exit is no longer needed for this, and its docstring should say so).
-        pytest.skip(f"a plain sys.exit did not crash: {control.stderr.splitlines()[:1]}")
+        said = [line for line in control.stderr.splitlines() if line in ("raced", "in flight")]
+        pytest.skip(f"a plain sys.exit did not crash (the collective: {said})")
     assert control.returncode in (-6, -11), control.stderr[-600:]  # SIGABRT, at times SIGSEGV
     quick = run("exit_quickly")
     assert quick.returncode == 3, quick.stderr[-600:]
