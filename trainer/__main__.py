@@ -99,13 +99,7 @@ def exit_quickly(code: int) -> NoReturn:
         sys.exit(code)
     try:
         try:
-            shutdown_threads = getattr(threading, "_shutdown", None)  # CPython's own first step
-            if shutdown_threads is not None:
-                shutdown_threads()
-            else:  # pragma: no cover - another interpreter: join what the shutdown would have
-                for thread in threading.enumerate():
-                    if thread is not threading.current_thread() and not thread.daemon:
-                        thread.join()
+            threading._shutdown()  # CPython's own first step (what sys.exit would run)
         except BaseException:  # noqa: BLE001 - e.g. ^C while a commit finishes: say so, keep the code
             traceback.print_exc()
         atexit._run_exitfuncs()

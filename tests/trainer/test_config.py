@@ -133,16 +133,21 @@ def test_trainer_exits_2_with_one_line_on_bad_config(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint.keep=1")
 
 
-def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buffered_output():
-    """The entry points end with exit_quickly: the threads' shutdown (a job on a pool and
-    a non-daemon thread finish), the atexit handlers and the flush of stdout run; what is
-    skipped is the modules' teardown (a plain sys.exit, for comparison, runs the
-    collector's last pass: the cycle's finalizer)."""
+def run_python(*args: str):
+    """``python ARGS`` in the tests' child environment, its output captured."""
     import subprocess
     import sys
 
     from tests.trainer.conftest import child_env
 
+    return subprocess.run([sys.executable, *args], env=child_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buffered_output():
+    """The entry points end with exit_quickly: the threads' shutdown (a job on a pool and
+    a non-daemon thread finish), the atexit handlers and the flush of stdout run; what is
+    skipped is the modules' teardown (a plain sys.exit, for comparison, runs the
+    collector's last pass: the cycle's finalizer)."""
     code = (
         "import atexit, sys, threading, time; from concurrent.futures import ThreadPoolExecutor\n"
         "from ftfleet.trainer.__main__ import exit_quickly\n"
@@ -156,9 +161,7 @@ def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buf
         "sys.stdout.write('buffered, no newline'); {exit}(75)"
     )
     for exit, last in (("exit_quickly", set()), ("sys.exit", {"collected at exit"})):
-        proc = subprocess.run(
-            [sys.executable, "-c", code.format(exit=exit)], env=child_env(), capture_output=True, text=True, timeout=60
-        )
+        proc = run_python("-c", code.format(exit=exit))
         assert (proc.returncode, proc.stdout) == (75, "buffered, no newline"), (exit, proc.stderr)
         lines = proc.stderr.splitlines()
         assert set(lines[:2]) == {"pool job done", "thread done"} and lines[2:3] == ["atexit ran"], (exit, lines)
@@ -168,21 +171,10 @@ def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buf
 def test_a_quick_exit_under_a_profiler_leaves_the_profile(tmp_path):
     """``python -m cProfile`` writes its file on the way out, past exit_quickly: under a
     profiler or a tracer it is sys.exit."""
-    import subprocess
-    import sys
-
-    from tests.trainer.conftest import child_env
-
     script = tmp_path / "main.py"
     script.write_text("from ftfleet.trainer.__main__ import exit_quickly\nexit_quickly(5)\n")
     out = tmp_path / "main.prof"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cProfile", "-o", str(out), str(script)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_python("-m", "cProfile", "-o", str(out), str(script))
     # (cProfile's runner swallows SystemExit: its exit status is 0 whatever the code.)
     assert proc.returncode == 0 and out.is_file() and out.stat().st_size > 0, proc.stderr
 
@@ -194,11 +186,6 @@ def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
     the main thread from the collective to the exit (a switch interval of 30 s), so a
     worker thread holding the last reference to the work is still waiting for it then:
     a plain sys.exit dies of the signal, and exit_quickly exits with its code."""
-    import subprocess
-    import sys
-
-    from tests.trainer.conftest import child_env
-
     code = (
         "import sys, torch, torch.distributed as dist\n"
         "from ftfleet.trainer.__main__ import exit_quickly\n"
@@ -213,13 +200,7 @@ def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
         "sum(range(10**7))\n"  # holds the GIL while the worker thread finishes the collective
         "{exit}(3)"
     )
-
-    def run(exit: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-c", code.format(exit=exit)], env=child_env(), capture_output=True, text=True, timeout=60
-        )
-
-    control = run("sys.exit")
+    control = run_python("-c", code.format(exit="sys.exit"))
     if control.returncode == 3:
         # The collective finished before its last reference moved to the worker thread
         # ("raced"), or this torch and Python no longer crash here (then exit_quickly's
@@ -227,7 +208,7 @@ def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
         said = [line for line in control.stderr.splitlines() if line in ("raced", "in flight")]
         pytest.skip(f"a plain sys.exit did not crash (the collective: {said})")
     assert control.returncode in (-6, -11), control.stderr[-600:]  # SIGABRT, at times SIGSEGV
-    quick = run("exit_quickly")
+    quick = run_python("-c", code.format(exit="exit_quickly"))
     assert quick.returncode == 3, quick.stderr[-600:]
 
 
