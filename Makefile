@@ -66,7 +66,7 @@ docs: setup
 	$(VENV)/bin/ftfleet config-reference --write README.md
 
 ## Checkpoint benchmark: one model + AdamW state of 1.02 GiB (GPT d_model 1024, 4 layers,
-## vocabulary 20,000), written under /tmp; results go in docs/BENCHMARKS.md. It runs in
+## vocabulary 20,000), written under /tmp; raw results in bench/results/. It runs in
 ## .venv-titan when `make bench-titan` has built it, so that (d) torchtitan is measured.
 bench: setup
 	@py=$(PY); if [ -f $(TITAN_STAMP) ]; then py=$(TITAN_VENV)/bin/python; fi; \

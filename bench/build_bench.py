@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench import record  # noqa: E402
 from ftfleet.trainer import distributed  # noqa: E402
 from ftfleet.trainer.config import load_config  # noqa: E402
 from ftfleet.trainer.train import build_model, warm_up  # noqa: E402
@@ -52,6 +53,7 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--parallel", default="fsdp", choices=("fsdp", "ddp"))
+    record.add_arguments(ap)
     args = ap.parse_args()
     overrides = [
         f"model.vocab_size={args.vocab}",
@@ -87,6 +89,21 @@ def main() -> int:
         base = statistics.median(rows["usual build"])
         for name, ts in rows.items():
             print(f"| {name} | {statistics.median(ts):.3f} | {statistics.median(ts) / base:.3f}x |")
+        figures = {
+            "parameters": params,
+            "parallel": args.parallel,
+            "world_size": env.world_size,
+            "repeats": args.repeats,
+            "phases": {
+                name: {
+                    "median_s": statistics.median(ts),
+                    "vs_usual_build": statistics.median(ts) / base,
+                    "samples_s": ts,
+                }
+                for name, ts in rows.items()
+            },
+        }
+        record.write("build", figures, args)
     distributed.shutdown()
     return 0
 

@@ -36,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402
 from ftfleet.trainer.checkpoint.manager import CheckpointManager  # noqa: E402
 from ftfleet.trainer.checkpoint.state import AppState, TrainProgress  # noqa: E402
 from ftfleet.trainer.config import CheckpointConfig, ParallelConfig  # noqa: E402
@@ -117,6 +118,7 @@ def main() -> int:
         default="auto",
         help="auto: the state on the GPU when there is one (pinned staging, device-to-host copies)",
     )
+    record.add_arguments(ap)
     args = ap.parse_args()
 
     root = Path(args.dir)
@@ -253,7 +255,7 @@ def main() -> int:
         assert progress.step == int(last.name.split("-")[1])
     mgr.close()
 
-    print_report(
+    figures = print_report(
         rows,
         copy_floor,
         dd_s,
@@ -266,6 +268,8 @@ def main() -> int:
         gib,
         paired,
     )
+    figures["device"] = env.device.type
+    record.write("checkpoint" if not cuda else "checkpoint-cuda", figures, args)
     return 0
 
 
@@ -400,7 +404,8 @@ def measure_torchtitan(model, root: Path, repeats: int, nbytes: int) -> tuple[di
     return manager_rows(name, blocked, commit), note
 
 
-def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note, args, gib, paired) -> None:
+def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, titan_note, args, gib, paired) -> dict:
+    """Print the report; the same figures as a dict, for the raw results."""
     b_dcp = rows["(b) dcp.save"]["blocked"]
     dd_bw = nbytes / dd_s
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -458,6 +463,30 @@ def print_report(rows, copy_floor, dd_s, nbytes, ckpt_bytes, read_s, restore_s, 
         f"**{statistics.median(dd_r):.2f}x** ({dd_r[0]:.2f}-{dd_r[-1]:.2f}x), "
         f"{'met' if statistics.median(dd_r) >= 0.8 else 'NOT met'}."
     )
+    return {
+        "state_bytes": nbytes,
+        "checkpoint_bytes": ckpt_bytes,
+        "model": {"d_model": args.d_model, "layers": args.layers, "vocab": args.vocab},
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "floors": {"copy_s": copy_floor, "dd_fsync_s": dd_s, "read_back_s": read_s},
+        "methods": {
+            name: {
+                "blocked_s": r["blocked"],
+                "committed_s": r["commit"],
+                "blocked_vs_copy_floor": r["blocked"] / copy_floor,
+                "blocked_vs_dcp_save": r["blocked"] / b_dcp,
+                "persist_mb_s": nbytes / r["commit"] / 1e6,
+                "persist_vs_dd": nbytes / r["commit"] / dd_bw,
+            }
+            for name, r in rows.items()
+        },
+        "torchtitan": titan_note,
+        "restore_s": restore_s,
+        "restore_vs_read_back": restore_s / read_s,
+        "targets": {name: {"met": ok, "value": val} for name, ok, val in checks},
+        "paired": [{"blocked_vs_copy_before": c, "persist_vs_dd_after": d} for c, d in paired],
+    }
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402
 from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
@@ -336,8 +337,7 @@ def recycle_memory(old: Path, new: Path, nproc: int, size: int) -> int:
     the spare's reserve is its own RAM, neither at the training node's expense. On the
     bench's one virtual machine, 4 GB freed goes back to the host, and 4 GB reserved
     comes back through the host's faults, each costing the training node several seconds
-    whatever the niceness (docs/BENCHMARKS.md, "Recovery ladder, run by run"); moving the
-    files costs neither. What the files hold is stale: the reserve is never read as a
+    whatever the niceness; moving the files costs neither. What the files hold is stale: the reserve is never read as a
     snapshot (no manifest), and a snapshot taken into one writes its bytes and takes its
     CRC32C over the file's mapped bytes before its manifest commits it."""
     moved = 0
@@ -1042,6 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="GOODPUT_JSON",
         help="only draw goodput.png again (into --out) from a run's goodput.json",
     )
+    record.add_arguments(p)
     args = p.parse_args(argv)
     try:
         host_memory_env(os.environ)  # a bad FTFLEET_HOST_ALLOCATOR stops here, not at a node's start
@@ -1210,6 +1211,7 @@ def main(argv: list[str] | None = None) -> int:
     (work / "goodput.json").write_text(
         json.dumps({"setup": setup, "model": model, "results": results}, indent=1) + "\n"
     )
+    record.write("goodput", {"setup": setup, "model": model, "results": results}, args)
     md = markdown(setup, model, results)
     (work / "goodput.md").write_text(md)
     print(md, end="")

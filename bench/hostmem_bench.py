@@ -7,7 +7,7 @@ Each run: torchrun, 2 ranks, the goodput bench's model (d_model 1856, 1,358 MB o
 and AdamW state), ``--steps`` steps without checkpoints. Reported per setting, over the
 rounds: the median step (steps 4 onward, after the warm-up) and the minor page faults
 of the whole run (torchrun and its workers, from ``getrusage(RUSAGE_CHILDREN)``), and
-the ratio huge / 4 KiB. Results go in docs/BENCHMARKS.md ("Host memory").
+the ratio huge / 4 KiB. Raw results: bench/results/ (bench/record.py).
 
     .venv/bin/python bench/hostmem_bench.py --files /dev/shm /run/ftfleet-shm
 
@@ -26,8 +26,8 @@ alternating. Reported, medians over the rounds: the median step without a save b
 it, the step right after each save above that median, and each save's blocked time.
 jemalloc is preloaded the way the image's entrypoint does it (``FTFLEET_HOST_ALLOCATOR``;
 ``apt-get install libjemalloc2``). The other modes run with the allocator the
-environment gives (:func:`goodput_bench.env`: jemalloc where installed); their
-figures in docs/BENCHMARKS.md predate it (``FTFLEET_HOST_ALLOCATOR=system`` repeats them).
+environment gives (:func:`goodput_bench.env`: jemalloc where installed;
+``FTFLEET_HOST_ALLOCATOR=system``: glibc's malloc).
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
 
 from goodput_bench import cmd, env, model_overrides  # noqa: E402
 
+from bench import record  # noqa: E402
 from ftfleet.contract import allocator_env, find_jemalloc  # noqa: E402
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
 
@@ -87,7 +89,7 @@ def new_file(directory: Path, source: torch.Tensor) -> dict[str, float]:
     return {"create_s": t1 - t0, "copy_s": t2 - t1}
 
 
-def files(dirs: list[Path], repeats: int, nbytes: int) -> None:
+def files(dirs: list[Path], repeats: int, nbytes: int) -> dict:
     source = torch.ones(nbytes, dtype=torch.uint8)
     rows: dict[Path, list[dict[str, float]]] = {d: [] for d in dirs}
     for _ in range(repeats):
@@ -96,11 +98,14 @@ def files(dirs: list[Path], repeats: int, nbytes: int) -> None:
     print(f"| file system ({nbytes / 1e6:.0f} MB file) | create + map (s) | copy in (s) |")
     print("| --- | --- | --- |")
     base = None
+    out = {}
     for d, samples in rows.items():
         create = statistics.median(x["create_s"] for x in samples)
         copy = statistics.median(x["copy_s"] for x in samples)
         base = base or create
         print(f"| {d} | {create:.3f} ({create / base:.2f}x) | {copy:.3f} |")
+        out[str(d)] = {"create_s": create, "create_vs_first": create / base, "copy_s": copy, "samples": samples}
+    return {"file_bytes": nbytes, "repeats": repeats, "file_systems": out}
 
 
 #: --saves: (FTFLEET_HOST_ALLOCATOR, checkpoint.direct_io) of each variant.
@@ -138,7 +143,7 @@ def save_run(work: Path, name: str, args: argparse.Namespace) -> dict[str, float
     }
 
 
-def saves(args: argparse.Namespace) -> None:
+def saves(args: argparse.Namespace) -> dict:
     if find_jemalloc() is None:
         sys.exit("error: no libjemalloc.so.2 found: install it (apt-get install libjemalloc2)")
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in SAVE_VARIANTS}
@@ -162,6 +167,16 @@ def saves(args: argparse.Namespace) -> None:
             f"| {name} | {m['step_s']:.3f} | {m['after_save_s']:+.3f} | {m['blocked_s']:.3f} "
             f"| {per_interval(m) / base:.2f} |"
         )
+    return {
+        "d_model": args.d_model,
+        "steps": args.steps,
+        "save_every": args.every,
+        "rounds": args.rounds,
+        "variants": {
+            name: {**m, "per_interval_vs_first": per_interval(m) / base, "rounds": rows[name]}
+            for name, m in med.items()
+        },
+    }
 
 
 def main() -> None:
@@ -175,13 +190,14 @@ def main() -> None:
     parser.add_argument("--saves", action="store_true", help="only the allocator and shard-write variants")
     parser.add_argument("--every", type=int, default=5, help="with --saves: steps between saves (default 5)")
     parser.add_argument("--dir", type=Path, default=None, help="with --saves: where the runs go (default: TMPDIR)")
+    record.add_arguments(parser)
     args = parser.parse_args()
     if args.saves:
         args.steps = max(args.steps, 5 * args.every + 1)
-        saves(args)
+        record.write("hostmem-saves", saves(args), args)
         return
     if args.files:
-        files(args.files, args.repeats, args.mb * 10**6)
+        record.write("hostmem-files", files(args.files, args.repeats, args.mb * 10**6), args)
         return
     results: dict[str, list[dict[str, float]]] = {s: [] for s in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="ftfleet-hostmem-") as tmp:
@@ -201,6 +217,22 @@ def main() -> None:
         print(f"| {setting} | {step:.3f} | {faults:,.0f} | {wall:.1f} |")
     (small_step, small_faults), (huge_step, huge_faults) = summary["4 KiB pages"], summary["huge pages"]
     print(f"\nhuge / 4 KiB: step {huge_step / small_step:.3f}, faults {huge_faults / small_faults:.3f}")
+    figures = {
+        "d_model": args.d_model,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "settings": {
+            setting: {
+                "median_step_s": statistics.median(x["step_s"] for x in rows),
+                "minor_faults": statistics.median(x["faults"] for x in rows),
+                "wall_s": statistics.median(x["wall_s"] for x in rows),
+                "rounds": rows,
+            }
+            for setting, rows in results.items()
+        },
+        "huge_vs_small": {"step": huge_step / small_step, "faults": huge_faults / small_faults},
+    }
+    record.write("hostmem-pages", figures, args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ in-process launcher (1 warm spare) at two polling intervals; median step of the 
 
     .venv/bin/python bench/poll_bench.py --rounds 2
 
-Results go in docs/BENCHMARKS.md (Goodput).
+Raw results: bench/results/ (bench/record.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402
 from bench.goodput_bench import CONFIG, env, model_overrides  # noqa: E402
 
 
@@ -40,12 +41,14 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=1856)
     p.add_argument("--polls", type=float, nargs="+", default=[0.05, 0.25])
     p.add_argument("--out", type=Path, default=Path("/tmp/ftfleet-poll-bench"))
+    record.add_arguments(p)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ftfleet.trainer"]
     print("| round | torchrun | " + " | ".join(f"in-process, poll {p:g} s" for p in args.polls) + " |")
     print("|---" * (2 + len(args.polls)) + "|")
+    rounds = []
     for r in range(args.rounds):
         row = [median_step(f"torchrun-{r}", torchrun, args.out, args.d_model)]
         for poll in args.polls:
@@ -55,6 +58,13 @@ def main() -> None:
         base = row[0]
         cells = [f"{row[0]:.3f} s"] + [f"{x:.3f} s ({x / base:.3f}×)" for x in row[1:]]
         print(f"| {r + 1} | " + " | ".join(cells) + " |", flush=True)
+        rounds.append(
+            {
+                "torchrun_step_s": base,
+                "inprocess_step_s": {f"{poll:g}": x for poll, x in zip(args.polls, row[1:], strict=True)},
+            }
+        )
+    record.write("poll", {"d_model": args.d_model, "steps": 18, "median_of_last": 15, "rounds": rounds}, args)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402
 from ftfleet.contract import host_memory_env  # noqa: E402  (no torch)
 
 MODEL = [
@@ -158,6 +159,7 @@ def main() -> None:
     modes = ("inprocess", "torchrun", "shrink")
     parser.add_argument("--modes", nargs="+", choices=modes, default=["inprocess", "torchrun"])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer override")
+    record.add_arguments(parser)
     args = parser.parse_args()
     extra = tuple(args.set)
     root = Path(tempfile.mkdtemp(prefix="ftfleet-restart-"))
@@ -166,6 +168,7 @@ def main() -> None:
     proc = _launch(ref / "run", ref / "shm", 0, ref / "launch.log", extra=extra)
     assert proc.wait(timeout=180) == 0, (ref / "launch.log").read_text()[-3000:]
     ref_sha = json.loads((ref / "run" / "summary.json").read_text())["state_sha256"]
+    figures: dict = {"kill_at_step": args.kill_at, "overrides": list(extra), "reference_sha256": ref_sha, "modes": {}}
     for mode in args.modes:
         rows = []
         for i in range(args.runs):
@@ -189,6 +192,12 @@ def main() -> None:
             f"bit-identical {sum(r['identical'] for r in rows)}/{len(rows)}",
             flush=True,
         )
+        figures["modes"][mode] = {
+            "kill_to_first_step_s": {"median": statistics.median(first), "min": min(first), "max": max(first)},
+            "identical": sum(r["identical"] for r in rows),
+            "runs": rows,
+        }
+    record.write("restart", figures, args)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402  (no torch)
 from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402
 
 try:  # the trainers' host allocator and glibc tunables, before torch loads
@@ -95,6 +96,7 @@ def main() -> int:
         action="store_true",
         help="4 KiB pages for new tensors (THP_MEM_ALLOC_ENABLE=0), not the huge pages the trainer asks for",
     )
+    record.add_arguments(ap)
     args = ap.parse_args()
 
     root = Path(args.dir)
@@ -173,11 +175,23 @@ def main() -> int:
     )
     print("| restore path | time (s) | x read once |")
     print("| --- | ---: | ---: |")
+    paths_out = {}
     for name, ts in times.items():
         ratio = statistics.median(t / r for t, r in zip(ts, read, strict=True))
         print(f"| {name} | {statistics.median(ts):.3f} | {ratio:.2f}x |")
+        paths_out[name] = {"median_s": statistics.median(ts), "vs_read_once": ratio, "samples_s": ts}
     ours = statistics.median(t / r for t, r in zip(times["restart"], read, strict=True))
     print(f"\nTarget (a restart's restore <= 1.2x read once): {'met' if ours <= 1.2 else 'NOT met'} ({ours:.2f}x)")
+    figures = {
+        "checkpoint_bytes": nbytes,
+        "files": len(paths) - 1,
+        "device": device.type,
+        "host_allocator": active_allocator(),
+        "repeats": args.repeats,
+        "paths": paths_out,
+        "target": {"restart_vs_read_once_at_most": 1.2, "met": ours <= 1.2},
+    }
+    record.write(f"restore-{device.type}" if device.type != "cpu" else "restore", figures, args)
     shutil.rmtree(root, ignore_errors=True)
     return 0
 

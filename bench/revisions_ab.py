@@ -1,7 +1,7 @@
 """Two revisions of the trainer on the same run, interleaved (base, head, head, base, base,
 head, ...: each pair of repeats is ABBA, so that a steady drift of the machine weighs on
 both alike): for a change whose effect is smaller than this machine's drift between two benchmark
-runs (docs/BENCHMARKS.md records drifts of several per cent within an evening).
+runs (a shared machine's speed drifts by several per cent within an evening).
 
 Each run is the goodput bench's model (``--d-model``, 2 processes under torchrun, the
 launch environment that revision's own bench gives: the host allocator of
@@ -36,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402
 from bench.goodput_bench import CONFIG, cmd, env, model_overrides, say  # noqa: E402
 from drill.runner import Node  # noqa: E402
 from ftfleet.trainer.events import read_events  # noqa: E402
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("overrides", nargs="*", help="more trainer overrides (after --)")
+    record.add_arguments(p)
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats: use 1 or more")
@@ -207,6 +209,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"head {head} / base {base}, mean wall over steps {SKIP + 2}-{args.steps}: {walls[head] / walls[base]:.3f}"
         )
+        figures = {
+            "base": base,
+            "head": head,
+            "steps": args.steps,
+            "snapshot_every": args.snapshot_every,
+            "d_model": args.d_model,
+            "overrides": args.overrides,
+            "mean_wall_s": walls,
+            "head_vs_base_wall": walls[head] / walls[base],
+            "runs": results,
+        }
+        record.write("revisions-ab", figures, args)
     finally:
         for _, tree in trees:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)

@@ -2,7 +2,7 @@
 restore from it costs, against baselines run in the same script (issue 13, part 3).
 
 Run under torchrun with 2 processes (each one "node": each holds the other's copy);
-results go in docs/BENCHMARKS.md:
+rank 0 writes the raw results under bench/results/ (bench/record.py):
 
     .venv/bin/torchrun --standalone --nproc-per-node=2 bench/snapshot_bench.py --mb 64 679
 
@@ -46,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import record  # noqa: E402  (no torch)
 from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402  (no torch)
 
 if "--as-started" not in sys.argv:
@@ -126,6 +127,7 @@ def main() -> None:
         default="cpu",
         help="where the state lives: cuda copies it into a pinned buffer on the stream (every rank on GPU 0)",
     )
+    record.add_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -199,6 +201,27 @@ def main() -> None:
                 f"| {mb:g} | {base * 1e3:.0f} ms | {blocked * 1e3:.0f} ms | {whole * 1e3:.0f} ms | "
                 f"{blocked / base:.3f} | {read * 1e3:.0f} ms | {restore * 1e3:.0f} ms | {restore / read:.2f} |"
             )
+        figures = {
+            "world_size": world,
+            "device": args.device,
+            "shm": args.shm,
+            "repeats": args.repeat,
+            "sizes": [
+                {
+                    "mb_per_rank": mb,
+                    "file_bytes": size,
+                    "torch_save_s": base,
+                    "blocked_s": blocked,
+                    "end_to_end_s": whole,
+                    "blocked_vs_torch_save": blocked / base,
+                    "read_once_s": read,
+                    "restore_s": restore,
+                    "restore_vs_read_once": restore / read,
+                }
+                for mb, size, base, blocked, whole, read, restore in rows
+            ],
+        }
+        record.write("snapshot" if args.device == "cpu" else f"snapshot-{args.device}", figures, args)
     dist.barrier()
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)

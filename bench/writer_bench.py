@@ -31,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import record  # noqa: E402
 from ftfleet.trainer.checkpoint import writer as writer_module  # noqa: E402
 from ftfleet.trainer.checkpoint.writer import ChecksummingWriter  # noqa: E402
 
@@ -61,6 +62,7 @@ def main() -> None:
         help="seconds between removing the last save and the next (default 5; memory freed that long "
         "ago is what a trainer's next save finds)",
     )
+    record.add_arguments(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     n = int(args.mb * (1 << 20) / 4) // 24
@@ -89,6 +91,23 @@ def main() -> None:
     w0, c0 = med[names[0]]
     for name, (wall, cpu) in med.items():
         print(f"| {name} | {wall:.3f} s | {cpu:.3f} s | {wall / w0:.2f} | {cpu / c0:.2f} |")
+    figures = {
+        "state_bytes": size,
+        "threads": args.threads,
+        "idle_s": args.idle,
+        "repeats": args.repeats,
+        "writers": {
+            name: {
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "wall_vs_direct": wall / w0,
+                "cpu_vs_direct": cpu / c0,
+                "samples": [{"wall_s": w, "cpu_s": c} for w, c in runs[name]],
+            }
+            for name, (wall, cpu) in med.items()
+        },
+    }
+    record.write("writer", figures, args)
 
 
 if __name__ == "__main__":
