@@ -63,7 +63,7 @@ plan: demo
 ## Regenerate the generated docs (config reference, contract).
 docs: setup
 	$(PY) -m ftfleet.contract > docs/CONTRACT.md
-	$(VENV)/bin/ftfleet config-reference --write README.md
+	$(VENV)/bin/ftfleet config-reference --write docs/CONFIG.md
 
 ## Checkpoint benchmark: one model + AdamW state of 1.02 GiB (GPT d_model 1024, 4 layers,
 ## vocabulary 20,000), written under /tmp; raw results in bench/results/. It runs in

@@ -1,4 +1,4 @@
-"""`ftfleet config-reference`: the README's config table, generated from Pulumi.yaml."""
+"""`ftfleet config-reference`: the stack keys' table of docs/CONFIG.md, generated from Pulumi.yaml."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from ftfleet.infra import reference, settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_config_reference_matches_pulumi_yaml():
-    text = (ROOT / "README.md").read_text()
+def test_the_config_reference_matches_pulumi_yaml():
+    text = (ROOT / "docs" / "CONFIG.md").read_text()
     assert reference.splice(text) == text, "run `make docs`"
 
 
