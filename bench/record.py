@@ -85,6 +85,11 @@ def commit() -> dict[str, Any]:
     return {"short": full[:7] if full else "unknown", "full": full, "changed": changed}
 
 
+#: The code a run measures is the code at its start: a commit made while it runs (a
+#: long benchmark) must not be recorded as the one it ran.
+AT_START = commit()
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -156,7 +161,7 @@ def document(bench: str, figures: Any, *, command: str | None = None) -> dict[st
         "command": command if command is not None else command_line(),
         "started_utc": STARTED.isoformat(timespec="seconds"),
         "finished_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": commit(),
+        "commit": AT_START,
         "machine": machine(),
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "figures": figures,

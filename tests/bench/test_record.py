@@ -27,7 +27,7 @@ def args_for(*argv: str) -> argparse.Namespace:
 def test_a_run_is_recorded_under_its_name_date_and_commit_with_machine_and_figures(tmp_path, monkeypatch):
     monkeypatch.setattr(record, "RESULTS", tmp_path)
     path = record.write("demo", {"blocked_s": 0.5}, args_for())
-    short = record.commit()["short"]
+    short = record.AT_START["short"]
     assert path == tmp_path / f"demo-{record.STARTED:%Y-%m-%d}-{short}.json"
     doc = json.loads(path.read_text())
     assert set(doc) == FIELDS and doc["format"] == "ftfleet-bench/1"
@@ -35,6 +35,13 @@ def test_a_run_is_recorded_under_its_name_date_and_commit_with_machine_and_figur
     assert doc["commit"]["full"].startswith(short) and isinstance(doc["commit"]["changed"], list)
     assert {"uname", "cores", "cpu_model", "torch", "load_average"} <= set(doc["machine"])
     assert doc["machine"]["cores"] == os.cpu_count()
+
+
+def test_the_commit_recorded_is_the_one_checked_out_when_the_run_started(tmp_path, monkeypatch):
+    monkeypatch.setattr(record, "RESULTS", tmp_path)
+    monkeypatch.setattr(record, "commit", lambda: {"short": "0000000", "full": "0" * 40, "changed": []})
+    doc = json.loads(record.write("demo", {}, args_for()).read_text())
+    assert doc["commit"] == record.AT_START != record.commit()
 
 
 def test_a_second_run_of_the_same_day_and_commit_gets_a_file_of_its_own(tmp_path, monkeypatch):
