@@ -73,13 +73,13 @@ def _git(*args: str) -> str | None:
         out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout.rstrip("\n") if out.returncode == 0 else None
 
 
 def commit() -> dict[str, Any]:
     """The checked-out commit and the paths where the tree differs from it (the results
     directory left out). ``short`` is ``unknown`` outside a git checkout."""
-    full = _git("rev-parse", "HEAD")
+    full = (_git("rev-parse", "HEAD") or "").strip() or None
     status = _git("status", "--porcelain", "--", ".", ":(exclude)bench/results")
     changed = [line[3:] for line in (status or "").splitlines() if line.strip()]
     return {"short": full[:7] if full else "unknown", "full": full, "changed": changed}

@@ -44,6 +44,17 @@ def test_the_commit_recorded_is_the_one_checked_out_when_the_run_started(tmp_pat
     assert doc["commit"] == record.AT_START != record.commit()
 
 
+def test_the_changed_paths_are_whole_paths(monkeypatch):
+    monkeypatch.setattr(
+        record, "_git", lambda *a: " M bench/record.py\n?? docs/NEW.md" if a[0] == "status" else "ab" * 20
+    )
+    assert record.commit() == {
+        "short": "ababab" + "a",
+        "full": "ab" * 20,
+        "changed": ["bench/record.py", "docs/NEW.md"],
+    }
+
+
 def test_a_second_run_of_the_same_day_and_commit_gets_a_file_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setattr(record, "RESULTS", tmp_path)
     first = record.write("demo", {"n": 1}, args_for())
