@@ -88,6 +88,9 @@ def commit() -> dict[str, Any]:
 #: The code a run measures is the code at its start: a commit made while it runs (a
 #: long benchmark) must not be recorded as the one it ran.
 AT_START = commit()
+#: The load average when the run started (the machine's other work); ``machine()``
+#: adds the one at its end.
+LOAD_AT_START = [round(x, 2) for x in os.getloadavg()]
 
 
 def _cpu_model() -> str:
@@ -109,13 +112,15 @@ def _version(package: str) -> str | None:
 
 def machine() -> dict[str, Any]:
     """Where the run happened: ``uname`` (without the host name), cores, CPU model,
-    memory, the load average, Python, torch, and the GPU when torch has one."""
+    memory, the load average at the start and now (1, 5 and 15 minutes), Python, torch,
+    and the GPU when torch has one."""
     u = platform.uname()
     info: dict[str, Any] = {
         "uname": f"{u.system} {u.release} {u.version} {u.machine}",
         "cores": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_average_at_start": LOAD_AT_START,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "torch": _version("torch"),

@@ -33,7 +33,7 @@ def test_a_run_is_recorded_under_its_name_date_and_commit_with_machine_and_figur
     assert set(doc) == FIELDS and doc["format"] == "ftfleet-bench/1"
     assert doc["figures"] == {"blocked_s": 0.5}
     assert doc["commit"]["full"].startswith(short) and isinstance(doc["commit"]["changed"], list)
-    assert {"uname", "cores", "cpu_model", "torch", "load_average"} <= set(doc["machine"])
+    assert {"uname", "cores", "cpu_model", "torch", "load_average_at_start", "load_average"} <= set(doc["machine"])
     assert doc["machine"]["cores"] == os.cpu_count()
 
 
