@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from goodput_bench import cmd, env, model_overrides  # noqa: E402
 
-from ftfleet.contract import allocator_env, find_jemalloc  # noqa: E402
+from ftfleet.hostenv import allocator_env, find_jemalloc  # noqa: E402
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
 
 SETTINGS = {"4 KiB pages": "train.huge_pages=false", "huge pages": "train.huge_pages=true"}

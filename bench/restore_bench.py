@@ -45,7 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402
+from ftfleet.contract import ContractError  # noqa: E402
+from ftfleet.hostenv import exec_with_host_memory  # noqa: E402
 
 try:  # the trainers' host allocator and glibc tunables, before torch loads
     exec_with_host_memory()

@@ -27,7 +27,7 @@ into a pinned buffer on the training stream, and each timing waits for the strea
 
 New tensors are on transparent huge pages, as in the trainer (``train.huge_pages``;
 ``--small-pages``: 4 KiB pages, as before it). Each process re-executes itself once
-with what the image's entrypoint gives a trainer (:func:`ftfleet.contract.host_memory_env`:
+with what the image's entrypoint gives a trainer (:func:`ftfleet.hostenv.host_memory_env`:
 the host allocator, glibc's copy threshold), unless ``--as-started``.
 """
 
@@ -46,7 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402  (no torch)
+from ftfleet.contract import ContractError  # noqa: E402  (no torch)
+from ftfleet.hostenv import exec_with_host_memory  # noqa: E402  (no torch)
 
 if "--as-started" not in sys.argv:
     try:
@@ -62,8 +63,8 @@ import torch.distributed as dist  # noqa: E402
 
 from ftfleet.trainer.checkpoint.comm import DistComm  # noqa: E402
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
+from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots  # noqa: E402
 from ftfleet.trainer.checkpoint.restore import Identity  # noqa: E402
-from ftfleet.trainer.checkpoint.snapshots import Snapshots  # noqa: E402
 
 
 class State:

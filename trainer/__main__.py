@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = N
     rank = int(os.environ.get("RANK", "0"))
     level = logging.INFO if rank == 0 else logging.WARNING
     if args.log_format == "json":
-        from ftfleet.trainer.resilience.metrics import configure_json_logging
+        from ftfleet.trainer.resilience.observability.metrics import configure_json_logging
 
         configure_json_logging(level, static={"rank": rank, "node": os.environ.get("FTFLEET_NODE_ID", "")})
     else:
@@ -79,16 +79,13 @@ def exit_quickly(code: int) -> NoReturn:
     its tensors, and a thread that asks for the GIL while the interpreter finalizes is
     ended with ``pthread_exit``, whose unwind through the C++ destructor calls
     ``std::terminate`` ("terminate called without an active exception"; the process
-    dies of SIGABRT, at times of SIGSEGV). On the 2-core machine (torch 2.13, Python
-    3.11, 2026-11-27), with the exit this replaces (``gc.freeze`` then ``sys.exit``): 2
-    of 40 runs of the trainer stopping after repeated anomalies died of SIGSEGV after
-    that message instead of exiting 77 (and one of SIGABRT in a test-suite run), and 20
-    of 40 runs of a script exiting just after an asynchronous all_gather aborted; 0 of
-    40 of each with this one (tests/trainer/test_config.py reproduces it).
+    dies of SIGABRT, at times of SIGSEGV), so that a trainer stopping with 77 could
+    die with a signal instead, which an agent restarts (tests/trainer/test_config.py
+    reproduces the crash).
     pytorch/pytorch#190489 is the same crash without ``destroy_process_group``, which a
     rank cannot always call before it exits: a peer may hold a collective open, and a
     failed run's process groups stay referenced from its traceback. The teardown's
-    collector pass, which cost 0.6-1.1 s of each exit on that machine, is skipped too.
+    collector pass, a large part of a plain exit's time, is skipped too.
     Objects still alive get no ``__del__``, as Python allows at exit; the trainer's own
     files are closed or flushed line by line before this.
 

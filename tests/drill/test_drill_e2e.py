@@ -4,7 +4,7 @@ faults injected by the drill, and every run ending in the uninterrupted run's st
 Each fault kind the drill injects runs once in ``make test``: a SIGKILL of a worker on
 AWS (torchrun restarts the group), a preemption notice and the loss of a location on
 GCP (a replacement node resumes). A spot notice on AWS is the trainer's own test
-(tests/trainer/test_under_fire.py); the whole drill of each cloud, every fault, runs
+(tests/trainer/scenarios/test_under_fire.py); the whole drill of each cloud, every fault, runs
 under ``make chaos``."""
 
 from __future__ import annotations
