@@ -50,8 +50,8 @@ Every process gets the host allocator the image's entrypoint gives its trainers
 (``FTFLEET_HOST_ALLOCATOR``; unset, jemalloc where installed: ``apt-get install
 libjemalloc2``), recorded as ``setup.host_allocator``.
 
-Timings on a shared 2-core machine are noisy; every figure comes with what it was
-measured from in the JSON (``--out``).
+Timings on a small shared machine are noisy; every figure comes with what it was
+computed from in the JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -336,9 +336,8 @@ def recycle_memory(old: Path, new: Path, nproc: int, size: int) -> int:
     On a fleet the two are different machines: the gone node's RAM vanishes with it, and
     the spare's reserve is its own RAM, neither at the training node's expense. On the
     bench's one virtual machine, 4 GB freed goes back to the host, and 4 GB reserved
-    comes back through the host's faults, each costing the training node several seconds
-    whatever the niceness (docs/BENCHMARKS.md, "Recovery ladder, run by run"); moving the
-    files costs neither. What the files hold is stale: the reserve is never read as a
+    comes back through the host's faults, each costing the training node seconds whatever
+    the niceness; moving the files costs neither. What the files hold is stale: the reserve is never read as a
     snapshot (no manifest), and a snapshot taken into one writes its bytes and takes its
     CRC32C over the file's mapped bytes before its manifest commits it."""
     moved = 0

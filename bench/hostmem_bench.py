@@ -7,7 +7,7 @@ Each run: torchrun, 2 ranks, the goodput bench's model (d_model 1856, 1,358 MB o
 and AdamW state), ``--steps`` steps without checkpoints. Reported per setting, over the
 rounds: the median step (steps 4 onward, after the warm-up) and the minor page faults
 of the whole run (torchrun and its workers, from ``getrusage(RUSAGE_CHILDREN)``), and
-the ratio huge / 4 KiB. Results go in docs/BENCHMARKS.md ("Host memory").
+the ratio huge / 4 KiB.
 
     .venv/bin/python bench/hostmem_bench.py --files /dev/shm /run/ftfleet-shm
 
@@ -26,8 +26,8 @@ alternating. Reported, medians over the rounds: the median step without a save b
 it, the step right after each save above that median, and each save's blocked time.
 jemalloc is preloaded the way the image's entrypoint does it (``FTFLEET_HOST_ALLOCATOR``;
 ``apt-get install libjemalloc2``). The other modes run with the allocator the
-environment gives (:func:`goodput_bench.env`: jemalloc where installed); their
-figures in docs/BENCHMARKS.md predate it (``FTFLEET_HOST_ALLOCATOR=system`` repeats them).
+environment gives (:func:`goodput_bench.env`: jemalloc where installed;
+``FTFLEET_HOST_ALLOCATOR=system`` runs them on glibc's malloc).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The in-memory snapshot tier: what a snapshot costs training, end to end, and what a
-restore from it costs, against baselines run in the same script (issue 13, part 3).
+restore from it costs, against baselines run in the same script.
 
-Run under torchrun with 2 processes (each one "node": each holds the other's copy);
-results go in docs/BENCHMARKS.md:
+Run under torchrun with 2 processes (each one "node": each holds the other's copy):
 
     .venv/bin/torchrun --standalone --nproc-per-node=2 bench/snapshot_bench.py --mb 64 679
 
@@ -18,8 +17,8 @@ For each state size (MB per rank: model-like float32 tensors), median of ``--rep
 * ``restore``: :meth:`MemoryTier.load` of the own snapshot (read once, each tensor into
   its own storage, CRC32C on the way), against ``read once``: the file's bytes read
   into a buffer kept between reads, no check (the floor: a restore must also give each
-  tensor new memory, and on this machine the kernel's first touch of fresh pages is
-  most of the difference).
+  tensor new memory, and the kernel's first touch of fresh pages can be most of the
+  difference).
 
 ``--device cuda``: the state lives on the GPU (every rank on GPU 0); a snapshot copies it
 into a pinned buffer on the training stream, and each timing waits for the stream, so

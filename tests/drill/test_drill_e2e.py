@@ -48,6 +48,7 @@ def run_drill(tmp_path, *args, timeout=300):
     return json.loads(report.read_text())
 
 
+@pytest.mark.integration
 def test_a_short_aws_drill_recovers_from_a_sigkill_and_matches_the_reference(tmp_path):
     # --spacing also caps the checkpoint interval (half of it): checkpoints at 4 and 8, so
     # the group restarts from one, not from step 0.
@@ -64,6 +65,7 @@ def test_a_short_aws_drill_recovers_from_a_sigkill_and_matches_the_reference(tmp
     assert 0 < data["goodput"]["goodput"] <= 1.0
 
 
+@pytest.mark.integration
 def test_a_short_gcp_drill_survives_a_preemption_and_the_loss_of_a_location_and_matches_the_reference(tmp_path):
     data = run_drill(
         tmp_path,

@@ -159,6 +159,7 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(case, tmp_path, capsys)
     assert expected in err
 
 
+@pytest.mark.integration
 def test_the_cli_prints_no_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ftfleet.cli", "plan", bad_stack(tmp_path, {"ftfleet:cloud": "azure"})],

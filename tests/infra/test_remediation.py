@@ -166,6 +166,7 @@ def test_storage_drift_restores_exactly_what_the_bucket_resources_declare():
     assert urns[dra.deps("fileSystemId")[0]].id == desired["association"]["file_system_id"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_each_package_runs_from_its_own_files(folder, tmp_path):
     """The archive alone (plus boto3, which Lambda's runtime brings) imports the handler."""
@@ -339,6 +340,7 @@ def test_plan_lists_each_function_with_its_triggers_dlq_and_timeout(capsys):
 HERE = Path(__file__)
 
 
+@pytest.mark.integration
 def test_the_pulumi_program_needs_no_boto3():
     """`pip install ftfleet[infra]` has no boto3: the program reads the functions' config
     modules, never their handlers."""

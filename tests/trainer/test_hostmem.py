@@ -57,6 +57,7 @@ def _faults(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) 
     return min(json.loads(out.stdout.strip().splitlines()[-1])["faults"])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(
     hostmem.thp_mode() not in ("always", "madvise"), reason="the kernel gives no transparent huge pages here"
 )

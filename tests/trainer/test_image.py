@@ -192,6 +192,7 @@ def test_every_copied_path_exists():
             assert (REPO / source).exists(), source
 
 
+@pytest.mark.integration
 def test_the_entrypoint_shell_script_parses_and_passes_shellcheck(tmp_path):
     subprocess.run(["sh", "-n", str(ENTRYPOINT)], check=True)
     assert shellcheck(ENTRYPOINT.read_text(), tmp_path, shell="sh") == ""
@@ -216,6 +217,7 @@ def contract_env(fake_bin, **overrides):
     return {k: v for k, v in env.items() if v is not None}
 
 
+@pytest.mark.integration
 def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
     result = subprocess.run(
         [str(ENTRYPOINT), "--module", "ftfleet.trainer"],
@@ -234,6 +236,7 @@ def test_the_entrypoint_passes_the_contract_to_torchrun(fake_bin):
     assert args[-2:] == ["--module", "ftfleet.trainer"]
 
 
+@pytest.mark.integration
 def test_the_entrypoint_refuses_an_incomplete_environment(fake_bin):
     result = subprocess.run(
         [str(ENTRYPOINT)],
@@ -266,6 +269,7 @@ def run_entrypoint(fake_bin, tmp_path, **kw):
     )
 
 
+@pytest.mark.integration
 def test_a_preempted_node_exits_with_the_code_its_trainer_left(fake_bin, tmp_path):
     # What the trainer does on the node that is going away: leave 75 for its agent's
     # pid, then stop the agent, which exits 1 (SignalException).
@@ -275,11 +279,13 @@ def test_a_preempted_node_exits_with_the_code_its_trainer_left(fake_bin, tmp_pat
     assert not list(tmp_path.glob("ftfleet-agent-*.exit"))  # consumed
 
 
+@pytest.mark.integration
 def test_otherwise_the_entrypoint_exits_with_torchruns_status(fake_bin, tmp_path):
     fake_torchrun(fake_bin, "exit 3\n")
     assert run_entrypoint(fake_bin, tmp_path).returncode == 3
 
 
+@pytest.mark.integration
 def test_the_entrypoint_passes_sigterm_on_to_torchrun(fake_bin, tmp_path):
     got = tmp_path / "got-term"
     fake_torchrun(fake_bin, f"trap 'touch {got}; exit 143' TERM\ntouch {tmp_path}/up\nwhile :; do sleep 0.05; done\n")
@@ -312,6 +318,7 @@ def _mapped_library(stem: str) -> str | None:
     return None
 
 
+@pytest.mark.integration
 def test_the_entrypoint_preloads_the_host_allocator_for_torchrun(fake_bin):
     fake_torchrun(fake_bin, 'printf "preload=%s conf=%s\\n" "${LD_PRELOAD:-}" "${MALLOC_CONF:-}"\n')
     library = _mapped_library("libm")
@@ -333,6 +340,7 @@ def test_the_entrypoint_preloads_the_host_allocator_for_torchrun(fake_bin):
         assert "FTFLEET_HOST_ALLOCATOR" in result.stderr and why in result.stderr, result.stderr
 
 
+@pytest.mark.integration
 def test_the_entrypoint_gives_torchrun_glibcs_copy_threshold_and_keeps_the_callers(fake_bin):
     fake_torchrun(fake_bin, 'printf "tunables=%s\\n" "${GLIBC_TUNABLES:-}"\n')
 
@@ -350,6 +358,7 @@ def test_the_entrypoint_gives_torchrun_glibcs_copy_threshold_and_keeps_the_calle
     assert entrypoint(GLIBC_TUNABLES=theirs) == f"tunables={theirs}"
 
 
+@pytest.mark.integration
 def test_max_restarts_defaults_to_100_and_must_be_a_number(fake_bin):
     result = subprocess.run(
         [str(ENTRYPOINT)],
@@ -437,6 +446,7 @@ def owned_by(path: Path, uid: int, mode: int = 0o755) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_as_the_image_user_the_entrypoint_starts_torchrun_when_its_directories_are_its_own(image_user, shared_tmp):
     uid, _, _ = image_user
     ckpt = owned_by(shared_tmp / "fsx" / "ckpt", uid)
@@ -448,6 +458,7 @@ def test_as_the_image_user_the_entrypoint_starts_torchrun_when_its_directories_a
     assert not re.search(r"^(FI_PROVIDER|NCCL_NET_PLUGIN)=", result.stdout, re.M)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "unwritable, named",
     [
@@ -470,6 +481,7 @@ def test_as_the_image_user_a_directory_it_cannot_write_stops_the_entrypoint_befo
     assert result.stdout == ""  # torchrun never ran
 
 
+@pytest.mark.integration
 def test_as_the_image_user_an_unset_run_dir_under_a_root_owned_workdir_is_refused(image_user, shared_tmp):
     uid, _, _ = image_user
     ckpt = owned_by(shared_tmp / "fsx" / "ckpt", uid)

@@ -315,7 +315,7 @@ class CheckpointManager:
     def _adopt_layout(self, step_dir: Path) -> None:
         """Give a new optimizer the checkpoint's state layout as the load's template
         (``optimizer_layout``), instead of the zero-lr step that would make its state
-        (0.5 s at 113M parameters on 2 ranks here). Anything unexpected leaves the step
+        (a full optimizer step's work). Anything unexpected leaves the step
         to make it: the load itself reads and checks the metadata."""
         app = self.app_state
         if getattr(app, "optimizer", None) is None or app.optimizer.state:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ftfleet.cli import main
 from tests.trainer.checkpoint.test_corruption import flip_bit, shard
 from tests.trainer.conftest import copy_steps
@@ -25,6 +27,7 @@ def test_list_shows_steps_sizes_and_world_size(tmp_path, ref2, capsys):
     assert rows[24]["world_size"] == 2 and rows[24]["bytes"] > 0 and rows[24]["files"] == 5
 
 
+@pytest.mark.integration
 def test_verify_passes_a_good_tree_and_fails_naming_the_bad_file(tmp_path, ref1, capsys):
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [22, 24])
     assert run(capsys, "verify", root)[0] == 0
@@ -54,6 +57,7 @@ def test_missing_target_is_a_one_line_user_error(tmp_path, capsys):
     assert rc == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_ckpt_cli_does_not_import_torch():
     import subprocess
     import sys

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftfleet.contract import reserved_name
+from ftfleet.contract import RESERVE_DIR, reserved_name
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint import memory
 from ftfleet.trainer.checkpoint.manifest import Crc32c
@@ -655,7 +655,7 @@ def test_a_spare_nodes_reserve_becomes_its_first_snapshots_files(tmp_path, monke
     import threading
 
     assert reserve_snapshot_memory(cfg, threading.Event()) == cfg.checkpoint.memory_keep + 1  # own files only
-    reserved = {p.stat().st_ino: p.stat().st_size for p in (root / memory.RESERVE_DIR).iterdir()}
+    reserved = {p.stat().st_ino: p.stat().st_size for p in (root / RESERVE_DIR).iterdir()}
     assert len(reserved) == 3
 
     spare = _manager(tmp_path)  # the spare's trainer, on the same node's memory
@@ -689,5 +689,5 @@ def test_the_estimate_covers_the_snapshot_and_a_reserve_too_small_is_not_used(tm
     fresh = _manager(tmp_path / "other")
     assert memory.reserve_files(fresh.snapshots.tier.root, size - 1, 1, 0) == 1
     fresh.snapshot(blocking=True, step=1)
-    reserve = fresh.snapshots.tier.root / memory.RESERVE_DIR / reserved_name(0, 0)
+    reserve = fresh.snapshots.tier.root / RESERVE_DIR / reserved_name(0, 0)
     assert reserve.exists()  # one byte short: left alone, the snapshot made a new file

@@ -21,6 +21,7 @@ def manifests(s3, bucket, prefix="run/"):
     return sorted(int(k.split("/")[1][5:]) for k in keys if k.endswith("/manifest.json"))
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_trainer_uploads_commits_with_manifest_last_and_retries_injected_5xx(tmp_path, s3proxy, s3, bucket, capsys):
     s3proxy.fail_every(3, status=503)  # every third write is refused once

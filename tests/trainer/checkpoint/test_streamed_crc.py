@@ -172,6 +172,7 @@ def test_a_commit_reads_back_only_the_metadata(tmp_path, monkeypatch, caplog, as
     assert not [r for r in caplog.records if "reading the file back" in r.getMessage()]
 
 
+@pytest.mark.integration
 def test_two_ranks_stream_their_own_shards(ref2):
     """The 2-process reference run: every manifest matches its files read back, and no
     rank had to read a shard back."""

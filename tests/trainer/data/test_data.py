@@ -191,6 +191,7 @@ def test_bad_input_is_one_line_exit_2_and_no_shard_set(tmp_path, capsys, case, w
         assert not list(out.glob(".*.partial")) if out.is_dir() else True
 
 
+@pytest.mark.integration
 def test_an_interrupted_prepare_leaves_no_set_a_reader_accepts(tmp_path, capsys):
     """Killed after its first shard: no index, so readers refuse the directory; the
     next prepare starts over and completes."""
@@ -221,6 +222,7 @@ def test_an_interrupted_prepare_leaves_no_set_a_reader_accepts(tmp_path, capsys)
     assert not list((tmp_path / "s").glob(".*"))
 
 
+@pytest.mark.integration
 def test_prepare_and_the_shard_reader_start_without_torch(tmp_path):
     write_corpus(tmp_path / "in", docs=2)
     code = (
@@ -310,6 +312,7 @@ def test_the_ranks_together_read_each_global_batch_once_in_the_global_order(worl
         assert list(got) == list(order.indices(np.arange(step * B, (step + 1) * B)))
 
 
+@pytest.mark.integration
 def test_a_reader_with_workers_resumes_exactly_from_its_checkpointed_state():
     a = reader(Numbered(), workers=2)
     for step in range(5):
@@ -325,6 +328,7 @@ def test_a_reader_with_workers_resumes_exactly_from_its_checkpointed_state():
     assert torch.equal(fresh[:, 0], expected[0][:, 0]) and not torch.equal(fresh, expected[0])
 
 
+@pytest.mark.integration
 def test_a_map_style_reader_continues_from_the_sample_count_on_another_world_size():
     a = reader(Numbered(), rank=1, world=2, workers=2)
     for step in range(4):
@@ -375,6 +379,7 @@ def test_an_iterable_dataset_resumes_from_its_state_on_the_same_world_size_only(
         other.get(3 * B, 4)
 
 
+@pytest.mark.integration
 def test_the_reader_state_is_saved_per_rank_in_the_checkpoint(tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -397,6 +402,7 @@ def test_the_reader_state_is_saved_per_rank_in_the_checkpoint(tmp_path):
     assert torch.equal(b.get(3 * B, 4).data, a.get(3 * B, 4).data)
 
 
+@pytest.mark.integration
 def test_shards_are_read_through_worker_processes(tmp_path, capsys):
     write_corpus(tmp_path / "in")
     assert prepare(capsys, tmp_path / "in", "--out", tmp_path / "s", "--shard-tokens", 600)[0] == 0
@@ -439,6 +445,7 @@ def test_a_checkpoint_taken_before_the_first_update_resumes_as_if_never_taken(tm
     assert torch.equal(one_step(loaded), one_step(app())) and torch.equal(one_step(saved), one_step(app()))
 
 
+@pytest.mark.integration
 def test_close_stops_the_reader_workers_at_once():
     """The loader keeps its iterator for its state dict: close() must stop its worker
     processes itself, or torchrun's SIGTERM to the process group kills them while the
@@ -457,6 +464,7 @@ class RestartRequest(BaseException):
     asynchronously, wherever it happens to be."""
 
 
+@pytest.mark.integration
 def test_abort_kills_the_workers_and_closes_without_an_error_of_its_own(caplog):
     r = reader(Numbered(), workers=2)
     r.get(0, 1)
@@ -467,6 +475,7 @@ def test_abort_kills_the_workers_and_closes_without_an_error_of_its_own(caplog):
     assert "closing after a failure" not in caplog.text
 
 
+@pytest.mark.integration
 def test_a_restart_request_arriving_while_abort_joins_the_workers_goes_on(monkeypatch):
     """Seen in the goodput bench: the request came while the loader joined its killed
     workers, the loader's own `finally` raised over it, and abort logged that error away;
@@ -485,6 +494,7 @@ def test_a_restart_request_arriving_while_abort_joins_the_workers_goes_on(monkey
         r.abort()
 
 
+@pytest.mark.integration
 def test_a_loader_worker_drops_the_tcp_sockets_it_inherited_and_keeps_the_rest(tmp_path):
     """Run in a child: closing descriptors in the test process would close pytest's."""
     import subprocess
@@ -528,6 +538,7 @@ def test_auto_starts_workers_from_a_server_only_where_forking_a_threaded_trainer
     assert GlobalBatches(ParentPids(), B, 0, 1, torch.device("cpu"), num_workers=1).start_method == here
 
 
+@pytest.mark.integration
 def test_loader_workers_are_forked_from_a_server_not_from_the_trainer():
     """The trainer runs threads; forking it can leave a worker deadlocked. With the
     forkserver the workers come from a server process."""
@@ -546,6 +557,7 @@ def test_loader_workers_are_forked_from_a_server_not_from_the_trainer():
         forked.close()
 
 
+@pytest.mark.integration
 def test_the_workers_server_freezes_what_its_preloads_imported_last(monkeypatch):
     """Its frozen objects stay out of the collector in the forked workers (shared pages
     stay shared) and in its own exit (no pass over all of torch)."""
@@ -571,6 +583,7 @@ class Unpicklable(ParentPids):
         self.transform = lambda x: x
 
 
+@pytest.mark.integration
 def test_a_dataset_that_cannot_be_pickled_names_the_setting_to_change():
     r = GlobalBatches(Unpicklable(), B, 0, 1, torch.device("cpu"), seed=5, num_workers=1, start_method="forkserver")
     with pytest.raises(UserError, match=r"data.start_method=forkserver.*picklable, or set data.start_method=fork"):
@@ -582,6 +595,7 @@ def test_a_dataset_that_cannot_be_pickled_names_the_setting_to_change():
         forked.close()
 
 
+@pytest.mark.integration
 def test_the_workers_of_a_killed_trainer_exit_with_it(tmp_path):
     """Their parent is the forkserver, which lives as long as they do: without a watch on
     the trainer, a SIGKILLed trainer's workers would run (and hold its stderr) for good."""

@@ -31,6 +31,7 @@ def _events(run_dir):
     return list(read_events(run_dir))
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_a_sigkilled_rank_is_replaced_by_the_spare_and_the_survivor_never_exits(tmp_path, ref2):
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
@@ -61,6 +62,7 @@ def test_a_sigkilled_rank_is_replaced_by_the_spare_and_the_survivor_never_exits(
     assert "exit codes [0, -9, 0]" in (tmp_path / "launch.log").read_text()
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_spare_node_starts_warm_and_trains_only_once_told(tmp_path):
     run_dir, gate = tmp_path / "run", tmp_path / "go"
@@ -100,6 +102,7 @@ def test_the_wrapper_takes_any_soft_timeout_the_launcher_accepts(monkeypatch):
         build_wrapper(2, soft)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_the_launcher_stops_the_rest_once_too_few_processes_are_left(tmp_path):
     """2 ranks and no spare: one killed leaves a world nobody can fill. The wrapper
@@ -197,6 +200,7 @@ def test_a_hung_rank_is_restarted_in_place_by_the_failed_collective(tmp_path, re
     assert starts[1]["t"] - hung["t"] < 20, "the restart waited for something else than the collective timeout"
 
 
+@pytest.mark.integration
 def test_a_warm_spare_has_imported_what_the_first_optimizer_would():
     """``warm_up`` (called by a waiting spare) leaves nothing for the build to import:
     the first optimizer's lazy import of torch._dynamo took about 1 s here."""
@@ -226,6 +230,7 @@ if __name__ == "__main__":  # the loader workers' server imports this module too
 """
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_spare_process_starts_its_loader_workers_server_at_launch_not_after_its_warm_up(tmp_path):
     """A take-over soon after a launch found the spare's server still importing torch:
@@ -285,6 +290,7 @@ sys.exit(main(callbacks=lambda overrides: ([Crash()], overrides)))
 """
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_attempts_that_keep_failing_before_a_step_give_up_instead_of_looping(tmp_path):
     (tmp_path / "crasher.py").write_text(CRASHER)

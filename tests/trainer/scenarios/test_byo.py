@@ -33,6 +33,8 @@ from tests.trainer.resilience.torchrun_tree import children, trained_step, worke
 from tests.trainer.scenarios.test_torchrun_restarts import attempt_trace
 from tests.trainer.scenarios.test_under_fire import free_port_pair
 
+pytestmark = pytest.mark.integration
+
 #: Fewer steps than the examples' configs (40): each run costs the test its steps twice
 #: (the reference and the killed run), and a kill needs only room after it (:func:`plan`).
 STEPS = 24

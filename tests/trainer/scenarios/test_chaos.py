@@ -35,6 +35,8 @@ import pytest
 
 from tests.trainer.conftest import BASE, LOADER_WORKERS, MEMORY, REPO, child_env, inprocess_cmd, kill9, run_trainer
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("nvidia_resiliency_ext.inprocess", reason="make setup installs nvidia-resiliency-ext")
 
 KILLS = int(os.environ.get("FTFLEET_CHAOS_KILLS", "50"))

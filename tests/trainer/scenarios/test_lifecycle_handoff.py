@@ -23,6 +23,8 @@ from tests.trainer.conftest import start_trainer, wait_for
 from tests.trainer.resilience.aws_group import GROUP, make_group
 from tests.trainer.scenarios.test_under_fire import PACED, assert_emergency, events, finish, started
 
+pytestmark = pytest.mark.integration
+
 RUN_ID = "handoff"
 
 

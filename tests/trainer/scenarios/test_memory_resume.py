@@ -16,6 +16,8 @@ import pytest
 
 from tests.trainer.conftest import LOADER_WORKERS, MEMORY, kill9, run_trainer, start_trainer, wait_for
 
+pytestmark = pytest.mark.integration
+
 STEPS = 24
 
 

@@ -8,10 +8,14 @@ import os
 import signal
 import subprocess
 
+import pytest
+
 from drill.fake_metadata import FakeMetadataServer
 from ftfleet.contract import EXIT_PREEMPTED, CommitMarker, marker_key
 from ftfleet.trainer.checkpoint.manifest import read_manifest, verify_dir
 from tests.trainer.conftest import BIN, REPO, child_env, free_port_pair, wait_for
+
+pytestmark = pytest.mark.integration
 
 EXAMPLE = REPO / "examples" / "own_loop.py"
 

@@ -22,6 +22,8 @@ from tests.trainer.conftest import (
     wait_for,
 )
 
+pytestmark = pytest.mark.integration
+
 STEPS, BATCH = 24, 6
 
 

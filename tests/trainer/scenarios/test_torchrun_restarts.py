@@ -43,6 +43,8 @@ from tests.trainer.resilience.torchrun_tree import (
     workers,
 )
 
+pytestmark = pytest.mark.integration
+
 #: Kills per run: two here; the chaos run (tests/trainer/scenarios/test_chaos.py) has fifty.
 STEPS, BATCH, KILLS = 24, 6, 2
 #: Paces the tiny model so that kills land mid-run; does not change the trajectory.

@@ -29,6 +29,8 @@ from tests.trainer.conftest import (
     wait_for,
 )
 
+pytestmark = pytest.mark.integration
+
 #: Steps slow enough that a notice lands mid-run; metadata polled often.
 PACED = ["faults.step_delay_s=0.1", "resilience.watcher.poll_interval_s=0.2", "resilience.watcher.max_backoff_s=1"]
 

@@ -1,5 +1,7 @@
 """The watchdog ends its process, so each case runs in a fresh one."""
 
+import pytest
+
 from ftfleet.contract import EXIT_HUNG
 from ftfleet.trainer.resilience.anomaly.watchdog import WatchdogConfig
 from tests.trainer.resilience.helpers import run_python
@@ -35,6 +37,7 @@ HEALTHY = """
 """
 
 
+@pytest.mark.integration
 def test_a_hung_process_dumps_every_threads_stack_and_exits_hung():
     result = run_python(HUNG)
     assert result.returncode == EXIT_HUNG == 76
@@ -44,6 +47,7 @@ def test_a_hung_process_dumps_every_threads_stack_and_exits_hung():
     assert "data_loader_worker" in result.stderr  # and the others'
 
 
+@pytest.mark.integration
 def test_a_process_that_keeps_beating_is_left_alone():
     result = run_python(HEALTHY)
     assert result.returncode == 0, result.stderr
@@ -78,12 +82,14 @@ HUNG_DRAIN = """
 """
 
 
+@pytest.mark.integration
 def test_the_end_of_a_run_has_its_own_allowance():
     result = run_python(LONG_DRAIN)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "finished"
 
 
+@pytest.mark.integration
 def test_a_hang_in_the_end_of_a_run_is_still_caught_and_named():
     result = run_python(HUNG_DRAIN)
     assert result.returncode == EXIT_HUNG

@@ -4,8 +4,12 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
+
 from drill.fake_metadata import FakeMetadataClient
 from tests.trainer.resilience.helpers import REPO, subprocess_env
+
+pytestmark = pytest.mark.integration
 
 
 def test_the_fake_runs_as_a_process_and_is_controlled_over_http():

@@ -5,8 +5,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from ftfleet.contract import EXIT_PREEMPTED
 from tests.trainer.resilience.helpers import REPO, run_python, subprocess_env
+
+pytestmark = pytest.mark.integration
 
 CHAINING = """
     import json, os, signal

@@ -9,6 +9,8 @@ from ftfleet.trainer.resilience.preemption.agreement import agree, decode, encod
 from tests.trainer.resilience import dist_worker
 from tests.trainer.resilience.helpers import REPO, subprocess_env
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def agreed(tmp_path_factory):
