@@ -23,6 +23,7 @@ import yaml
 from ftfleet.errors import ConfigError, require_positive
 from ftfleet.trainer.checkpoint.config import CheckpointConfig
 from ftfleet.trainer.config_sections import DataConfig, LossConfig, ModelConfig, OptimConfig
+from ftfleet.trainer.environment import CONFIG_OVERRIDES, TrainerEnvironment
 from ftfleet.trainer.factories import import_callable
 from ftfleet.trainer.resilience.config import ResilienceConfig
 
@@ -163,22 +164,14 @@ class JobConfig:
 
 
 #: Environment variables of the fleet contract that override config keys.
-ENV_OVERRIDES = {
-    "FTFLEET_RUN_ID": "run_id",
-    "FTFLEET_RUN_DIR": "run_dir",
-    "FTFLEET_CKPT_DIR": "checkpoint.dir",
-    "FTFLEET_CKPT_URI": "checkpoint.uri",
-    "FTFLEET_CKPT_REPLICA_URI": "checkpoint.replica_uri",
-    "FTFLEET_CKPT_UPLOAD": "checkpoint.upload",
-    "FTFLEET_SHM_DIR": "checkpoint.memory_root",
-    "FTFLEET_PREEMPTION_NOTICE_S": "resilience.watcher.gcp_preemption_notice_s",
-}
+ENV_OVERRIDES = CONFIG_OVERRIDES
 
 
 def load_config(
     path: str | os.PathLike | None, overrides: list[str] = (), environ: Mapping[str, str] | None = None
 ) -> JobConfig:
-    """File, then environment (ENV_OVERRIDES), then ``key.sub=value`` overrides."""
+    """File, then environment (:data:`~ftfleet.trainer.environment.CONFIG_OVERRIDES`), then
+    ``key.sub=value`` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -191,10 +184,8 @@ def load_config(
             raise ConfigError(f"--config {path}: {_yaml_problem(exc)}; fix the file") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping of keys")
-    environ = os.environ if environ is None else environ
-    for var, key in ENV_OVERRIDES.items():
-        if environ.get(var):
-            _set_dotted(raw, key, environ[var], source=var)
+    for var, key, value in TrainerEnvironment(environ).config_overrides():
+        _set_dotted(raw, key, value, source=var)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from ftfleet.contract import ContractError
 from ftfleet.hostenv import host_memory_env
+from ftfleet.trainer.environment import ACTIVE_WORLD_SIZE, MIN_ACTIVE_WORLD_SIZE
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 
@@ -128,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             "WORLD_SIZE": str(total),
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(args.nproc),
-            "FTFLEET_ACTIVE_WORLD_SIZE": str(args.nproc),
-            "FTFLEET_MIN_ACTIVE_WORLD_SIZE": str(min_ranks),
+            ACTIVE_WORLD_SIZE: str(args.nproc),
+            MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",

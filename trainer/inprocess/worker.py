@@ -28,6 +28,7 @@ from typing import Any
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -203,7 +204,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     from ftfleet.contract import memory_dir
     from ftfleet.trainer.checkpoint.memory import reserve_files
 
-    world = int(os.environ.get("FTFLEET_ACTIVE_WORLD_SIZE") or os.environ.get("WORLD_SIZE", "1"))
+    world = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
     count = (ck.memory_keep + 1) * (2 if world > ck.node_size(world) else 1)
     while not stop.is_set():
         try:
@@ -220,7 +221,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
 
 def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
-    parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"))
+    parser.add_argument("--config", default=TrainerEnvironment().config_file)
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
     parser.add_argument("--poll", type=float, default=0.25, help="seconds between the wrapper's checks")
     parser.add_argument("--wait-for", metavar="FILE", help="train once FILE exists (a warm spare node)")
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # imports lazily (warm_up), so that taking over does not pay for it. A spare node
     # waits anyway; a spare process starts beside the ranks that train, so it warms up
     # on a thread at the lowest CPU priority, not taking their start-up's CPU.
-    active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
+    active = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
     spare_process = rank >= active and not args.wait_for
     from ftfleet.trainer.checkpoint.tiers import reuse_clients
     from ftfleet.trainer.resilience.interval.prior import reuse_reads
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
                     freeze_what_is_loaded()
 
         threading.Thread(target=_warm_up_niced, args=(warm_up, then), name="ftfleet-warm-up", daemon=True).start()
-    shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
+    shrink = (TrainerEnvironment().min_active_world_size or active) < active
     if args.wait_for:
         taken_over = threading.Event()  # the reserve stops between files when it is
         reserving = threading.Thread(

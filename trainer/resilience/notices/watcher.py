@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ftfleet.contract import CLOUDS as CONTRACT_CLOUDS
 from ftfleet.contract import DEFAULT_METADATA_ENDPOINT
 from ftfleet.errors import ConfigError
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.resilience.notices.metadata import (
     GCP_MAINTENANCE_PATH,
     GCP_PREEMPTED_PATH,
@@ -201,13 +202,11 @@ class NoticeWatcher:
         the process with LOCAL_RANK 0); every process handles signals, since torchrun
         forwards them to every worker. Agreement spreads what one rank sees.
         """
-        environ = os.environ if environ is None else environ
-        cloud = environ.get("FTFLEET_CLOUD") or "none"
-        if cloud not in CLOUDS:
-            raise ConfigError(f"FTFLEET_CLOUD={cloud!r}: use aws or gcp (or leave it unset to watch signals only)")
+        env = TrainerEnvironment(environ)
+        cloud = env.cloud
         if poll_metadata is None:
-            poll_metadata = (environ.get("LOCAL_RANK") or "0") == "0"
-        return cls(cloud if poll_metadata else "none", environ.get("FTFLEET_METADATA_ENDPOINT") or None, config)
+            poll_metadata = (env.environ.get("LOCAL_RANK") or "0") == "0"
+        return cls(cloud if poll_metadata else "none", env.metadata_endpoint, config)
 
     # -- lifecycle ---------------------------------------------------------------
 

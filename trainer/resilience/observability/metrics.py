@@ -31,6 +31,7 @@ from typing import IO, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ftfleet.errors import ConfigError
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.resilience.notices.notice import NoticeKind
 
 _LABELS = ("node", "rank")
@@ -89,7 +90,7 @@ class Metrics:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Metrics:
         """Labels from FTFLEET_NODE_ID and RANK; restarts from TORCHELASTIC_RESTART_COUNT."""
         environ = os.environ if environ is None else environ
-        metrics = cls(node=environ.get("FTFLEET_NODE_ID", ""), rank=int(environ.get("RANK", "0") or 0))
+        metrics = cls(node=TrainerEnvironment(environ).node_id, rank=int(environ.get("RANK", "0") or 0))
         metrics.restarts.set(int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
         return metrics
 
@@ -130,11 +131,7 @@ class Metrics:
 
 def metrics_port(environ: Mapping[str, str] | None = None) -> int:
     """FTFLEET_METRICS_PORT (default 0: off), validated."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get("FTFLEET_METRICS_PORT", "0") or "0"
-    if not raw.isdigit() or int(raw) > 65535:
-        raise ConfigError(f"FTFLEET_METRICS_PORT={raw!r}: use a port number, or 0 for off")
-    return int(raw)
+    return TrainerEnvironment(environ).metrics_port
 
 
 # ---------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 import subprocess
 import threading
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ftfleet.contract import GPU_ERRORS_METRIC, METRICS_NAMESPACE, NODE_METRIC_PERIOD_S, PROGRESS_METRIC
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.callbacks import Callback, StepInfo
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.resilience import aws
 
 if TYPE_CHECKING:
@@ -124,12 +124,11 @@ class NodeMetrics(Callback):
     ) -> NodeMetrics | None:
         """The publisher of this process, or None where it is off (not AWS, no region,
         disabled, or not local rank 0)."""
-        environ = os.environ if environ is None else environ
-        region = aws.on_aws(environ)
+        env = TrainerEnvironment(environ)
+        region = env.aws_region
         if not cfg.enabled or region is None or local_rank != 0:
             return None
-        run_id = environ.get("FTFLEET_RUN_ID") or ""
-        node_id = environ.get("FTFLEET_NODE_ID") or ""
+        run_id, node_id = env.run_id, env.node_id
         if not run_id or not node_id:
             log.warning("node metrics off: FTFLEET_RUN_ID and FTFLEET_NODE_ID name the data points; set both")
             return None

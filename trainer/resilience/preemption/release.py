@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import logging
-import os
 import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from ftfleet.contract import DEFAULT_METADATA_ENDPOINT, TERMINATION_HOOK_NAME
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.resilience import aws
 from ftfleet.trainer.resilience.notices.metadata import (
     AWS_GROUP_TAG_PATH,
@@ -79,13 +79,12 @@ class LifecycleRelease:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LifecycleRelease | None:
         """None off AWS (FTFLEET_CLOUD, FTFLEET_REGION) or without FTFLEET_NODE_ID."""
-        environ = os.environ if environ is None else environ
-        region = aws.on_aws(environ)
-        instance_id = environ.get("FTFLEET_NODE_ID") or ""
+        env = TrainerEnvironment(environ)
+        region, instance_id = env.aws_region, env.node_id
         if region is None or not instance_id:
             return None
-        endpoint = environ.get("FTFLEET_METADATA_ENDPOINT") or DEFAULT_METADATA_ENDPOINT["aws"]
-        return cls(region, instance_id, endpoint.rstrip("/"), environ.get("FTFLEET_GROUP_NAME") or None)
+        endpoint = env.metadata_endpoint or DEFAULT_METADATA_ENDPOINT["aws"]
+        return cls(region, instance_id, endpoint, env.group_name)
 
     def complete(self) -> dict[str, Any]:
         """CompleteLifecycleAction CONTINUE; returns the outcome (``completed``,

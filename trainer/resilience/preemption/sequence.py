@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, CommitMarker
 from ftfleet.trainer.agent import stop_agent
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.resilience.preemption.boundary import AgreedNotice, Interruptions
 from ftfleet.trainer.resilience.preemption.emergency import SaveFn, emergency_checkpoint
 from ftfleet.trainer.resilience.preemption.marker import publish_marker
@@ -65,7 +66,7 @@ class Preemption:
         self.ckpt = ckpt
         self.interruptions = interruptions if interruptions is not None else Interruptions.from_env(environ=environ)
         self._save = save if save is not None else self._plain_save
-        self.node_id = node_id or environ.get("FTFLEET_NODE_ID") or socket.gethostname()
+        self.node_id = node_id or TrainerEnvironment(environ).node_id or socket.gethostname()
         self.local_rank = int(environ.get("LOCAL_RANK") or 0) if local_rank is None else local_rank
         self.events = events
         self.lifecycle = lifecycle if lifecycle is not None else LifecycleRelease.from_env(environ)
