@@ -228,4 +228,7 @@ def evaluate(resources: Iterable[Res], include_advisory: bool = True) -> list[tu
 # GCP's invariants live with the GCP components; they read resources through Res too.
 from ftfleet.infra.gcp import policies as _gcp_policies  # noqa: E402
 
-POLICIES += tuple(Policy(name, doc, check, stack=stack) for name, doc, check, stack in _gcp_policies.SPECS)
+POLICIES += tuple(
+    Policy(name, doc, check, stack=stack, advisory=bool(rest and rest[0]))
+    for name, doc, check, stack, *rest in _gcp_policies.SPECS
+)

@@ -6,8 +6,9 @@ import ipaddress
 import json
 
 from ftfleet.cli import main
+from ftfleet.infra import policies
 from ftfleet.infra.gcp import boot, network
-from tests.infra.conftest import recording
+from tests.infra.conftest import recording, res_view
 
 C = "gcp:compute/"
 TEMPLATE = f"{C}regionInstanceTemplate:RegionInstanceTemplate"
@@ -86,7 +87,7 @@ def test_the_file_system_waits_for_private_services_access_over_a_range_inside_t
 # --- Fleet ----------------------------------------------------------------------------
 
 
-def test_spot_workers_never_restart_are_deleted_on_preemption_and_get_the_extended_notice():
+def test_spot_workers_never_restart_are_deleted_on_preemption_and_leave_the_beta_notice_off():
     rec = recording("gcp-dev")
     worker = one(rec, TEMPLATE, "-workers")
     assert worker.inputs["scheduling"] == {
@@ -95,11 +96,19 @@ def test_spot_workers_never_restart_are_deleted_on_preemption_and_get_the_extend
         "automaticRestart": False,
         "onHostMaintenance": "TERMINATE",
         "instanceTerminationAction": "DELETE",
-        "preemptionNoticeDuration": {"seconds": 90},
     }
     coordinator = one(rec, TEMPLATE, "-coordinator")
     assert coordinator.inputs["scheduling"]["provisioningModel"] == "STANDARD"
     assert coordinator.inputs["scheduling"]["preemptible"] is False
+
+
+def test_an_extended_notice_is_the_users_choice_and_the_advisory_policy_names_the_beta_field(gcp_variant):
+    rec = gcp_variant(gcpPreemptionNoticeSeconds=90)
+    worker = one(rec, TEMPLATE, "-workers")
+    assert worker.inputs["scheduling"]["preemptionNoticeDuration"] == {"seconds": 90}
+    found = [(p, n) for p, n, _ in policies.evaluate(res_view(rec)) if p == "gcp-beta-preemption-notice"]
+    assert found == [("gcp-beta-preemption-notice", worker.name)]
+    assert "FTFLEET_PREEMPTION_NOTICE_S=120" in worker.inputs["metadata"]["startup-script"]
 
 
 def test_templates_use_gvnic_no_external_address_the_node_account_and_one_pinned_image():

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from ftfleet.cli import main
-from ftfleet.infra import offline, settings, stackfile
+from ftfleet.infra import offline, reference, settings, stackfile
 from ftfleet.infra.gcp import keys, locations
 
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.gcp-dev.yaml"))["config"]
@@ -128,7 +128,7 @@ BAD = {
         "ftfleet:gcpPreemptionNoticeSeconds is 600; it must be at most 120",
     ),
     "preemption notice on standard workers": (
-        {"ftfleet:gcpWorkerProvisioningModel": "STANDARD"},
+        {"ftfleet:gcpWorkerProvisioningModel": "STANDARD", "ftfleet:gcpPreemptionNoticeSeconds": 90},
         "ftfleet:gcpPreemptionNoticeSeconds applies to Spot workers only",
     ),
     "unknown provisioning model": (
@@ -263,3 +263,10 @@ def test_a_minimal_gcp_stack_takes_its_defaults_from_pulumi_yaml():
 )
 def test_dual_regions_follow_googles_predefined_and_configurable_tables(primary, replica, expected):
     assert locations.dual_region(primary, replica) == expected
+
+
+def test_the_beta_preemption_notice_is_off_by_default_and_the_reference_says_what_on_needs():
+    row = next(line for line in reference.render().splitlines() if "`ftfleet:gcpPreemptionNoticeSeconds`" in line)
+    assert "| `0` |" in row and "Beta" in row and "allow-listed" in row and "VERIFY-ON-GCP" in row
+    for stack in ("gcp-dev", "gcp-prod"):
+        assert stackfile.load(stack).settings().fleet.preemption_notice_seconds == 0

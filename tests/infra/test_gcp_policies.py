@@ -121,6 +121,9 @@ BAD_RESOURCES = {
     ),
     "gcp-functions-runtime": res(FUNCTION, {**GOOD_FUNCTION, "buildConfig": {"runtime": "python37"}}),
     "gcp-push-dead-letters": res(SUBSCRIPTION, {**GOOD_PUSH, "deadLetterPolicy": None}),
+    "gcp-beta-preemption-notice": res(
+        TEMPLATE, {"machineType": "g2-standard-8", "scheduling": {**SPOT, "preemptionNoticeDuration": {"seconds": 90}}}
+    ),
 }
 
 
@@ -133,10 +136,10 @@ def test_gcp_resource_policy_reports_its_violation(name):
 
 def test_every_gcp_policy_is_registered_and_cites_its_document():
     names = {p.name for p in policies.POLICIES}
-    for name, _, check, _ in gcp_policies.SPECS:
+    for name, _, check, *_ in gcp_policies.SPECS:
         assert name in names
         assert check.__doc__ and ("https://" in check.__doc__ or name == "gcp-coordinator-on-demand"), name
-    resource_specs = {name for name, _, _, stack in gcp_policies.SPECS if not stack}
+    resource_specs = {name for name, _, _, stack, *_ in gcp_policies.SPECS if not stack}
     assert resource_specs == set(BAD_RESOURCES)
 
 
