@@ -11,8 +11,9 @@ Three functions, each switched by its ``remediation*`` key (the code is in lambd
   function restores what the program rendered and reads it back.
 * ``gcp_replication_watch`` (remediationReplicationLag): Cloud Scheduler publishes to a
   topic every five minutes; the function measures how far the newest committed checkpoint
-  may be from both regions and writes the lag metric; an alert policy fires above
-  replicationLagAlarmSeconds.
+  may be from both regions and writes its metrics. The alert policies (infra/gcp/alerts.py)
+  fire on Cloud Storage's own replication delay above replicationLagAlarmSeconds and
+  when the watch stops reporting.
 
 remediationUnhealthyNodes has no function on GCP: the managed instance groups' health
 check already recreates a node that stops answering (infra/gcp/fleet.py).
@@ -37,9 +38,13 @@ import pulumi_gcp as gcp
 
 from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp import function_package as package
+from ftfleet.infra.gcp.alerts import Alerts
 from ftfleet.infra.gcp.settings import GcpSettings
+from ftfleet.lambdas.common.gcp import Metric
+from ftfleet.lambdas.gcp_preemption import config as preemption_config
 from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
 from ftfleet.lambdas.gcp_storage_drift.config import WATCHED_METHODS
 from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
@@ -57,7 +62,9 @@ SERVICES = (
     "cloudbuild.googleapis.com",
     "pubsub.googleapis.com",
     "cloudscheduler.googleapis.com",
+    "monitoring.googleapis.com",
 )
+MONITORING = "monitoring.googleapis.com"
 #: Permissions of the storage-drift function on the checkpoint bucket, and no more.
 DRIFT_PERMISSIONS = (
     "storage.buckets.get",
@@ -65,7 +72,6 @@ DRIFT_PERMISSIONS = (
     "storage.buckets.getIamPolicy",
     "storage.buckets.setIamPolicy",
 )
-LAG_METRIC = "custom.googleapis.com/ftfleet/replication_lag_seconds"
 #: Label of the functions' source bucket: infra/gcp/policies.py holds checkpoint buckets,
 #: not this one, to their dual-region and protection rules.
 SOURCE_PURPOSE = {"ftfleet-purpose": "function-source"}
@@ -78,6 +84,8 @@ class FunctionSpec:
     """Suffix of its resource and account names (account ids are at most 30 characters)."""
     timeout_s: int
     env: pulumi.Output[dict[str, str]]
+    metrics: tuple[Metric, ...] = ()
+    """Custom metrics it writes: their descriptors exist before it does."""
 
 
 def desired_bucket_settings(s: GcpSettings) -> dict:
@@ -129,7 +137,7 @@ class RemediationFunctions(pulumi.ComponentResource):
                     root=root,
                 ).to_env()
             )
-            specs.append(FunctionSpec("gcp_preemption", "preempt", 60, env))
+            specs.append(FunctionSpec("gcp_preemption", "preempt", 60, env, preemption_config.METRICS))
         if r.storage_drift:
             env = pulumi.Output.all(self._project_id, bucket.name).apply(
                 lambda a: DriftConfig(
@@ -148,7 +156,7 @@ class RemediationFunctions(pulumi.ComponentResource):
                     lag_alarm_s=float(r.replication_lag_alarm_seconds),
                 ).to_env()
             )
-            specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env))
+            specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env, watch_config.METRICS))
 
         self.functions: dict[str, gcp.cloudfunctionsv2.Function] = {}
         self.topics: dict[str, gcp.pubsub.Topic] = {}
@@ -195,6 +203,14 @@ class RemediationFunctions(pulumi.ComponentResource):
             member=self._pubsub_agent(),
             opts=self._o,
         )
+        self.alerts = Alerts(
+            f"{name}-alerts",
+            s,
+            tuple(metric for spec in specs for metric in spec.metrics),
+            bucket,
+            provider,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.services[SERVICES.index(MONITORING)]]),
+        )
         for spec in specs:
             self._function(spec, bucket)
         if r.spot_interruption:
@@ -237,37 +253,6 @@ class RemediationFunctions(pulumi.ComponentResource):
                     data=base64.b64encode(json.dumps({"stack": s.stack}).encode()).decode(),
                 ),
                 opts=self._opts(depends_on=self.services),
-            )
-            self.lag_alert = gcp.monitoring.AlertPolicy(
-                f"{name}-replication-lag",
-                display_name=f"{s.name}: checkpoint replication lag",
-                combiner="OR",
-                conditions=[
-                    gcp.monitoring.AlertPolicyConditionArgs(
-                        display_name=f"replication lag above {r.replication_lag_alarm_seconds} s",
-                        condition_threshold=gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
-                            filter=f'metric.type="{LAG_METRIC}" AND metric.label.stack="{s.stack}"',
-                            comparison="COMPARISON_GT",
-                            threshold_value=r.replication_lag_alarm_seconds,
-                            duration="600s",
-                            aggregations=[
-                                gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
-                                    alignment_period="300s", per_series_aligner="ALIGN_MAX"
-                                )
-                            ],
-                        ),
-                    )
-                ],
-                notification_channels=list(r.alert_channels),
-                documentation=gcp.monitoring.AlertPolicyDocumentationArgs(
-                    content=(
-                        "The newest committed checkpoint may not have reached both regions of the bucket "
-                        "for longer than the stack's replicationLagAlarmSeconds. See the replication watch "
-                        "function's decisions in Cloud Logging."
-                    ),
-                    mime_type="text/markdown",
-                ),
-                opts=self._o,
             )
         self.register_outputs({"functions": {k: f.name for k, f in self.functions.items()}})
 
@@ -322,7 +307,7 @@ class RemediationFunctions(pulumi.ComponentResource):
                 service_account_email=account.email,
                 environment_variables=spec.env,
             ),
-            opts=self._opts(depends_on=self.services),
+            opts=self._opts(depends_on=[*self.services, *(self.alerts.descriptors[x.name] for x in spec.metrics)]),
         )
         invoker = gcp.cloudrunv2.ServiceIamMember(
             f"{n}-invoker",

@@ -56,7 +56,11 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "gcp:pubsub/subscription:Subscription": ("ackDeadlineSeconds", "deadLetterPolicy.maxDeliveryAttempts"),
     "gcp:logging/projectSink:ProjectSink": ("filter",),
     "gcp:cloudscheduler/job:Job": ("schedule",),
-    "gcp:monitoring/alertPolicy:AlertPolicy": ("conditions.*.conditionThreshold.thresholdValue",),
+    "gcp:monitoring/alertPolicy:AlertPolicy": (
+        "conditions.*.conditionThreshold.thresholdValue",
+        "conditions.*.conditionAbsent.duration",
+    ),
+    "gcp:monitoring/metricDescriptor:MetricDescriptor": ("type", "metricKind", "valueType"),
     "gcp:projects/iAMCustomRole:IAMCustomRole": ("permissions",),
 }
 

@@ -3,9 +3,14 @@ from __future__ import annotations
 import dataclasses
 
 from ftfleet.lambdas.common.config import DOCUMENT, NAMES, StackConfig, var
+from ftfleet.lambdas.common.gcp import Metric
 
 #: The audit-log method of a preemption; the stack's log sink routes exactly these.
 PREEMPTED_METHOD = "compute.instances.preempted"
+PREEMPTIONS = Metric(
+    "preemptions", "1", ("stack", "zone", "machine_type"), "A Spot VM of the stack was preempted (one point each)"
+)
+METRICS = (PREEMPTIONS,)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

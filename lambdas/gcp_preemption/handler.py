@@ -23,7 +23,7 @@ from typing import Any
 from ftfleet import contract
 from ftfleet.lambdas.common import events, gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD, Config
+from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD, PREEMPTIONS, Config
 
 NAME = "gcp_preemption"
 RESOURCE = re.compile(r"projects/[^/]+/zones/(?P<zone>[a-z0-9-]+)/instances/(?P<name>[a-z][a-z0-9-]*)")
@@ -84,7 +84,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     try:
         gcp.write_metrics(
             cfg.project,
-            [("preemptions", 1.0, {"stack": cfg.stack, "zone": zone, "machine_type": where["machine_type"]})],
+            [(PREEMPTIONS, 1.0, {"stack": cfg.stack, "zone": zone, "machine_type": where["machine_type"]})],
         )
         counted = True
     except Exception as exc:  # noqa: BLE001 - the prior is written; the count is best effort

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
-from ftfleet.infra.gcp import function_package, functions
+from ftfleet.infra import policies
+from ftfleet.infra.gcp import alerts, function_package, functions
 from ftfleet.lambdas.common import push
+from ftfleet.lambdas.gcp_preemption.config import METRICS as PREEMPTION_METRICS
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
 from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
-from tests.infra.conftest import recording
+from tests.infra.conftest import recording, res_view
 
 FUNCTION = "gcp:cloudfunctionsv2/function:Function"
 SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
+ALERT = "gcp:monitoring/alertPolicy:AlertPolicy"
+DESCRIPTOR = "gcp:monitoring/metricDescriptor:MetricDescriptor"
 CONFIGS = {"gcp_preemption": PreemptionConfig, "gcp_storage_drift": DriftConfig, "gcp_replication_watch": WatchConfig}
 SWITCHES = {
     "remediationSpotInterruption": ("gcp_preemption", "gcp:logging/projectSink:ProjectSink"),
@@ -110,7 +117,8 @@ def test_each_switch_removes_its_function_with_what_feeds_it(gcp_variant, key):
     assert function in by_function(on) and function not in by_function(off)
     assert len(list(off.of_type(feeder))) == len(list(on.of_type(feeder))) - 1
     if key == "remediationReplicationLag":
-        assert not list(off.of_type("gcp:monitoring/alertPolicy:AlertPolicy"))
+        assert not list(off.of_type(ALERT))
+        assert {d.inputs["type"] for d in off.of_type(DESCRIPTOR)} == {m.type for m in PREEMPTION_METRICS}
 
 
 def test_with_every_switch_off_nothing_of_the_functions_is_declared(gcp_variant):
@@ -119,13 +127,80 @@ def test_with_every_switch_off_nothing_of_the_functions_is_declared(gcp_variant)
     assert not [r for r in rec.resources if "RemediationFunctions$" in r.urn and r.custom]
 
 
-def test_the_alert_notifies_the_configured_channels(gcp_variant):
+def alert_policies(rec) -> dict[str, dict]:
+    return {a.name.rsplit("-alerts-", 1)[1]: a for a in rec.of_type(ALERT)}
+
+
+def test_the_alerts_notify_the_configured_channels(gcp_variant):
     channel = "projects/my-project/notificationChannels/12345"
     rec = gcp_variant(gcpAlertNotificationChannels=[channel], replicationLagAlarmSeconds=1200)
-    (alert,) = rec.of_type("gcp:monitoring/alertPolicy:AlertPolicy")
-    assert alert.inputs["notificationChannels"] == [channel]
-    threshold = alert.inputs["conditions"][0]["conditionThreshold"]
-    assert threshold["thresholdValue"] == 1200 and functions.LAG_METRIC in threshold["filter"]
+    policies = alert_policies(rec)
+    assert set(policies) == {"replication-lag", "watch-silent"}
+    for alert in policies.values():
+        assert alert.inputs["notificationChannels"] == [channel]
+    for condition in policies["replication-lag"].inputs["conditions"]:
+        assert condition["conditionThreshold"]["thresholdValue"] == 1200
+
+
+def test_every_custom_metric_a_function_writes_has_a_descriptor_the_function_and_alerts_wait_for():
+    rec = recording("gcp-prod")
+    urns = rec.by_urn()
+    descriptors = {d.inputs["type"]: d for d in rec.of_type(DESCRIPTOR)}
+    written = {m.type: m for m in (*PREEMPTION_METRICS, *watch_config.METRICS)}
+    assert set(descriptors) == set(written)
+    for metric_type, d in descriptors.items():
+        metric = written[metric_type]
+        assert (d.inputs["metricKind"], d.inputs["valueType"]) == ("GAUGE", "DOUBLE")
+        assert [label["key"] for label in d.inputs["labels"]] == list(metric.labels)
+    fns = by_function(rec)
+    for name, metrics in (("gcp_preemption", PREEMPTION_METRICS), ("gcp_replication_watch", watch_config.METRICS)):
+        waits = {urns[u].inputs.get("type") for u in fns[name].dependencies if urns[u].type == DESCRIPTOR}
+        assert waits == {m.type for m in metrics}, name
+    assert not [v for v in policies.evaluate(res_view(rec)) if v[0] == "gcp-alerts-know-their-metrics"]
+
+
+def test_the_lag_alert_watches_cloud_storages_turbo_delay_for_the_bucket_and_the_measured_lag():
+    rec = recording("gcp-prod")
+    bucket = next(b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-ckpt-bucket"))
+    conditions = [c["conditionThreshold"] for c in alert_policies(rec)["replication-lag"].inputs["conditions"]]
+    turbo, measured = (c["filter"] for c in conditions)
+    assert turbo == (
+        f'metric.type="{alerts.TURBO_MAX_DELAY}" AND resource.type="gcs_bucket" '
+        f'AND resource.label.bucket_name="{bucket.outputs["name"]}"'
+    )
+    assert measured == (
+        f'metric.type="{watch_config.LAG.type}" AND resource.type="global" AND metric.label.stack="gcp-prod"'
+    )
+    assert all(c["comparison"] == "COMPARISON_GT" and c["thresholdValue"] == 900 for c in conditions)
+
+
+def test_default_replication_has_no_turbo_delay_so_only_the_measured_lag_is_alerted_on(gcp_variant):
+    rec = gcp_variant(gcsTurboReplication=False)
+    (condition,) = alert_policies(rec)["replication-lag"].inputs["conditions"]
+    assert watch_config.LAG.type in condition["conditionThreshold"]["filter"]
+    assert alerts.TURBO_MAX_DELAY not in str(alert_policies(rec))
+
+
+def test_a_watch_that_stops_reporting_opens_an_incident():
+    (condition,) = alert_policies(recording("gcp-dev"))["watch-silent"].inputs["conditions"]
+    absent = condition["conditionAbsent"]
+    assert absent["filter"] == (
+        f'metric.type="{watch_config.HEARTBEAT.type}" AND resource.type="global" AND metric.label.stack="gcp-dev"'
+    )
+    # Longer than several runs of the five-minute schedule, so one slow run is no incident.
+    assert int(absent["duration"].rstrip("s")) >= 3 * 300 and functions.REPLICATION_SCHEDULE == "*/5 * * * *"
+
+
+def test_an_alert_on_a_custom_metric_without_its_descriptor_or_resource_type_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))  # the recording is shared: change a copy
+    lag = next(r for r in view if r.type == ALERT and r.name.endswith("-replication-lag"))
+    lag.dependencies = [u for u in lag.dependencies if "MetricDescriptor" not in u]
+    silent = next(r for r in view if r.type == ALERT and r.name.endswith("-watch-silent"))
+    absent = silent.props["conditions"][0]["conditionAbsent"]
+    absent["filter"] = absent["filter"].replace(' AND resource.type="global"', "")
+    found = [(n, msg) for p, n, msg in policies.evaluate(view) if p == "gcp-alerts-know-their-metrics"]
+    assert [n for n, _ in found] == [lag.name, silent.name]
+    assert "does not wait for" in found[0][1] and "names no resource.type" in found[1][1]
 
 
 def test_the_source_zip_holds_the_entry_point_the_handler_and_the_shared_code():

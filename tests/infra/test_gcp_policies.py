@@ -351,6 +351,10 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
         )
         for r in rec.resources
     ]
+    # What `pulumi preview` hands a stack policy: each resource's dependencies as resources.
+    by_urn = {p.urn: p for p in resources}
+    for policy_resource, r in zip(resources, rec.resources, strict=True):
+        policy_resource.dependencies = [by_urn[u] for u in r.dependencies if u in by_urn]
     for p in pack.values():
         if type(p).__name__ == "StackValidationPolicy":
             p.validate(

@@ -11,12 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
+import requests
 
 from ftfleet import contract
 from ftfleet.errors import ConfigError
 from ftfleet.lambdas.common import gcp
+from ftfleet.lambdas.gcp_preemption import config as preemption_config
 from ftfleet.lambdas.gcp_preemption import handler as preemption
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch import handler as watch
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
 from ftfleet.lambdas.gcp_storage_drift import handler as drift
@@ -31,8 +34,16 @@ PREFIX = "ftfleet-gcp-test-workers"
 WHEN = "2026-11-24T10:00:00.123456Z"
 
 
+#: The descriptors the stack declares (infra/gcp/alerts.py declares one per Metric).
+DESCRIPTORS = {m.type: m for m in (*preemption_config.METRICS, *watch_config.METRICS)}
+
+
 class Monitoring:
-    """Cloud Monitoring's timeSeries.create on 127.0.0.1: records the series, or fails."""
+    """Cloud Monitoring's timeSeries.create on 127.0.0.1: records the series, or fails.
+    As "Create custom metrics with the API" documents, a point of a metric whose
+    descriptor exists must match it (kind, value type, the descriptor's labels and no
+    others) or the whole request is refused with 400 INVALID_ARGUMENT; the descriptors
+    here are the ones the stack declares."""
 
     def __init__(self):
         self.series: list[dict] = []
@@ -46,9 +57,10 @@ class Monitoring:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.paths.append(self.path)
-                if outer.status == 200:
+                status = outer.status if all(map(outer.matches, body["timeSeries"])) else 400
+                if status == 200:
                     outer.series += body["timeSeries"]
-                self.send_response(outer.status)
+                self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"{}")
@@ -57,6 +69,16 @@ class Monitoring:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @staticmethod
+    def matches(series: dict) -> bool:
+        d = DESCRIPTORS.get(series["metric"]["type"])
+        return d is not None and (
+            series["metricKind"] == d.KIND
+            and series["valueType"] == d.VALUE_TYPE
+            and set(series["metric"]["labels"]) == set(d.labels)
+            and series["resource"]["type"] == d.resource_type
+        )
 
     def named(self, name: str) -> list[dict]:
         return [s for s in self.series if s["metric"]["type"] == gcp.METRIC_PREFIX + name]
@@ -391,22 +413,41 @@ def test_a_checkpoint_newer_than_turbo_replications_target_may_be_unreplicated(w
     checkpoint(gcs_bucket, 100)
     out = watcher(age_s=120.0)()
     assert out["decision"] == "measured" and out["newest"] == 100 and out["lag_is_bound"] is True
-    assert 119 <= value(monitoring, "replication_lag_seconds") <= 200
+    assert 119 <= value(monitoring, "replication_unconfirmed_seconds") <= 200
     assert value(monitoring, "replica_has_complete_checkpoint") == 0.0
+    # A bound is not a measurement: nothing is written where the alert policy looks.
+    assert monitoring.named("replication_lag_seconds") == [] and out["over_alarm"] is False
 
 
 def test_a_checkpoint_older_than_the_target_is_in_both_regions(watcher, gcs_bucket, monitoring):
     checkpoint(gcs_bucket, 100)
     watcher(age_s=16 * 60.0)()
-    assert value(monitoring, "replication_lag_seconds") == 0.0
+    assert value(monitoring, "replication_unconfirmed_seconds") == 0.0
     assert value(monitoring, "replica_has_complete_checkpoint") == 1.0
     assert value(monitoring, "newest_durable_checkpoint_age_seconds") >= 16 * 60.0
 
 
-def test_the_default_rpo_keeps_a_checkpoint_unsettled_for_hours(watcher, gcs_bucket, monitoring):
+def test_the_default_rpo_keeps_a_checkpoint_unconfirmed_for_hours_without_raising_the_alarm(
+    watcher, gcs_bucket, monitoring
+):
     checkpoint(gcs_bucket, 100)
-    watcher(rpo="DEFAULT", age_s=3600.0)()
-    assert value(monitoring, "replication_lag_seconds") >= 3600.0
+    out = watcher(rpo="DEFAULT", age_s=3600.0)()
+    assert value(monitoring, "replication_unconfirmed_seconds") >= 3600.0
+    assert monitoring.named("replication_lag_seconds") == [] and out["over_alarm"] is False
+
+
+def test_every_run_writes_the_heartbeat_the_silence_alert_waits_for(watcher, monitoring):
+    watcher()()
+    watcher()()
+    assert len(monitoring.named(watch_config.HEARTBEAT.name)) == 2
+
+
+def test_a_point_whose_labels_its_descriptor_does_not_declare_is_refused(monitoring):
+    with pytest.raises(ValueError, match="labels"):
+        gcp.write_metrics(PROJECT, [(watch_config.LAG, 1.0, {"stack": STACK})])
+    stray = gcp.Metric("stray", "1", ("stack",), "no descriptor declares it")
+    with pytest.raises(requests.HTTPError, match="400"):
+        gcp.write_metrics(PROJECT, [(stray, 1.0, {"stack": STACK})])
 
 
 def test_a_manifest_without_all_its_shards_does_not_count(watcher, gcs_bucket, monitoring):
@@ -423,10 +464,11 @@ def test_with_a_second_bucket_the_lag_is_the_oldest_commit_it_lacks(watcher, gcs
     checkpoint(replica, 100)
     out = watcher(replica=replica, age_s=600.0)()
     assert out["replica_newest"] == 100 and out["lag_is_bound"] is False
-    assert value(monitoring, "replication_lag_seconds") >= 600.0
+    assert value(monitoring, "replication_lag_seconds") >= 600.0 and out["over_alarm"] is False
+    assert monitoring.named("replication_unconfirmed_seconds") == []
     assert value(monitoring, "replica_has_complete_checkpoint") == 1.0
 
 
 def test_an_empty_bucket_has_no_checkpoint_and_no_lag(watcher, monitoring):
     assert watcher()()["decision"] == "no-checkpoint"
-    assert value(monitoring, "replication_lag_seconds") == 0.0
+    assert value(monitoring, "replication_unconfirmed_seconds") == 0.0
