@@ -72,6 +72,42 @@ def alerts_know_their_metrics(resources: list) -> list[tuple[str, str]]:
     return out
 
 
+FUNCTION = "gcp:cloudfunctionsv2/function:Function"
+PROJECT_MEMBER = "gcp:projects/iAMMember:IAMMember"
+BUILDER_ROLE = "roles/run.builder"
+DEFAULT_BUILDERS = ("@cloudbuild.gserviceaccount.com", "-compute@developer.gserviceaccount.com")
+
+
+def functions_build_as_their_own_account(resources: list) -> list[tuple[str, str]]:
+    """ "Custom service account for Cloud Build", https://cloud.google.com/functions/docs/securing/build-custom-sa:
+    Cloud Build changed how it uses service accounts in new projects (July 2024), and
+    a project deploying functions for the first time may find the default build
+    account without the permissions a build needs. "Configure a build service
+    account", https://cloud.google.com/run/docs/configuring/services/build-service-account:
+    the build account needs Cloud Run Builder (`roles/run.builder`) on the project.
+    Every function names its build account (not a default one), and the function
+    waits for that account's builder grant."""
+    grants = {
+        r.urn: r.props.get("member")
+        for r in resources
+        if r.type == PROJECT_MEMBER and r.props.get("role") == BUILDER_ROLE
+    }
+    out = []
+    for fn in (r for r in resources if r.type == FUNCTION):
+        account = (fn.props.get("buildConfig") or {}).get("serviceAccount")
+        if account is None:
+            out.append((fn.name, "builds as the project's default build account; set buildConfig.serviceAccount"))
+            continue
+        if not isinstance(account, str):
+            continue
+        email = account.rsplit("/", 1)[-1]
+        if email.endswith(DEFAULT_BUILDERS):
+            out.append((fn.name, f"builds as the default account {email}"))
+        elif f"serviceAccount:{email}" not in {grants[u] for u in fn.dependencies if u in grants}:
+            out.append((fn.name, f"does not wait for {email} to hold {BUILDER_ROLE}"))
+    return out
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -85,6 +121,12 @@ SPECS = (
         "gcp-alerts-know-their-metrics",
         "Alert conditions name their resource type and wait for their custom metrics' descriptors.",
         alerts_know_their_metrics,
+        True,
+    ),
+    (
+        "gcp-functions-build-identity",
+        "Functions build as their own account, which holds roles/run.builder before the build.",
+        functions_build_as_their_own_account,
         True,
     ),
 )

@@ -18,6 +18,10 @@ Three functions, each switched by its ``remediation*`` key (the code is in lambd
 remediationUnhealthyNodes has no function on GCP: the managed instance groups' health
 check already recreates a node that stops answering (infra/gcp/fleet.py).
 
+Build: Cloud Build builds each function as a dedicated build account holding only
+``roles/run.builder``, not as the project's default build account (which projects
+created since mid-2024 leave without the permissions a build needs).
+
 Delivery: each function is an HTTP function reached only from inside the project
 (``ALLOW_INTERNAL_ONLY``) through a push subscription the stack owns, with an OIDC token
 of a push identity that alone may invoke it. An Eventarc trigger would create its own
@@ -65,6 +69,11 @@ SERVICES = (
     "monitoring.googleapis.com",
 )
 MONITORING = "monitoring.googleapis.com"
+#: "Cloud Run Builder": what a function build needs (read its source, write and read
+#: its image in Artifact Registry, write build logs), granted on the project, the
+#: lowest level Google allows ("Configure a build service account" for Cloud Run
+#: functions, https://cloud.google.com/run/docs/configuring/services/build-service-account).
+BUILDER_ROLE = "roles/run.builder"
 #: Permissions of the storage-drift function on the checkpoint bucket, and no more.
 DRIFT_PERMISSIONS = (
     "storage.buckets.get",
@@ -203,6 +212,24 @@ class RemediationFunctions(pulumi.ComponentResource):
             member=self._pubsub_agent(),
             opts=self._o,
         )
+        # Cloud Build builds each function's container. Projects created since mid-2024
+        # leave the default build account without the permissions a function build
+        # needs ("Custom service account for Cloud Build"): the builds run as this
+        # account, with the one role Google documents for it.
+        self.builder = gcp.serviceaccount.Account(
+            f"{name}-build",
+            account_id=self._account_id("build"),
+            display_name=f"{s.name} remediation function builds",
+            description="Cloud Build runs the remediation functions' builds as this account",
+            opts=self._o,
+        )
+        self.builder_role = gcp.projects.IAMMember(
+            f"{name}-build-builder",
+            project=self._project_id,
+            role=BUILDER_ROLE,
+            member=self.builder.member,
+            opts=self._o,
+        )
         self.alerts = Alerts(
             f"{name}-alerts",
             s,
@@ -290,6 +317,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                 runtime=package.RUNTIME,
                 entry_point=package.ENTRY_POINT,
+                service_account=self.builder.name,
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=self.source.name, object=source.name
@@ -307,7 +335,13 @@ class RemediationFunctions(pulumi.ComponentResource):
                 service_account_email=account.email,
                 environment_variables=spec.env,
             ),
-            opts=self._opts(depends_on=[*self.services, *(self.alerts.descriptors[x.name] for x in spec.metrics)]),
+            opts=self._opts(
+                depends_on=[
+                    *self.services,
+                    self.builder_role,
+                    *(self.alerts.descriptors[x.name] for x in spec.metrics),
+                ]
+            ),
         )
         invoker = gcp.cloudrunv2.ServiceIamMember(
             f"{n}-invoker",

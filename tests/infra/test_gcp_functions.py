@@ -237,3 +237,48 @@ def test_a_handler_failure_is_not_acknowledged_so_pubsub_redelivers():
 
     with pytest.raises(RuntimeError):
         push.serve(failing, Request({"message": {}}))
+
+
+def test_functions_build_as_a_dedicated_account_that_holds_only_the_builder_role_first():
+    rec = recording("gcp-prod")
+    urns = rec.by_urn()
+    (builder,) = [a for a in rec.of_type("gcp:serviceaccount/account:Account") if a.name.endswith("-build")]
+    grants = {
+        (r.type.split(":")[1], r.inputs["role"])
+        for r in rec.resources
+        if r.inputs.get("member") == builder.outputs["member"]
+    }
+    assert grants == {("projects/iAMMember", functions.BUILDER_ROLE)}
+    (grant,) = [
+        r for r in rec.of_type("gcp:projects/iAMMember:IAMMember") if r.inputs["role"] == functions.BUILDER_ROLE
+    ]
+    for fn in rec.of_type(FUNCTION):
+        assert fn.inputs["buildConfig"]["serviceAccount"] == builder.outputs["name"]
+        assert grant.urn in fn.dependencies
+        # The build account is not one the function runs as.
+        assert fn.inputs["serviceConfig"]["serviceAccountEmail"] != builder.outputs["email"]
+    assert builder.urn in {u for u in grant.dependencies if u in urns}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda fn, grant: fn.props["buildConfig"].pop("serviceAccount"), "default build account"),
+        (
+            lambda fn, grant: fn.props["buildConfig"].update(
+                serviceAccount="projects/p/serviceAccounts/123@cloudbuild.gserviceaccount.com"
+            ),
+            "default account",
+        ),
+        (lambda fn, grant: fn.dependencies.remove(grant.urn), "does not wait for"),
+    ],
+)
+def test_a_function_building_as_a_default_or_ungranted_account_is_caught(change, message):
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    fn = next(r for r in view if r.type == FUNCTION)
+    grant = next(
+        r for r in view if r.type == "gcp:projects/iAMMember:IAMMember" and r.props["role"] == functions.BUILDER_ROLE
+    )
+    change(fn, grant)
+    found = [(n, msg) for p, n, msg in policies.evaluate(view) if p == "gcp-functions-build-identity"]
+    assert len(found) == 1 and found[0][0] == fn.name and message in found[0][1]

@@ -59,7 +59,7 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function"
 SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
 INTERNAL = "ALLOW_INTERNAL_ONLY"
 GOOD_FUNCTION = {
-    "buildConfig": {"runtime": "python313"},
+    "buildConfig": {"runtime": "python313", "serviceAccount": "projects/p/serviceAccounts/b@p.iam.gserviceaccount.com"},
     "serviceConfig": {"serviceAccountEmail": "fn@p.iam.gserviceaccount.com", "ingressSettings": INTERNAL},
 }
 GOOD_PUSH = {
@@ -148,7 +148,12 @@ def test_the_good_examples_pass_so_each_bad_one_fails_for_its_own_reason():
         res(BUCKET, GOOD_BUCKET, protect=True),
         res(TEMPLATE, {"machineType": "g2-standard-8", "scheduling": SPOT}),
         res(MIG, GOOD_MIG),
-        res(FUNCTION, GOOD_FUNCTION),
+        res(FUNCTION, GOOD_FUNCTION, dependencies=["urn:builder"]),
+        res(
+            "gcp:projects/iAMMember:IAMMember",
+            {"role": "roles/run.builder", "member": "serviceAccount:b@p.iam.gserviceaccount.com"},
+            name="builder",
+        ),
         res(SUBSCRIPTION, GOOD_PUSH),
         *forwarding_grants(),
     ]
