@@ -108,6 +108,31 @@ def functions_build_as_their_own_account(resources: list) -> list[tuple[str, str
     return out
 
 
+SERVICE_IDENTITY = "gcp:projects/serviceIdentity:ServiceIdentity"
+LOG_SINKS = ("gcp:logging/projectSink:ProjectSink",)
+#: service-<project number>@gcp-sa-<service>.iam.gserviceaccount.com
+SERVICE_AGENT = re.compile(r"serviceAccount:service-\d+@gcp-sa-[a-z0-9-]+\.iam\.gserviceaccount\.com")
+
+
+def service_agents_exist_before_their_grants(resources: list) -> list[tuple[str, str]]:
+    """ "Create and grant roles to service agents", https://cloud.google.com/iam/docs/create-service-agents:
+    a service's agent is created when the service is first used, and "if a service
+    agent hasn't been created yet, then you can't grant roles to the service agent";
+    Google can be asked to create it first (Service Usage `generateServiceIdentity`,
+    the `ServiceIdentity` resource). A grant to a service agent takes the agent's
+    identity from the resource that makes it exist (a ServiceIdentity, or the log sink
+    whose writer it is), never from a formula over the project number."""
+    makers = {r.urn for r in resources if r.type in (SERVICE_IDENTITY, *LOG_SINKS)}
+    out = []
+    for r in resources:
+        member = r.props.get("member")
+        if not isinstance(member, str) or not SERVICE_AGENT.fullmatch(member):
+            continue
+        if not makers & set(r.deps("member")):
+            out.append((r.name, f"grants {r.props.get('role')} to {member}, which nothing here makes exist first"))
+    return out
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -127,6 +152,12 @@ SPECS = (
         "gcp-functions-build-identity",
         "Functions build as their own account, which holds roles/run.builder before the build.",
         functions_build_as_their_own_account,
+        True,
+    ),
+    (
+        "gcp-service-agents-exist-first",
+        "Grants to Google service agents wait for the resource that creates the agent.",
+        service_agents_exist_before_their_grants,
         True,
     ),
 )

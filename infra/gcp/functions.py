@@ -133,7 +133,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         common = {"stack": s.stack, "run_id": s.trainer.run_id}
         root = boot.checkpoint_root(s)
         project = gcp.organizations.get_project_output(opts=pulumi.InvokeOutputOptions(provider=provider))
-        self._project_id, self._project_number = project.project_id, project.number
+        self._project_id = project.project_id
         specs: list[FunctionSpec] = []
         if r.spot_interruption:
             env = pulumi.Output.all(self._project_id, bucket.name).apply(
@@ -197,6 +197,16 @@ class RemediationFunctions(pulumi.ComponentResource):
             force_destroy=True,
             opts=self._o,
         )
+        # Pub/Sub's service agent mints the push tokens and forwards dead letters. On a
+        # project that never used Pub/Sub it may not exist yet, and a grant to an agent
+        # that does not exist fails ("Create and grant roles to service agents"):
+        # the stack creates it and takes its identity from that resource.
+        self.pubsub_agent = gcp.projects.ServiceIdentity(
+            f"{name}-pubsub-agent",
+            project=self._project_id,
+            service="pubsub.googleapis.com",
+            opts=self._opts(depends_on=[self.services[SERVICES.index("pubsub.googleapis.com")]]),
+        )
         # The identity in the push subscriptions' OIDC tokens: it may invoke the
         # functions and nothing else. Pub/Sub's service agent mints its tokens.
         self.pusher = gcp.serviceaccount.Account(
@@ -209,7 +219,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             f"{name}-push-tokens",
             service_account_id=self.pusher.name,
             role="roles/iam.serviceAccountTokenCreator",
-            member=self._pubsub_agent(),
+            member=self.pubsub_agent.member,
             opts=self._o,
         )
         # Cloud Build builds each function's container. Projects created since mid-2024
@@ -291,9 +301,6 @@ class RemediationFunctions(pulumi.ComponentResource):
     def _account_id(self, short: str) -> str:
         """6-30 characters: the stack's name, cut to fit, then the function's suffix."""
         return f"{self._s.name[: 29 - len(short)].rstrip('-')}-{short}"
-
-    def _pubsub_agent(self) -> pulumi.Output[str]:
-        return self._project_number.apply(lambda n: f"serviceAccount:service-{n}@gcp-sa-pubsub.iam.gserviceaccount.com")
 
     def _function(self, spec: FunctionSpec, bucket: gcp.storage.Bucket) -> None:
         n, s = f"{self._name}-{spec.short}", self._s
@@ -388,7 +395,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         )
         # Forwarding to the dead-letter topic is done by Pub/Sub's service agent, which
         # needs to publish there and to acknowledge on the source subscription.
-        agent = self._pubsub_agent()
+        agent = self.pubsub_agent.member
         gcp.pubsub.TopicIAMMember(
             f"{n}-dead-letters-publisher", topic=dead.name, role="roles/pubsub.publisher", member=agent, opts=self._o
         )

@@ -106,6 +106,11 @@ def new_resource(typ: str, name: str, inputs: dict[str, Any], region: str, proje
         rid = f"projects/{project}/roles/{inputs['roleId']}"
         outs["name"] = rid
         return rid, outs
+    if typ == "gcp:projects/serviceIdentity:ServiceIdentity":
+        # Google's agents are service-<project number>@gcp-sa-<service>.iam.gserviceaccount.com.
+        email = f"service-{PLAN_PROJECT_NUMBER}@gcp-sa-{inputs['service'].split('.')[0]}.iam.gserviceaccount.com"
+        outs.update(email=email, member=f"serviceAccount:{email}")
+        return f"projects/{project}/services/{inputs['service']}", outs
     if typ == "gcp:servicenetworking/connection:Connection":
         outs["peering"] = "servicenetworking-googleapis-com"
         return f"{inputs.get('network')}:{inputs.get('service')}", outs

@@ -282,3 +282,30 @@ def test_a_function_building_as_a_default_or_ungranted_account_is_caught(change,
     change(fn, grant)
     found = [(n, msg) for p, n, msg in policies.evaluate(view) if p == "gcp-functions-build-identity"]
     assert len(found) == 1 and found[0][0] == fn.name and message in found[0][1]
+
+
+def test_grants_to_pubsubs_agent_wait_for_the_service_identity_that_makes_it_exist():
+    rec = recording("gcp-prod")
+    (agent,) = rec.of_type("gcp:projects/serviceIdentity:ServiceIdentity")
+    assert agent.inputs["service"] == "pubsub.googleapis.com"
+    pubsub_api = next(
+        r for r in rec.of_type("gcp:projects/service:Service") if r.inputs["service"] == "pubsub.googleapis.com"
+    )
+    assert pubsub_api.urn in agent.dependencies
+    grants = [r for r in rec.resources if r.inputs.get("member") == agent.outputs["member"]]
+    # the push identity's token creator, and per function: dead-letter publisher and subscriber
+    assert len(grants) == 1 + 2 * 3
+    assert all(agent.urn in g.deps("member") for g in grants)
+
+
+def test_a_grant_to_a_service_agent_named_from_the_project_number_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    agent = next(r for r in view if r.type == "gcp:projects/serviceIdentity:ServiceIdentity")
+    grant = next(
+        r for r in view if r.type == "gcp:pubsub/topicIAMMember:TopicIAMMember" and agent.urn in r.deps("member")
+    )
+    grant.property_dependencies["member"] = []  # what `service-{number}@gcp-sa-pubsub...` from getProject gives
+    found = [(n, msg) for p, n, msg in policies.evaluate(view) if p == "gcp-service-agents-exist-first"]
+    assert found == [
+        (grant.name, f"grants roles/pubsub.publisher to {grant.props['member']}, which nothing here makes exist first")
+    ]

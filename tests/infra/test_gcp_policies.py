@@ -161,15 +161,20 @@ def test_the_good_examples_pass_so_each_bad_one_fails_for_its_own_reason():
 
 
 def forwarding_grants(topic="projects/p/topics/dead", subscription="s"):
+    """Pub/Sub's agent (made to exist by a ServiceIdentity) may forward dead letters."""
     agent = "serviceAccount:service-1@gcp-sa-pubsub.iam.gserviceaccount.com"
+    made_by = {"member": ["urn:agent"]}
     return [
+        res("gcp:projects/serviceIdentity:ServiceIdentity", {"service": "pubsub.googleapis.com"}, name="agent"),
         res(
             "gcp:pubsub/topicIAMMember:TopicIAMMember",
             {"topic": topic, "role": "roles/pubsub.publisher", "member": agent},
+            property_dependencies=made_by,
         ),
         res(
             "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember",
             {"subscription": subscription, "role": "roles/pubsub.subscriber", "member": agent},
+            property_dependencies=made_by,
         ),
     ]
 
@@ -177,7 +182,7 @@ def forwarding_grants(topic="projects/p/topics/dead", subscription="s"):
 @pytest.mark.parametrize("drop", [0, 1])
 def test_dead_letters_the_pubsub_agent_cannot_forward_are_caught(drop):
     grants = forwarding_grants()
-    del grants[drop]
+    del grants[1 + drop]
     found = gcp_policies.dead_letters_can_be_forwarded([res(SUBSCRIPTION, GOOD_PUSH, name="push"), *grants])
     assert len(found) == 1 and found[0][0] == "push"
     assert ("publish to the dead-letter topic dead" if drop == 0 else "acknowledge on subscription s") in found[0][1]
@@ -356,10 +361,14 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
         )
         for r in rec.resources
     ]
-    # What `pulumi preview` hands a stack policy: each resource's dependencies as resources.
+    # What `pulumi preview` hands a stack policy: each resource's dependencies, and the
+    # resources each property came from, as resources.
     by_urn = {p.urn: p for p in resources}
     for policy_resource, r in zip(resources, rec.resources, strict=True):
         policy_resource.dependencies = [by_urn[u] for u in r.dependencies if u in by_urn]
+        policy_resource.property_dependencies = {
+            prop: [by_urn[u] for u in urns if u in by_urn] for prop, urns in r.property_dependencies.items()
+        }
     for p in pack.values():
         if type(p).__name__ == "StackValidationPolicy":
             p.validate(
