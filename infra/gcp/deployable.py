@@ -133,6 +133,46 @@ def service_agents_exist_before_their_grants(resources: list) -> list[tuple[str,
     return out
 
 
+PER_INSTANCE_CONFIGS = (
+    "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig",
+    "gcp:compute/perInstanceConfig:PerInstanceConfig",
+)
+MIGS = (
+    "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager",
+    "gcp:compute/instanceGroupManager:InstanceGroupManager",
+)
+
+
+def stateful_groups_are_their_configs(resources: list) -> list[tuple[str, str]]:
+    """ "Stateful MIGs: per-instance configurations",
+    https://cloud.google.com/compute/docs/instance-groups/stateful-migs#per-instance_configs:
+    a per-instance config names its VM and the MIG creates that VM. The provider
+    documents (RegionPerInstanceConfig, and `target_size`: "If a value is required, such
+    as to specify a creation-time target size for the MIG, lifecycle.ignore_changes can
+    be used") and its issue tracker confirms (hashicorp/terraform-provider-google#15911,
+    #20662) that a group of target size N with per-instance configs creates its N
+    randomly named VMs besides the configs' VMs, and that the configs raise the target
+    size. A group with per-instance configs is declared at size 0 and ignores
+    `targetSize` on update, so its VMs are exactly its configs'."""
+    by_urn = {r.urn: r for r in resources}
+    groups = {
+        u: by_urn[u]
+        for config in resources
+        if config.type in PER_INSTANCE_CONFIGS
+        for prop in ("regionInstanceGroupManager", "instanceGroupManager")
+        for u in config.deps(prop)
+        if u in by_urn and by_urn[u].type in MIGS
+    }
+    out = []
+    for group in groups.values():
+        size = group.props.get("targetSize", 0)
+        if isinstance(size, (int, float)) and size != 0:
+            out.append((group.name, f"target size {size:g} adds VMs beside its per-instance configs'; declare 0"))
+        if "targetSize" not in group.ignore_changes:
+            out.append((group.name, "an update would resize it back; ignore changes to targetSize"))
+    return out
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -158,6 +198,12 @@ SPECS = (
         "gcp-service-agents-exist-first",
         "Grants to Google service agents wait for the resource that creates the agent.",
         service_agents_exist_before_their_grants,
+        True,
+    ),
+    (
+        "gcp-stateful-group-is-its-configs",
+        "A group with per-instance configs is declared at size 0 and is never resized by an update.",
+        stateful_groups_are_their_configs,
         True,
     ),
 )

@@ -86,8 +86,13 @@ class GpuFleet(pulumi.ComponentResource):
             )
 
         self.templates = {"coordinator": template("coordinator", f.coordinator_machine_type, "STANDARD")}
+        # The per-instance config below creates the one coordinator VM and raises the
+        # group's target size to 1 by itself. A group declared with target size 1 would
+        # also create a VM of its own, randomly named and without the reserved address
+        # (the provider's documented behaviour with per-instance configs): the group
+        # is declared at 0 and never resized by an update.
         self.coordinator = self._group(
-            f"{name}-coordinator", "coordinator", self.templates["coordinator"], 1, [zones[0]], stateful=True
+            f"{name}-coordinator", "coordinator", self.templates["coordinator"], 0, [zones[0]], stateful=True
         )
         # The reserved address, kept on nic0 of the one coordinator VM through every
         # recreation ("Configuring stateful IP addresses in MIGs").
@@ -256,5 +261,9 @@ class GpuFleet(pulumi.ComponentResource):
             ),
             # GPU capacity can take longer than any deployment should wait.
             wait_for_instances=False,
-            opts=self._o,
+            # A stateful group's size is its per-instance configs': an update must not
+            # resize it back to the declared 0.
+            opts=pulumi.ResourceOptions.merge(self._o, pulumi.ResourceOptions(ignore_changes=["targetSize"]))
+            if stateful
+            else self._o,
         )

@@ -30,7 +30,10 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
         "updatePolicy.replacementMethod",
         "instanceFlexibilityPolicy.instanceSelections.*.machineTypes",
     ),
-    "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig": ("preservedState.internalIps.*.interfaceName",),
+    "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig": (
+        "name",
+        "preservedState.internalIps.*.interfaceName",
+    ),
     "gcp:compute/regionHealthCheck:RegionHealthCheck": ("tcpHealthCheck.port",),
     "gcp:lustre/instance:Instance": ("location", "capacityGib", "perUnitStorageThroughput"),
     "gcp:parallelstore/instance:Instance": ("location", "capacityGib", "deploymentType", "fileStripeLevel"),

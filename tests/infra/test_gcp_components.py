@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 
@@ -132,7 +133,7 @@ def test_the_coordinator_keeps_its_reserved_address_through_every_replacement():
     address = one(rec, f"{C}address:Address")
     assert address.inputs["addressType"] == "INTERNAL" and address.inputs["address"] == "10.40.0.10"
     group = one(rec, MIG, "-coordinator")
-    assert group.inputs["targetSize"] == 1 and group.inputs["distributionPolicyZones"] == ["us-central1-a"]
+    assert group.inputs["distributionPolicyZones"] == ["us-central1-a"]
     assert group.inputs["statefulInternalIps"] == [{"interfaceName": "nic0", "deleteRule": "NEVER"}]
     policy = group.inputs["updatePolicy"]
     assert (policy["replacementMethod"], policy["maxSurgeFixed"]) == ("RECREATE", 0)
@@ -143,6 +144,29 @@ def test_the_coordinator_keeps_its_reserved_address_through_every_replacement():
     for t in rec.of_type(TEMPLATE):
         assert "FTFLEET_RDZV_ENDPOINT=10.40.0.10:29400" in t.inputs["metadata"]["startup-script"]
     assert rec.outputs["coordinator_address"].startswith("10.40.0.10:29400")
+
+
+def test_the_coordinator_group_is_exactly_its_one_per_instance_config():
+    rec = recording("gcp-prod")
+    group = one(rec, MIG, "-coordinator")
+    # The config creates the one VM and raises the size to 1; the group adds none of its own.
+    assert group.inputs["targetSize"] == 0 and group.ignore_changes == ["targetSize"]
+    (config,) = rec.of_type(f"{C}regionPerInstanceConfig:RegionPerInstanceConfig")
+    assert group.urn in config.deps("regionInstanceGroupManager")
+    assert config.inputs["name"] == "ftfleet-gcp-prod-coordinator" and config.inputs["removeInstanceOnDestroy"] is True
+    assert rec.outputs["coordinator_group"] == group.outputs["name"]
+
+
+def test_a_stateful_group_that_would_add_or_resize_vms_beside_its_config_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    group = next(r for r in view if r.type == MIG and r.name.endswith("-coordinator"))
+    group.props["targetSize"] = 1
+    group.ignore_changes = []
+    found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-stateful-group-is-its-configs"]
+    assert [n for n, _ in found] == [group.name, group.name]
+    assert "declare 0" in found[0][1] and "ignore changes to targetSize" in found[1][1]
+    for worker in (r for r in view if r.type == MIG and not r.name.endswith("-coordinator")):
+        assert worker.ignore_changes == []  # a group without configs keeps its declared size
 
 
 def test_every_group_auto_heals_and_replaces_on_update():
@@ -348,4 +372,4 @@ def test_plan_json_of_gcp_prod_has_the_documented_shape(capsys):
 def test_spare_nodes_grow_the_main_worker_groups_target_size(gcp_variant):
     plain, spared = gcp_variant(), gcp_variant(spareNodes=2)
     assert one(spared, MIG, "-workers").inputs["targetSize"] == one(plain, MIG, "-workers").inputs["targetSize"] + 2
-    assert one(spared, MIG, "-coordinator").inputs["targetSize"] == 1
+    assert one(spared, MIG, "-coordinator").inputs["targetSize"] == 0

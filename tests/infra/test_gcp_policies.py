@@ -313,10 +313,10 @@ def test_every_stateful_gcp_resource_of_prod_is_protected():
     assert all(r.protect for r in stateful)
 
 
-def _opts(protect: bool) -> PolicyResourceOptions:
+def _opts(protect: bool, ignore_changes: list[str] | None = None) -> PolicyResourceOptions:
     return PolicyResourceOptions(
         protect=protect,
-        ignore_changes=[],
+        ignore_changes=ignore_changes or [],
         delete_before_replace=None,
         aliases=[],
         custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
@@ -335,7 +335,7 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
             props=r.inputs,
             urn=r.urn,
             name=r.name,
-            opts=_opts(r.protect),
+            opts=_opts(r.protect, r.ignore_changes),
             provider=None,
             config={},
         )
@@ -353,7 +353,7 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
             props=r.inputs,
             urn=r.urn,
             name=r.name,
-            opts=_opts(r.protect),
+            opts=_opts(r.protect, r.ignore_changes),
             provider=providers.get(r.provider),
             parent=None,
             dependencies=[],
