@@ -173,6 +173,51 @@ def stateful_groups_are_their_configs(resources: list) -> list[tuple[str, str]]:
     return out
 
 
+HEALTH_CHECKS = ("gcp:compute/regionHealthCheck:RegionHealthCheck", "gcp:compute/healthCheck:HealthCheck")
+FIREWALL = "gcp:compute/firewall:Firewall"
+#: "Health checks overview: firewall rules": where Google's probers come from.
+PROBER_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
+
+
+def _port_of(check) -> object:
+    for kind in ("httpHealthCheck", "httpsHealthCheck", "http2HealthCheck", "tcpHealthCheck", "grpcHealthCheck"):
+        if check.props.get(kind):
+            return check.props[kind].get("port")
+    return None
+
+
+def _admits(rule, port: int) -> bool:
+    for allow in rule.props.get("allows") or []:
+        if allow.get("protocol") not in ("tcp", "all"):
+            continue
+        ports = allow.get("ports") or []
+        for p in ports:
+            low, _, high = str(p).partition("-")
+            if int(low) <= port <= int(high or low):
+                return True
+        if not ports:
+            return True
+    return False
+
+
+def health_checks_reach_their_port(resources: list) -> list[tuple[str, str]]:
+    """ "Health checks overview: firewall rules",
+    https://cloud.google.com/load-balancing/docs/health-check-concepts#ip-ranges: probes
+    come from 35.191.0.0/16 and 130.211.0.0/22, and an ingress rule must admit them to
+    the port the health check probes; otherwise every VM is unhealthy and auto-healing
+    recreates it again and again. Every health check's port is admitted from both."""
+    rules = [r for r in resources if r.type == FIREWALL and r.props.get("direction", "INGRESS") == "INGRESS"]
+    out = []
+    for check in (r for r in resources if r.type in HEALTH_CHECKS):
+        port = _port_of(check)
+        if not isinstance(port, (int, float)):
+            continue
+        for prober in PROBER_RANGES:
+            if not any(prober in (r.props.get("sourceRanges") or []) and _admits(r, int(port)) for r in rules):
+                out.append((check.name, f"no firewall rule admits Google's probers from {prober} to port {port:g}"))
+    return out
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -204,6 +249,12 @@ SPECS = (
         "gcp-stateful-group-is-its-configs",
         "A group with per-instance configs is declared at size 0 and is never resized by an update.",
         stateful_groups_are_their_configs,
+        True,
+    ),
+    (
+        "gcp-health-checks-reachable",
+        "A firewall rule admits Google's health checkers to every health check's port.",
+        health_checks_reach_their_port,
         True,
     ),
 )

@@ -15,8 +15,9 @@
 
 GPU nodes stay in the file system's zone when the interconnect needs one zone (A3) or
 gcpSingleZone is set; otherwise the Spot group spreads over the listed zones with the
-BALANCED shape. Every group auto-heals on a TCP check of the trainer's metrics port,
-and updates replace VMs rather than restart them (a restarted GPU VM keeps a wedged
+BALANCED shape. Every group auto-heals on an HTTP check of the node health agent
+(infra/gcp/boot/node_health.py: GPUs, the file system, the container runtime; never
+the trainer), and updates replace VMs rather than restart them (a restarted GPU VM keeps a wedged
 driver and the old boot script's state).
 """
 
@@ -29,8 +30,9 @@ from ftfleet.infra.gcp import boot, machines
 from ftfleet.infra.gcp.settings import GcpSettings
 
 c = gcp.compute
-#: Time for a new node to install packages, mount, pull a multi-GB image and start the
-#: trainer before its health check counts.
+#: Time for a new node to install the GPU container toolkit and the file system client
+#: and mount before its health check counts (the agent needs neither the image nor
+#: the trainer).
 INITIAL_DELAY_SECONDS = 1200
 NIC = "nic0"
 
@@ -58,12 +60,18 @@ class GpuFleet(pulumi.ComponentResource):
         zones = settings.network.zones
         fleet_zones = [zones[0]] if f.single_zone else list(zones)
 
+        # Health is "this node can run the job" (GPUs, the file system, the container
+        # runtime), answered by the node health agent from boot to shutdown; never
+        # "a step is running" (the trainer's port is closed in rendezvous, during
+        # restarts and after a finished run, and probing it recreated healthy nodes).
         self.health_check = c.RegionHealthCheck(
-            f"{name}-trainer",
-            name=f"{settings.name}-trainer",
+            f"{name}-node",
+            name=f"{settings.name}-node",
             region=settings.region,
-            description="the trainer's metrics port answers",
-            tcp_health_check=c.RegionHealthCheckTcpHealthCheckArgs(port=boot.METRICS_PORT),
+            description="the node health agent answers 200 (GPUs, file system, container runtime)",
+            http_health_check=c.RegionHealthCheckHttpHealthCheckArgs(
+                port=boot.HEALTH_PORT, request_path=boot.HEALTH_PATH
+            ),
             check_interval_sec=30,
             timeout_sec=10,
             healthy_threshold=1,

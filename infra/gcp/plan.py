@@ -34,7 +34,7 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
         "name",
         "preservedState.internalIps.*.interfaceName",
     ),
-    "gcp:compute/regionHealthCheck:RegionHealthCheck": ("tcpHealthCheck.port",),
+    "gcp:compute/regionHealthCheck:RegionHealthCheck": ("httpHealthCheck.port", "httpHealthCheck.requestPath"),
     "gcp:lustre/instance:Instance": ("location", "capacityGib", "perUnitStorageThroughput"),
     "gcp:parallelstore/instance:Instance": ("location", "capacityGib", "deploymentType", "fileStripeLevel"),
     "gcp:storage/bucket:Bucket": (

@@ -25,7 +25,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     # pulumi_gcp.config reads it exactly as the default provider would.
     provider = gcp.Provider("gcp", project=gcp.config.project, region=s.region, default_labels=s.labels())
 
-    network = Network(f"{s.name}-net", s, boot.METRICS_PORT, provider)
+    network = Network(f"{s.name}-net", s, boot.HEALTH_PORT, provider)
     key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
     buckets = ReplicatedBucket(
         f"{s.name}-ckpt", s, provider, kms_key=key.key.id if key else None, key_grant=key.grant if key else None

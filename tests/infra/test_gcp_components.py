@@ -46,7 +46,7 @@ def test_firewalls_admit_the_cluster_the_health_checkers_and_the_file_system_onl
     assert all(rule["targetTags"] == [tag] for rule in rules.values())
     assert rules["intra-cluster"]["sourceTags"] == [tag] and "sourceRanges" not in rules["intra-cluster"]
     assert rules["health-checks"]["sourceRanges"] == list(network.HEALTH_CHECK_RANGES)
-    assert rules["health-checks"]["allows"] == [{"protocol": "tcp", "ports": [str(boot.METRICS_PORT)]}]
+    assert rules["health-checks"]["allows"] == [{"protocol": "tcp", "ports": [str(boot.HEALTH_PORT)]}]
     assert rules["file-system"]["sourceRanges"] == ["10.40.240.0/20"]
     assert rules["file-system"]["allows"] == [{"protocol": "tcp", "ports": ["988"]}]
 
@@ -172,7 +172,9 @@ def test_a_stateful_group_that_would_add_or_resize_vms_beside_its_config_is_caug
 def test_every_group_auto_heals_and_replaces_on_update():
     rec = recording("gcp-prod")
     check = one(rec, f"{C}regionHealthCheck:RegionHealthCheck")
-    assert check.inputs["tcpHealthCheck"]["port"] == boot.METRICS_PORT
+    # The node health agent, not the trainer: a node between runs is healthy.
+    assert check.inputs["httpHealthCheck"] == {"port": boot.HEALTH_PORT, "requestPath": boot.HEALTH_PATH}
+    assert "tcpHealthCheck" not in check.inputs and boot.HEALTH_PORT != boot.METRICS_PORT
     groups = rec.of_type(MIG)
     assert len(groups) == 3
     for g in groups:
@@ -373,3 +375,12 @@ def test_spare_nodes_grow_the_main_worker_groups_target_size(gcp_variant):
     plain, spared = gcp_variant(), gcp_variant(spareNodes=2)
     assert one(spared, MIG, "-workers").inputs["targetSize"] == one(plain, MIG, "-workers").inputs["targetSize"] + 2
     assert one(spared, MIG, "-coordinator").inputs["targetSize"] == 0
+
+
+def test_a_health_check_whose_port_the_firewall_does_not_open_to_googles_probers_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    check = next(r for r in view if r.type == f"{C}regionHealthCheck:RegionHealthCheck")
+    check.props["httpHealthCheck"]["port"] = boot.METRICS_PORT  # probing some other port
+    found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-health-checks-reachable"]
+    assert [n for n, _ in found] == [check.name, check.name]
+    assert "35.191.0.0/16" in found[0][1] and "130.211.0.0/22" in found[1][1]

@@ -1,17 +1,19 @@
 #!/bin/bash
 # Startup script of every ftfleet GPU node on GCP (instance metadata `startup-script`;
 # Compute Engine runs it as root at every boot). In order: read the node's name from
-# the metadata server; install what the node image lacks (Docker, the NVIDIA container
+# the metadata server; start the node health agent (what auto-healing probes, from
+# boot to shutdown); install what the node image lacks (Docker, the NVIDIA container
 # toolkit, the file system's client); mount the checkpoint file system; make the
 # checkpoint directory writable for the trainer's uid; pull the trainer image; write
 # the trainer's environment; start the trainer as a systemd service. A step that fails
-# (after its retries) stops the script and leaves no service: the group's health
-# check then finds no trainer, and auto-healing replaces the node after its initial
-# delay, which bounds how fast a broken image can churn the fleet.
+# (after its retries) stops the script: the agent then reports the node unhealthy (no
+# mount, no container runtime) and auto-healing replaces it after its initial delay,
+# which bounds how fast a broken image can churn the fleet. The agent never looks at
+# the trainer: a node between runs or in rendezvous is healthy.
 #
 # Rendered by infra/gcp/boot.py (values header: infra/bootscript.py). Every path the
 # script writes starts with $ROOT: empty on a node, a temporary directory in tests.
-# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
+# ftfleet-params: ROOT ROLE SERVICE HEALTH_SERVICE HEALTH_AGENT HEALTH_PORT GPUS IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -27,7 +29,17 @@ NVIDIA_KEY=https://nvidia.github.io/libnvidia-container/gpgkey
 NVIDIA_REPO="https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /"
 
 log() { echo "ftfleet-startup[$ROLE]: $*" >&2; }
-trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
+# A failed boot tells the health agent, which then reports the node unhealthy: the
+# marker lives in /run, so a reboot (and this script running again) starts clean.
+BOOT_FAILED="$ROOT/run/ftfleet/boot-failed"
+boot_failed() {
+  log "failed at line $1: $2"
+  mkdir -p "$(dirname "$BOOT_FAILED")"
+  # The first failure is the cause; what fails after it (the trap on the caller) is not.
+  [[ -e $BOOT_FAILED ]] || echo "startup script failed at line $1: $2" >"$BOOT_FAILED"
+}
+trap 'boot_failed "$LINENO" "$BASH_COMMAND"' ERR
+rm -f "$BOOT_FAILED"
 
 metadata() {
   curl -sSf --retry 5 --retry-connrefused --max-time 10 -H "Metadata-Flavor: Google" "$METADATA/$1"
@@ -38,7 +50,7 @@ retry() {
   local attempt=1
   until "$@"; do
     if ((attempt >= ATTEMPTS)); then
-      log "giving up after $attempt attempts: $*"
+      boot_failed "$LINENO" "giving up after $attempt attempts: $*"
       return 1
     fi
     log "attempt $attempt of $ATTEMPTS failed: $*"
@@ -64,6 +76,31 @@ NODE_ID=$(metadata instance/name)
 # which outlives the container and the VM's boot disk.
 RUN_DIR="$RUN_ROOT/$NODE_ID"
 log "node $NODE_ID: preparing ($STORAGE_KIND at $MOUNT_POINT, image $IMAGE_URI)"
+
+# --- the node health agent ------------------------------------------------------
+# Enabled, so systemd starts it at every boot before this script runs again.
+mkdir -p "$ROOT/usr/local/lib/ftfleet" "$ROOT/etc/systemd/system"
+base64 -d <<<"$HEALTH_AGENT" >"$ROOT/usr/local/lib/ftfleet/node_health.py"
+cat >"$ROOT/etc/systemd/system/$HEALTH_SERVICE.service" <<UNIT
+[Unit]
+Description=ftfleet node health agent (auto-healing probes it)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Environment=FTFLEET_HEALTH_PORT=$HEALTH_PORT
+Environment=FTFLEET_HEALTH_GPUS=$GPUS
+Environment=FTFLEET_HEALTH_MOUNT=$MOUNT_POINT
+Environment=FTFLEET_HEALTH_BOOT_FAILED=/run/ftfleet/boot-failed
+ExecStart=/usr/bin/python3 /usr/local/lib/ftfleet/node_health.py
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now "$HEALTH_SERVICE.service"
 
 # --- packages: one apt run for everything missing ------------------------------
 packages=()
