@@ -218,6 +218,35 @@ def health_checks_reach_their_port(resources: list) -> list[tuple[str, str]]:
     return out
 
 
+def node_image_pinned(r) -> list[str]:
+    """ "Image families best practices", https://cloud.google.com/compute/docs/images/image-families-best-practices:
+    a family points to its newest image, so a VM created from a family boots whatever
+    image is newest at that moment; a specific image stays the same. A template names
+    a specific image (`.../global/images/<name>`), never a family, so nodes created by
+    repairs, resizes and preemption replacements boot what the deployment chose."""
+    if r.type not in TEMPLATES:
+        return []
+    out = []
+    for disk in r.props.get("disks") or []:
+        image = disk.get("sourceImage")
+        if isinstance(image, str) and ("/images/family/" in image or "/global/images/" not in image):
+            out.append(f"boot image {image!r} is not one pinned image (projects/<p>/global/images/<name>)")
+    return out
+
+
+def groups_update_opportunistically(r) -> list[str]:
+    """ "Apply VM configuration updates in a MIG",
+    https://cloud.google.com/compute/docs/instance-groups/updating-migs: a PROACTIVE
+    update replaces every VM of the group as soon as its template changes; an
+    OPPORTUNISTIC one applies the new template only when a VM is recreated for another
+    reason (repair, resize, a preempted VM). A GPU fleet's groups update
+    opportunistically, so a `pulumi up` never rolls a running job's nodes."""
+    if r.type not in MIGS:
+        return []
+    kind = (r.props.get("updatePolicy") or {}).get("type", "PROACTIVE")
+    return [] if kind == "OPPORTUNISTIC" or not isinstance(kind, str) else [f"update type {kind} rolls every VM"]
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -256,5 +285,12 @@ SPECS = (
         "A firewall rule admits Google's health checkers to every health check's port.",
         health_checks_reach_their_port,
         True,
+    ),
+    ("gcp-node-image-pinned", "Templates boot one pinned image, never a family.", node_image_pinned, False),
+    (
+        "gcp-groups-update-opportunistically",
+        "Instance groups apply new templates only to VMs recreated for other reasons.",
+        groups_update_opportunistically,
+        False,
     ),
 )

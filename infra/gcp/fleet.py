@@ -17,8 +17,11 @@ GPU nodes stay in the file system's zone when the interconnect needs one zone (A
 gcpSingleZone is set; otherwise the Spot group spreads over the listed zones with the
 BALANCED shape. Every group auto-heals on an HTTP check of the node health agent
 (infra/gcp/boot/node_health.py: GPUs, the file system, the container runtime; never
-the trainer), and updates replace VMs rather than restart them (a restarted GPU VM keeps a wedged
-driver and the old boot script's state).
+the trainer). Templates boot one pinned image (gcpImage). Updates are opportunistic:
+a new template reaches a VM only when it is recreated anyway (preemption, repair,
+resize), so no `pulumi up` rolls a running job's fleet, and the VM is then replaced
+rather than restarted (a restarted GPU VM keeps a wedged driver and the old boot
+script's state).
 """
 
 from __future__ import annotations
@@ -251,8 +254,12 @@ class GpuFleet(pulumi.ComponentResource):
             instance_lifecycle_policy=c.RegionInstanceGroupManagerInstanceLifecyclePolicyArgs(
                 default_action_on_failure="REPAIR", force_update_on_repair="YES"
             ),
+            # A new template (a new image, trainer tag or boot script) reaches VMs as
+            # they are recreated for their own reasons (preemption, repair, resize),
+            # never by rolling a running job's fleet; roll on purpose with
+            # `gcloud compute instance-groups managed rolling-action replace`.
             update_policy=c.RegionInstanceGroupManagerUpdatePolicyArgs(
-                type="PROACTIVE",
+                type="OPPORTUNISTIC",
                 minimal_action="REPLACE",
                 most_disruptive_allowed_action="REPLACE",
                 # A regional group's fixed surge and unavailability are 0 or at least its

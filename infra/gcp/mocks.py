@@ -136,15 +136,6 @@ def _compute_id(kind: str, project: str, region: str, physical: str, inputs: dic
 def call(token: str, args: dict[str, Any], project: str | None) -> dict | None:
     """Outputs of a GCP invoke, or None when the token is not a GCP one."""
     project = args.get("project") or project or PLAN_PROJECT
-    if token == "gcp:compute/getImage:getImage":
-        family, image_project = args.get("family", "image"), args.get("project", project)
-        image = f"{family}-v20261101"
-        return {
-            "name": image,
-            "family": family,
-            "project": image_project,
-            "selfLink": f"{COMPUTE}/projects/{image_project}/global/images/{image}",
-        }
     if token == "gcp:organizations/getProject:getProject":
         return {"projectId": project, "number": PLAN_PROJECT_NUMBER, "name": project, "id": f"projects/{project}"}
     if token == "gcp:storage/getProjectServiceAccount:getProjectServiceAccount":

@@ -41,13 +41,10 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
         provider,
     )
     nodes = NodeIdentity(f"{s.name}-nodes", s, buckets.bucket.name, registry.repository, provider)
-    # Resolved once per `pulumi up`: every node of one deployment boots the same image,
-    # hence the same kernel, driver, and Lustre client package.
-    image = gcp.compute.get_image_output(
-        family=s.fleet.image_family,
-        project=s.fleet.image_project,
-        opts=pulumi.InvokeOutputOptions(provider=provider),
-    ).self_link
+    # Pinned by name, never resolved from a family: every node of every deployment boots
+    # the same image (kernel, driver, Lustre client) until the stack names another, and
+    # a `pulumi up` never replaces the templates for an image nobody chose.
+    image = f"projects/{s.fleet.image_project}/global/images/{s.fleet.image}"
 
     context = pulumi.Output.all(
         registry.image_uri, store.mount_source, buckets.bucket.name, network.coordinator_address.address
@@ -97,6 +94,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     pulumi.export("checkpoint_dir", f"{s.storage.mount_point}/{root}")
     pulumi.export("coordinator_group", fleet.coordinator.name)
     pulumi.export("worker_group", fleet.workers["workers"].name)
+    pulumi.export("node_image", image)
     pulumi.export("registry_url", registry.registry_uri)
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_service_account", nodes.email)

@@ -6,6 +6,8 @@ import copy
 import ipaddress
 import json
 
+import pytest
+
 from ftfleet.cli import main
 from ftfleet.infra import policies
 from ftfleet.infra.gcp import boot, network
@@ -124,8 +126,51 @@ def test_templates_use_gvnic_no_external_address_the_node_account_and_one_pinned
         assert t.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
         assert "guestAccelerators" not in t.inputs  # A3 brings its own H100s
         images.add(t.inputs["disks"][0]["sourceImage"])
-    # Resolved once per deployment: a specific image, not the family.
-    assert len(images) == 1 and "/global/images/ubuntu-accelerator-2204-amd64-with-nvidia-580-v" in images.pop()
+    # The pinned image, by name: nothing is resolved, so the next `pulumi up` boots the same.
+    assert images == {
+        "projects/ubuntu-os-accelerator-images/global/images/ubuntu-accelerator-2204-amd64-with-nvidia-580-v20260825"
+    }
+    assert rec.outputs["node_image"] == images.pop()
+    assert not [i for i in rec.invokes if i[0] == "gcp:compute/getImage:getImage"]
+
+
+def test_the_image_changes_only_when_the_stack_names_another(gcp_variant):
+    first, again = gcp_variant(), gcp_variant()
+    other = gcp_variant(gcpImage="ubuntu-accelerator-2204-amd64-with-nvidia-580-v20261101")
+
+    def template_inputs(rec):
+        return {t.name: t.inputs for t in rec.of_type(TEMPLATE)}
+
+    # Two runs of one stack declare identical templates: nothing to replace, nothing rolls.
+    assert template_inputs(first) == template_inputs(again)
+    changed = template_inputs(other)
+    assert {t["disks"][0]["sourceImage"].rsplit("/", 1)[1] for t in changed.values()} == {
+        "ubuntu-accelerator-2204-amd64-with-nvidia-580-v20261101"
+    }
+
+
+def test_groups_take_a_new_template_only_on_vms_recreated_for_other_reasons():
+    for g in recording("gcp-prod").of_type(MIG):
+        assert g.inputs["updatePolicy"]["type"] == "OPPORTUNISTIC"
+        assert g.inputs["instanceLifecyclePolicy"]["forceUpdateOnRepair"] == "YES"
+
+
+@pytest.mark.parametrize(
+    "type_token, change, policy",
+    [
+        (
+            TEMPLATE,
+            lambda r: r.props["disks"][0].update(sourceImage="projects/p/global/images/family/f"),
+            "gcp-node-image-pinned",
+        ),
+        (MIG, lambda r: r.props["updatePolicy"].update(type="PROACTIVE"), "gcp-groups-update-opportunistically"),
+    ],
+)
+def test_a_family_image_or_a_proactive_group_is_caught(type_token, change, policy):
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    target = next(r for r in view if r.type == type_token)
+    change(target)
+    assert [(p, n) for p, n, _ in policies.evaluate(view) if p == policy] == [(policy, target.name)]
 
 
 def test_the_coordinator_keeps_its_reserved_address_through_every_replacement():

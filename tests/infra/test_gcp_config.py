@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pulumi
 import pytest
 import yaml
 
 from ftfleet.cli import main
-from ftfleet.infra import offline, reference, settings, stackfile
+from ftfleet.errors import ConfigError
+from ftfleet.infra import catalog, offline, reference, settings, stackfile
 from ftfleet.infra.gcp import keys, locations
 
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.gcp-dev.yaml"))["config"]
@@ -131,6 +134,18 @@ BAD = {
         {"ftfleet:gcpWorkerProvisioningModel": "STANDARD", "ftfleet:gcpPreemptionNoticeSeconds": 90},
         "ftfleet:gcpPreemptionNoticeSeconds applies to Spot workers only",
     ),
+    "no node image": (
+        {"ftfleet:gcpImage": ""},
+        "ftfleet:gcpImage is required: pin the node image by name",
+    ),
+    "a family as the node image": (
+        {"ftfleet:gcpImage": "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator"},
+        "no path and no family",
+    ),
+    "the old family key": (
+        {"ftfleet:gcpImageFamily": "ubuntu-accelerator-2204-amd64-with-nvidia-580"},
+        "unknown config key ftfleet:gcpImageFamily: did you mean ftfleet:gcpImage",
+    ),
     "unknown provisioning model": (
         {"ftfleet:gcpWorkerProvisioningModel": "PREEMPTIBLE"},
         "ftfleet:gcpWorkerProvisioningModel is 'PREEMPTIBLE'; use SPOT or STANDARD",
@@ -239,6 +254,7 @@ def test_a_minimal_gcp_stack_takes_its_defaults_from_pulumi_yaml():
         "replicaRegion": "us-east1",
         "availabilityZones": ["us-central1-a"],
         "workerInstanceTypes": ["g2-standard-4"],
+        "gcpImage": "ubuntu-accelerator-2204-amd64-with-nvidia-580-v20260825",  # no default: pinned by the user
     }
     s = settings.parse(minimal, stack="mini", region="us-central1")
     schema = settings.load_schema()
@@ -270,3 +286,30 @@ def test_the_beta_preemption_notice_is_off_by_default_and_the_reference_says_wha
     assert "| `0` |" in row and "Beta" in row and "allow-listed" in row and "VERIFY-ON-GCP" in row
     for stack in ("gcp-dev", "gcp-prod"):
         assert stackfile.load(stack).settings().fleet.preemption_notice_seconds == 0
+
+
+def test_an_image_whose_kernel_has_no_published_lustre_client_is_refused_in_one_line(monkeypatch):
+    image = "ubuntu-accelerator-2204-amd64-with-nvidia-580-v20260825"
+    monkeypatch.setattr(catalog, "gcp_image_kernel", lambda name: {image: "6.8.0-1040-gcp"}.get(name))
+    monkeypatch.setattr(catalog, "lustre_client_kernels", lambda: ("6.8.0-1030-gcp", "6.8.0-1036-gcp"))
+    with pytest.raises(ConfigError) as err:
+        stackfile.load("gcp-dev").settings()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("ftfleet:gcpImage is " + image)
+    assert "kernel 6.8.0-1040-gcp" in message and "lustre-client-modules-6.8.0-1040-gcp" in message
+    # Parallelstore needs no Lustre client; a kernel with one, or one the catalog does not know, passes.
+    stack = stackfile.load("gcp-dev")
+    config = {**stack.config, "ftfleet:gcpStorageKind": "parallelstore", "ftfleet:parallelstoreCapacityGiB": 12000}
+    dataclasses.replace(stack, config=config).settings()
+    monkeypatch.setattr(catalog, "lustre_client_kernels", lambda: ("6.8.0-1040-gcp",))
+    stackfile.load("gcp-dev").settings()
+    monkeypatch.setattr(catalog, "gcp_image_kernel", lambda name: None)
+    monkeypatch.setattr(catalog, "lustre_client_kernels", lambda: ("6.8.0-1030-gcp",))
+    stackfile.load("gcp-dev").settings()
+
+
+def test_the_shipped_catalog_records_kernels_only_in_the_documented_shape():
+    data = catalog._data()["gcp_node_images"]
+    assert set(data) == {"_about", "images", "lustre_client_kernels"}
+    assert all(set(v) == {"kernel"} for v in data["images"].values())
+    assert all(isinstance(k, str) and k for k in data["lustre_client_kernels"])

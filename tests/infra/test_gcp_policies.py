@@ -48,7 +48,7 @@ GOOD_MIG = {
     "distributionPolicyTargetShape": "ANY_SINGLE_ZONE",
     "autoHealingPolicies": {"healthCheck": "hc", "initialDelaySec": 1200},
     "updatePolicy": {
-        "type": "PROACTIVE",
+        "type": "OPPORTUNISTIC",
         "minimalAction": "REPLACE",
         "instanceRedistributionType": "NONE",
         "maxSurgeFixed": 1,
@@ -121,6 +121,17 @@ BAD_RESOURCES = {
     ),
     "gcp-functions-runtime": res(FUNCTION, {**GOOD_FUNCTION, "buildConfig": {"runtime": "python37"}}),
     "gcp-push-dead-letters": res(SUBSCRIPTION, {**GOOD_PUSH, "deadLetterPolicy": None}),
+    "gcp-node-image-pinned": res(
+        TEMPLATE,
+        {
+            "machineType": "g2-standard-8",
+            "scheduling": SPOT,
+            "disks": [{"boot": True, "sourceImage": "projects/ubuntu-os-accelerator-images/global/images/family/x"}],
+        },
+    ),
+    "gcp-groups-update-opportunistically": res(
+        MIG, {**GOOD_MIG, "updatePolicy": {**GOOD_MIG["updatePolicy"], "type": "PROACTIVE"}}
+    ),
     "gcp-beta-preemption-notice": res(
         TEMPLATE, {"machineType": "g2-standard-8", "scheduling": {**SPOT, "preemptionNoticeDuration": {"seconds": 90}}}
     ),
