@@ -31,6 +31,22 @@ CTX = boot.NodeContext(
     bucket="ftfleet-gcp-dev-ckpt-bucket-1a2b3c4",
     coordinator_ip="10.40.0.10",
 )
+#: What dpkg-query lists for the hold patterns on an accelerator image (status, package).
+INSTALLED = (
+    "ii  linux-image-6.8.0-1036-gcp\n"
+    "ii  linux-modules-6.8.0-1036-gcp\n"
+    "rc  linux-image-6.8.0-1030-gcp\n"
+    "ii  linux-gcp-6.8-headers-6.8.0-1036\n"
+    "ii  nvidia-driver-580-server\n"
+    "ii  libnvidia-compute-580-server\n"
+)
+HELD = [
+    "linux-image-6.8.0-1036-gcp",
+    "linux-modules-6.8.0-1036-gcp",
+    "linux-gcp-6.8-headers-6.8.0-1036",
+    "nvidia-driver-580-server",
+    "libnvidia-compute-580-server",
+]
 PARALLELSTORE_CTX = dataclasses.replace(CTX, mount_source="10.40.240.7,10.40.240.8,10.40.240.9")
 VARIANTS = [
     (kind, role, model)
@@ -59,6 +75,9 @@ def stubs(tmp_path) -> Stubs:
     s.stub("curl", match="instance/name", stdout=NODE)
     s.stub("curl", match="service-accounts/default/token", stdout=json.dumps({"access_token": TOKEN}))
     s.stub("ip", match="route", stdout="default via 10.40.0.1 dev ens4 proto dhcp src 10.40.0.22 metric 100\n")
+    s.stub("modinfo", rc=1, stderr="modinfo: ERROR: Module lustre not found.")  # no client for this kernel yet
+    s.stub("dpkg-query", stdout=INSTALLED)
+    s.add("apt-mark")
     (s.root / "etc").mkdir()
     (s.root / "etc" / "os-release").write_text('NAME="Ubuntu"\nVERSION_CODENAME=jammy\nUBUNTU_CODENAME=jammy\n')
     return s
@@ -93,7 +112,7 @@ def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     steps = ["apt-get -o", "modprobe lustre", "mount -t", "chown 10001:10001", "docker login", "docker pull"]
     positions = [first(order, step) for step in steps]
     assert positions == sorted(positions), order
-    assert order[-2:] == ["systemctl daemon-reload", "systemctl enable"]
+    assert order[-2:] == ["systemctl daemon-reload", "systemctl start"]
     installs = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
     assert len(installs) == 1
     packages = installs[0][installs[0].index("--no-install-recommends") + 1 :]
@@ -115,7 +134,7 @@ def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     login = stubs.calls("docker")[0]
     assert login.args[:3] == ["login", "--username", "oauth2accesstoken"] and login.stdin == TOKEN
     assert stubs.calls("docker")[1].args == ["pull", CTX.image_uri]
-    assert stubs.calls("systemctl")[-1].args == ["enable", "--now", "ftfleet-trainer.service"]
+    assert stubs.calls("systemctl")[-1].args == ["start", "ftfleet-trainer.service"]
 
 
 def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
@@ -180,7 +199,7 @@ def test_the_service_stops_within_the_shutdown_budget_and_never_restarts_a_termi
 
 
 def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository(stubs):
-    stubs.add("mount.lustre")
+    stubs.stub("modinfo", first=True)  # the Lustre module of the running kernel is there
     result = stubs.run(render(stubs))
     installs = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
     assert installs and installs[0][-1] == "nvidia-container-toolkit"
@@ -196,10 +215,50 @@ def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository
 
 
 def test_a_node_image_with_every_client_installs_nothing(stubs):
-    stubs.add("mount.lustre")
+    stubs.stub("modinfo", first=True)
     stubs.add("nvidia-ctk")
     assert stubs.run(render(stubs)).returncode == 0
     assert stubs.calls("apt-get") == [] and stubs.calls("gpg") == []
+    assert stubs.calls("modinfo")[0].args == ["-k", os.uname().release, "lustre"]
+
+
+def test_after_a_kernel_change_the_lustre_module_is_reinstalled_whatever_mount_lustre_says(stubs):
+    # The tools of the previous kernel's client are still installed; its module is not
+    # built for the kernel now running.
+    stubs.add("mount.lustre")
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    (install,) = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
+    assert f"lustre-client-modules-{os.uname().release}" in install
+    assert first(stubs.order(), "apt-get -o") < first(stubs.order(), "modprobe lustre")
+
+
+def test_unattended_upgrades_are_off_and_kernel_and_nvidia_packages_held_before_any_install(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    disabled = [c.args for c in stubs.calls("systemctl") if c.args[:1] == ["disable"]]
+    assert disabled == [
+        ["disable", "--now", unit]
+        for unit in ("unattended-upgrades.service", "apt-daily.timer", "apt-daily-upgrade.timer")
+    ]
+    (hold,) = [c.args for c in stubs.calls("apt-mark")]
+    assert hold == ["hold", *HELD]  # installed ones only: a removed kernel (rc) is not held
+    order = stubs.order()
+    assert first(order, "systemctl disable") < first(order, "apt-mark hold") < first(order, "apt-get -o")
+
+
+def test_a_reboot_starts_the_trainer_only_after_this_script_has_mounted_the_file_system(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    unit = (stubs.root / "etc/systemd/system/ftfleet-trainer.service").read_text().splitlines()
+    # Not enabled: systemd starts nothing at boot; this script starts it after mounting.
+    assert "[Install]" not in unit and not any(line.startswith("WantedBy=") for line in unit)
+    assert [c.args for c in stubs.calls("systemctl") if "ftfleet-trainer.service" in c.args] == [
+        ["start", "ftfleet-trainer.service"]
+    ]
+    assert "ConditionPathIsMountPoint=/ckpt" in unit and f"ConditionPathIsMountPoint={contract.SHM_MOUNT}" in unit
+    order = stubs.order()
+    assert first(order, "mount -t") < first(order, "systemctl start")
 
 
 def test_a_mount_that_keeps_failing_stops_the_boot_before_the_image(stubs):
@@ -225,7 +284,7 @@ def test_the_image_pull_is_retried_until_it_succeeds(stubs):
     result = stubs.run(render(stubs))
     assert result.returncode == 0, result.stderr
     assert len([c for c in stubs.calls("docker") if c.args[0] == "pull"]) == 3
-    assert stubs.calls("systemctl")[-1].args == ["enable", "--now", "ftfleet-trainer.service"]
+    assert stubs.calls("systemctl")[-1].args == ["start", "ftfleet-trainer.service"]
 
 
 def test_an_image_that_never_pulls_tells_the_health_agent_and_starts_no_trainer(stubs):

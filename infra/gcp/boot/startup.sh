@@ -5,7 +5,9 @@
 # boot to shutdown); install what the node image lacks (Docker, the NVIDIA container
 # toolkit, the file system's client); mount the checkpoint file system; make the
 # checkpoint directory writable for the trainer's uid; pull the trainer image; write
-# the trainer's environment; start the trainer as a systemd service. A step that fails
+# the trainer's environment; start the trainer as a systemd service (after the mounts,
+# at every boot: it is not enabled). Before installing anything it turns off unattended
+# upgrades and holds the kernel and NVIDIA packages. A step that fails
 # (after its retries) stops the script: the agent then reports the node unhealthy (no
 # mount, no container runtime) and auto-healing replaces it after its initial delay,
 # which bounds how fast a broken image can churn the fleet. The agent never looks at
@@ -102,6 +104,22 @@ UNIT
 systemctl daemon-reload
 systemctl enable --now "$HEALTH_SERVICE.service"
 
+# --- no package changes under a running job ------------------------------------
+# Ubuntu's unattended upgrades would replace the NVIDIA userspace under a loaded
+# driver, or install a kernel the Lustre client has no module for. The node's
+# packages stay as the pinned image (and this script) left them: the periodic apt
+# jobs are off and the kernel and NVIDIA packages are held.
+for unit in unattended-upgrades.service apt-daily.timer apt-daily-upgrade.timer; do
+  systemctl disable --now "$unit" 2>/dev/null || log "$unit: not present"
+done
+# shellcheck disable=SC2016 # dpkg-query's own ${field} syntax, not the shell's
+mapfile -t held < <(dpkg-query -W -f '${db:Status-Abbrev} ${Package}\n' \
+  'linux-image-*' 'linux-modules-*' 'linux-headers-*' 'linux-gcp*' '*nvidia*' 2>/dev/null |
+  awk '$1 == "ii" { print $2 }')
+if ((${#held[@]})); then
+  apt-mark hold "${held[@]}" >/dev/null
+fi
+
 # --- packages: one apt run for everything missing ------------------------------
 packages=()
 configure_nvidia=false
@@ -115,9 +133,9 @@ if ! command -v nvidia-ctk >/dev/null; then
 fi
 case "$STORAGE_KIND" in
   managed-lustre)
-    if ! command -v mount.lustre >/dev/null; then
-      # Google builds the client for specific kernels: the node image is pinned per
-      # deployment, so every node of one deployment finds the same package.
+    # Google builds the client's module for specific kernels. An existing mount.lustre
+    # proves nothing after a kernel change: the module for the running kernel does.
+    if ! modinfo -k "$(uname -r)" lustre >/dev/null 2>&1; then
       add_apt_repo lustre-client "$LUSTRE_KEY" "$LUSTRE_REPO lustre-client-ubuntu-$(codename) main"
       packages+=("lustre-client-modules-$(uname -r)" lustre-client-utils)
     fi
@@ -202,6 +220,9 @@ mkdir -p "$ROOT/etc/ftfleet" "$ROOT/etc/systemd/system"
   printf 'FTFLEET_RUN_DIR=%s\n' "$RUN_DIR"
 } >"$ROOT/etc/ftfleet/trainer.env"
 
+# Started by this script, never enabled: at boot systemd would start it before this
+# script mounts the file system, and /ckpt would be a directory on the boot disk. The
+# conditions keep a restart from running it on an unmounted node.
 cat >"$ROOT/etc/systemd/system/$SERVICE.service" <<UNIT
 [Unit]
 Description=ftfleet trainer ($ROLE)
@@ -209,6 +230,8 @@ Wants=network-online.target
 After=docker.service network-online.target
 Requires=docker.service
 RequiresMountsFor=$MOUNT_POINT
+ConditionPathIsMountPoint=$MOUNT_POINT
+ConditionPathIsMountPoint=$SHM_DIR
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f $SERVICE
@@ -220,10 +243,7 @@ TimeoutStopSec=$((STOP_SECONDS + 5))
 Restart=on-failure
 RestartSec=5
 RestartPreventExitStatus=$NO_RESTART_EXIT_CODES
-
-[Install]
-WantedBy=multi-user.target
 UNIT
 systemctl daemon-reload
-systemctl enable --now "$SERVICE.service"
+systemctl start "$SERVICE.service"
 log "node $NODE_ID: trainer started"
