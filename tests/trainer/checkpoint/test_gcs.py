@@ -15,7 +15,7 @@ from ftfleet.trainer.checkpoint.comm import LocalComm
 from ftfleet.trainer.checkpoint.manifest import read_manifest
 from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
 from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
-from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore, retry_budget_s
+from ftfleet.trainer.checkpoint.tiers.gcs import ConcurrentWrite, GCSStore, retry_budget_s
 from ftfleet.trainer.checkpoint.upload import Uploader
 from tests.gcs_emulator import gcs_client
 from tests.trainer.conftest import copy_steps
@@ -164,3 +164,52 @@ def unused_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --- small objects (manifests, commit markers) are written under a generation precondition
+
+
+class Stale:
+    """A blob whose pre-write read saw no object: what a writer sees when another one
+    creates the object between its read and its upload."""
+
+    def __init__(self, blob):
+        self._blob = blob
+
+    def __getattr__(self, name):
+        return getattr(self._blob, name)
+
+    def reload(self, **kwargs):
+        from google.api_core import exceptions
+
+        raise exceptions.NotFound("not there yet")
+
+
+def test_a_marker_is_created_only_if_absent_and_replaced_only_at_the_generation_read(gcs_bucket):
+    store = GCSStore(f"gs://{gcs_bucket}/run")
+    store.put_bytes("markers/node-a.json", b'{"step": 100}')
+    first = gcs_client().bucket(gcs_bucket).get_blob("run/markers/node-a.json").generation
+    store.put_bytes("markers/node-a.json", b'{"step": 200}')  # the node's next marker
+    blob = gcs_client().bucket(gcs_bucket).get_blob("run/markers/node-a.json")
+    assert blob.download_as_bytes() == b'{"step": 200}' and blob.generation != first
+
+
+def test_a_writer_that_read_before_another_created_the_object_does_not_overwrite_it(gcs_bucket, monkeypatch):
+    store = GCSStore(f"gs://{gcs_bucket}/run")
+    gcs_client().bucket(gcs_bucket).blob("run/markers/node-a.json").upload_from_string(b'{"step": 300}')
+    real = store._blob
+    monkeypatch.setattr(store, "_blob", lambda rel: Stale(real(rel)))
+    # ifGenerationMatch=0 reaches the server, which refuses: the newer marker stays.
+    with pytest.raises(ConcurrentWrite, match="changed since generation 0"):
+        store.put_bytes("markers/node-a.json", b'{"step": 100}')
+    assert gcs_client().bucket(gcs_bucket).blob("run/markers/node-a.json").download_as_bytes() == b'{"step": 300}'
+
+
+def test_a_retried_create_that_finds_its_own_bytes_is_done(gcs_bucket, monkeypatch):
+    """The first attempt landed but its answer was lost: the retry's precondition fails
+    on the object it wrote itself, which is success."""
+    store = GCSStore(f"gs://{gcs_bucket}/run")
+    gcs_client().bucket(gcs_bucket).blob("run/markers/node-a.json").upload_from_string(b'{"step": 100}')
+    real = store._blob
+    monkeypatch.setattr(store, "_blob", lambda rel: Stale(real(rel)))
+    store.put_bytes("markers/node-a.json", b'{"step": 100}')
