@@ -43,6 +43,7 @@ import pulumi_gcp as gcp
 from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp import function_package as package
 from ftfleet.infra.gcp.alerts import Alerts
+from ftfleet.infra.gcp.function_source import FunctionSource
 from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.lambdas.common.gcp import Metric
 from ftfleet.lambdas.gcp_preemption import config as preemption_config
@@ -81,9 +82,6 @@ DRIFT_PERMISSIONS = (
     "storage.buckets.getIamPolicy",
     "storage.buckets.setIamPolicy",
 )
-#: Label of the functions' source bucket: infra/gcp/policies.py holds checkpoint buckets,
-#: not this one, to their dual-region and protection rules.
-SOURCE_PURPOSE = {"ftfleet-purpose": "function-source"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,16 +93,6 @@ class FunctionSpec:
     env: pulumi.Output[dict[str, str]]
     metrics: tuple[Metric, ...] = ()
     """Custom metrics it writes: their descriptors exist before it does."""
-
-
-def desired_bucket_settings(s: GcpSettings) -> dict:
-    """What the storage-drift function restores: the settings infra/gcp/bucket.py renders."""
-    return {
-        "versioning": True,
-        "uniform_bucket_level_access": True,
-        "public_access_prevention": "enforced",
-        "soft_delete_seconds": s.buckets.soft_delete_days * 24 * 3600,
-    }
 
 
 def instance_machine_types(s: GcpSettings) -> dict[str, str]:
@@ -123,9 +111,12 @@ class RemediationFunctions(pulumi.ComponentResource):
         name: str,
         s: GcpSettings,
         bucket: gcp.storage.Bucket,
+        source: FunctionSource | None,
         provider: gcp.Provider,
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """``source``: the functions' source bucket (and the drift function's desired
+        state), declared before the checkpoint bucket; None when no function is on."""
         super().__init__("ftfleet:gcp:RemediationFunctions", name, None, opts)
         self._name, self._s = name, s
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
@@ -148,10 +139,8 @@ class RemediationFunctions(pulumi.ComponentResource):
             )
             specs.append(FunctionSpec("gcp_preemption", "preempt", 60, env, preemption_config.METRICS))
         if r.storage_drift:
-            env = pulumi.Output.all(self._project_id, bucket.name).apply(
-                lambda a: DriftConfig(
-                    **common, project=a[0], buckets=(a[1],), desired=desired_bucket_settings(s)
-                ).to_env()
+            env = pulumi.Output.all(self._project_id, bucket.name, source.desired_uri).apply(
+                lambda a: DriftConfig(**common, project=a[0], buckets=(a[1],), desired_uri=a[2]).to_env()
             )
             specs.append(FunctionSpec("gcp_storage_drift", "drift", 300, env))
         if r.replication_lag:
@@ -177,26 +166,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             gcp.projects.Service(f"{name}-{api.split('.')[0]}", service=api, disable_on_destroy=False, opts=self._o)
             for api in SERVICES
         ]
-        self.source = gcp.storage.Bucket(
-            f"{name}-source",
-            location=s.region,
-            storage_class="STANDARD",
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
-            soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(retention_duration_seconds=0),
-            lifecycle_rules=[
-                gcp.storage.BucketLifecycleRuleArgs(
-                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
-                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
-                        days_since_noncurrent_time=7, matches_prefixes=["functions/"], with_state="ARCHIVED"
-                    ),
-                )
-            ],
-            labels=SOURCE_PURPOSE,
-            force_destroy=True,
-            opts=self._o,
-        )
+        self.source = source.bucket
         # Pub/Sub's service agent mints the push tokens and forwards dead letters. On a
         # project that never used Pub/Sub it may not exist yet, and a grant to an agent
         # that does not exist fails ("Create and grant roles to service agents"):
@@ -423,6 +393,10 @@ class RemediationFunctions(pulumi.ComponentResource):
                 opts=self._o,
             )
             grants = [("repair", role.name)]
+            # The desired state it reads at every event (infra/gcp/function_source.py).
+            gcp.storage.BucketIAMMember(
+                f"{n}-desired", bucket=self.source.name, role="roles/storage.objectViewer", member=member, opts=self._o
+            )
         for label, role in grants:
             gcp.storage.BucketIAMMember(f"{n}-{label}", bucket=bucket.name, role=role, member=member, opts=self._o)
         if function in ("gcp_preemption", "gcp_replication_watch"):

@@ -9,6 +9,7 @@ from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
 from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
 from ftfleet.infra.gcp.fleet import GpuFleet
+from ftfleet.infra.gcp.function_source import FunctionSource
 from ftfleet.infra.gcp.functions import RemediationFunctions
 from ftfleet.infra.gcp.iam import NodeIdentity
 from ftfleet.infra.gcp.kms import BucketKey
@@ -27,8 +28,20 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
 
     network = Network(f"{s.name}-net", s, boot.HEALTH_PORT, provider)
     key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
+    r = s.remediation
+    source = (
+        FunctionSource(f"{s.name}-remediation-source", s, provider)
+        if r.spot_interruption or r.storage_drift or r.replication_lag
+        else None
+    )
+    # The bucket waits for the drift function's desired state: a change the stack makes
+    # to the bucket is desired before the bucket's audit entry reaches the function.
     buckets = ReplicatedBucket(
-        f"{s.name}-ckpt", s, provider, kms_key=key.key.id if key else None, key_grant=key.grant if key else None
+        f"{s.name}-ckpt",
+        s,
+        provider,
+        kms_key=key.key.id if key else None,
+        after=[x for x in (key.grant if key else None, source.desired if source else None) if x is not None],
     )
     registry = Registry(f"{s.name}-registry", s, provider)
     store = CheckpointStore(
@@ -79,7 +92,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
 
     # Managed instance groups already recreate preempted and unhealthy VMs; no function
     # duplicates that (infra/gcp/functions.py).
-    functions = RemediationFunctions(f"{s.name}-remediation", s, buckets.bucket, provider)
+    functions = RemediationFunctions(f"{s.name}-remediation", s, buckets.bucket, source, provider)
 
     root = boot.checkpoint_root(s)
     pulumi.export("checkpoint_bucket", buckets.bucket.name)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
-from ftfleet.infra import policies
+from ftfleet.infra import policies, stackfile
 from ftfleet.infra.gcp import alerts, function_package, functions
+from ftfleet.infra.gcp.function_source import desired_bucket_settings
 from ftfleet.lambdas.common import push
 from ftfleet.lambdas.gcp_preemption.config import METRICS as PREEMPTION_METRICS
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
@@ -74,13 +76,15 @@ def test_each_push_subscription_authenticates_backs_off_and_dead_letters_into_a_
 def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
     rec = recording("gcp-prod")
     bucket = next(b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-ckpt-bucket"))
+    source = next(b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-source-bucket"))
+    scopes = {bucket.outputs["name"]: "bucket", source.outputs["name"]: "source"}
     grants: dict[str, set] = {}
     for name, fn in by_function(rec).items():
         member = f"serviceAccount:{fn.inputs['serviceConfig']['serviceAccountEmail']}"
         grants[name] = set()
         for r in rec.resources:
             if r.inputs.get("member") == member:
-                scope = "bucket" if r.inputs.get("bucket") == bucket.outputs["name"] else r.type.split(":")[1]
+                scope = scopes.get(r.inputs.get("bucket"), r.type.split(":")[1])
                 grants[name].add((scope, r.inputs["role"]))
     (drift_role,) = rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
     assert grants == {
@@ -88,7 +92,7 @@ def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
             ("bucket", "roles/storage.objectUser"),
             ("projects/iAMMember", "roles/monitoring.metricWriter"),
         },
-        "gcp_storage_drift": {("bucket", drift_role.outputs["name"])},
+        "gcp_storage_drift": {("bucket", drift_role.outputs["name"]), ("source", "roles/storage.objectViewer")},
         "gcp_replication_watch": {
             ("bucket", "roles/storage.objectViewer"),
             ("projects/iAMMember", "roles/monitoring.metricWriter"),
@@ -199,8 +203,9 @@ def test_an_alert_on_a_custom_metric_without_its_descriptor_or_resource_type_is_
     absent = silent.props["conditions"][0]["conditionAbsent"]
     absent["filter"] = absent["filter"].replace(' AND resource.type="global"', "")
     found = [(n, msg) for p, n, msg in policies.evaluate(view) if p == "gcp-alerts-know-their-metrics"]
-    assert [n for n, _ in found] == [lag.name, silent.name]
-    assert "does not wait for" in found[0][1] and "names no resource.type" in found[1][1]
+    found = dict(found)
+    assert set(found) == {lag.name, silent.name}
+    assert "does not wait for" in found[lag.name] and "names no resource.type" in found[silent.name]
 
 
 def test_the_source_zip_holds_the_entry_point_the_handler_and_the_shared_code():
@@ -309,3 +314,24 @@ def test_a_grant_to_a_service_agent_named_from_the_project_number_is_caught():
     assert found == [
         (grant.name, f"grants roles/pubsub.publisher to {grant.props['member']}, which nothing here makes exist first")
     ]
+
+
+def test_the_stack_writes_the_drift_functions_desired_state_before_it_changes_the_bucket():
+    rec = recording("gcp-prod")
+    urns = rec.by_urn()
+    bucket = next(b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-ckpt-bucket"))
+    (desired,) = [o for o in rec.of_type("gcp:storage/bucketObject:BucketObject") if o.name.endswith("-desired")]
+    # Every create or update of the bucket waits for the document.
+    assert desired.urn in bucket.dependencies
+    document = json.loads(desired.inputs["source"]["text"])
+    assert document == desired_bucket_settings(stackfile.load("gcp-prod").settings())
+    assert document["soft_delete_seconds"] == 14 * 86400
+    source = urns[desired.deps("bucket")[0]]
+    cfg = DriftConfig.from_env(by_function(rec)["gcp_storage_drift"].inputs["serviceConfig"]["environmentVariables"])
+    assert cfg.desired_uri == f"gs://{source.outputs['name']}/{desired.inputs['name']}"
+    assert cfg.buckets == (bucket.outputs["name"],)
+
+
+def test_without_the_drift_function_there_is_no_desired_state_to_wait_for(gcp_variant):
+    rec = gcp_variant(remediationStorageDrift=False)
+    assert not [o for o in rec.of_type("gcp:storage/bucketObject:BucketObject") if o.name.endswith("-desired")]

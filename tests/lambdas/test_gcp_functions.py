@@ -288,17 +288,36 @@ DESIRED = {
 NODES = {"role": "roles/storage.objectAdmin", "members": {"serviceAccount:nodes@p.iam.gserviceaccount.com"}}
 
 
+DESIRED_KEY = f"desired/{STACK}.json"
+
+
+def declare(bucket: str, settings: dict) -> None:
+    """What the stack's `pulumi up` writes before it changes the checkpoint bucket."""
+    gcs_client().bucket(bucket).blob(DESIRED_KEY).upload_from_string(json.dumps(settings))
+
+
 @pytest.fixture
-def drifted(monkeypatch):
+def drifted(monkeypatch, gcs_bucket):
+    """The checkpoint bucket is the stand-in; the desired-state document is a real
+    object in the (emulated) functions' source bucket."""
     state = {**DESIRED, "bindings": [NODES]}
     buckets: dict[str, StandInBucket] = {}
+    emulated = gcs_client()
 
     def bucket(name, sticky=False):
+        if name == gcs_bucket:
+            return emulated.bucket(name)
         buckets.setdefault(name, StandInBucket(state, sticky=sticky))
         return buckets[name]
 
+    declare(gcs_bucket, DESIRED)
     monkeypatch.setattr(gcp, "storage", lambda: SimpleNamespace(bucket=bucket))
-    configure(monkeypatch, DriftConfig(stack=STACK, run_id=RUN, project=PROJECT, buckets=("ckpt",), desired=DESIRED))
+    configure(
+        monkeypatch,
+        DriftConfig(
+            stack=STACK, run_id=RUN, project=PROJECT, buckets=("ckpt",), desired_uri=f"gs://{gcs_bucket}/{DESIRED_KEY}"
+        ),
+    )
     return state, buckets
 
 
@@ -338,6 +357,39 @@ def test_a_bucket_as_rendered_is_in_sync_and_nothing_is_written(drifted):
     _, buckets = drifted
     assert drift.handler(audit())["decision"] == "in-sync"
     assert buckets["ckpt"].patches == 0 and buckets["ckpt"].iam_writes == 0
+
+
+def test_a_change_the_stack_makes_is_desired_before_its_audit_entry_arrives_and_kept(drifted, gcs_bucket):
+    state, buckets = drifted
+    # `pulumi up` with gcsSoftDeleteDays 7 -> 14: the document first, then the bucket.
+    declare(gcs_bucket, {**DESIRED, "soft_delete_seconds": 14 * 86400})
+    state["soft_delete_seconds"] = 14 * 86400
+    out = drift.handler(audit())
+    assert out["decision"] == "in-sync" and buckets["ckpt"].patches == 0
+    assert state["soft_delete_seconds"] == 14 * 86400
+
+
+def test_the_desired_state_is_read_at_every_event_not_at_deploy(drifted, gcs_bucket):
+    state, _ = drifted
+    state["soft_delete_seconds"] = 14 * 86400  # someone else's change
+    declare(gcs_bucket, DESIRED)
+    assert drift.handler(audit())["settings"] == {
+        "soft_delete_seconds": {"found": 14 * 86400, "restored": DESIRED["soft_delete_seconds"]}
+    }
+
+
+@pytest.mark.parametrize("document", [None, b"[1, 2]", b'{"versioning": true, "surprise": 1}', b"{not json"])
+def test_without_a_readable_desired_state_nothing_is_repaired_and_pubsub_redelivers(drifted, gcs_bucket, document):
+    state, buckets = drifted
+    state["versioning"] = False
+    blob = gcs_client().bucket(gcs_bucket).blob(DESIRED_KEY)
+    if document is None:
+        blob.delete()
+    else:
+        blob.upload_from_string(document)
+    with pytest.raises(drift.DesiredStateUnknown):
+        drift.handler(audit())
+    assert buckets["ckpt"].patches == 0 and state["versioning"] is False
 
 
 def test_a_repair_that_does_not_take_is_an_error_so_pubsub_redelivers(drifted, monkeypatch):
