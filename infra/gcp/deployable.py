@@ -247,6 +247,28 @@ def groups_update_opportunistically(r) -> list[str]:
     return [] if kind == "OPPORTUNISTIC" or not isinstance(kind, str) else [f"update type {kind} rolls every VM"]
 
 
+LOG_METRIC = "gcp:logging/metric:Metric"
+
+
+def log_metrics_extract_their_labels(r) -> list[str]:
+    """ "Log-based metrics labels", https://cloud.google.com/logging/docs/logs-based-metrics/labels:
+    every label of a log-based metric's descriptor is filled by a label extractor of the
+    same key, and an extractor names a declared label. "Configure counter metrics",
+    https://cloud.google.com/logging/docs/logs-based-metrics/counter-metrics: a counter
+    is a DELTA metric of INT64."""
+    if r.type != LOG_METRIC:
+        return []
+    descriptor = r.props.get("metricDescriptor") or {}
+    labels = {label.get("key") for label in descriptor.get("labels") or []}
+    extractors = set(r.props.get("labelExtractors") or {})
+    out = [f"label {k} has no extractor" for k in sorted(labels - extractors)]
+    out += [f"extractor {k} fills no declared label" for k in sorted(extractors - labels)]
+    kind, value = descriptor.get("metricKind"), descriptor.get("valueType")
+    if not r.props.get("bucketOptions") and descriptor and (kind, value) != ("DELTA", "INT64"):
+        out.append(f"a counter is DELTA INT64, not {kind} {value}")
+    return out
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -291,6 +313,12 @@ SPECS = (
         "gcp-groups-update-opportunistically",
         "Instance groups apply new templates only to VMs recreated for other reasons.",
         groups_update_opportunistically,
+        False,
+    ),
+    (
+        "gcp-log-metrics-extract-their-labels",
+        "Log-based counters are DELTA INT64 with one extractor per declared label.",
+        log_metrics_extract_their_labels,
         False,
     ),
 )

@@ -5,7 +5,8 @@ Three functions, each switched by its ``remediation*`` key (the code is in lambd
 * ``gcp_preemption`` (remediationSpotInterruption): a project log sink routes the
   ``compute.instances.preempted`` system events of this stack's instances to a topic;
   the function adds each to the interruption prior next to the checkpoints (the MTBF
-  prior the trainer reads, as on AWS) and counts preemptions per zone and machine type.
+  prior the trainer reads, as on AWS); a log-based metric counts its decision lines per
+  zone and machine type.
 * ``gcp_storage_drift`` (remediationStorageDrift): a sink routes the Admin Activity audit
   entries that change the checkpoint bucket's settings or IAM policy to a topic; the
   function restores what the program rendered and reads it back.
@@ -93,6 +94,30 @@ class FunctionSpec:
     env: pulumi.Output[dict[str, str]]
     metrics: tuple[Metric, ...] = ()
     """Custom metrics it writes: their descriptors exist before it does."""
+
+
+def function_name(s: GcpSettings, function: str) -> str:
+    """The deployed function's name (also its Cloud Run service's name)."""
+    return f"{s.name}-{function.removeprefix('gcp_').replace('_', '-')}"
+
+
+def preemption_count_filter(stack: str, service: str) -> str:
+    """The preemption function's counted decision lines. Cloud Run parses a one-line
+    JSON object on stdout into the entry's jsonPayload ("Writing structured logs")."""
+    return " AND ".join(
+        [
+            'resource.type="cloud_run_revision"',
+            f'resource.labels.service_name="{service}"',
+            'jsonPayload.function="gcp_preemption"',
+            f'jsonPayload.stack="{stack}"',
+            f'jsonPayload.decision="{preemption_config.COUNTED}"',
+        ]
+    )
+
+
+def preemption_count_extractors() -> dict[str, str]:
+    """Label -> the field of the counted line it is read from ("Log-based metrics labels")."""
+    return {label: f"EXTRACT(jsonPayload.{label})" for label in preemption_config.COUNT_LABELS}
 
 
 def instance_machine_types(s: GcpSettings) -> dict[str, str]:
@@ -221,6 +246,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         for spec in specs:
             self._function(spec, bucket)
         if r.spot_interruption:
+            self._preemption_count(f"{name}-preempt")
             self._log_sink(
                 "preempt",
                 "gcp_preemption",
@@ -288,7 +314,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         )
         fn = gcp.cloudfunctionsv2.Function(
             n,
-            name=f"{s.name}-{spec.function.removeprefix('gcp_').replace('_', '-')}",
+            name=function_name(s, spec.function),
             location=s.region,
             description=f"ftfleet {spec.function} for stack {s.stack}",
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
@@ -399,7 +425,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             )
         for label, role in grants:
             gcp.storage.BucketIAMMember(f"{n}-{label}", bucket=bucket.name, role=role, member=member, opts=self._o)
-        if function in ("gcp_preemption", "gcp_replication_watch"):
+        if function == "gcp_replication_watch":
             gcp.projects.IAMMember(
                 f"{n}-metrics",
                 project=self._project_id,
@@ -407,6 +433,30 @@ class RemediationFunctions(pulumi.ComponentResource):
                 member=member,
                 opts=self._o,
             )
+
+    def _preemption_count(self, n: str) -> None:
+        """Preemptions per zone and machine type, counted per interval by Cloud Logging
+        from the preemption function's decision lines (never one time series point per
+        preemption, which Cloud Monitoring would refuse in a wave)."""
+        s = self._s
+        self.preemption_count = gcp.logging.Metric(
+            f"{n}-count",
+            name=f"{s.name}-preemptions",
+            description=f"{s.name}: Spot VMs preempted, per zone and machine type",
+            filter=preemption_count_filter(s.stack, function_name(s, "gcp_preemption")),
+            metric_descriptor=gcp.logging.MetricMetricDescriptorArgs(
+                metric_kind="DELTA",
+                value_type="INT64",
+                unit="1",
+                display_name=f"{s.name} preemptions",
+                labels=[
+                    gcp.logging.MetricMetricDescriptorLabelArgs(key=label, value_type="STRING")
+                    for label in preemption_config.COUNT_LABELS
+                ],
+            ),
+            label_extractors=preemption_count_extractors(),
+            opts=self._o,
+        )
 
     def _log_sink(self, short: str, function: str, log_filter: pulumi.Input[str]) -> None:
         n = f"{self._name}-{short}"

@@ -5,10 +5,12 @@ events of its instances to the function's topic; each message is a LogEntry. The
 function adds the preemption, once per instance, to the interruption prior next to the
 checkpoints (``<root>/fleet/interruptions.json``, a generation-conditional write), from
 which the trainer's adaptive checkpoint interval takes its MTBF prior, exactly as the
-AWS spot_interruption function does; then it counts the preemption per zone and
-machine type (``custom.googleapis.com/ftfleet/preemptions``). The prior is what matters:
-a metric write that fails is logged and not retried, so a redelivery can neither
-double-count the metric nor lose the prior.
+AWS spot_interruption function does. Its ``recorded`` decision line (once per
+preemption: a redelivery is a ``duplicate``) carries the zone and machine type, and
+the stack's log-based metric counts those lines per interval. Nothing writes a time
+series point per preemption: Cloud Monitoring refuses a second point to one series
+within its sampling period, so a wave of preemptions in one zone would lose points,
+while Cloud Logging counts every line.
 
 It never recreates, deletes or resizes anything: the managed instance group recreates
 the VM.
@@ -23,7 +25,7 @@ from typing import Any
 from ftfleet import contract
 from ftfleet.lambdas.common import events, gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD, PREEMPTIONS, Config
+from ftfleet.lambdas.gcp_preemption.config import COUNTED, PREEMPTED_METHOD, Config
 
 NAME = "gcp_preemption"
 RESOURCE = re.compile(r"projects/[^/]+/zones/(?P<zone>[a-z0-9-]+)/instances/(?P<name>[a-z][a-z0-9-]*)")
@@ -81,22 +83,14 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         log.decision("prior-replaced", level="WARNING", key=key, reason=outcome["malformed"])
     if not outcome["added"]:
         return log.decision("duplicate", **where)
-    try:
-        gcp.write_metrics(
-            cfg.project,
-            [(PREEMPTIONS, 1.0, {"stack": cfg.stack, "zone": zone, "machine_type": where["machine_type"]})],
-        )
-        counted = True
-    except Exception as exc:  # noqa: BLE001 - the prior is written; the count is best effort
-        log.decision("metric-not-written", level="WARNING", error=f"{type(exc).__name__}: {exc}"[:300])
-        counted = False
     prior: contract.InterruptionPrior = outcome["prior"]
+    # This line is the count: the stack's log-based metric counts COUNTED decisions per
+    # zone and machine type (config.COUNT_LABELS).
     return log.decision(
-        "recorded",
+        COUNTED,
         preempted_at=events.iso(at),
         prior_key=key,
         job_mtbf_s=prior.mtbf_s(clock.now()),
-        counted=counted,
         **where,
     )
 

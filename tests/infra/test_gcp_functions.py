@@ -88,10 +88,7 @@ def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
                 grants[name].add((scope, r.inputs["role"]))
     (drift_role,) = rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
     assert grants == {
-        "gcp_preemption": {
-            ("bucket", "roles/storage.objectUser"),
-            ("projects/iAMMember", "roles/monitoring.metricWriter"),
-        },
+        "gcp_preemption": {("bucket", "roles/storage.objectUser")},  # it writes no metric: its logs are counted
         "gcp_storage_drift": {("bucket", drift_role.outputs["name"]), ("source", "roles/storage.objectViewer")},
         "gcp_replication_watch": {
             ("bucket", "roles/storage.objectViewer"),
@@ -122,7 +119,7 @@ def test_each_switch_removes_its_function_with_what_feeds_it(gcp_variant, key):
     assert len(list(off.of_type(feeder))) == len(list(on.of_type(feeder))) - 1
     if key == "remediationReplicationLag":
         assert not list(off.of_type(ALERT))
-        assert {d.inputs["type"] for d in off.of_type(DESCRIPTOR)} == {m.type for m in PREEMPTION_METRICS}
+        assert not off.of_type(DESCRIPTOR)
 
 
 def test_with_every_switch_off_nothing_of_the_functions_is_declared(gcp_variant):
@@ -335,3 +332,18 @@ def test_the_stack_writes_the_drift_functions_desired_state_before_it_changes_th
 def test_without_the_drift_function_there_is_no_desired_state_to_wait_for(gcp_variant):
     rec = gcp_variant(remediationStorageDrift=False)
     assert not [o for o in rec.of_type("gcp:storage/bucketObject:BucketObject") if o.name.endswith("-desired")]
+
+
+def test_preemptions_are_counted_by_cloud_logging_from_the_functions_decision_lines():
+    rec = recording("gcp-prod")
+    (metric,) = rec.of_type("gcp:logging/metric:Metric")
+    fn = by_function(rec)["gcp_preemption"]
+    assert metric.inputs["filter"] == functions.preemption_count_filter("gcp-prod", fn.inputs["name"])
+    assert f'resource.labels.service_name="{fn.inputs["name"]}"' in metric.inputs["filter"]
+    descriptor = metric.inputs["metricDescriptor"]
+    assert (descriptor["metricKind"], descriptor["valueType"]) == ("DELTA", "INT64")
+    assert metric.inputs["labelExtractors"] == {
+        "zone": "EXTRACT(jsonPayload.zone)",
+        "machine_type": "EXTRACT(jsonPayload.machine_type)",
+    }
+    assert not PREEMPTION_METRICS  # the function writes no time series of its own

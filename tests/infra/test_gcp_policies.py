@@ -132,6 +132,14 @@ BAD_RESOURCES = {
     "gcp-groups-update-opportunistically": res(
         MIG, {**GOOD_MIG, "updatePolicy": {**GOOD_MIG["updatePolicy"], "type": "PROACTIVE"}}
     ),
+    "gcp-log-metrics-extract-their-labels": res(
+        "gcp:logging/metric:Metric",
+        {
+            "filter": "x",
+            "metricDescriptor": {"metricKind": "DELTA", "valueType": "INT64", "labels": [{"key": "zone"}]},
+            "labelExtractors": {"zones": "EXTRACT(jsonPayload.zone)"},
+        },
+    ),
     "gcp-beta-preemption-notice": res(
         TEMPLATE, {"machineType": "g2-standard-8", "scheduling": {**SPOT, "preemptionNoticeDuration": {"seconds": 90}}}
     ),
