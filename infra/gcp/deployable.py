@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from ftfleet.infra.gcp import machines
+
 TEMPLATES = (
     "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate",
     "gcp:compute/instanceTemplate:InstanceTemplate",
@@ -269,6 +271,22 @@ def log_metrics_extract_their_labels(r) -> list[str]:
     return out
 
 
+def a3_has_its_gpu_nics(r) -> list[str]:
+    """ "Maximize GPU network bandwidth with GPUDirect-TCPX and multi-networking",
+    https://cloud.google.com/compute/docs/gpus/gpudirect: an A3 High VM reaches its GPU
+    network bandwidth through four NICs besides the host's (GPUDirect-TCPX), an A3 Mega
+    VM through eight (GPUDirect-TCPXO), each in its own VPC network. A template of one
+    with a single NIC runs NCCL over that NIC."""
+    if r.type not in TEMPLATES:
+        return []
+    machine = r.props.get("machineType")
+    need = next((n for prefix, n in machines.GPUDIRECT_NICS.items() if str(machine).startswith(prefix)), None)
+    nics = r.props.get("networkInterfaces") or []
+    if need is None or len(nics) >= need:
+        return []
+    return [f"{machine} has {len(nics)} NIC(s); GPUDirect needs {need}, one per GPU network and the host's"]
+
+
 #: (name, description, check, stack policy, advisory): infra/policies/ wraps them.
 SPECS = (
     (
@@ -321,4 +339,5 @@ SPECS = (
         log_metrics_extract_their_labels,
         False,
     ),
+    ("gcp-a3-gpu-nics", "A3 templates have the NICs GPUDirect-TCPX/TCPXO needs.", a3_has_its_gpu_nics, False),
 )

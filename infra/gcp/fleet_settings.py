@@ -63,6 +63,12 @@ def _gpu_facts(machine_type: str, key: str, gpu_type: str, gpu_count: int) -> tu
             f"contains unknown machine type {machine_type!r}; known gcp types: "
             f"{', '.join(catalog.instance_names('gcp'))} (add new ones to infra/catalog.json)",
         )
+    if series.gpu_network:
+        raise _err(
+            key,
+            f"contains {machine_type}, which needs {series.gpu_network} for NCCL to use its network, and ftfleet "
+            "does not declare that yet; use a2-ultragpu-8g or a2-highgpu-8g",
+        )
     if series.builtin_gpus:
         if gpu_type:
             raise _err(

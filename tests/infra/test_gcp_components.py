@@ -7,9 +7,10 @@ import ipaddress
 import json
 
 import pytest
+import yaml
 
 from ftfleet.cli import main
-from ftfleet.infra import policies
+from ftfleet.infra import policies, stackfile
 from ftfleet.infra.gcp import boot, network
 from tests.infra.conftest import recording, res_view
 
@@ -124,7 +125,7 @@ def test_templates_use_gvnic_no_external_address_the_node_account_and_one_pinned
         assert t.inputs["serviceAccount"]["email"] == account.outputs["email"]
         assert t.inputs["tags"] == ["ftfleet-gcp-prod-node"]
         assert t.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
-        assert "guestAccelerators" not in t.inputs  # A3 brings its own H100s
+        assert "guestAccelerators" not in t.inputs  # A2 Ultra brings its own A100s
         images.add(t.inputs["disks"][0]["sourceImage"])
     # The pinned image, by name: nothing is resolved, so the next `pulumi up` boots the same.
     assert images == {
@@ -229,7 +230,7 @@ def test_every_group_auto_heals_and_replaces_on_update():
         assert g.inputs["waitForInstances"] is False
 
 
-def test_prod_keeps_a3_nodes_in_one_zone_with_an_on_demand_base_and_spot_over_both_a3_types():
+def test_prod_keeps_a2_ultra_nodes_in_one_zone_with_an_on_demand_base_and_spot_for_the_rest():
     rec = recording("gcp-prod")
     spot = one(rec, MIG, "-workers")
     on_demand = one(rec, MIG, "-workers-ondemand")
@@ -237,10 +238,33 @@ def test_prod_keeps_a3_nodes_in_one_zone_with_an_on_demand_base_and_spot_over_bo
     for g in (spot, on_demand):
         assert g.inputs["distributionPolicyZones"] == ["us-central1-a"]
         assert g.inputs["distributionPolicyTargetShape"] == "ANY_SINGLE_ZONE"
-    selections = spot.inputs["instanceFlexibilityPolicy"]["instanceSelections"]
-    assert selections[0]["machineTypes"] == ["a3-highgpu-8g", "a3-megagpu-8g"]
+    assert {t.inputs["machineType"] for t in rec.of_type(TEMPLATE)} == {"a2-ultragpu-8g"}
     standard = one(rec, TEMPLATE, "-workers-ondemand")
     assert standard.inputs["scheduling"]["provisioningModel"] == "STANDARD"
+
+
+def test_a_stack_with_a3_nodes_is_refused_in_one_line_until_their_gpu_networking_is_declared(tmp_path, capsys):
+    config = yaml.safe_load((stackfile.STACKS_DIR / "Pulumi.gcp-prod.yaml").read_text())["config"]
+    config.update(
+        {"ftfleet:coordinatorInstanceType": "a3-highgpu-8g", "ftfleet:workerInstanceTypes": ["a3-highgpu-8g"]}
+    )
+    path = tmp_path / "Pulumi.a3.yaml"
+    path.write_text(yaml.safe_dump({"config": config}))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a3-highgpu-8g" in err and "GPUDirect-TCPX/TCPXO" in err
+
+
+def test_an_a3_template_with_one_nic_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    template = next(r for r in view if r.type == TEMPLATE)
+    template.props["machineType"] = "a3-highgpu-8g"
+    found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-a3-gpu-nics"]
+    assert found == [
+        (template.name, "a3-highgpu-8g has 1 NIC(s); GPUDirect needs 5, one per GPU network and the host's")
+    ]
+    template.props["networkInterfaces"] = template.props["networkInterfaces"] * 5
+    assert not [p for p, _, _ in policies.evaluate(view) if p == "gcp-a3-gpu-nics"]
 
 
 def test_spot_workers_may_spread_over_zones_when_their_gpus_do_not_need_one(gcp_variant):

@@ -118,13 +118,13 @@ BAD = {
         {"ftfleet:gcpAutomaticRestart": True},
         "ftfleet:gcpAutomaticRestart is true, but the worker template is SPOT",
     ),
-    "a3 spread over zones": (
-        {
-            "ftfleet:workerInstanceTypes": ["a3-highgpu-8g"],
-            "ftfleet:coordinatorInstanceType": "a3-highgpu-8g",
-            "ftfleet:gcpSingleZone": False,
-        },
-        "ftfleet:gcpSingleZone is false, but a3-highgpu-8g reaches its GPU interconnect only within one zone",
+    "a3 without its GPUDirect networking": (
+        {"ftfleet:workerInstanceTypes": ["a3-megagpu-8g"], "ftfleet:coordinatorInstanceType": "a3-megagpu-8g"},
+        "ftfleet:workerInstanceTypes contains a3-megagpu-8g, which needs GPUDirect-TCPX/TCPXO",
+    ),
+    "an a3 coordinator": (
+        {"ftfleet:coordinatorInstanceType": "a3-highgpu-8g"},
+        "ftfleet:coordinatorInstanceType contains a3-highgpu-8g, which needs GPUDirect-TCPX/TCPXO",
     ),
     "preemption notice too long": (
         {"ftfleet:gcpPreemptionNoticeSeconds": 600},

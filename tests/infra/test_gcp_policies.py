@@ -97,7 +97,7 @@ BAD_RESOURCES = {
     "gcp-gpu-terminates-on-maintenance": res(
         TEMPLATE,
         {
-            "machineType": "a3-highgpu-8g",
+            "machineType": "a2-ultragpu-8g",
             "scheduling": {"provisioningModel": "STANDARD", "onHostMaintenance": "MIGRATE"},
         },
     ),
@@ -138,6 +138,14 @@ BAD_RESOURCES = {
             "filter": "x",
             "metricDescriptor": {"metricKind": "DELTA", "valueType": "INT64", "labels": [{"key": "zone"}]},
             "labelExtractors": {"zones": "EXTRACT(jsonPayload.zone)"},
+        },
+    ),
+    "gcp-a3-gpu-nics": res(
+        TEMPLATE,
+        {
+            "machineType": "a3-megagpu-8g",
+            "scheduling": {"provisioningModel": "STANDARD", "onHostMaintenance": "TERMINATE"},
+            "networkInterfaces": [{"subnetwork": "s", "nicType": "GVNIC"}],
         },
     ),
     "gcp-beta-preemption-notice": res(
