@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -453,3 +455,10 @@ def test_a_health_check_whose_port_the_firewall_does_not_open_to_googles_probers
     found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-health-checks-reachable"]
     assert [n for n, _ in found] == [check.name, check.name]
     assert "35.191.0.0/16" in found[0][1] and "130.211.0.0/22" in found[1][1]
+
+
+def test_every_stack_output_the_gcp_runbook_reads_is_one_the_program_exports():
+    text = (Path(__file__).parents[2] / "docs" / "VERIFY-ON-GCP.md").read_text()
+    used = set(re.findall(r"pulumi stack output (\w+)", text))
+    assert {"coordinator_group", "worker_group", "checkpoint_bucket", "trainer_image", "node_image"} <= used
+    assert used <= set(recording("gcp-dev").outputs)
