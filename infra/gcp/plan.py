@@ -55,6 +55,7 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": ("role",),
     "gcp:cloudfunctionsv2/function:Function": (
         "buildConfig.runtime",
+        "buildConfig.serviceAccount",
         "serviceConfig.timeoutSeconds",
         "serviceConfig.ingressSettings",
     ),
@@ -67,6 +68,9 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     ),
     "gcp:monitoring/metricDescriptor:MetricDescriptor": ("type", "metricKind", "valueType"),
     "gcp:projects/iAMCustomRole:IAMCustomRole": ("permissions",),
+    "gcp:serviceaccount/account:Account": ("accountId",),
+    "gcp:projects/serviceIdentity:ServiceIdentity": ("service",),
+    "gcp:logging/metric:Metric": ("name", "metricDescriptor.metricKind", "metricDescriptor.labels.*.key"),
 }
 
 
