@@ -82,9 +82,9 @@ DEFAULT_BUILDERS = ("@cloudbuild.gserviceaccount.com", "-compute@developer.gserv
 
 def functions_build_as_their_own_account(resources: list) -> list[tuple[str, str]]:
     """ "Custom service account for Cloud Build", https://cloud.google.com/functions/docs/securing/build-custom-sa:
-    Cloud Build changed how it uses service accounts in new projects (July 2024), and
-    a project deploying functions for the first time may find the default build
-    account without the permissions a build needs. "Configure a build service
+    in newer projects Cloud Build no longer gives its default account the permissions
+    a build needs, so a project deploying functions for the first time may find the
+    default build account unable to build. "Configure a build service
     account", https://cloud.google.com/run/docs/configuring/services/build-service-account:
     the build account needs Cloud Run Builder (`roles/run.builder`) on the project.
     Every function names its build account (not a default one), and the function
