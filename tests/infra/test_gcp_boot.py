@@ -444,6 +444,7 @@ def test_the_agent_answers_only_its_health_path(node):
     assert probe(node, path="/metrics")[0] == 404
 
 
+@pytest.mark.integration
 def test_the_agent_runs_as_its_unit_runs_it(node, tmp_path):
     """python3 on the file with the unit's environment, as systemd starts it."""
     with socket.socket() as s:
