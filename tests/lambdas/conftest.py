@@ -385,3 +385,42 @@ def metric_sum(name: str, dimensions: dict[str, str], namespace: str = "ftfleet"
         EndTime=now + datetime.timedelta(minutes=5),
     )
     return sum(got["MetricDataResults"][0]["Values"])
+
+
+# ---------------------------------------------------------------------------
+# S3 as it answers a role that may list only under a prefix
+# ---------------------------------------------------------------------------
+
+
+def list_only_under(client: Any, prefix: str, refused: list[str] | None = None) -> list[str]:
+    """Make ``client`` (an S3 client of a function, under moto) answer as S3 answers a
+    role whose ``s3:ListBucket`` has an ``s3:prefix`` condition on ``prefix*``, as the
+    functions' roles do. moto answers 404 to a HEAD or GET of a missing key whoever
+    asks; S3 answers 404 only to a caller allowed to list the bucket, and 403 to any
+    other (Amazon S3 API Reference, "HeadObject" and "GetObject", Permissions). A
+    listing outside ``prefix`` is refused with AccessDenied. Returns the operations
+    refused. Only ``client`` answers so (botocore copies the hooks into each client).
+    Call it again for another client, with the same list as ``refused``."""
+    plain = boto3.client("s3", region_name=client.meta.region_name)
+    refused = [] if refused is None else refused
+
+    def exists(bucket: str, key: str) -> bool:
+        found = plain.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+        return any(item["Key"] == key for item in found)
+
+    def answer(model: Any, params: dict, **kwargs: Any) -> Any:
+        name = model.name
+        if name in ("HeadObject", "GetObject") and not exists(params["Bucket"], params["Key"]):
+            refused.append(name)
+            if name == "HeadObject":  # a HEAD answer has no body: botocore names the status
+                raise client_error("403", "Forbidden", name)
+            raise client_error("AccessDenied", "Access Denied", name)
+        if name in ("ListObjectsV2", "ListObjects") and not params.get("Prefix", "").startswith(prefix):
+            refused.append(name)
+            raise client_error("AccessDenied", "Access Denied", name)
+        return None
+
+    # API parameters are seen before they are serialized, by before-parameter-build.
+    client.meta.events.register_first("before-parameter-build.s3", answer, unique_id="ftfleet-list-only-under")
+    return refused
+
