@@ -47,6 +47,7 @@ class Remediation(pulumi.ComponentResource):
         super().__init__("ftfleet:aws:Remediation", name, None, opts)
         self._name, self._s, self._t = name, settings, targets
         self._o = pulumi.ResourceOptions(parent=self, provider=primary)
+        self._replica_o = pulumi.ResourceOptions(parent=self, provider=replica)
         self.deployed: dict[str, Deployed] = {}
         self.alarms: list[aws.cloudwatch.MetricAlarm] = []
         s, r = settings, settings.remediation
@@ -115,6 +116,7 @@ class Remediation(pulumi.ComponentResource):
             targets.replica_bucket.bucket,
             self._rule_id(),
             self._o,
+            self._replica_o,
         )
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{name}-dashboard",
@@ -125,6 +127,7 @@ class Remediation(pulumi.ComponentResource):
                 lambda a: body(
                     DashboardInputs(
                         region=s.region,
+                        replica_region=s.replica_region,
                         stack=s.stack,
                         run_id=s.trainer.run_id,
                         primary_bucket=a[0],

@@ -1,7 +1,13 @@
 """The remediation functions' alarms: one per function on its dead-letter queue and its
 errors, and one per condition a human must see (replication lag, S3 Replication Time
 Control's own metrics, withheld replacements, handoffs that hit the deadline, storage
-settings someone weakened). A switched-off function takes its alarms with it."""
+settings someone weakened). A switched-off function takes its alarms with it.
+
+An alarm lives in the region whose CloudWatch holds its metric: S3 publishes
+ReplicationLatency (like BytesPendingReplication and OperationsPendingReplication) in
+the destination bucket's region and OperationsFailedReplication in the source bucket's
+(infra/policies/remediation.py, which checks it); everything else is in the primary
+region."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import pulumi
 import pulumi_aws as aws
 
 from ftfleet import contract
+from ftfleet.infra.policies.remediation import S3_REPLICATION_METRIC_SIDE
 from ftfleet.infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,8 +64,11 @@ def declare(
     replica_bucket: pulumi.Output[str],
     rule_id: pulumi.Output[str],
     opts: pulumi.ResourceOptions,
+    replica_opts: pulumi.ResourceOptions,
 ) -> list[aws.cloudwatch.MetricAlarm]:
+    """``opts`` place an alarm in the primary region, ``replica_opts`` in the replica's."""
     out = []
+    side_opts = {"source": opts, "destination": replica_opts}
     ns, stack = contract.METRICS_NAMESPACE, {"Stack": s.stack}
     for folder, d in deployed.items():
         short = folder.replace("_", "-")
@@ -119,7 +129,7 @@ def declare(
                 rtc,
                 "Maximum",
                 r.replication_lag_alarm_seconds,
-                opts,
+                side_opts[S3_REPLICATION_METRIC_SIDE["ReplicationLatency"]],
                 comparison="GreaterThanThreshold",
             )
         )
@@ -133,7 +143,7 @@ def declare(
                 rtc,
                 "Sum",
                 0,
-                opts,
+                side_opts[S3_REPLICATION_METRIC_SIDE["OperationsFailedReplication"]],
                 comparison="GreaterThanThreshold",
             )
         )

@@ -9,7 +9,8 @@ They read resources through :class:`Res`, a neutral view both sides can build.
 - `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
   scoped to one record and type.
 - `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
-  rule permissions, valid schedules, trails with global events.
+  rule permissions, valid schedules, trails with global events, replication alarms in
+  the region S3 publishes their metric in.
 - `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
   key policy, EFA per network card and its security group, one GPU generation per
   fleet, the file system after its rules, replacement bounds, KMS via services, and
@@ -55,6 +56,7 @@ from ftfleet.infra.policies.remediation import (
     lambda_dead_letters_and_logs,
     lambda_rule_permissions,
     lambda_within_quotas,
+    s3_replication_alarm_region,
     schedule_expression_valid,
     trail_logs_global_events,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "lambda_dead_letters_and_logs",
     "lambda_rule_permissions",
     "lambda_within_quotas",
+    "s3_replication_alarm_region",
     "schedule_expression_valid",
     "trail_logs_global_events",
     "BUCKET_GUARDS",
@@ -200,6 +203,12 @@ POLICIES: tuple[Policy, ...] = (
         "lambda-dlq-and-log-retention",
         "Every function has a dead-letter queue its role can send to and a log group with retention.",
         lambda_dead_letters_and_logs,
+        stack=True,
+    ),
+    Policy(
+        "s3-replication-alarm-region",
+        "An alarm on an S3 replication metric is in the region S3 publishes it in.",
+        s3_replication_alarm_region,
         stack=True,
     ),
     Policy(
