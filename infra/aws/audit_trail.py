@@ -18,7 +18,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from ftfleet.infra.aws.bucket import tls_only_policy
+from ftfleet.infra.aws.bucket import SSE_C, tls_only_policy
 from ftfleet.infra.settings import Settings
 
 LOG_DAYS = 365
@@ -134,6 +134,7 @@ class AuditTrail(pulumi.ComponentResource):
                         sse_algorithm="aws:kms", kms_master_key_id=self.key.arn
                     ),
                     bucket_key_enabled=True,
+                    blocked_encryption_types=[SSE_C],
                 )
             ],
             opts=o,

@@ -1,7 +1,7 @@
 """ReplicatedBucket: the durable checkpoint tier, in two regions.
 
 Both buckets are versioned, SSE-KMS encrypted (the primary with the stack key, the
-replica with its replica key), fully private, owner-enforced and TLS-only, with the
+replica with its replica key) with SSE-C uploads blocked, fully private, owner-enforced and TLS-only, with the
 same lifecycle. Replication copies everything, delete markers included, re-encrypts in
 the replica region, and (by default) runs under Replication Time Control with metrics,
 which the replication-lag alarm watches.
@@ -17,6 +17,9 @@ import pulumi_aws as aws
 from ftfleet.infra.settings import BucketSettings, Settings
 
 s3 = aws.s3
+#: The encryption type every checkpoint bucket refuses for uploads: objects are SSE-KMS
+#: with the stack key, and S3 blocks SSE-C on new buckets by default anyway.
+SSE_C = "SSE-C"
 
 
 def tls_only_policy(bucket_arn: str) -> str:
@@ -241,6 +244,9 @@ class ReplicatedBucket(pulumi.ComponentResource):
                         sse_algorithm="aws:kms", kms_master_key_id=key_arn
                     ),
                     bucket_key_enabled=True,
+                    # Declared, not left to S3's default for new buckets, so that the
+                    # stack and storage_drift own it and a repair never unblocks SSE-C.
+                    blocked_encryption_types=[SSE_C],
                 )
             ],
             opts=o,

@@ -4,8 +4,9 @@ The tests run them over every resource the real program declares under mocks, an
 CrossGuard pack in policy/ wraps the same functions for `pulumi preview --policy-pack`.
 They read resources through :class:`Res`, a neutral view both sides can build.
 
-- `baseline`: buckets guarded, IMDSv2, no world ingress, no `*` on `*`, FSx shape,
-  spot spread, cross-region replication, an on-demand coordinator.
+- `baseline`: buckets guarded (SSE-C blocked among the rest), IMDSv2, no world
+  ingress, no `*` on `*`, FSx shape, spot spread, cross-region replication, an
+  on-demand coordinator.
 - `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
   scoped to one record and type.
 - `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
@@ -34,6 +35,7 @@ from ftfleet.infra.policies.baseline import (
     public_access_blocked,
     replication_cross_region,
     spot_diversified,
+    sse_c_blocked,
     tls_only,
     versioning_enabled,
 )
@@ -98,6 +100,7 @@ __all__ = [
     "replication_cross_region",
     "route53_changes_scoped",
     "spot_diversified",
+    "sse_c_blocked",
     "stateful_protected",
     "tls_only",
     "user_data_within_limit",
@@ -107,6 +110,7 @@ __all__ = [
 POLICIES: tuple[Policy, ...] = (
     Policy("s3-versioning-enabled", "Checkpoint buckets keep every version.", versioning_enabled),
     Policy("s3-kms-encrypted", "Buckets are encrypted with a customer KMS key.", kms_encrypted),
+    Policy("s3-sse-c-blocked", "Default encryption blocks SSE-C uploads.", sse_c_blocked),
     Policy("s3-public-access-blocked", "All four S3 public-access blocks are on.", public_access_blocked),
     Policy("s3-tls-only", "Bucket policies deny requests without TLS.", tls_only),
     Policy("ec2-imdsv2-required", "Launch templates require IMDSv2 tokens.", imdsv2_required),

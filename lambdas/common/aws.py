@@ -17,7 +17,7 @@ from typing import Any
 
 import boto3
 import botocore.config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from ftfleet import contract
 
@@ -47,8 +47,25 @@ def _client(service: str, region: str | None) -> Any:
 
 
 def reset() -> None:
-    """Forget cached clients (each test gets clients bound to its own mock)."""
+    """Forget cached clients and the identity (each test gets clients bound to its own
+    mock, and hooks a test registers on them end with it)."""
     _client.cache_clear()
+    _identity.clear()
+
+
+_identity: dict[str, str] = {}
+
+
+def caller_arn() -> str | None:
+    """The ARN this process acts as (STS GetCallerIdentity, which needs no permission),
+    or None while STS cannot be reached: in a function, ``arn:aws:sts::<account>:
+    assumed-role/<its role>/<session>``. Asked once per process."""
+    if "arn" not in _identity:
+        try:
+            _identity["arn"] = client("sts").get_caller_identity()["Arn"]
+        except (ClientError, BotoCoreError):
+            return None
+    return _identity["arn"]
 
 
 def error_code(exc: BaseException) -> str:

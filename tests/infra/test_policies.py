@@ -39,7 +39,22 @@ BAD_RESOURCES = {
     ),
     "s3-kms-encrypted": res(
         "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-        {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]},
+        {
+            "rules": [
+                {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}, "blockedEncryptionTypes": ["SSE-C"]}
+            ]
+        },
+    ),
+    "s3-sse-c-blocked": res(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        {
+            "rules": [
+                {
+                    "applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": "k"},
+                    "blockedEncryptionTypes": ["NONE"],
+                }
+            ]
+        },
     ),
     "s3-public-access-blocked": res(
         "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
