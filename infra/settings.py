@@ -120,6 +120,8 @@ class RemediationSettings:
     max_replacements_per_hour: int
     cloud_trail: str
     """`create`: the stack creates a trail for storage_drift; `existing`: the account's."""
+    alarm_subscriptions: tuple[tuple[str, str], ...] = ()
+    """(SNS protocol, endpoint) of each subscriber to the stack's alarm topics."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -320,7 +322,46 @@ def _remediation(r: _Reader) -> RemediationSettings:
         unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60, maximum=86400),
         max_replacements_per_hour=r.int("unhealthyNodeMaxReplacementsPerHour", minimum=1, maximum=100),
         cloud_trail=trail,
+        alarm_subscriptions=_subscriptions(r),
     )
+
+
+#: What each SNS protocol's endpoint looks like (Amazon SNS API Reference, "Subscribe",
+#: Endpoint): an email address, a URL of the protocol's scheme, an E.164 number, an ARN.
+_ENDPOINTS = {
+    "email": (r"[^@\s:]+@[^@\s]+\.[^@\s]+", "an email address"),
+    "email-json": (r"[^@\s:]+@[^@\s]+\.[^@\s]+", "an email address"),
+    "http": (r"http://[^\s]+", "an http:// URL"),
+    "https": (r"https://[^\s]+", "an https:// URL"),
+    "sms": (r"\+[1-9][0-9]{6,14}", "a phone number in E.164 form (+15555550123)"),
+    "sqs": (r"arn:aws[a-z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\.fifo)?", "an SQS queue ARN"),
+    "lambda": (
+        r"arn:aws[a-z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:[A-Za-z0-9_-]{1,64}(:[A-Za-z0-9$_-]+)?",
+        "a function ARN",
+    ),
+}
+
+
+def _subscriptions(r: _Reader) -> tuple[tuple[str, str], ...]:
+    """``alarmSubscriptions``: ``protocol:endpoint`` strings; an http(s) URL is its own
+    protocol and endpoint."""
+    out = []
+    for item in r.list("alarmSubscriptions"):
+        protocol, sep, endpoint = item.partition(":")
+        if protocol in ("http", "https"):
+            endpoint = item
+        if not sep or protocol not in _ENDPOINTS:
+            raise _err(
+                "alarmSubscriptions",
+                f"contains {item!r}; write protocol:endpoint with a protocol of {', '.join(_ENDPOINTS)}",
+            )
+        pattern, what = _ENDPOINTS[protocol]
+        if not re.fullmatch(pattern, endpoint):
+            raise _err("alarmSubscriptions", f"contains {item!r}; a {protocol} endpoint is {what}")
+        out.append((protocol, endpoint))
+    if len(set(out)) != len(out):
+        raise _err("alarmSubscriptions", "lists a subscriber twice; list each once")
+    return tuple(out)
 
 
 def _network(r: _Reader, region: str) -> NetworkSettings:

@@ -108,6 +108,10 @@ class Remediation(pulumi.ComponentResource):
 
         for deployed in self.deployed.values():
             self._parts.dead_letter_policy(deployed)
+        self.topics = {s.region: remediation_alarms.topic(f"{name}-alarms", s, self._o)}
+        if r.replication_lag:  # its S3 latency alarm lives in the replica region
+            self.topics[s.replica_region] = remediation_alarms.topic(f"{name}-alarms-replica", s, self._replica_o)
+        replica_topic = self.topics.get(s.replica_region, self.topics[s.region])
         self.alarms += remediation_alarms.declare(
             name,
             s,
@@ -115,8 +119,8 @@ class Remediation(pulumi.ComponentResource):
             targets.primary_bucket.bucket,
             targets.replica_bucket.bucket,
             self._rule_id(),
-            self._o,
-            self._replica_o,
+            remediation_alarms.Place(self._o, self.topics[s.region].arn),
+            remediation_alarms.Place(self._replica_o, replica_topic.arn),
         )
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{name}-dashboard",
@@ -148,6 +152,7 @@ class Remediation(pulumi.ComponentResource):
             {
                 "functions": {k: v.function.name for k, v in self.deployed.items()},
                 "dashboard": self.dashboard.dashboard_name,
+                "alarm_topics": {region: t.arn for region, t in self.topics.items()},
             }
         )
 

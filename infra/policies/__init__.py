@@ -11,7 +11,7 @@ They read resources through :class:`Res`, a neutral view both sides can build.
   scoped to one record and type.
 - `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
   rule permissions, valid schedules, trails with global events, replication alarms in
-  the region S3 publishes their metric in.
+  the region S3 publishes their metric in, no silent alarm.
 - `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
   key policy, EFA per network card and its security group, one GPU generation per
   fleet, the file system after its rules, replacement bounds, KMS via services, and
@@ -52,6 +52,7 @@ from ftfleet.infra.policies.deployable import (
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
 from ftfleet.infra.policies.nodes import node_image_pinned, route53_changes_scoped, user_data_within_limit
 from ftfleet.infra.policies.remediation import (
+    alarms_notify,
     async_retries_bounded,
     dead_letter_queues_admit_their_rules,
     event_target_bounded,
@@ -64,6 +65,7 @@ from ftfleet.infra.policies.remediation import (
 )
 
 __all__ = [
+    "alarms_notify",
     "async_retries_bounded",
     "dead_letter_queues_admit_their_rules",
     "event_target_bounded",
@@ -207,6 +209,12 @@ POLICIES: tuple[Policy, ...] = (
         "lambda-dlq-and-log-retention",
         "Every function has a dead-letter queue its role can send to and a log group with retention.",
         lambda_dead_letters_and_logs,
+        stack=True,
+    ),
+    Policy(
+        "cloudwatch-alarms-notify",
+        "Every alarm has its actions enabled and notifies an SNS topic of its own region.",
+        alarms_notify,
         stack=True,
     ),
     Policy(
