@@ -34,6 +34,11 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)
 FSX_COMPRESSIONS = ("LZ4", "NONE")
 CLOUDS = contract.CLOUDS
 CLOUD_TRAIL_MODES = ("create", "existing")
+#: An AWS stack's name: every physical name derives from it, and S3 and ECR take only
+#: lowercase letters, digits and hyphens, CloudTrail no two hyphens in a row. Pulumi
+#: allows up to 100 characters; infra/aws/names.py fits each name to its service.
+STACK_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+STACK_NAME_MAX = 100
 
 
 def load_schema(path: Path = PULUMI_YAML) -> dict[str, dict[str, Any]]:
@@ -253,6 +258,11 @@ def parse(
     if cloud == "gcp":
         return gcp_settings.parse(r, stack=stack, region=region)
     gcp_keys.refuse_on_aws(raw)
+    if len(stack) > STACK_NAME_MAX or not STACK_NAME.fullmatch(stack):
+        raise ConfigError(
+            f"stack name {stack!r}: AWS resources are named after it; use lowercase letters, digits and "
+            f"single hyphens, at most {STACK_NAME_MAX} characters (`pulumi stack rename`)"
+        )
     if not region:
         raise ConfigError(f"{cloud}:region is required: set it with `pulumi config set {cloud}:region <region>`")
     replica_region = r.str("replicaRegion")

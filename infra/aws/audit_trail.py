@@ -18,6 +18,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra.aws import names
 from ftfleet.infra.aws.bucket import SSE_C, tls_only_policy
 from ftfleet.infra.settings import Settings
 
@@ -118,7 +119,9 @@ class AuditTrail(pulumi.ComponentResource):
             policy=pulumi.Output.all(account_id, arn).apply(lambda a: key_policy(*a)),
             opts=keep,
         )
-        self.bucket = s3.Bucket(f"{name}-logs", force_destroy=False, opts=keep)
+        self.bucket = s3.Bucket(
+            f"{name}-logs", force_destroy=False, **names.generated("aws:s3/bucket:Bucket", f"{name}-logs"), opts=keep
+        )
         s3.BucketVersioning(
             f"{name}-logs-versioning",
             bucket=self.bucket.id,

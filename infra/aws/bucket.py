@@ -14,6 +14,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra.aws import names
 from ftfleet.infra.settings import BucketSettings, Settings
 
 s3 = aws.s3
@@ -155,6 +156,7 @@ class ReplicatedBucket(pulumi.ComponentResource):
 
         role = aws.iam.Role(
             f"{name}-replication",
+            **names.generated("aws:iam/role:Role", f"{name}-replication"),
             description=f"{settings.name}: S3 replicates checkpoints to {settings.replica_region}",
             assume_role_policy=json.dumps(
                 {
@@ -169,6 +171,7 @@ class ReplicatedBucket(pulumi.ComponentResource):
         )
         self.replication_policy = aws.iam.RolePolicy(
             f"{name}-replication",
+            **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-replication"),
             role=role.id,
             policy=pulumi.Output.all(self.primary.arn, self.replica.arn, key.arn, replica_key.arn).apply(
                 lambda a: replication_policy(*a, settings.region, settings.replica_region)
@@ -224,6 +227,7 @@ class ReplicatedBucket(pulumi.ComponentResource):
         # creation) stops the update instead of emptying a bucket of checkpoints.
         bucket = s3.Bucket(
             name,
+            **names.generated("aws:s3/bucket:Bucket", name),
             object_lock_enabled=b.object_lock or None,
             force_destroy=False,
             opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(protect=True)),

@@ -7,6 +7,7 @@ They read resources through :class:`Res`, a neutral view both sides can build.
 - `baseline`: buckets guarded (SSE-C blocked among the rest), IMDSv2, no world
   ingress, no `*` on `*`, FSx shape, spot spread, cross-region replication, an
   on-demand coordinator.
+- `names`: every generated name fits its service's limits.
 - `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
   scoped to one record and type.
 - `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
@@ -50,6 +51,7 @@ from ftfleet.infra.policies.deployable import (
     stateful_protected,
 )
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
+from ftfleet.infra.policies.names import names_within_limits
 from ftfleet.infra.policies.nodes import node_image_pinned, route53_changes_scoped, user_data_within_limit
 from ftfleet.infra.policies.remediation import (
     alarms_notify,
@@ -95,6 +97,7 @@ __all__ = [
     "kms_encrypted",
     "kms_via_service",
     "no_star_star",
+    "names_within_limits",
     "node_image_pinned",
     "no_world_ingress",
     "public_access_blocked",
@@ -133,6 +136,11 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "ec2-node-image-pinned", "Launch templates boot one AMI id, resolved once per deployment.", node_image_pinned
+    ),
+    Policy(
+        "names-within-limits",
+        "Every physical name fits its service's length and characters, whatever the stack's name.",
+        names_within_limits,
     ),
     Policy("ec2-user-data-within-limit", "User data fits EC2's 16 KiB.", user_data_within_limit),
     Policy(
