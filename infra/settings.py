@@ -565,7 +565,15 @@ def _tags(r: _Reader) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise _err("tags", f"contains {item!r}; write tags as key=value")
-        if key.strip().lower().startswith(("aws:", "ftfleet:")):
+        key, value = key.strip(), value.strip()
+        if key.lower().startswith(("aws:", "ftfleet:")):
             raise _err("tags", f"contains reserved key {key!r}; aws: and ftfleet: prefixes are reserved")
-        tags[key.strip()] = value.strip()
+        # The nodes allow tags in instance metadata, and every tag reaches them.
+        if problem := constraints.imds_tag_key_problem(key):
+            raise _err("tags", f"contains key {key!r}: {problem}")
+        if len(value) > constraints.TAG_VALUE_MAX:
+            raise _err("tags", f"contains a value of {len(value)} characters for {key!r}; EC2 allows 256")
+        if key in tags:
+            raise _err("tags", f"sets {key!r} twice; set each key once")
+        tags[key] = value
     return tags

@@ -9,7 +9,7 @@ They read resources through :class:`Res`, a neutral view both sides can build.
   on-demand coordinator.
 - `names`: every generated name fits its service's limits.
 - `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
-  scoped to one record and type.
+  scoped to one record and type, instance tag keys that instance metadata can serve.
 - `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
   rule permissions, valid schedules, trails with global events, replication alarms in
   the region S3 publishes their metric in, no silent alarm.
@@ -52,7 +52,12 @@ from ftfleet.infra.policies.deployable import (
 )
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
 from ftfleet.infra.policies.names import names_within_limits
-from ftfleet.infra.policies.nodes import node_image_pinned, route53_changes_scoped, user_data_within_limit
+from ftfleet.infra.policies.nodes import (
+    metadata_tag_keys_valid,
+    node_image_pinned,
+    route53_changes_scoped,
+    user_data_within_limit,
+)
 from ftfleet.infra.policies.remediation import (
     alarms_notify,
     async_retries_bounded,
@@ -97,6 +102,7 @@ __all__ = [
     "kms_encrypted",
     "kms_via_service",
     "no_star_star",
+    "metadata_tag_keys_valid",
     "names_within_limits",
     "node_image_pinned",
     "no_world_ingress",
@@ -136,6 +142,12 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "ec2-node-image-pinned", "Launch templates boot one AMI id, resolved once per deployment.", node_image_pinned
+    ),
+    Policy(
+        "ec2-metadata-tag-keys",
+        "With tags in instance metadata, every tag an instance gets has a key metadata can serve.",
+        metadata_tag_keys_valid,
+        stack=True,
     ),
     Policy(
         "names-within-limits",
