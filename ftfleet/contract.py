@@ -430,16 +430,26 @@ def reserved_name(local_rank: int, index: int) -> str:
     return f"local{local_rank}-{index}"
 
 
+#: A step is an int64 counter: at most 19 decimal digits.
+STEP_DIGITS_MAX = 19
+
+
 def step_dir_name(step: int) -> str:
     return f"{STEP_DIR_PREFIX}{step}"
 
 
 def parse_step_dir(name: str) -> int | None:
-    """The step of a `step-N` directory name, or None for anything else."""
+    """The step of a `step-N` directory name, or None for anything else: N is ASCII
+    digits without zero padding (exactly what :func:`step_dir_name` writes), so a name
+    that only looks like one (``step-²``, ``step-١٢``, ``step-007``) is no checkpoint."""
     if not name.startswith(STEP_DIR_PREFIX):
         return None
     digits = name[len(STEP_DIR_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
+    if not (digits.isascii() and digits.isdigit()) or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    if len(digits) > STEP_DIGITS_MAX:  # no step counter gets there; a path would be too long
+        return None
+    return int(digits)
 
 
 def marker_key(node_id: str) -> str:
@@ -474,7 +484,7 @@ class CommitMarker:
     def from_json(cls, text: str | bytes) -> CommitMarker:
         try:
             data = json.loads(text)
-            return cls(
+            marker = cls(
                 run_id=str(data["run_id"]),
                 node_id=str(data["node_id"]),
                 step=int(data["step"]),
@@ -482,7 +492,12 @@ class CommitMarker:
                 durable=bool(data["durable"]),
                 written_at=float(data["written_at"]),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+            if not math.isfinite(marker.written_at):
+                raise ValueError(f"written_at is {marker.written_at}")
+            return marker
+        # OverflowError: a number past a float (int(1e999)); RecursionError: nesting
+        # deeper than the parser goes. Both are just malformed JSON here.
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             raise ContractError(f"malformed commit marker: {exc}") from None
 
     @classmethod
@@ -678,7 +693,7 @@ class InterruptionPrior:
                 updated_at=float(data["updated_at"]),
                 interruptions=tuple(sorted(events, key=lambda i: i.at)),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise ContractError(f"malformed interruption prior ({INTERRUPTION_PRIOR_KEY}): {exc}") from None
         if prior.cloud not in DEFAULT_METADATA_ENDPOINT:
             raise ContractError(f"malformed interruption prior: cloud {prior.cloud!r} is not aws or gcp")
@@ -697,10 +712,12 @@ def manifest_file_sizes(text: str | bytes) -> dict[str, int]:
     try:
         files = json.loads(text)["files"]
         sizes = {str(name): int(entry["size"]) for name, entry in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise ContractError(f"malformed {MANIFEST_NAME}: {exc}") from None
     if not sizes:
         raise ContractError(f"malformed {MANIFEST_NAME}: it lists no files")
+    if any(size < 0 for size in sizes.values()):
+        raise ContractError(f"malformed {MANIFEST_NAME}: a negative size")
     return sizes
 
 
