@@ -119,7 +119,7 @@ def read_json(bucket: str, key: str, region: str | None = None) -> tuple[Any, st
         return None, None
     try:
         return json.loads(body), etag
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return "<not JSON>", etag
 
 

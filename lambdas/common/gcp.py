@@ -71,7 +71,7 @@ def message(event: Any) -> tuple[Any, dict[str, str]]:
         raise Dropped("malformed event: event.data.message.data is missing or not base64 text")
     try:
         payload = json.loads(base64.b64decode(raw, validate=True))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise Dropped("malformed event: event.data.message.data is not base64-encoded JSON") from None
     attributes = msg.get("attributes") or {}
     return payload, dict(attributes) if isinstance(attributes, Mapping) else {}
@@ -102,7 +102,7 @@ def read_json(bucket: str, key: str) -> tuple[Any, int]:
         return None, 0
     try:
         return json.loads(data), int(blob.generation or 0)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "<not JSON>", int(blob.generation or 0)
 
 

@@ -28,7 +28,7 @@ from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.gcp_preemption.config import COUNTED, PREEMPTED_METHOD, Config
 
 NAME = "gcp_preemption"
-RESOURCE = re.compile(r"projects/[^/]+/zones/(?P<zone>[a-z0-9-]+)/instances/(?P<name>[a-z][a-z0-9-]*)")
+RESOURCE = re.compile(r"projects/(?P<project>[^/]+)/zones/(?P<zone>[a-z0-9-]+)/instances/(?P<name>[a-z][a-z0-9-]*)")
 
 clock = runtime.Clock()
 
@@ -49,10 +49,13 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     if not found:
         raise events.Dropped(f"malformed event: protoPayload.resourceName {resource[:120]!r} names no instance")
     zone, name = found["zone"], found["name"]
+    if found["project"] != cfg.project:  # the same instance names can exist in any project
+        raise events.Dropped("instance of another project", instance=name, project=found["project"][:80])
     prefix = next((p for p in cfg.prefixes if name.startswith(f"{p}-") and "-" not in name[len(p) + 1 :]), None)
     if prefix is None:
         raise events.Dropped("instance of another stack", instance=name, zone=zone)
-    labels = events.mapping((entry.get("resource") or {}).get("labels") or {}, "log entry.resource.labels")
+    resource_of = events.mapping(entry.get("resource") or {}, "log entry.resource")
+    labels = events.mapping(resource_of.get("labels") or {}, "log entry.resource.labels")
     instance_id = str(labels.get("instance_id") or name)
     at = events.timestamp(entry, "timestamp", "log entry")
     where = {
