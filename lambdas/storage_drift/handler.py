@@ -9,8 +9,8 @@ do. A failed call (``errorCode``), a call made by this function's own role (its 
 repair) and a bucket or association of another stack are dropped with a log line.
 
 It compares only what the stack owns (desired.owned): S3 reports settings the stack
-does not declare (``BlockedEncryptionTypes`` on every bucket created since April 2026,
-where SSE-C is blocked by default), and those neither count as drift nor are dropped
+does not declare (``BlockedEncryptionTypes`` on every bucket where SSE-C is blocked by
+default, as S3 does for new buckets), and those neither count as drift nor are dropped
 by a repair, which writes the rendered setting over what is there (desired.merged). A
 bucket policy holds when every rendered statement is in it and any other statement
 denies; a repair keeps those denials. Bucket settings are eventually consistent, so a
