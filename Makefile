@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftfleet-installed
 
-.PHONY: setup test test-gpu demo plan drill bench bench-restore bench-titan chaos lint docs clean
+.PHONY: setup test test-fast test-gpu demo plan drill bench bench-restore bench-titan chaos lint docs clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,17 +21,24 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 
 setup: $(STAMP)
 
-## Lint and format check (ruff, configured in pyproject.toml).
+## Lint and format check (ruff, configured in pyproject.toml), and docstrings that state
+## contracts, not history (no dates, machine timings or pointers into the benchmark log).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) -m tests.tools.docstring_history
 
-## The linters, then the whole test suite (under ~10 minutes on 2 cores). Most tests wait
-## on subprocesses and servers, so two workers (pytest-xdist, whole files per worker, so
-## that a file's session fixtures are built once) finish well before one.
+## The linters, then the whole test suite, both tiers (under 10 minutes on 2 cores; the
+## README's and CI's command). Two workers (pytest-xdist, whole files per worker, so that
+## a file's session fixtures are built once) finish well before one.
 TEST_WORKERS ?= 2
 test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+## The inner loop: the unit tier only (no test that starts a process; tests/tiers.py makes
+## a unit test that does fail), under 90 seconds on 2 cores.
+test-fast: setup
+	FTFLEET_TEST_TIER=fast $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not chaos and not integration"
 
 ## The GPU paths (tests/gpu: pinned staging ordered after the training stream, snapshots
 ## of device tensors, the trainer on NCCL stopped or SIGKILLed and resumed bit-identical).

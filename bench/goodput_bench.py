@@ -50,8 +50,8 @@ Every process gets the host allocator the image's entrypoint gives its trainers
 (``FTFLEET_HOST_ALLOCATOR``; unset, jemalloc where installed: ``apt-get install
 libjemalloc2``), recorded as ``setup.host_allocator``.
 
-Timings on a shared 2-core machine are noisy; every figure comes with what it was
-measured from in the JSON (``--out``).
+Timings on a small shared machine are noisy; every figure comes with what it was
+computed from in the JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
 from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
-from ftfleet.contract import RESERVE_DIR, ContractError, host_memory_env, is_malloc, reserved_name  # noqa: E402
+from ftfleet.contract import RESERVE_DIR, ContractError, reserved_name  # noqa: E402
+from ftfleet.hostenv import host_memory_env, is_malloc  # noqa: E402
 from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate  # noqa: E402  (no torch: the bench never imports it)
-from ftfleet.trainer.resilience.interval import daly_interval, young_interval  # noqa: E402
+from ftfleet.trainer.resilience.interval.adaptive import daly_interval, young_interval  # noqa: E402
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 VOCAB, LAYERS, HEADS = 8192, 2, 8
@@ -336,8 +337,8 @@ def recycle_memory(old: Path, new: Path, nproc: int, size: int) -> int:
     On a fleet the two are different machines: the gone node's RAM vanishes with it, and
     the spare's reserve is its own RAM, neither at the training node's expense. On the
     bench's one virtual machine, 4 GB freed goes back to the host, and 4 GB reserved
-    comes back through the host's faults, each costing the training node several seconds
-    whatever the niceness; moving the files costs neither. What the files hold is stale: the reserve is never read as a
+    comes back through the host's faults, each costing the training node seconds whatever
+    the niceness; moving the files costs neither. What the files hold is stale: the reserve is never read as a
     snapshot (no manifest), and a snapshot taken into one writes its bytes and takes its
     CRC32C over the file's mapped bytes before its manifest commits it."""
     moved = 0

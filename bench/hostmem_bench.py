@@ -7,7 +7,7 @@ Each run: torchrun, 2 ranks, the goodput bench's model (d_model 1856, 1,358 MB o
 and AdamW state), ``--steps`` steps without checkpoints. Reported per setting, over the
 rounds: the median step (steps 4 onward, after the warm-up) and the minor page faults
 of the whole run (torchrun and its workers, from ``getrusage(RUSAGE_CHILDREN)``), and
-the ratio huge / 4 KiB. Raw results: bench/results/ (bench/record.py).
+the ratio huge / 4 KiB.
 
     .venv/bin/python bench/hostmem_bench.py --files /dev/shm /run/ftfleet-shm
 
@@ -27,7 +27,7 @@ it, the step right after each save above that median, and each save's blocked ti
 jemalloc is preloaded the way the image's entrypoint does it (``FTFLEET_HOST_ALLOCATOR``;
 ``apt-get install libjemalloc2``). The other modes run with the allocator the
 environment gives (:func:`goodput_bench.env`: jemalloc where installed;
-``FTFLEET_HOST_ALLOCATOR=system``: glibc's malloc).
+``FTFLEET_HOST_ALLOCATOR=system`` runs them on glibc's malloc).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 from goodput_bench import cmd, env, model_overrides  # noqa: E402
 
 from bench import record  # noqa: E402
-from ftfleet.contract import allocator_env, find_jemalloc  # noqa: E402
+from ftfleet.hostenv import allocator_env, find_jemalloc  # noqa: E402
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
 
 SETTINGS = {"4 KiB pages": "train.huge_pages=false", "huge pages": "train.huge_pages=true"}

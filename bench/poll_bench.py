@@ -3,8 +3,6 @@
 in-process launcher (1 warm spare) at two polling intervals; median step of the last 15.
 
     .venv/bin/python bench/poll_bench.py --rounds 2
-
-Raw results: bench/results/ (bench/record.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The raw results of a benchmark run, as one JSON file under ``bench/results/``: what ran
 (the command line), where (the machine), when (UTC), on which code (the commit, and the
-paths where the tree differed from it) and the figures. docs/BENCHMARKS.md quotes these
-files; a figure there without one is a figure nobody can check.
+paths where the tree differed from it) and the figures. A figure quoted in the docs
+without its record is a figure nobody can check.
 
 Every script under ``bench/`` calls :func:`add_arguments` on its parser and :func:`write`
 with its figures. The default file is ``bench/results/<bench>-<UTC date>-<commit>.json``
@@ -159,7 +159,7 @@ def default_path(bench: str, short: str, results: Path | None = None) -> Path:
 
 
 def document(bench: str, figures: Any, *, command: str | None = None) -> dict[str, Any]:
-    """The record of one run: its figures with what they were measured on."""
+    """The record of one run: its figures, the command, the machine, the commit."""
     return {
         "format": FORMAT,
         "bench": bench,

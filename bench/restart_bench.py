@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import record  # noqa: E402
-from ftfleet.contract import host_memory_env  # noqa: E402  (no torch)
+from ftfleet.hostenv import host_memory_env  # noqa: E402  (no torch)
 
 MODEL = [
     "run_id=bench",

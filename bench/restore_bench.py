@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import record  # noqa: E402  (no torch)
-from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402
+from ftfleet.contract import ContractError  # noqa: E402
+from ftfleet.hostenv import exec_with_host_memory  # noqa: E402
 
 try:  # the trainers' host allocator and glibc tunables, before torch loads
     exec_with_host_memory()

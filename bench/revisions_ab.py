@@ -1,7 +1,7 @@
 """Two revisions of the trainer on the same run, interleaved (base, head, head, base, base,
 head, ...: each pair of repeats is ABBA, so that a steady drift of the machine weighs on
-both alike): for a change whose effect is smaller than this machine's drift between two benchmark
-runs (a shared machine's speed drifts by several per cent within an evening).
+both alike): for a change whose effect is smaller than a machine's drift between two benchmark
+runs (several per cent within an evening on a shared virtual machine).
 
 Each run is the goodput bench's model (``--d-model``, 2 processes under torchrun, the
 launch environment that revision's own bench gives: the host allocator of

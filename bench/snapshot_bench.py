@@ -1,8 +1,7 @@
 """The in-memory snapshot tier: what a snapshot costs training, end to end, and what a
-restore from it costs, against baselines run in the same script (issue 13, part 3).
+restore from it costs, against baselines run in the same script.
 
-Run under torchrun with 2 processes (each one "node": each holds the other's copy);
-rank 0 writes the raw results under bench/results/ (bench/record.py):
+Run under torchrun with 2 processes (each one "node": each holds the other's copy):
 
     .venv/bin/torchrun --standalone --nproc-per-node=2 bench/snapshot_bench.py --mb 64 679
 
@@ -18,8 +17,8 @@ For each state size (MB per rank: model-like float32 tensors), median of ``--rep
 * ``restore``: :meth:`MemoryTier.load` of the own snapshot (read once, each tensor into
   its own storage, CRC32C on the way), against ``read once``: the file's bytes read
   into a buffer kept between reads, no check (the floor: a restore must also give each
-  tensor new memory, and on this machine the kernel's first touch of fresh pages is
-  most of the difference).
+  tensor new memory, and the kernel's first touch of fresh pages can be most of the
+  difference).
 
 ``--device cuda``: the state lives on the GPU (every rank on GPU 0); a snapshot copies it
 into a pinned buffer on the training stream, and each timing waits for the stream, so
@@ -27,7 +26,7 @@ into a pinned buffer on the training stream, and each timing waits for the strea
 
 New tensors are on transparent huge pages, as in the trainer (``train.huge_pages``;
 ``--small-pages``: 4 KiB pages, as before it). Each process re-executes itself once
-with what the image's entrypoint gives a trainer (:func:`ftfleet.contract.host_memory_env`:
+with what the image's entrypoint gives a trainer (:func:`ftfleet.hostenv.host_memory_env`:
 the host allocator, glibc's copy threshold), unless ``--as-started``.
 """
 
@@ -47,7 +46,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import record  # noqa: E402  (no torch)
-from ftfleet.contract import ContractError, exec_with_host_memory  # noqa: E402  (no torch)
+from ftfleet.contract import ContractError  # noqa: E402  (no torch)
+from ftfleet.hostenv import exec_with_host_memory  # noqa: E402  (no torch)
 
 if "--as-started" not in sys.argv:
     try:
@@ -63,8 +63,8 @@ import torch.distributed as dist  # noqa: E402
 
 from ftfleet.trainer.checkpoint.comm import DistComm  # noqa: E402
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring  # noqa: E402
+from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots  # noqa: E402
 from ftfleet.trainer.checkpoint.restore import Identity  # noqa: E402
-from ftfleet.trainer.checkpoint.snapshots import Snapshots  # noqa: E402
 
 
 class State:

@@ -1,4 +1,4 @@
-"""``python -m drill``: the trainer under fire, on this machine, with no cloud account.
+"""``python -m drill``: the trainer under fire, locally, with no cloud account.
 
 It runs the reference trainer under torchrun with a local fast tier, an S3 server on
 127.0.0.1 (moto) holding a primary and a replica bucket, and a fake instance metadata
@@ -56,9 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the runs, logs and checkpoints here (default: a temporary directory, deleted afterwards)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the report as JSON")
-    parser.add_argument(
-        "--markdown", type=Path, metavar="PATH", help="write the report as a Markdown table (for docs/BENCHMARKS.md)"
-    )
+    parser.add_argument("--markdown", type=Path, metavar="PATH", help="write the report as a Markdown table")
     parser.add_argument("--nproc", type=int, default=2, help="processes per node (default 2)")
     parser.add_argument(
         "--spacing", type=int, default=20, metavar="STEPS", help="steps between two faults (default 20)"

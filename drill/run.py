@@ -22,7 +22,8 @@ from drill.lives import steady_step_time
 from drill.report import DrillReport, Goodput
 from drill.runner import EventTail, Node, WorkerGroup
 from drill.scenario import Plan, SegmentPlan, build_plan
-from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, GCP_PREEMPTION_NOTICE_S, host_memory_env
+from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, GCP_PREEMPTION_NOTICE_S
+from ftfleet.hostenv import host_memory_env
 
 #: The repository root: children import the same ``drill`` and ``ftfleet`` as this process.
 SOURCE_ROOT = Path(__file__).resolve().parents[1]

@@ -19,15 +19,11 @@ it (``python -m ftfleet.contract``) and a test keeps the two in step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
-import platform
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 
 from ftfleet.errors import UserError
 
@@ -44,7 +40,7 @@ class EnvVar:
     example: str
 
 
-#: Which malloc the trainer's processes use (:func:`allocator_env`).
+#: Which malloc the trainer's processes use (:func:`ftfleet.hostenv.allocator_env`).
 HOST_ALLOCATOR_ENV = "FTFLEET_HOST_ALLOCATOR"
 
 TRAINER_ENV: tuple[EnvVar, ...] = (
@@ -169,8 +165,7 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "non-temporal copy threshold to 4 MiB for torchrun and its workers where glibc's "
         "default is above it (`GLIBC_TUNABLES`, added to the caller's; a caller's own "
         "`glibc.cpu.x86_non_temporal_threshold` is kept; x86-64 only), so that a snapshot "
-        'of host-resident state is copied past the cache (docs/BENCHMARKS.md, "Snapshot '
-        'copies streamed past the cache").',
+        "of host-resident state is copied past the cache (`bench/snapshot_bench.py`).",
         "system",
     ),
     EnvVar(
@@ -250,162 +245,12 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
 
 def host_allocator(environ: Mapping[str, str] | None = None) -> str:
     """FTFLEET_HOST_ALLOCATOR, checked: "" (unset), ``jemalloc``, ``system`` or an
-    absolute path (:func:`allocator_env` acts on it)."""
+    absolute path (:func:`ftfleet.hostenv.allocator_env` acts on it)."""
     environ = os.environ if environ is None else environ
     value = environ.get(HOST_ALLOCATOR_ENV, "")
     if value not in ("", "jemalloc", "system") and not value.startswith("/"):
         raise ContractError(f"{HOST_ALLOCATOR_ENV}={value!r}: use jemalloc, system or a library's absolute path")
     return value
-
-
-#: jemalloc's settings for a trainer: freed memory stays in the process for reuse (why:
-#: ftfleet/trainer/hostmem.py).
-JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
-#: Where distributions put jemalloc (Debian/Ubuntu's libjemalloc2 on x86-64 and arm64,
-#: RPM distributions, a source build); the interpreter's prefix (conda) is searched too.
-JEMALLOC_PATHS = (
-    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
-    "/usr/lib64/libjemalloc.so.2",
-    "/usr/local/lib/libjemalloc.so.2",
-)
-
-
-def find_jemalloc(candidates: Sequence[str] | None = None) -> str | None:
-    """The first jemalloc library that exists, or None."""
-    if candidates is None:
-        candidates = (*JEMALLOC_PATHS, os.path.join(sys.prefix, "lib", "libjemalloc.so.2"))
-    return next((path for path in candidates if os.path.isfile(path)), None)
-
-
-#: Basenames of malloc libraries a process may have preloaded.
-MALLOC_LIBRARIES = ("libjemalloc", "libtcmalloc", "libmimalloc")
-
-
-def is_malloc(path: str) -> bool:
-    """Whether ``path`` names one of :data:`MALLOC_LIBRARIES`."""
-    return os.path.basename(path).startswith(MALLOC_LIBRARIES)
-
-
-def allocator_env(environ: Mapping[str, str] | None = None, candidates: Sequence[str] | None = None) -> dict[str, str]:
-    """The variables (``LD_PRELOAD``, ``MALLOC_CONF``) to set for the processes a
-    launcher starts, as ``FTFLEET_HOST_ALLOCATOR`` in ``environ`` asks: unset, jemalloc
-    where it is installed (a malloc preloaded already is left as it is); ``jemalloc``,
-    jemalloc or a ContractError; ``system``, glibc's malloc (a preloaded one taken out);
-    an absolute path, that library. Another malloc already preloaded where one is asked
-    for by name is a ContractError; a ``MALLOC_CONF`` of the caller's own is kept."""
-    environ = os.environ if environ is None else environ
-    choice = host_allocator(environ)
-    preload = environ.get("LD_PRELOAD", "").replace(":", " ").split()
-    others = [p for p in preload if not is_malloc(p)]
-    if choice == "system":
-        return {"LD_PRELOAD": " ".join(others)} if len(others) != len(preload) else {}
-    if choice.startswith("/"):
-        if not os.path.isfile(choice):
-            raise ContractError(f"{HOST_ALLOCATOR_ENV}={choice!r}: no such file; give a malloc library, or system")
-        library = choice
-    else:  # unset, or jemalloc
-        found = find_jemalloc(candidates)
-        if found is None:
-            if choice:
-                raise ContractError(
-                    f"{HOST_ALLOCATOR_ENV}=jemalloc: no libjemalloc.so.2 found (install libjemalloc2, give its "
-                    "path, or set system)"
-                )
-            return {}
-        library = found
-    if any(os.path.basename(p) == os.path.basename(library) for p in preload):
-        return {}  # there already (whatever its name): applying the result again changes nothing
-    preloaded = [p for p in preload if is_malloc(p)]
-    if preloaded:
-        if not choice:
-            return {}  # the caller's own choice
-        raise ContractError(
-            f"{HOST_ALLOCATOR_ENV}={choice!r}, but LD_PRELOAD has {preloaded[0]} already: unset one of them"
-        )
-    out = {"LD_PRELOAD": " ".join([library, *preload])}
-    if "jemalloc" in os.path.basename(library) and not environ.get("MALLOC_CONF"):
-        out["MALLOC_CONF"] = JEMALLOC_CONF
-    return out
-
-
-#: glibc's tunable for the size from which ``memcpy``/``memmove`` stream a block past
-#: the cache (non-temporal stores), and the most trainers get: 4 MiB, an L2's size.
-#: glibc derives its default from the L3's size: 114 MB on this project's test machine
-#: (glibc 2.36), above every tensor of a snapshot (1-55 MB blocks), whose copies then
-#: read each destination line before writing it (docs/BENCHMARKS.md, "Snapshot copies
-#: streamed past the cache").
-NON_TEMPORAL_TUNABLE = "glibc.cpu.x86_non_temporal_threshold"
-NON_TEMPORAL_THRESHOLD = 4 << 20
-#: The x86-64 program interpreter (fixed by the psABI): ``--list-tunables`` prints the
-#: values in force for the environment it runs in (glibc 2.33 and later).
-X86_64_LOADER = "/lib64/ld-linux-x86-64.so.2"
-
-
-def glibc_tunable(name: str, environ: Mapping[str, str], loader: str = X86_64_LOADER) -> int | None:
-    """The value of glibc tunable ``name`` that a process started with ``environ`` gets
-    (glibc's default or the environment's ``GLIBC_TUNABLES``), as its loader reports it;
-    None where it cannot tell (no such loader, an older glibc, another libc). The
-    loader runs once per ``GLIBC_TUNABLES`` value in this process."""
-    return _listed_tunable(name, environ.get("GLIBC_TUNABLES"), loader)
-
-
-@functools.lru_cache(maxsize=16)
-def _listed_tunable(name: str, tunables: str | None, loader: str) -> int | None:
-    env = {} if tunables is None else {"GLIBC_TUNABLES": tunables}
-    try:
-        out = subprocess.run([loader, "--list-tunables"], env=env, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.splitlines():
-        key, _, rest = line.partition(":")
-        if key == name and rest.split():
-            try:
-                return int(rest.split()[0], 0)
-            except ValueError:
-                return None
-    return None
-
-
-def copy_tunables_env(
-    environ: Mapping[str, str] | None = None,
-    machine: str | None = None,
-    current: Callable[[str, Mapping[str, str]], int | None] = glibc_tunable,
-) -> dict[str, str]:
-    """``GLIBC_TUNABLES`` for the processes a launcher starts: glibc's non-temporal
-    threshold lowered to :data:`NON_TEMPORAL_THRESHOLD`, added to the caller's tunables.
-    Nothing when the caller sets that tunable (theirs is kept), when glibc's default
-    (``current``, asked of the loader) is that or lower or cannot be told, or off
-    x86-64: the threshold is only ever lowered."""
-    environ = os.environ if environ is None else environ
-    machine = platform.machine() if machine is None else machine
-    tunables = [item for item in environ.get("GLIBC_TUNABLES", "").split(":") if item]
-    if machine.lower() not in ("x86_64", "amd64") or any(t.startswith(NON_TEMPORAL_TUNABLE + "=") for t in tunables):
-        return {}
-    default = current(NON_TEMPORAL_TUNABLE, environ)
-    if default is None or default <= NON_TEMPORAL_THRESHOLD:
-        return {}
-    return {"GLIBC_TUNABLES": ":".join([*tunables, f"{NON_TEMPORAL_TUNABLE}={NON_TEMPORAL_THRESHOLD:#x}"])}
-
-
-def host_memory_env(
-    environ: Mapping[str, str] | None = None, candidates: Sequence[str] | None = None
-) -> dict[str, str]:
-    """What a launcher sets for the trainer processes it starts, before they start: the
-    host allocator (:func:`allocator_env`) and glibc's copy threshold
-    (:func:`copy_tunables_env`). ContractError as :func:`allocator_env`."""
-    return {**allocator_env(environ, candidates), **copy_tunables_env(environ)}
-
-
-def exec_with_host_memory() -> None:
-    """For a script that starts trainer-like processes itself (a benchmark), before torch
-    is imported: execute this Python again, with the command line it was started with
-    (``sys.orig_argv``: interpreter options, ``-c`` or ``-m`` included) and
-    :func:`host_memory_env` applied; return when it is applied already (once, then the
-    variables are there). ContractError as :func:`allocator_env`."""
-    extra = host_memory_env(os.environ)
-    if extra:
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **extra})
 
 
 def _positive_number(text: str) -> bool:
@@ -477,15 +322,6 @@ EFA_DEVICE_DIR = "/dev/infiniband"
 #: NCCL's OFI plugin (aws-ofi-nccl, which the EFA installer puts on the image's
 #: LD_LIBRARY_PATH). Without EFA, NCCL keeps its own socket transport.
 EFA_ENV = {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
-
-
-def efa_env(device_dir: str = EFA_DEVICE_DIR) -> dict[str, str]:
-    """EFA_ENV when the container sees EFA devices, else nothing."""
-    try:
-        present = any(name.startswith("uverbs") for name in os.listdir(device_dir))
-    except OSError:
-        present = False
-    return dict(EFA_ENV) if present else {}
 
 
 # ---------------------------------------------------------------------------
@@ -572,8 +408,8 @@ MARKER_DIR = "markers"
 SHM_ROOT = "/dev/shm"
 #: Where a fleet node mounts the snapshots' own RAM file system, on huge pages
 #: (``huge=within_size``), and what its FTFLEET_SHM_DIR says: a new snapshot file is
-#: allocated and mapped about 8x faster there than in /dev/shm's 4 KiB pages
-#: (docs/BENCHMARKS.md, "Host memory").
+#: allocated and mapped far faster there than in /dev/shm's 4 KiB pages
+#: (``bench/hostmem_bench.py``).
 SHM_MOUNT = "/run/ftfleet-shm"
 #: Its size: tmpfs's own default, said outright (pages are taken only when written).
 SHM_SIZE = "50%"
@@ -594,16 +430,26 @@ def reserved_name(local_rank: int, index: int) -> str:
     return f"local{local_rank}-{index}"
 
 
+#: A step is an int64 counter: at most 19 decimal digits.
+STEP_DIGITS_MAX = 19
+
+
 def step_dir_name(step: int) -> str:
     return f"{STEP_DIR_PREFIX}{step}"
 
 
 def parse_step_dir(name: str) -> int | None:
-    """The step of a `step-N` directory name, or None for anything else."""
+    """The step of a `step-N` directory name, or None for anything else: N is ASCII
+    digits without zero padding (exactly what :func:`step_dir_name` writes), so a name
+    that only looks like one (``step-²``, ``step-١٢``, ``step-007``) is no checkpoint."""
     if not name.startswith(STEP_DIR_PREFIX):
         return None
     digits = name[len(STEP_DIR_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
+    if not (digits.isascii() and digits.isdigit()) or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    if len(digits) > STEP_DIGITS_MAX:  # no step counter gets there; a path would be too long
+        return None
+    return int(digits)
 
 
 def marker_key(node_id: str) -> str:
@@ -638,7 +484,7 @@ class CommitMarker:
     def from_json(cls, text: str | bytes) -> CommitMarker:
         try:
             data = json.loads(text)
-            return cls(
+            marker = cls(
                 run_id=str(data["run_id"]),
                 node_id=str(data["node_id"]),
                 step=int(data["step"]),
@@ -646,7 +492,12 @@ class CommitMarker:
                 durable=bool(data["durable"]),
                 written_at=float(data["written_at"]),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+            if not math.isfinite(marker.written_at):
+                raise ValueError(f"written_at is {marker.written_at}")
+            return marker
+        # OverflowError: a number past a float (int(1e999)); RecursionError: nesting
+        # deeper than the parser goes. Both are just malformed JSON here.
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             raise ContractError(f"malformed commit marker: {exc}") from None
 
     @classmethod
@@ -842,7 +693,7 @@ class InterruptionPrior:
                 updated_at=float(data["updated_at"]),
                 interruptions=tuple(sorted(events, key=lambda i: i.at)),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise ContractError(f"malformed interruption prior ({INTERRUPTION_PRIOR_KEY}): {exc}") from None
         if prior.cloud not in DEFAULT_METADATA_ENDPOINT:
             raise ContractError(f"malformed interruption prior: cloud {prior.cloud!r} is not aws or gcp")
@@ -861,151 +712,16 @@ def manifest_file_sizes(text: str | bytes) -> dict[str, int]:
     try:
         files = json.loads(text)["files"]
         sizes = {str(name): int(entry["size"]) for name, entry in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise ContractError(f"malformed {MANIFEST_NAME}: {exc}") from None
     if not sizes:
         raise ContractError(f"malformed {MANIFEST_NAME}: it lists no files")
+    if any(size < 0 for size in sizes.values()):
+        raise ContractError(f"malformed {MANIFEST_NAME}: a negative size")
     return sizes
 
 
-def _render_remediation() -> list[str]:
-    example = InterruptionPrior(
-        "aws",
-        "aws-prod-llm",
-        1767229200.0,
-        (Interruption("i-0123456789abcdef0", 1767225600.0, "us-east-1a", "p5.48xlarge"),),
-    )
-    lines = [
-        "## Remediation functions and the node",
-        "",
-        "What the functions in `lambdas/` and the nodes agree on.",
-        "",
-        f"- Metrics namespace: `{METRICS_NAMESPACE}` (the node role may publish only there).",
-        f"- Termination lifecycle hook on every group: `{TERMINATION_HOOK_NAME}`. The node completes its "
-        "action (CONTINUE) right after its commit marker is written, whether the notice was the spot "
-        "warning or the group's own termination (IMDS `autoscaling/target-lifecycle-state` = "
-        "`Terminated`); lifecycle_handoff completes it when it sees the marker, or at its deadline.",
-        f"- A termination marker releases its node when it names the node and the run, its reason is not "
-        f"`rebalance`, and it was written at most {MARKER_NOTICE_SLACK_S:.0f} s before the lifecycle event "
-        "(an older one is stale).",
-        f"- Instance tags set by spot_interruption (value: the notice's time, ISO 8601): "
-        f"`{SPOT_INTERRUPTION_TAG}`, `{REBALANCE_TAG}`.",
-        "",
-        "### Per-node metrics",
-        "",
-        (NodeMetric.__doc__ or "").strip().replace("\n    ", "\n"),
-        "",
-        f"One data point every {NODE_METRIC_PERIOD_S} s.",
-        "",
-        "| metric | unit | meaning |",
-        "| --- | --- | --- |",
-    ]
-    lines += [f"| `{m.name}` | {m.unit} | {m.doc} |" for m in NODE_METRICS]
-    lines += [
-        "",
-        "### Interruption-rate prior",
-        "",
-        f"`<durable tier root>/{INTERRUPTION_PRIOR_KEY}`, next to the checkpoints.",
-        "",
-        (InterruptionPrior.__doc__ or "").strip().replace("\n    ", "\n"),
-        "",
-        f"Window {INTERRUPTION_WINDOW_S / 86400:.0f} days; interruptions less than {INTERRUPTION_BURST_S:.0f} s "
-        f"apart are one job interruption; at most {INTERRUPTION_PRIOR_MAX} kept. Example:",
-        "",
-        "```json",
-        example.to_json(),
-        "```",
-        "",
-    ]
-    return lines
-
-
-# ---------------------------------------------------------------------------
-# docs/CONTRACT.md
-# ---------------------------------------------------------------------------
-
-
-def render_markdown() -> str:
-    lines = [
-        "# The ftfleet contract",
-        "",
-        "Generated from `ftfleet/contract.py` by `python -m ftfleet.contract`; "
-        "a test fails when the two differ. Change the module, then regenerate.",
-        "",
-        "## Trainer container environment",
-        "",
-        "The fleet's user data (AWS launch template, GCP instance template) sets these "
-        "for the trainer image; the image's entrypoint checks them before torchrun starts.",
-        "",
-        "| variable | required | meaning | example |",
-        "| --- | --- | --- | --- |",
-    ]
-    for v in TRAINER_ENV:
-        lines.append(f"| `{v.name}` | {'yes' if v.required else 'no'} | {v.doc} | `{v.example}` |")
-    lines += [
-        "",
-        "## Exit codes",
-        "",
-        "| code | meaning |",
-        "| --- | --- |",
-    ]
-    lines += [f"| {code} | {text} |" for code, text in sorted(EXIT_CODES.items())]
-    lines += [
-        "",
-        f"A worker's {EXIT_PREEMPTED} is also the container's: on the node whose own notice "
-        "was handled, local rank 0 stops its torchrun agent (SIGTERM) once the commit "
-        "marker is written, so that the agent does not restart workers on a machine that is "
-        f"going away, and leaves {EXIT_PREEMPTED} in "
-        f"`${{TMPDIR:-/tmp}}/{AGENT_EXIT_FILE.format(pid='<agent pid>')}`, which the "
-        "entrypoint exits with. Every other node's agent restarts its workers, which "
-        "rendezvous without the lost node and resume from the emergency checkpoint. "
-        f"{EXIT_CONFIG} and {EXIT_UNRECOVERABLE} stop the agent the same way on every node: "
-        "restarting would repeat the failure.",
-    ]
-    lines += [
-        "",
-        "## Checkpoint layout",
-        "",
-        f"- Checkpoint of step N: `<tier root>/{STEP_DIR_PREFIX}N/` (no zero padding).",
-        f"- It exists only once `<tier root>/{STEP_DIR_PREFIX}N/{MANIFEST_NAME}` exists; "
-        "the manifest is written last and atomically (and uploaded last to a bucket).",
-        f"- Commit markers: `<tier root>/{marker_key('<node id>')}`.",
-        f"- The image runs as uid/gid {TRAINER_UID}; the fleet makes `FTFLEET_CKPT_DIR`, its "
-        f"`{MARKER_DIR}/` and `FTFLEET_RUN_DIR` writable for it, and the entrypoint checks that "
-        f"they are before torch is imported (exit {EXIT_CONFIG}, one line naming the directory).",
-        "",
-        "## Node and image",
-        "",
-        f"- Clouds: {', '.join(f'`{c}`' for c in CLOUDS)}.",
-        f"- Ports: the c10d rendezvous listens on {RDZV_PORT} on the coordinator; local rank r "
-        f"serves Prometheus metrics on {METRICS_PORT} + r (the image exposes "
-        f"{METRICS_PORT}-{METRICS_PORT + MAX_LOCAL_RANKS - 1}); the container uses the host's network.",
-        f"- The node's supervisor does not restart the container after exit "
-        f"{', '.join(map(str, NODE_FINAL_EXITS))}; a worker's {' or '.join(map(str, AGENT_STOP_EXITS))} "
-        "stops its torchrun agent.",
-        f"- EFA: with EFA enabled the node passes every `{EFA_DEVICE_DIR}/uverbs*` device into the "
-        "container, and the entrypoint then sets "
-        + ", ".join(f"`{k}={v}`" for k, v in EFA_ENV.items())
-        + " for the trainer.",
-        f"- Replacements: a node that cannot boot records `{replacement_key('<run id>', '<role>', 0, '<instance id>')}`"
-        " (the number: unix seconds) in the primary bucket and marks itself Unhealthy only while its group "
-        f"has at most {REPLACEMENT_BUDGET} such records in the last {REPLACEMENT_WINDOW_S // 60} minutes; "
-        "past that it leaves the group without a replacement (or, at the group's minimum size, stays up and says why).",
-        "",
-        "## Commit marker",
-        "",
-        (CommitMarker.__doc__ or "").strip().replace("\n    ", "\n"),
-        "",
-        "Example:",
-        "",
-        "```json",
-        CommitMarker("aws-prod-llm", "i-0123456789abcdef0", 1200, "termination", False, 1767225600.0).to_json(),
-        "```",
-        "",
-    ]
-    lines += _render_remediation()
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":  # pragma: no cover - exercised by the docs test
+    from ftfleet.contract_doc import render_markdown
+
     print(render_markdown(), end="")

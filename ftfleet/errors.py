@@ -44,3 +44,9 @@ def interrupt_in(exc: BaseException, rank: int | None = None) -> BaseException |
             return e
         todo += [e.__cause__, e.__context__]
     return None
+
+
+def require_positive(key: str, value: int) -> None:
+    """Raise ConfigError naming ``key`` unless ``value`` is a positive integer."""
+    if value <= 0:
+        raise ConfigError(f"{key}={value}: use a positive integer")

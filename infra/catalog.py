@@ -61,3 +61,13 @@ def prices_as_of() -> str:
 
 def price_region(cloud: str) -> str:
     return _data()["price_region"][cloud]
+
+
+def gcp_image_kernel(image: str) -> str | None:
+    """The kernel a GCP node image boots, where the catalog records it."""
+    return _data().get("gcp_node_images", {}).get("images", {}).get(image, {}).get("kernel")
+
+
+def lustre_client_kernels() -> tuple[str, ...]:
+    """Kernels Google publishes the Managed Lustre client for (empty: not recorded)."""
+    return tuple(_data().get("gcp_node_images", {}).get("lustre_client_kernels", ()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import re
 
 from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog
@@ -140,6 +141,29 @@ def check_efa_addresses(
             f"{max_nodes * per_node} addresses, but a /20 subnet has room for {room}; lower workerMaxSize "
             f"to {room // per_node - 1} or fewer"
         )
+
+
+#: A tag key an instance with tags in its metadata can carry: letters, digits and
+#: + - = . , _ : @; no spaces or slashes; not ".", ".." or "_index" (Amazon EC2 User
+#: Guide, "Tag your Amazon EC2 resources", Tag restrictions, and "View tags for your EC2
+#: instances using instance metadata"). The fleet's launch templates allow tags in
+#: metadata, and every tag reaches the instances.
+IMDS_TAG_KEY = re.compile(r"[A-Za-z0-9+\-=._:@,]{1,128}")
+IMDS_TAG_KEY_RESERVED = (".", "..", "_index")
+#: EC2's limit on a tag value.
+TAG_VALUE_MAX = 256
+
+
+def imds_tag_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be an instance tag with tags in instance metadata, or None."""
+    if key in IMDS_TAG_KEY_RESERVED:
+        return f"{key!r} is reserved in instance metadata"
+    if not IMDS_TAG_KEY.fullmatch(key):
+        return (
+            "an instance tag key in instance metadata has 1-128 letters, digits and + - = . , _ : @ "
+            "(no spaces or slashes)"
+        )
+    return None
 
 
 FSX_EXPORT = "fsx-export"

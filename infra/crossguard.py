@@ -37,6 +37,7 @@ def _res(r) -> policies.Res:
         property_dependencies=deps,
         dependencies=[d.urn for d in getattr(r, "dependencies", None) or []],
         protect=bool(getattr(opts, "protect", False)),
+        ignore_changes=list(getattr(opts, "ignore_changes", None) or []),
         id=(r.props or {}).get("id") if isinstance((r.props or {}).get("id"), str) else None,
     )
 

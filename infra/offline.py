@@ -48,6 +48,8 @@ class Resource:
     """URNs of every resource this one waits for: explicit depends_on and inputs."""
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     protect: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
+    """Properties a later update leaves as they are (the `ignore_changes` option)."""
 
     def deps(self, prop: str) -> list[str]:
         """URNs of the resources the top-level input ``prop`` came from."""
@@ -314,6 +316,7 @@ class _Monitor(pulumi_mocks.MockMonitor):
                 dependencies=list(request.dependencies),
                 property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
                 protect=bool(request.protect),
+                ignore_changes=list(request.ignoreChanges),
             )
         )
         return response

@@ -34,6 +34,11 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)
 FSX_COMPRESSIONS = ("LZ4", "NONE")
 CLOUDS = contract.CLOUDS
 CLOUD_TRAIL_MODES = ("create", "existing")
+#: An AWS stack's name: every physical name derives from it, and S3 and ECR take only
+#: lowercase letters, digits and hyphens, CloudTrail no two hyphens in a row. Pulumi
+#: allows up to 100 characters; infra/aws/names.py fits each name to its service.
+STACK_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+STACK_NAME_MAX = 100
 
 
 def load_schema(path: Path = PULUMI_YAML) -> dict[str, dict[str, Any]]:
@@ -120,6 +125,8 @@ class RemediationSettings:
     max_replacements_per_hour: int
     cloud_trail: str
     """`create`: the stack creates a trail for storage_drift; `existing`: the account's."""
+    alarm_subscriptions: tuple[tuple[str, str], ...] = ()
+    """(SNS protocol, endpoint) of each subscriber to the stack's alarm topics."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -251,6 +258,11 @@ def parse(
     if cloud == "gcp":
         return gcp_settings.parse(r, stack=stack, region=region)
     gcp_keys.refuse_on_aws(raw)
+    if len(stack) > STACK_NAME_MAX or not STACK_NAME.fullmatch(stack):
+        raise ConfigError(
+            f"stack name {stack!r}: AWS resources are named after it; use lowercase letters, digits and "
+            f"single hyphens, at most {STACK_NAME_MAX} characters (`pulumi stack rename`)"
+        )
     if not region:
         raise ConfigError(f"{cloud}:region is required: set it with `pulumi config set {cloud}:region <region>`")
     replica_region = r.str("replicaRegion")
@@ -320,7 +332,46 @@ def _remediation(r: _Reader) -> RemediationSettings:
         unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60, maximum=86400),
         max_replacements_per_hour=r.int("unhealthyNodeMaxReplacementsPerHour", minimum=1, maximum=100),
         cloud_trail=trail,
+        alarm_subscriptions=_subscriptions(r),
     )
+
+
+#: What each SNS protocol's endpoint looks like (Amazon SNS API Reference, "Subscribe",
+#: Endpoint): an email address, a URL of the protocol's scheme, an E.164 number, an ARN.
+_ENDPOINTS = {
+    "email": (r"[^@\s:]+@[^@\s]+\.[^@\s]+", "an email address"),
+    "email-json": (r"[^@\s:]+@[^@\s]+\.[^@\s]+", "an email address"),
+    "http": (r"http://[^\s]+", "an http:// URL"),
+    "https": (r"https://[^\s]+", "an https:// URL"),
+    "sms": (r"\+[1-9][0-9]{6,14}", "a phone number in E.164 form (+15555550123)"),
+    "sqs": (r"arn:aws[a-z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\.fifo)?", "an SQS queue ARN"),
+    "lambda": (
+        r"arn:aws[a-z-]*:lambda:[a-z0-9-]+:[0-9]{12}:function:[A-Za-z0-9_-]{1,64}(:[A-Za-z0-9$_-]+)?",
+        "a function ARN",
+    ),
+}
+
+
+def _subscriptions(r: _Reader) -> tuple[tuple[str, str], ...]:
+    """``alarmSubscriptions``: ``protocol:endpoint`` strings; an http(s) URL is its own
+    protocol and endpoint."""
+    out = []
+    for item in r.list("alarmSubscriptions"):
+        protocol, sep, endpoint = item.partition(":")
+        if protocol in ("http", "https"):
+            endpoint = item
+        if not sep or protocol not in _ENDPOINTS:
+            raise _err(
+                "alarmSubscriptions",
+                f"contains {item!r}; write protocol:endpoint with a protocol of {', '.join(_ENDPOINTS)}",
+            )
+        pattern, what = _ENDPOINTS[protocol]
+        if not re.fullmatch(pattern, endpoint):
+            raise _err("alarmSubscriptions", f"contains {item!r}; a {protocol} endpoint is {what}")
+        out.append((protocol, endpoint))
+    if len(set(out)) != len(out):
+        raise _err("alarmSubscriptions", "lists a subscriber twice; list each once")
+    return tuple(out)
 
 
 def _network(r: _Reader, region: str) -> NetworkSettings:
@@ -514,7 +565,15 @@ def _tags(r: _Reader) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise _err("tags", f"contains {item!r}; write tags as key=value")
-        if key.strip().lower().startswith(("aws:", "ftfleet:")):
+        key, value = key.strip(), value.strip()
+        if key.lower().startswith(("aws:", "ftfleet:")):
             raise _err("tags", f"contains reserved key {key!r}; aws: and ftfleet: prefixes are reserved")
-        tags[key.strip()] = value.strip()
+        # The nodes allow tags in instance metadata, and every tag reaches them.
+        if problem := constraints.imds_tag_key_problem(key):
+            raise _err("tags", f"contains key {key!r}: {problem}")
+        if len(value) > constraints.TAG_VALUE_MAX:
+            raise _err("tags", f"contains a value of {len(value)} characters for {key!r}; EC2 allows 256")
+        if key in tags:
+            raise _err("tags", f"sets {key!r} twice; set each key once")
+        tags[key] = value
     return tags

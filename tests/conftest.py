@@ -1,6 +1,17 @@
-"""Fixtures shared by every test folder: the uninterrupted reference runs of the
-trainer, computed once per test run, by whichever of pytest-xdist's workers needs one
-first (tests/trainer and tests/resilience compare against the same ones)."""
+"""Fixtures shared by every test folder, and the test tiers.
+
+The reference runs: the uninterrupted runs of the trainer, computed once per test run,
+by whichever of pytest-xdist's workers needs one first (every scenario compares against
+the same ones).
+
+The tiers (CONTRIBUTING.md): a test that starts a process (a trainer, torchrun, a
+server in a process of its own, any ``subprocess`` or ``multiprocessing`` child) is
+marked ``integration``; every other test is a unit test, and ``make test-fast`` runs
+only those. With ``FTFLEET_TEST_TIER=fast`` (what ``make test-fast`` sets) a unit test
+that starts a process fails, naming the marker it lacks, so the fast tier stays fast
+and the marks stay true. Servers on threads of the test's own process (moto's,
+the fake metadata service) are part of unit tests.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
 from tests.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 - fixtures for every folder
 from tests.trainer.conftest import run_trainer
 
@@ -73,3 +85,20 @@ def ref1(tmp_path_factory) -> dict:
 def ref2(tmp_path_factory) -> dict:
     """Uninterrupted 2-process run, every checkpoint kept."""
     return _reference(tmp_path_factory, "ref2", 2, "checkpoint.keep=100")
+
+
+#: Fixtures that start a process: a test that uses one is an integration test.
+LAUNCHING_FIXTURES = frozenset({"gcs_emulator", "gcs_bucket", "ref1", "ref2"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(tiers.MARKER)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every phase of a test (its fixtures' setup included) runs under its tier's rule."""
+    with tiers.guard(item):
+        return (yield)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftfleet import contract
+from ftfleet import contract_doc
 from ftfleet.infra import reference, settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,7 +16,7 @@ def test_the_config_reference_matches_pulumi_yaml():
 
 
 def test_contract_doc_matches_the_contract_module():
-    assert (ROOT / "docs" / "CONTRACT.md").read_text() == contract.render_markdown(), "run `make docs`"
+    assert (ROOT / "docs" / "CONTRACT.md").read_text() == contract_doc.render_markdown(), "run `make docs`"
 
 
 def test_every_project_key_has_a_description_and_a_type():

@@ -8,6 +8,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,4 +39,6 @@ def test_the_wheel_holds_only_the_ftfleet_package_and_no_test_harness(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"ftfleet", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "ftfleet/trainer/train.py" in names and "ftfleet/trainer/configs/tiny.yaml" in names
+    # The GCP startup script installs the node health agent from the package.
+    assert "ftfleet/infra/gcp/boot/node_health.py" in names and "ftfleet/infra/gcp/boot/startup.sh" in names
     assert not [n for n in names if "drill" in n or "fake_metadata" in n or "/testing/" in n]

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from ftfleet.contract import AGENT_STOP_EXITS, EXIT_CODES
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.agent import stop_agent
+from ftfleet.trainer.environment import LOG_FORMATS, TrainerEnvironment
 
 #: Builds extra callbacks for the loop from the overrides it claims (returning the rest),
 #: e.g. ``python -m drill.worker``'s injected faults. Runs inside the error handling, so
@@ -33,26 +34,28 @@ CallbackFactory = Callable[[list[str]], tuple[Sequence[Any], list[str]]]
 
 
 def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = None, prog: str = "") -> int:
+    env = TrainerEnvironment()
     parser = argparse.ArgumentParser(prog=prog or "python -m ftfleet.trainer", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--config", default=os.environ.get("FTFLEET_CONFIG"), help="YAML config (default: $FTFLEET_CONFIG)"
-    )
+    parser.add_argument("--config", default=env.config_file, help="YAML config (default: $FTFLEET_CONFIG)")
     parser.add_argument(
         "--log-format",
-        choices=("text", "json"),
-        default=os.environ.get("FTFLEET_LOG_FORMAT") or "text",
+        choices=LOG_FORMATS,
+        default=None,
         help="json: one JSON object per line (default: $FTFLEET_LOG_FORMAT, else text)",
     )
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args(argv)
-    if args.log_format not in ("text", "json"):
-        parser.error(f"FTFLEET_LOG_FORMAT={args.log_format!r}: use text or json")
+    if args.log_format is None:
+        try:
+            args.log_format = env.log_format
+        except ConfigError as exc:
+            parser.error(str(exc))
     rank = int(os.environ.get("RANK", "0"))
     level = logging.INFO if rank == 0 else logging.WARNING
     if args.log_format == "json":
-        from ftfleet.trainer.resilience.metrics import configure_json_logging
+        from ftfleet.trainer.resilience.observability.metrics import configure_json_logging
 
-        configure_json_logging(level, static={"rank": rank, "node": os.environ.get("FTFLEET_NODE_ID", "")})
+        configure_json_logging(level, static={"rank": rank, "node": env.node_id})
     else:
         logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
     code = _run(args, rank, callbacks)
@@ -79,16 +82,13 @@ def exit_quickly(code: int) -> NoReturn:
     its tensors, and a thread that asks for the GIL while the interpreter finalizes is
     ended with ``pthread_exit``, whose unwind through the C++ destructor calls
     ``std::terminate`` ("terminate called without an active exception"; the process
-    dies of SIGABRT, at times of SIGSEGV). On the 2-core machine (torch 2.13, Python
-    3.11, 2026-11-27), with the exit this replaces (``gc.freeze`` then ``sys.exit``): 2
-    of 40 runs of the trainer stopping after repeated anomalies died of SIGSEGV after
-    that message instead of exiting 77 (and one of SIGABRT in a test-suite run), and 20
-    of 40 runs of a script exiting just after an asynchronous all_gather aborted; 0 of
-    40 of each with this one (tests/trainer/test_config.py reproduces it).
+    dies of SIGABRT, at times of SIGSEGV), so that a trainer stopping with 77 could
+    die with a signal instead, which an agent restarts (tests/trainer/test_config.py
+    reproduces the crash).
     pytorch/pytorch#190489 is the same crash without ``destroy_process_group``, which a
     rank cannot always call before it exits: a peer may hold a collective open, and a
     failed run's process groups stay referenced from its traceback. The teardown's
-    collector pass, which cost 0.6-1.1 s of each exit on that machine, is skipped too.
+    collector pass, a large part of a plain exit's time, is skipped too.
     Objects still alive get no ``__del__``, as Python allows at exit; the trainer's own
     files are closed or flushed line by line before this.
 

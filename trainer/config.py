@@ -20,9 +20,10 @@ from typing import Any
 
 import yaml
 
-from ftfleet.contract import UPLOAD_MODES
-from ftfleet.errors import ConfigError
+from ftfleet.errors import ConfigError, require_positive
+from ftfleet.trainer.checkpoint.config import CheckpointConfig
 from ftfleet.trainer.config_sections import DataConfig, LossConfig, ModelConfig, OptimConfig
+from ftfleet.trainer.environment import CONFIG_OVERRIDES, TrainerEnvironment
 from ftfleet.trainer.factories import import_callable
 from ftfleet.trainer.resilience.config import ResilienceConfig
 
@@ -111,131 +112,6 @@ class ParallelConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
-class CheckpointConfig:
-    enabled: bool = True
-    """Save checkpoints (restore still runs when false and load is true)."""
-    dir: str = ""
-    """Fast tier: a directory every rank sees (local NVMe on one node, or the FSx /
-    Parallelstore / Lustre mount). Empty: <run_dir>/checkpoints. Env: FTFLEET_CKPT_DIR."""
-    keep: int = 3
-    """Newest checkpoints kept per tier (at least 2: the newest may still be uploading or
-    fail verification, and then the one before it is the one that restores)."""
-    pinned_steps: list[int] = dataclasses.field(default_factory=list)
-    """Steps never deleted by retention (e.g. an evaluation point)."""
-    async_save: bool | str = True
-    """dcp.async_save with staging (training blocks only for the copy). False: dcp.save.
-    ``auto``: each interval save in the mode measured cheaper for training (blocked time
-    + the slowdown of the steps beside its background part); where cores are few, a
-    background save can cost more steps than a blocking one (docs/RESILIENCE.md)."""
-    thread_count: int = 2
-    """DCP writer threads per rank (files per rank)."""
-    direct_io: bool = True
-    """Write the shards with O_DIRECT (from an aligned buffer to the device, not through
-    the page cache; buffered where the file system refuses it). A checkpoint is read
-    again only after a failure: cached, it takes memory from training, and on the 2-core
-    machine filling the cache with fresh pages cost more than the write itself
-    (docs/BENCHMARKS.md, "Host memory")."""
-    uri: str = ""
-    """Durable tier in the primary region, `s3://bucket/prefix` or `gs://bucket/prefix`.
-    Env: FTFLEET_CKPT_URI."""
-    replica_uri: str = ""
-    """Read-only replica of the durable tier in another region, used to restore when the
-    primary is gone. Env: FTFLEET_CKPT_REPLICA_URI."""
-    upload: str = "trainer"
-    """`trainer`: upload each commit to `uri`. `fsx-export`: the fast tier exports to the
-    bucket itself, do not upload twice. `none`. Env: FTFLEET_CKPT_UPLOAD."""
-    s3_endpoint_url: str = ""
-    """S3 endpoint (tests, S3-compatible stores). Empty: AWS, or AWS_ENDPOINT_URL."""
-    multipart_chunk_mb: int = 64
-    """Multipart part size for object uploads, in MiB (S3 requires at least 5)."""
-    transfer_workers: int = 8
-    """Parallel object transfers per rank (files, and parts within a file)."""
-    retries: int = 10
-    """Attempts per object request (5xx, throttling and connection errors are retried)."""
-    load: bool = True
-    """Resume from the newest valid checkpoint found in the tiers."""
-    load_step: int | None = None
-    """Resume from exactly this step (its newest valid copy) instead of the newest."""
-    force_load: bool = False
-    """Load a checkpoint whose manifest names another run_id or config hash."""
-    timeout_s: int = 1800
-    """Timeout of checkpoint collectives (the checkpoint process groups)."""
-    memory: bool = False
-    """Keep in-memory snapshots: each rank's latest state in host shared memory (outlives
-    the process, not the node) and a copy of the next node's (outlives the node). A
-    restart restores from them when they are the newest (docs/RESILIENCE.md); the disk
-    tiers stay the durable ones. How often: resilience.interval.snapshot_*."""
-    memory_root: str = "/dev/shm"
-    """The RAM file system of the snapshots; the run's are under <memory_root>/ftfleet-<run_id>.
-    Env: FTFLEET_SHM_DIR."""
-    memory_keep: int = 2
-    """Snapshots kept per rank in memory, 1 or 2 (2: the newest may be torn by a kill)."""
-    memory_peer_every: int = 1
-    """Send the copy of a snapshot to the peer node every this many snapshots (0: never).
-    The copy covers a node lost without notice (a process lost, or a node with notice,
-    needs only the own snapshot, or the emergency checkpoint); it is the dear part of a
-    snapshot (the whole state over the network). The own snapshot of the newest copied
-    step is kept beside the newest memory_keep, so a lost node's ranks and the others
-    still share a step."""
-    save_from_memory: bool = True
-    """With checkpoint.memory: a background save writes the in-memory snapshot of its
-    step (taking one when the newest is older) instead of staging a copy of its own, so
-    training blocks only for the snapshot's copy (Gemini-style two levels: the durable
-    checkpoint drains from memory). The next snapshot waits for that write."""
-    ranks_per_node: int = 0
-    """Ranks per node for the snapshot ring (node i holds node i+1's copy). 0: torchrun's
-    LOCAL_WORLD_SIZE. Smaller values simulate several nodes on one machine (tests, drills)."""
-
-    def node_size(self, world_size: int) -> int:
-        """Ranks per node for the snapshot ring: ``ranks_per_node``, else torchrun's
-        LOCAL_WORLD_SIZE, else the whole world (one node)."""
-        return self.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-
-    def __post_init__(self) -> None:
-        if self.keep < 2:
-            raise ConfigError(
-                f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "
-                "(the newest may still be uploading or fail verification)"
-            )
-        if any(s < 0 for s in self.pinned_steps):
-            raise ConfigError(f"checkpoint.pinned_steps={self.pinned_steps}: steps are >= 0")
-        _positive("checkpoint.thread_count", self.thread_count)
-        _positive("checkpoint.transfer_workers", self.transfer_workers)
-        _positive("checkpoint.retries", self.retries)
-        _positive("checkpoint.timeout_s", self.timeout_s)
-        if self.multipart_chunk_mb < 5:
-            raise ConfigError(
-                f"checkpoint.multipart_chunk_mb={self.multipart_chunk_mb}: S3 parts are at least 5 MiB; use 5 or more"
-            )
-        if self.upload not in UPLOAD_MODES:
-            raise ConfigError(f"checkpoint.upload={self.upload!r}: use one of {', '.join(UPLOAD_MODES)}")
-        for key in ("uri", "replica_uri"):
-            value = getattr(self, key)
-            if value and not value.startswith(("s3://", "gs://")):
-                raise ConfigError(
-                    f"checkpoint.{key}={value!r}: use s3://bucket/prefix or gs://bucket/prefix (or empty for none)"
-                )
-        if isinstance(self.async_save, str) and self.async_save != "auto":
-            raise ConfigError(f"checkpoint.async_save={self.async_save!r}: use true, false or auto")
-        if self.memory_keep not in (1, 2):
-            raise ConfigError(
-                f"checkpoint.memory_keep={self.memory_keep}: use 1 or 2 (each is a copy of the state in RAM)"
-            )
-        if self.memory_peer_every < 0:
-            raise ConfigError(
-                f"checkpoint.memory_peer_every={self.memory_peer_every}: use 0 (no peer copies) or a count >= 1"
-            )
-        if self.ranks_per_node < 0:
-            raise ConfigError(f"checkpoint.ranks_per_node={self.ranks_per_node}: use 0 (torchrun's) or a count >= 1")
-        if self.memory and not self.memory_root:
-            raise ConfigError("checkpoint.memory_root is empty: name a RAM file system such as /dev/shm")
-        if self.replica_uri and not self.uri:
-            raise ConfigError(
-                "checkpoint.replica_uri is set but checkpoint.uri is empty: set the primary durable tier too"
-            )
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
 class JobConfig:
     run_id: str = "local"
     """Identifies the run; a checkpoint of another run is refused. Env: FTFLEET_RUN_ID."""
@@ -288,22 +164,14 @@ class JobConfig:
 
 
 #: Environment variables of the fleet contract that override config keys.
-ENV_OVERRIDES = {
-    "FTFLEET_RUN_ID": "run_id",
-    "FTFLEET_RUN_DIR": "run_dir",
-    "FTFLEET_CKPT_DIR": "checkpoint.dir",
-    "FTFLEET_CKPT_URI": "checkpoint.uri",
-    "FTFLEET_CKPT_REPLICA_URI": "checkpoint.replica_uri",
-    "FTFLEET_CKPT_UPLOAD": "checkpoint.upload",
-    "FTFLEET_SHM_DIR": "checkpoint.memory_root",
-    "FTFLEET_PREEMPTION_NOTICE_S": "resilience.watcher.gcp_preemption_notice_s",
-}
+ENV_OVERRIDES = CONFIG_OVERRIDES
 
 
 def load_config(
     path: str | os.PathLike | None, overrides: list[str] = (), environ: Mapping[str, str] | None = None
 ) -> JobConfig:
-    """File, then environment (ENV_OVERRIDES), then ``key.sub=value`` overrides."""
+    """File, then environment (:data:`~ftfleet.trainer.environment.CONFIG_OVERRIDES`), then
+    ``key.sub=value`` overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -316,10 +184,8 @@ def load_config(
             raise ConfigError(f"--config {path}: {_yaml_problem(exc)}; fix the file") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping of keys")
-    environ = os.environ if environ is None else environ
-    for var, key in ENV_OVERRIDES.items():
-        if environ.get(var):
-            _set_dotted(raw, key, environ[var], source=var)
+    for var, key, value in TrainerEnvironment(environ).config_overrides():
+        _set_dotted(raw, key, value, source=var)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -447,5 +313,4 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 
 def _positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}={value}: use a positive integer")
+    require_positive(key, value)

@@ -4,8 +4,7 @@
   (one rank, an in-memory store), so every code path is the distributed one.
 * Each torchrun attempt gets its own key prefix in the agent's store, agreed by its
   ranks (:func:`agree_on_attempt`): workers restarted by ``--max-restarts`` otherwise
-  read the previous attempt's stale keys and hang or fail in gloo init (measured; see
-  shared/REFERENCE.md).
+  read the previous attempt's stale keys and hang or fail in gloo init.
 * Checkpointing gets two dedicated gloo groups: ``ckpt`` for DCP's async save and the
   commit protocol, ``upload`` for the background upload to the durable tier. Collectives
   of a background save on the training group hang or corrupt data.

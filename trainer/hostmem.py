@@ -1,27 +1,21 @@
-"""Host memory: large CPU tensors on transparent huge pages.
+"""Host memory: large CPU tensors on transparent huge pages, and an allocator that
+keeps freed memory.
 
 glibc's malloc serves a block above its mmap threshold (32 MiB at most) with a fresh
 ``mmap`` and unmaps it on ``free``. A training step frees and allocates its gradients,
 activations and optimizer temporaries every step, so each big tensor comes back as new
-4 KiB pages that the kernel faults in and zeroes one by one, every step. Measured on the
-goodput bench (a 113M-parameter GPT, 2 CPU ranks on 2 cores): about 70% of each rank's
-CPU time was the kernel's, 300-400k minor page faults a second per rank (a step took
-1.83x as long as on huge pages); every
-snapshot, save, restore and restart paid for fresh pages the same way
-(docs/BENCHMARKS.md, "Host memory").
+4 KiB pages that the kernel faults in and zeroes one by one, every step; every snapshot,
+save, restore and restart pays for fresh pages the same way (``bench/hostmem_bench.py``
+measures the cost).
 
 PyTorch's CPU allocator can ask for transparent huge pages: with
 ``THP_MEM_ALLOC_ENABLE=1`` it aligns blocks of 2 MiB and more to 2 MiB and advises
-``MADV_HUGEPAGE``, so a fresh block faults once per 2 MiB instead of once per 4 KiB
-(measured: 100 MB allocated and freed, 48,830 faults and 48-78 ms each time; with huge
-pages 798 faults and 20 ms). It takes the kernel's THP mode ``madvise`` or ``always``
+``MADV_HUGEPAGE``, so a fresh block faults once per 2 MiB instead of once per 4 KiB. It
+takes the kernel's THP mode ``madvise`` or ``always``
 (``/sys/kernel/mm/transparent_hugepage/enabled``); with ``never`` nothing changes.
-
-Tried first, and dropped: making glibc keep freed memory (``M_MMAP_MAX`` 0, no
-trimming). Blocks then come from the heap, but PyTorch allocates with
-``posix_memalign``, whose freed block is too small for the next request of the same
-size (it asks for the size plus the alignment): the heap grew by every step's blocks
-(measured with strace), a leak in a long run.
+Making glibc keep freed memory instead (``M_MMAP_MAX`` 0, no trimming) does not work:
+PyTorch allocates with ``posix_memalign``, whose freed block is too small for the next
+request of the same size, so the heap grows by every step's blocks.
 
 PyTorch reads the variable once, at its first CPU allocation (of any size): call
 :func:`use_huge_pages` before importing torch (the trainer's entry points do, right
@@ -29,23 +23,19 @@ after the config is read), or set ``THP_MEM_ALLOC_ENABLE=1`` in the environment.
 sets the variable only when it is not set (``THP_MEM_ALLOC_ENABLE=0`` keeps a user's
 choice); children (data-loader workers) inherit it.
 
-Huge pages make a fresh block cheaper; they do not stop the blocks from being fresh.
-Every step still gave its memory back to the kernel and took new memory again (the
-goodput bench's FSDP step: about 3.6 GB of new huge pages a step on each rank, 60 % of
-the ranks' CPU time in the kernel), and on a virtual machine that reports free memory
-to its host (virtio-balloon free page reporting, as on the 2-core machine) a block
-that stayed free for a moment, across a save or a restart, comes back through the
-host's page faults: the step after each synchronous save took 0.3-2.1 s longer.
-jemalloc keeps freed memory in the process for the next allocation of its size
-(``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``: never handed back), so after the
-first steps a step allocates nothing new from the kernel. PyTorch's CPU performance
-guide recommends it for CPU work; it keeps the process's peak of host memory, which a
-training node dedicates to its trainer anyway. A process takes it only when it starts
-:func:`ftfleet.contract.allocator_env` gives the variables (``LD_PRELOAD``) for the
-processes a launcher starts, and :func:`ftfleet.contract.host_memory_env` adds glibc's
-copy threshold to them, as the image's entrypoint and the in-process launcher set
-(``FTFLEET_HOST_ALLOCATOR``, docs/CONTRACT.md); :func:`active_allocator` says which
-one a running process has.
+Huge pages make a fresh block cheaper; they do not stop the blocks from being fresh,
+and on a virtual machine that reports free memory to its host (virtio-balloon free page
+reporting) a block that stayed free for a moment, across a save or a restart, comes
+back through the host's page faults. jemalloc keeps freed memory in the process for the
+next allocation of its size (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``: never
+handed back), so after the first steps a step allocates nothing new from the kernel.
+PyTorch's CPU performance guide recommends it for CPU work; it keeps the process's peak
+of host memory, which a training node dedicates to its trainer anyway. A process takes
+it only when it starts: :func:`ftfleet.hostenv.allocator_env` gives the
+variables (``LD_PRELOAD``) for the processes a launcher starts, and
+:func:`ftfleet.hostenv.host_memory_env` adds glibc's copy threshold to them, as
+the image's entrypoint and the in-process launcher set (``FTFLEET_HOST_ALLOCATOR``,
+docs/CONTRACT.md); :func:`active_allocator` says which one a running process has.
 """
 
 from __future__ import annotations
@@ -55,7 +45,7 @@ import os
 import sys
 from pathlib import Path
 
-from ftfleet.contract import is_malloc
+from ftfleet.hostenv import is_malloc
 
 log = logging.getLogger("ftfleet.hostmem")
 
@@ -93,7 +83,7 @@ def use_huge_pages(path: Path = THP_MODE) -> bool:
 
 def active_allocator(maps: Path = Path("/proc/self/maps")) -> str:
     """The malloc library this process has loaded (``jemalloc``, ``tcmalloc``,
-    ``mimalloc``: :data:`ftfleet.contract.MALLOC_LIBRARIES`), else ``glibc``."""
+    ``mimalloc``: :data:`ftfleet.hostenv.MALLOC_LIBRARIES`), else ``glibc``."""
     try:
         lines = maps.read_text().splitlines()
     except OSError:

@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ftfleet.contract import EXIT_OK, HOST_ALLOCATOR_ENV, find_jemalloc
+from ftfleet.contract import EXIT_OK
 from ftfleet.errors import ConfigError
+from ftfleet.hostenv import find_jemalloc
 from ftfleet.trainer import distributed, parallel
 from ftfleet.trainer.callbacks import Callback, StepInfo, StopRequest, first_stop
 from ftfleet.trainer.checkpoint.manager import CheckpointManager
@@ -34,9 +35,10 @@ from ftfleet.trainer.checkpoint.state import AppState, TrainProgress, full_state
 from ftfleet.trainer.config import JobConfig
 from ftfleet.trainer.data.loader import GlobalBatches
 from ftfleet.trainer.data.workers import start_for
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.hostmem import active_allocator, use_huge_pages
 from ftfleet.trainer.preflight import preflight
-from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
+from ftfleet.trainer.resilience.anomaly.guard import AnomalyGuard
 from ftfleet.trainer.resilience.reference import Resilience
 
 log = logging.getLogger("ftfleet.train")
@@ -190,7 +192,7 @@ def build_dataset(cfg: JobConfig, model: nn.Module) -> Any:
 
 def warm_up() -> None:
     """Import now what building a run would import lazily: torch.optim's first
-    optimizer imports ``torch._dynamo``, about 1 s on the 2-core machine. A warm spare
+    optimizer imports ``torch._dynamo``, which takes about a second. A warm spare
     calls this while it waits, so that taking over does not pay for it."""
     import torch._dynamo  # noqa: F401
 
@@ -206,7 +208,7 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     huge = cfg.train.huge_pages and use_huge_pages()  # before the model, its optimizer and the first step allocate
     allocator = active_allocator()
     hint = ""
-    jemalloc = find_jemalloc() if allocator == "glibc" and os.environ.get(HOST_ALLOCATOR_ENV) != "system" else None
+    jemalloc = find_jemalloc() if allocator == "glibc" and TrainerEnvironment().host_allocator != "system" else None
     if jemalloc:
         hint = f" (jemalloc is installed: the image's entrypoint preloads it; elsewhere LD_PRELOAD={jemalloc})"
     log.info("host memory: %s malloc%s%s", allocator, ", transparent huge pages" if huge else "", hint)

@@ -18,7 +18,8 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from ftfleet.infra.aws.bucket import tls_only_policy
+from ftfleet.infra.aws import names
+from ftfleet.infra.aws.bucket import SSE_C, tls_only_policy
 from ftfleet.infra.settings import Settings
 
 LOG_DAYS = 365
@@ -118,7 +119,9 @@ class AuditTrail(pulumi.ComponentResource):
             policy=pulumi.Output.all(account_id, arn).apply(lambda a: key_policy(*a)),
             opts=keep,
         )
-        self.bucket = s3.Bucket(f"{name}-logs", force_destroy=False, opts=keep)
+        self.bucket = s3.Bucket(
+            f"{name}-logs", force_destroy=False, **names.generated("aws:s3/bucket:Bucket", f"{name}-logs"), opts=keep
+        )
         s3.BucketVersioning(
             f"{name}-logs-versioning",
             bucket=self.bucket.id,
@@ -134,6 +137,7 @@ class AuditTrail(pulumi.ComponentResource):
                         sse_algorithm="aws:kms", kms_master_key_id=self.key.arn
                     ),
                     bucket_key_enabled=True,
+                    blocked_encryption_types=[SSE_C],
                 )
             ],
             opts=o,

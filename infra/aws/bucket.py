@@ -1,7 +1,7 @@
 """ReplicatedBucket: the durable checkpoint tier, in two regions.
 
 Both buckets are versioned, SSE-KMS encrypted (the primary with the stack key, the
-replica with its replica key), fully private, owner-enforced and TLS-only, with the
+replica with its replica key) with SSE-C uploads blocked, fully private, owner-enforced and TLS-only, with the
 same lifecycle. Replication copies everything, delete markers included, re-encrypts in
 the replica region, and (by default) runs under Replication Time Control with metrics,
 which the replication-lag alarm watches.
@@ -14,9 +14,13 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra.aws import names
 from ftfleet.infra.settings import BucketSettings, Settings
 
 s3 = aws.s3
+#: The encryption type every checkpoint bucket refuses for uploads: objects are SSE-KMS
+#: with the stack key, and S3 blocks SSE-C on new buckets by default anyway.
+SSE_C = "SSE-C"
 
 
 def tls_only_policy(bucket_arn: str) -> str:
@@ -152,6 +156,7 @@ class ReplicatedBucket(pulumi.ComponentResource):
 
         role = aws.iam.Role(
             f"{name}-replication",
+            **names.generated("aws:iam/role:Role", f"{name}-replication"),
             description=f"{settings.name}: S3 replicates checkpoints to {settings.replica_region}",
             assume_role_policy=json.dumps(
                 {
@@ -166,6 +171,7 @@ class ReplicatedBucket(pulumi.ComponentResource):
         )
         self.replication_policy = aws.iam.RolePolicy(
             f"{name}-replication",
+            **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-replication"),
             role=role.id,
             policy=pulumi.Output.all(self.primary.arn, self.replica.arn, key.arn, replica_key.arn).apply(
                 lambda a: replication_policy(*a, settings.region, settings.replica_region)
@@ -221,6 +227,7 @@ class ReplicatedBucket(pulumi.ComponentResource):
         # creation) stops the update instead of emptying a bucket of checkpoints.
         bucket = s3.Bucket(
             name,
+            **names.generated("aws:s3/bucket:Bucket", name),
             object_lock_enabled=b.object_lock or None,
             force_destroy=False,
             opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(protect=True)),
@@ -241,6 +248,9 @@ class ReplicatedBucket(pulumi.ComponentResource):
                         sse_algorithm="aws:kms", kms_master_key_id=key_arn
                     ),
                     bucket_key_enabled=True,
+                    # Declared, not left to S3's default for new buckets, so that the
+                    # stack and storage_drift own it and a repair never unblocks SSE-C.
+                    blocked_encryption_types=[SSE_C],
                 )
             ],
             opts=o,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pulumi._types as pulumi_types
 
-from ftfleet.infra.aws.bucket import lifecycle_rules, tls_only_policy
+from ftfleet.infra.aws.bucket import SSE_C, lifecycle_rules, tls_only_policy
 from ftfleet.infra.settings import BucketSettings
 from ftfleet.lambdas.storage_drift.desired import api_shape
 
@@ -42,6 +42,7 @@ def bucket(region: str, bucket_arn: str, key_arn: str, b: BucketSettings) -> dic
                 {
                     "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key_arn},
                     "BucketKeyEnabled": True,
+                    "BlockedEncryptionTypes": {"EncryptionType": [SSE_C]},
                 }
             ]
         },

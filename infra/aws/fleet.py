@@ -22,6 +22,7 @@ import pulumi_aws as aws
 
 from ftfleet import contract
 from ftfleet.infra import catalog
+from ftfleet.infra.aws import names
 from ftfleet.infra.settings import Settings
 
 ROOT_DEVICE = "/dev/sda1"  # root device name of the Ubuntu-based Deep Learning AMIs
@@ -199,6 +200,7 @@ class GpuFleet(pulumi.ComponentResource):
         tags = {**s.all_tags(), "Name": f"{s.name}-{role}", "ftfleet:role": role}
         return aws.ec2.LaunchTemplate(
             name,
+            **names.generated("aws:ec2/launchTemplate:LaunchTemplate", name),
             description=f"{s.name} {role} nodes ({instance_type})",
             image_id=self._image_id,
             instance_type=instance_type,

@@ -18,6 +18,7 @@ import pulumi
 import pulumi_aws as aws
 
 from ftfleet import contract
+from ftfleet.infra.aws import names
 from ftfleet.infra.aws.dns import normalized_record_name
 from ftfleet.infra.settings import Settings
 
@@ -217,17 +218,25 @@ class NodeIdentity(pulumi.ComponentResource):
             o = pulumi.ResourceOptions(parent=self, provider=provider)
             role = aws.iam.Role(
                 f"{name}-{role_name}",
+                **names.generated("aws:iam/role:Role", f"{name}-{role_name}"),
                 assume_role_policy=EC2_TRUST,
                 description=f"{settings.name} {role_name} nodes",
                 opts=o,
             )
             self.policies += [
-                aws.iam.RolePolicy(f"{name}-{role_name}-checkpoints", role=role.id, policy=policy, opts=o),
+                aws.iam.RolePolicy(
+                    f"{name}-{role_name}-checkpoints",
+                    **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-{role_name}-checkpoints"),
+                    role=role.id,
+                    policy=policy,
+                    opts=o,
+                ),
                 aws.iam.RolePolicyAttachment(f"{name}-{role_name}-ssm", role=role.name, policy_arn=SSM_CORE, opts=o),
             ]
             if role_name == "coordinator":
                 dns = aws.iam.RolePolicy(
                     f"{name}-coordinator-dns",
+                    **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-coordinator-dns"),
                     role=role.id,
                     policy=pulumi.Output.all(zone_arn, coordinator_name).apply(
                         lambda a: json.dumps(coordinator_policy(*a))
@@ -236,5 +245,10 @@ class NodeIdentity(pulumi.ComponentResource):
                 )
                 self.policies.append(dns)
             self.roles[role_name] = role
-            self.profiles[role_name] = aws.iam.InstanceProfile(f"{name}-{role_name}", role=role.name, opts=o)
+            self.profiles[role_name] = aws.iam.InstanceProfile(
+                f"{name}-{role_name}",
+                **names.generated("aws:iam/instanceProfile:InstanceProfile", f"{name}-{role_name}"),
+                role=role.name,
+                opts=o,
+            )
         self.register_outputs({k: v.arn for k, v in self.profiles.items()})

@@ -12,6 +12,7 @@ import ipaddress
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra.aws import names
 from ftfleet.infra.settings import Settings
 
 # Ports FSx for Lustre needs between clients and file servers (and among servers).
@@ -123,7 +124,8 @@ class Network(pulumi.ComponentResource):
         # Private DNS zone that holds coordinator.<zone> (see infra/aws/userdata.py).
         self.zone = aws.route53.Zone(
             f"{name}-zone",
-            name=f"{settings.stack}.ftfleet.internal",
+            # A DNS label has at most 63 characters (RFC 1035), a stack name up to 100.
+            name=f"{names.fit(settings.stack, names.DNS_LABEL)}.ftfleet.internal",
             comment=f"{settings.name}: coordinator discovery",
             vpcs=[aws.route53.ZoneVpcArgs(vpc_id=self.vpc_id, vpc_region=settings.region)],
             # The coordinator writes its own record at boot; Pulumi does not manage it.

@@ -47,6 +47,7 @@ class Remediation(pulumi.ComponentResource):
         super().__init__("ftfleet:aws:Remediation", name, None, opts)
         self._name, self._s, self._t = name, settings, targets
         self._o = pulumi.ResourceOptions(parent=self, provider=primary)
+        self._replica_o = pulumi.ResourceOptions(parent=self, provider=replica)
         self.deployed: dict[str, Deployed] = {}
         self.alarms: list[aws.cloudwatch.MetricAlarm] = []
         s, r = settings, settings.remediation
@@ -107,6 +108,10 @@ class Remediation(pulumi.ComponentResource):
 
         for deployed in self.deployed.values():
             self._parts.dead_letter_policy(deployed)
+        self.topics = {s.region: remediation_alarms.topic(f"{name}-alarms", s, self._o)}
+        if r.replication_lag:  # its S3 latency alarm lives in the replica region
+            self.topics[s.replica_region] = remediation_alarms.topic(f"{name}-alarms-replica", s, self._replica_o)
+        replica_topic = self.topics.get(s.replica_region, self.topics[s.region])
         self.alarms += remediation_alarms.declare(
             name,
             s,
@@ -114,7 +119,8 @@ class Remediation(pulumi.ComponentResource):
             targets.primary_bucket.bucket,
             targets.replica_bucket.bucket,
             self._rule_id(),
-            self._o,
+            remediation_alarms.Place(self._o, self.topics[s.region].arn),
+            remediation_alarms.Place(self._replica_o, replica_topic.arn),
         )
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{name}-dashboard",
@@ -125,6 +131,7 @@ class Remediation(pulumi.ComponentResource):
                 lambda a: body(
                     DashboardInputs(
                         region=s.region,
+                        replica_region=s.replica_region,
                         stack=s.stack,
                         run_id=s.trainer.run_id,
                         primary_bucket=a[0],
@@ -145,6 +152,7 @@ class Remediation(pulumi.ComponentResource):
             {
                 "functions": {k: v.function.name for k, v in self.deployed.items()},
                 "dashboard": self.dashboard.dashboard_name,
+                "alarm_topics": {region: t.arn for region, t in self.topics.items()},
             }
         )
 

@@ -1,22 +1,56 @@
 """The remediation functions' alarms: one per function on its dead-letter queue and its
 errors, and one per condition a human must see (replication lag, S3 Replication Time
 Control's own metrics, withheld replacements, handoffs that hit the deadline, storage
-settings someone weakened). A switched-off function takes its alarms with it."""
+settings someone weakened). A switched-off function takes its alarms with it.
+
+An alarm lives in the region whose CloudWatch holds its metric: S3 publishes
+ReplicationLatency (like BytesPendingReplication and OperationsPendingReplication) in
+the destination bucket's region and OperationsFailedReplication in the source bucket's
+(infra/policies/remediation.py, which checks it); everything else is in the primary
+region. Every alarm notifies the stack's alarm topic of its region (:func:`topic`) when
+it goes into ALARM and when it is OK again; ``alarmSubscriptions`` says who listens."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pulumi
 import pulumi_aws as aws
 
 from ftfleet import contract
+from ftfleet.infra.aws import remediation_patterns as patterns
+from ftfleet.infra.policies.remediation import S3_REPLICATION_METRIC_SIDE
 from ftfleet.infra.settings import Settings
 
 if TYPE_CHECKING:
     from ftfleet.infra.aws.remediation_parts import Deployed
 
 PERIOD_S = 300
+#: An alarm on a scheduled function's metric, with missing data breaching (a silent
+#: function is an alarm too): each period spans this many schedule intervals, so that it
+#: holds a data point while the function runs (its points are one interval apart, give
+#: or take EventBridge's minute and the run's own time), and it fires on this many
+#: periods in a row, so that one failed run (which its errors alarm reports) does not.
+SCHEDULED_PERIODS = 2
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where an alarm goes: a region's resource options and the stack's alarm topic
+    there, which every alarm notifies when it goes into ALARM and back to OK."""
+
+    opts: pulumi.ResourceOptions
+    topic_arn: pulumi.Input[str]
+
+
+def topic(name: str, s: Settings, opts: pulumi.ResourceOptions) -> aws.sns.Topic:
+    """The stack's alarm topic in the region of ``opts``, with a subscription for each
+    of ``alarmSubscriptions``."""
+    t = aws.sns.Topic(name, name=f"{s.name}-alarms", opts=opts)
+    for i, (protocol, endpoint) in enumerate(s.remediation.alarm_subscriptions):
+        aws.sns.TopicSubscription(f"{name}-{i}", topic=t.arn, protocol=protocol, endpoint=endpoint, opts=opts)
+    return t
 
 
 def _alarm(
@@ -28,10 +62,13 @@ def _alarm(
     dimensions: pulumi.Input[dict],
     statistic: str,
     threshold: float,
-    opts: pulumi.ResourceOptions,
+    place: Place,
     comparison: str = "GreaterThanOrEqualToThreshold",
     missing: str = "notBreaching",
+    period: int = PERIOD_S,
+    periods: int = 1,
 ) -> aws.cloudwatch.MetricAlarm:
+    """Fires when ``periods`` periods in a row breach."""
     return aws.cloudwatch.MetricAlarm(
         name,
         name=physical,
@@ -40,12 +77,16 @@ def _alarm(
         metric_name=metric,
         dimensions=dimensions,
         statistic=statistic,
-        period=PERIOD_S,
-        evaluation_periods=1,
+        period=period,
+        evaluation_periods=periods,
+        datapoints_to_alarm=periods,
         threshold=threshold,
         comparison_operator=comparison,
         treat_missing_data=missing,
-        opts=opts,
+        actions_enabled=True,
+        alarm_actions=[place.topic_arn],
+        ok_actions=[place.topic_arn],
+        opts=place.opts,
     )
 
 
@@ -56,9 +97,13 @@ def declare(
     primary_bucket: pulumi.Output[str],
     replica_bucket: pulumi.Output[str],
     rule_id: pulumi.Output[str],
-    opts: pulumi.ResourceOptions,
+    primary: Place,
+    replica: Place,
 ) -> list[aws.cloudwatch.MetricAlarm]:
+    """``primary`` places an alarm in the primary (replication source) region,
+    ``replica`` in the replica's (replication destination)."""
     out = []
+    side = {"source": primary, "destination": replica}
     ns, stack = contract.METRICS_NAMESPACE, {"Stack": s.stack}
     for folder, d in deployed.items():
         short = folder.replace("_", "-")
@@ -72,7 +117,7 @@ def declare(
                 {"QueueName": d.dlq.name},
                 "Maximum",
                 1,
-                opts,
+                primary,
             )
         )
         out.append(
@@ -85,7 +130,7 @@ def declare(
                 {"FunctionName": d.function.name},
                 "Sum",
                 1,
-                opts,
+                primary,
             )
         )
     r = s.remediation
@@ -101,9 +146,11 @@ def declare(
                 stack,
                 "Maximum",
                 r.replication_lag_alarm_seconds,
-                opts,
+                primary,
                 comparison="GreaterThanThreshold",
                 missing="breaching",
+                period=SCHEDULED_PERIODS * patterns.REPLICATION_WATCH_MINUTES * 60,
+                periods=SCHEDULED_PERIODS,
             )
         )
         rtc = pulumi.Output.all(primary_bucket, replica_bucket, rule_id).apply(
@@ -119,7 +166,7 @@ def declare(
                 rtc,
                 "Maximum",
                 r.replication_lag_alarm_seconds,
-                opts,
+                side[S3_REPLICATION_METRIC_SIDE["ReplicationLatency"]],
                 comparison="GreaterThanThreshold",
             )
         )
@@ -133,7 +180,7 @@ def declare(
                 rtc,
                 "Sum",
                 0,
-                opts,
+                side[S3_REPLICATION_METRIC_SIDE["OperationsFailedReplication"]],
                 comparison="GreaterThanThreshold",
             )
         )
@@ -148,7 +195,7 @@ def declare(
                 stack,
                 "Sum",
                 1,
-                opts,
+                primary,
             )
         )
     if "lifecycle_handoff" in deployed:
@@ -162,7 +209,7 @@ def declare(
                 {**stack, "Outcome": "deadline"},
                 "SampleCount",
                 1,
-                opts,
+                primary,
             )
         )
     if "storage_drift" in deployed:
@@ -176,7 +223,7 @@ def declare(
                 stack,
                 "Sum",
                 1,
-                opts,
+                primary,
             )
         )
     return out

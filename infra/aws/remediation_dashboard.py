@@ -2,7 +2,9 @@
 
 A pure function of names, so that tests read the widgets without Pulumi. Per-node and
 per-pool series use SEARCH expressions: nodes and spot pools come and go, and a
-dashboard written at deploy time cannot list them.
+dashboard written at deploy time cannot list them. A widget reads its metrics in one
+region: S3's ReplicationLatency has its own widget in the replica (destination)
+region, where S3 publishes it (remediation_alarms.S3_REPLICATION_METRIC_SIDE).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ WIDTH, HEIGHT = 12, 6
 @dataclass(frozen=True)
 class DashboardInputs:
     region: str
+    replica_region: str
     stack: str
     run_id: str
     primary_bucket: str
@@ -126,6 +129,15 @@ def widgets(d: DashboardInputs) -> list[dict]:
                         d.stack,
                         {"stat": "Maximum", "label": "committed checkpoints"},
                     ],
+                ],
+                d.region,
+                annotations={"horizontal": [{"label": "alarm", "value": d.lag_alarm_seconds}]},
+            )
+        )
+        out.append(
+            _widget(
+                f"S3 replication latency (seconds, published in {d.replica_region})",
+                [
                     [
                         "AWS/S3",
                         "ReplicationLatency",
@@ -138,7 +150,7 @@ def widgets(d: DashboardInputs) -> list[dict]:
                         {"stat": "Maximum", "label": "S3 ReplicationLatency"},
                     ],
                 ],
-                d.region,
+                d.replica_region,
                 annotations={"horizontal": [{"label": "alarm", "value": d.lag_alarm_seconds}]},
             )
         )

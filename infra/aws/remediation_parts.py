@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from ftfleet.infra.aws import lambda_package
+from ftfleet.infra.aws import lambda_package, names
 from ftfleet.infra.aws import remediation_iam as iam
 from ftfleet.infra.aws import remediation_patterns as patterns
 from ftfleet.infra.settings import Settings
@@ -110,7 +110,9 @@ class Parts:
         self._specs = specs(settings)
 
     def physical(self, short: str) -> str:
-        return f"{self._s.name}-{short}"
+        """``ftfleet-<stack>-<short>``, fitted to 64 characters: the limit of a function's
+        and a rule's name (a queue's is 80, its ``-dlq`` suffix included)."""
+        return names.fit(f"{self._s.name}-{short}", names.limit_of("aws:lambda/function:Function"))
 
     def function(
         self,
@@ -135,6 +137,7 @@ class Parts:
         )
         role = aws.iam.Role(
             f"{base}-role",
+            **names.generated("aws:iam/role:Role", f"{base}-role"),
             description=f"{s.name}: the {folder} function",
             assume_role_policy=t.account_id.apply(lambda a: json.dumps(iam.lambda_trust(a))),
             opts=o,  # the primary provider: its default tags reach IAM resources too
@@ -171,6 +174,7 @@ class Parts:
         )
         role_policy = aws.iam.RolePolicy(
             f"{base}-policy",
+            **names.generated("aws:iam/rolePolicy:RolePolicy", f"{base}-policy"),
             role=role.id,
             policy=scope.apply(lambda sc: json.dumps(policy(sc))),
             opts=o,
@@ -265,12 +269,14 @@ class Parts:
         bus = t.account_id.apply(lambda a: f"arn:aws:events:{s.region}:{a}:event-bus/default")
         role = aws.iam.Role(
             f"{base}-role",
+            **names.generated("aws:iam/role:Role", f"{base}-role"),
             description=f"{s.name}: forward the replica bucket's CloudTrail events to {s.region}",
             assume_role_policy=t.account_id.apply(lambda a: json.dumps(iam.events_trust(a))),
             opts=self._o,
         )
         aws.iam.RolePolicy(
             f"{base}-policy",
+            **names.generated("aws:iam/rolePolicy:RolePolicy", f"{base}-policy"),
             role=role.id,
             policy=bus.apply(lambda b: json.dumps(iam.forward_events(b))),
             opts=self._o,

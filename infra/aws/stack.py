@@ -150,6 +150,7 @@ def build(s: Settings) -> None:
     pulumi.export("registry_url", registry.repository.repository_url)
     pulumi.export("remediation_functions", {k: d.function.name for k, d in remediation.deployed.items()})
     pulumi.export("dashboard", remediation.dashboard.dashboard_name)
+    pulumi.export("alarm_topics", {region: t.arn for region, t in remediation.topics.items()})
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_image", node_image)
     pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri).apply(fleet_status))

@@ -18,6 +18,7 @@ DNS or needs any permission for it, and nothing can serve a stale record.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from pathlib import Path
 
@@ -31,7 +32,12 @@ SHUTDOWN = BOOT_DIR / "shutdown.sh"
 # Same values as the AWS nodes; to move into ftfleet/contract.py with the other ports.
 RDZV_PORT = 29400
 METRICS_PORT = 9400
+#: The node health agent (boot/node_health.py): what auto-healing probes.
+HEALTH_PORT = 9401
+HEALTH_PATH = "/healthz"
+HEALTH_AGENT = BOOT_DIR / "node_health.py"
 SERVICE = "ftfleet-trainer"
+HEALTH_SERVICE = "ftfleet-node-health"
 #: Seconds the trainer gets between SIGTERM and SIGKILL when its VM shuts down: within
 #: the 30 s Compute Engine gives a Spot VM's shutdown, and the 120 s of a standard VM.
 STOP_SECONDS = {"SPOT": 25, "STANDARD": 100}
@@ -115,6 +121,11 @@ def startup_script(
             "ROOT": root,
             "ROLE": role,
             "SERVICE": SERVICE,
+            "HEALTH_SERVICE": HEALTH_SERVICE,
+            # base64: the agent's source travels through the header whatever it contains.
+            "HEALTH_AGENT": base64.b64encode(HEALTH_AGENT.read_bytes()).decode(),
+            "HEALTH_PORT": HEALTH_PORT,
+            "GPUS": s.fleet.gpus_per_node,
             "IMAGE_URI": ctx.image_uri,
             "REGISTRY_HOST": ctx.registry_host,
             "STORAGE_KIND": s.storage.kind,

@@ -66,14 +66,14 @@ class ReplicatedBucket(pulumi.ComponentResource):
         settings: GcpSettings,
         provider: gcp.Provider,
         kms_key: pulumi.Input[str] | None = None,
-        key_grant: pulumi.Resource | None = None,
+        after: list[pulumi.Resource] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """``after``: what must exist before the bucket is created or changed (the key's
+        grant to the Cloud Storage agent; the drift function's desired state)."""
         super().__init__("ftfleet:gcp:ReplicatedBucket", name, None, opts)
         b = settings.buckets
-        o = pulumi.ResourceOptions(
-            parent=self, provider=provider, protect=True, depends_on=[key_grant] if key_grant else None
-        )
+        o = pulumi.ResourceOptions(parent=self, provider=provider, protect=True, depends_on=list(after or []) or None)
         self.bucket = st.Bucket(
             f"{name}-bucket",
             location=b.location,

@@ -15,9 +15,13 @@
 
 GPU nodes stay in the file system's zone when the interconnect needs one zone (A3) or
 gcpSingleZone is set; otherwise the Spot group spreads over the listed zones with the
-BALANCED shape. Every group auto-heals on a TCP check of the trainer's metrics port,
-and updates replace VMs rather than restart them (a restarted GPU VM keeps a wedged
-driver and the old boot script's state).
+BALANCED shape. Every group auto-heals on an HTTP check of the node health agent
+(infra/gcp/boot/node_health.py: GPUs, the file system, the container runtime; never
+the trainer). Templates boot one pinned image (gcpImage). Updates are opportunistic:
+a new template reaches a VM only when it is recreated anyway (preemption, repair,
+resize), so no `pulumi up` rolls a running job's fleet, and the VM is then replaced
+rather than restarted (a restarted GPU VM keeps a wedged driver and the old boot
+script's state).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from ftfleet.infra.gcp import boot, machines
 from ftfleet.infra.gcp.settings import GcpSettings
 
 c = gcp.compute
-#: Time for a new node to install packages, mount, pull a multi-GB image and start the
-#: trainer before its health check counts.
+#: Time for a new node to install the GPU container toolkit and the file system client
+#: and mount before its health check counts (the agent needs neither the image nor
+#: the trainer).
 INITIAL_DELAY_SECONDS = 1200
 NIC = "nic0"
 
@@ -58,12 +63,18 @@ class GpuFleet(pulumi.ComponentResource):
         zones = settings.network.zones
         fleet_zones = [zones[0]] if f.single_zone else list(zones)
 
+        # Health is "this node can run the job" (GPUs, the file system, the container
+        # runtime), answered by the node health agent from boot to shutdown; never
+        # "a step is running" (the trainer's port is closed in rendezvous, during
+        # restarts and after a finished run, and probing it recreated healthy nodes).
         self.health_check = c.RegionHealthCheck(
-            f"{name}-trainer",
-            name=f"{settings.name}-trainer",
+            f"{name}-node",
+            name=f"{settings.name}-node",
             region=settings.region,
-            description="the trainer's metrics port answers",
-            tcp_health_check=c.RegionHealthCheckTcpHealthCheckArgs(port=boot.METRICS_PORT),
+            description="the node health agent answers 200 (GPUs, file system, container runtime)",
+            http_health_check=c.RegionHealthCheckHttpHealthCheckArgs(
+                port=boot.HEALTH_PORT, request_path=boot.HEALTH_PATH
+            ),
             check_interval_sec=30,
             timeout_sec=10,
             healthy_threshold=1,
@@ -86,8 +97,13 @@ class GpuFleet(pulumi.ComponentResource):
             )
 
         self.templates = {"coordinator": template("coordinator", f.coordinator_machine_type, "STANDARD")}
+        # The per-instance config below creates the one coordinator VM and raises the
+        # group's target size to 1 by itself. A group declared with target size 1 would
+        # also create a VM of its own, randomly named and without the reserved address
+        # (the provider's documented behaviour with per-instance configs): the group
+        # is declared at 0 and never resized by an update.
         self.coordinator = self._group(
-            f"{name}-coordinator", "coordinator", self.templates["coordinator"], 1, [zones[0]], stateful=True
+            f"{name}-coordinator", "coordinator", self.templates["coordinator"], 0, [zones[0]], stateful=True
         )
         # The reserved address, kept on nic0 of the one coordinator VM through every
         # recreation ("Configuring stateful IP addresses in MIGs").
@@ -238,8 +254,12 @@ class GpuFleet(pulumi.ComponentResource):
             instance_lifecycle_policy=c.RegionInstanceGroupManagerInstanceLifecyclePolicyArgs(
                 default_action_on_failure="REPAIR", force_update_on_repair="YES"
             ),
+            # A new template (a new image, trainer tag or boot script) reaches VMs as
+            # they are recreated for their own reasons (preemption, repair, resize),
+            # never by rolling a running job's fleet; roll on purpose with
+            # `gcloud compute instance-groups managed rolling-action replace`.
             update_policy=c.RegionInstanceGroupManagerUpdatePolicyArgs(
-                type="PROACTIVE",
+                type="OPPORTUNISTIC",
                 minimal_action="REPLACE",
                 most_disruptive_allowed_action="REPLACE",
                 # A regional group's fixed surge and unavailability are 0 or at least its
@@ -256,5 +276,9 @@ class GpuFleet(pulumi.ComponentResource):
             ),
             # GPU capacity can take longer than any deployment should wait.
             wait_for_instances=False,
-            opts=self._o,
+            # A stateful group's size is its per-instance configs': an update must not
+            # resize it back to the declared 0.
+            opts=pulumi.ResourceOptions.merge(self._o, pulumi.ResourceOptions(ignore_changes=["targetSize"]))
+            if stateful
+            else self._o,
         )

@@ -34,7 +34,8 @@ class GcpFleetSettings:
     gpus_per_node: int
     gpu_model: str
     image_project: str
-    image_family: str
+    image: str
+    """The node image's name in image_project: pinned, never a family."""
     boot_disk_gib: int
     spare_nodes: int = 0
     """Booted workers kept beyond workerDesiredSize, in the main worker MIG."""
@@ -61,6 +62,12 @@ def _gpu_facts(machine_type: str, key: str, gpu_type: str, gpu_count: int) -> tu
             key,
             f"contains unknown machine type {machine_type!r}; known gcp types: "
             f"{', '.join(catalog.instance_names('gcp'))} (add new ones to infra/catalog.json)",
+        )
+    if series.gpu_network:
+        raise _err(
+            key,
+            f"contains {machine_type}, which needs {series.gpu_network} for NCCL to use its network, and ftfleet "
+            "does not declare that yet; use a2-ultragpu-8g or a2-highgpu-8g",
         )
     if series.builtin_gpus:
         if gpu_type:
@@ -146,10 +153,21 @@ def parse_fleet(r: _Reader) -> GcpFleetSettings:
     notice = r.int("gcpPreemptionNoticeSeconds", minimum=0, maximum=MAX_PREEMPTION_NOTICE_S)
     if notice and model_key != "SPOT":
         raise _err("gcpPreemptionNoticeSeconds", "applies to Spot workers only; set it 0 for STANDARD workers")
-    image_project, image_family = r.str("gcpImageProject"), r.str("gcpImageFamily")
-    for key, value in (("gcpImageProject", image_project), ("gcpImageFamily", image_family)):
-        if not re.fullmatch(r"[a-z][a-z0-9-]{2,62}", value):
-            raise _err(key, f"is {value!r}; give a Compute Engine image project and family (lowercase, dashes)")
+    image_project, image = r.str("gcpImageProject"), r.str("gcpImage")
+    if not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", image_project):
+        raise _err("gcpImageProject", f"is {image_project!r}; give the project id that holds the node image")
+    if not image:
+        raise _err(
+            "gcpImage",
+            "is required: pin the node image by name, e.g. the newest of a family from `gcloud compute images "
+            f"describe-from-family <family> --project {image_project} --format='value(name)'`",
+        )
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", image):
+        raise _err(
+            "gcpImage",
+            f"is {image!r}; give one image's name (lowercase, digits, dashes; no path and no family), "
+            "so that every pulumi up boots the same image",
+        )
     return GcpFleetSettings(
         coordinator_machine_type=coordinator,
         worker_machine_types=types,
@@ -166,7 +184,7 @@ def parse_fleet(r: _Reader) -> GcpFleetSettings:
         gpus_per_node=gpus,
         gpu_model=model,
         image_project=image_project,
-        image_family=image_family,
+        image=image,
         boot_disk_gib=r.int("rootVolumeGiB", minimum=50, maximum=65536),
         spare_nodes=spares,
     )

@@ -5,17 +5,23 @@ Three functions, each switched by its ``remediation*`` key (the code is in lambd
 * ``gcp_preemption`` (remediationSpotInterruption): a project log sink routes the
   ``compute.instances.preempted`` system events of this stack's instances to a topic;
   the function adds each to the interruption prior next to the checkpoints (the MTBF
-  prior the trainer reads, as on AWS) and counts preemptions per zone and machine type.
+  prior the trainer reads, as on AWS); a log-based metric counts its decision lines per
+  zone and machine type.
 * ``gcp_storage_drift`` (remediationStorageDrift): a sink routes the Admin Activity audit
   entries that change the checkpoint bucket's settings or IAM policy to a topic; the
   function restores what the program rendered and reads it back.
 * ``gcp_replication_watch`` (remediationReplicationLag): Cloud Scheduler publishes to a
   topic every five minutes; the function measures how far the newest committed checkpoint
-  may be from both regions and writes the lag metric; an alert policy fires above
-  replicationLagAlarmSeconds.
+  may be from both regions and writes its metrics. The alert policies (infra/gcp/alerts.py)
+  fire on Cloud Storage's own replication delay above replicationLagAlarmSeconds and
+  when the watch stops reporting.
 
 remediationUnhealthyNodes has no function on GCP: the managed instance groups' health
 check already recreates a node that stops answering (infra/gcp/fleet.py).
+
+Build: Cloud Build builds each function as a dedicated build account holding only
+``roles/run.builder``, not as the project's default build account (which projects
+created since mid-2024 leave without the permissions a build needs).
 
 Delivery: each function is an HTTP function reached only from inside the project
 (``ALLOW_INTERNAL_ONLY``) through a push subscription the stack owns, with an OIDC token
@@ -37,9 +43,14 @@ import pulumi_gcp as gcp
 
 from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp import function_package as package
+from ftfleet.infra.gcp.alerts import Alerts
+from ftfleet.infra.gcp.function_source import FunctionSource
 from ftfleet.infra.gcp.settings import GcpSettings
+from ftfleet.lambdas.common.gcp import Metric
+from ftfleet.lambdas.gcp_preemption import config as preemption_config
 from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
 from ftfleet.lambdas.gcp_storage_drift.config import WATCHED_METHODS
 from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
@@ -57,7 +68,14 @@ SERVICES = (
     "cloudbuild.googleapis.com",
     "pubsub.googleapis.com",
     "cloudscheduler.googleapis.com",
+    "monitoring.googleapis.com",
 )
+MONITORING = "monitoring.googleapis.com"
+#: "Cloud Run Builder": what a function build needs (read its source, write and read
+#: its image in Artifact Registry, write build logs), granted on the project, the
+#: lowest level Google allows ("Configure a build service account" for Cloud Run
+#: functions, https://cloud.google.com/run/docs/configuring/services/build-service-account).
+BUILDER_ROLE = "roles/run.builder"
 #: Permissions of the storage-drift function on the checkpoint bucket, and no more.
 DRIFT_PERMISSIONS = (
     "storage.buckets.get",
@@ -65,10 +83,6 @@ DRIFT_PERMISSIONS = (
     "storage.buckets.getIamPolicy",
     "storage.buckets.setIamPolicy",
 )
-LAG_METRIC = "custom.googleapis.com/ftfleet/replication_lag_seconds"
-#: Label of the functions' source bucket: infra/gcp/policies.py holds checkpoint buckets,
-#: not this one, to their dual-region and protection rules.
-SOURCE_PURPOSE = {"ftfleet-purpose": "function-source"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +92,32 @@ class FunctionSpec:
     """Suffix of its resource and account names (account ids are at most 30 characters)."""
     timeout_s: int
     env: pulumi.Output[dict[str, str]]
+    metrics: tuple[Metric, ...] = ()
+    """Custom metrics it writes: their descriptors exist before it does."""
 
 
-def desired_bucket_settings(s: GcpSettings) -> dict:
-    """What the storage-drift function restores: the settings infra/gcp/bucket.py renders."""
-    return {
-        "versioning": True,
-        "uniform_bucket_level_access": True,
-        "public_access_prevention": "enforced",
-        "soft_delete_seconds": s.buckets.soft_delete_days * 24 * 3600,
-    }
+def function_name(s: GcpSettings, function: str) -> str:
+    """The deployed function's name (also its Cloud Run service's name)."""
+    return f"{s.name}-{function.removeprefix('gcp_').replace('_', '-')}"
+
+
+def preemption_count_filter(stack: str, service: str) -> str:
+    """The preemption function's counted decision lines. Cloud Run parses a one-line
+    JSON object on stdout into the entry's jsonPayload ("Writing structured logs")."""
+    return " AND ".join(
+        [
+            'resource.type="cloud_run_revision"',
+            f'resource.labels.service_name="{service}"',
+            'jsonPayload.function="gcp_preemption"',
+            f'jsonPayload.stack="{stack}"',
+            f'jsonPayload.decision="{preemption_config.COUNTED}"',
+        ]
+    )
+
+
+def preemption_count_extractors() -> dict[str, str]:
+    """Label -> the field of the counted line it is read from ("Log-based metrics labels")."""
+    return {label: f"EXTRACT(jsonPayload.{label})" for label in preemption_config.COUNT_LABELS}
 
 
 def instance_machine_types(s: GcpSettings) -> dict[str, str]:
@@ -106,9 +136,12 @@ class RemediationFunctions(pulumi.ComponentResource):
         name: str,
         s: GcpSettings,
         bucket: gcp.storage.Bucket,
+        source: FunctionSource | None,
         provider: gcp.Provider,
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """``source``: the functions' source bucket (and the drift function's desired
+        state), declared before the checkpoint bucket; None when no function is on."""
         super().__init__("ftfleet:gcp:RemediationFunctions", name, None, opts)
         self._name, self._s = name, s
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
@@ -116,7 +149,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         common = {"stack": s.stack, "run_id": s.trainer.run_id}
         root = boot.checkpoint_root(s)
         project = gcp.organizations.get_project_output(opts=pulumi.InvokeOutputOptions(provider=provider))
-        self._project_id, self._project_number = project.project_id, project.number
+        self._project_id = project.project_id
         specs: list[FunctionSpec] = []
         if r.spot_interruption:
             env = pulumi.Output.all(self._project_id, bucket.name).apply(
@@ -129,12 +162,10 @@ class RemediationFunctions(pulumi.ComponentResource):
                     root=root,
                 ).to_env()
             )
-            specs.append(FunctionSpec("gcp_preemption", "preempt", 60, env))
+            specs.append(FunctionSpec("gcp_preemption", "preempt", 60, env, preemption_config.METRICS))
         if r.storage_drift:
-            env = pulumi.Output.all(self._project_id, bucket.name).apply(
-                lambda a: DriftConfig(
-                    **common, project=a[0], buckets=(a[1],), desired=desired_bucket_settings(s)
-                ).to_env()
+            env = pulumi.Output.all(self._project_id, bucket.name, source.desired_uri).apply(
+                lambda a: DriftConfig(**common, project=a[0], buckets=(a[1],), desired_uri=a[2]).to_env()
             )
             specs.append(FunctionSpec("gcp_storage_drift", "drift", 300, env))
         if r.replication_lag:
@@ -148,7 +179,7 @@ class RemediationFunctions(pulumi.ComponentResource):
                     lag_alarm_s=float(r.replication_lag_alarm_seconds),
                 ).to_env()
             )
-            specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env))
+            specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env, watch_config.METRICS))
 
         self.functions: dict[str, gcp.cloudfunctionsv2.Function] = {}
         self.topics: dict[str, gcp.pubsub.Topic] = {}
@@ -160,25 +191,16 @@ class RemediationFunctions(pulumi.ComponentResource):
             gcp.projects.Service(f"{name}-{api.split('.')[0]}", service=api, disable_on_destroy=False, opts=self._o)
             for api in SERVICES
         ]
-        self.source = gcp.storage.Bucket(
-            f"{name}-source",
-            location=s.region,
-            storage_class="STANDARD",
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            versioning=gcp.storage.BucketVersioningArgs(enabled=True),
-            soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(retention_duration_seconds=0),
-            lifecycle_rules=[
-                gcp.storage.BucketLifecycleRuleArgs(
-                    action=gcp.storage.BucketLifecycleRuleActionArgs(type="Delete"),
-                    condition=gcp.storage.BucketLifecycleRuleConditionArgs(
-                        days_since_noncurrent_time=7, matches_prefixes=["functions/"], with_state="ARCHIVED"
-                    ),
-                )
-            ],
-            labels=SOURCE_PURPOSE,
-            force_destroy=True,
-            opts=self._o,
+        self.source = source.bucket
+        # Pub/Sub's service agent mints the push tokens and forwards dead letters. On a
+        # project that never used Pub/Sub it may not exist yet, and a grant to an agent
+        # that does not exist fails ("Create and grant roles to service agents"):
+        # the stack creates it and takes its identity from that resource.
+        self.pubsub_agent = gcp.projects.ServiceIdentity(
+            f"{name}-pubsub-agent",
+            project=self._project_id,
+            service="pubsub.googleapis.com",
+            opts=self._opts(depends_on=[self.services[SERVICES.index("pubsub.googleapis.com")]]),
         )
         # The identity in the push subscriptions' OIDC tokens: it may invoke the
         # functions and nothing else. Pub/Sub's service agent mints its tokens.
@@ -192,12 +214,39 @@ class RemediationFunctions(pulumi.ComponentResource):
             f"{name}-push-tokens",
             service_account_id=self.pusher.name,
             role="roles/iam.serviceAccountTokenCreator",
-            member=self._pubsub_agent(),
+            member=self.pubsub_agent.member,
             opts=self._o,
+        )
+        # Cloud Build builds each function's container. Projects created since mid-2024
+        # leave the default build account without the permissions a function build
+        # needs ("Custom service account for Cloud Build"): the builds run as this
+        # account, with the one role Google documents for it.
+        self.builder = gcp.serviceaccount.Account(
+            f"{name}-build",
+            account_id=self._account_id("build"),
+            display_name=f"{s.name} remediation function builds",
+            description="Cloud Build runs the remediation functions' builds as this account",
+            opts=self._o,
+        )
+        self.builder_role = gcp.projects.IAMMember(
+            f"{name}-build-builder",
+            project=self._project_id,
+            role=BUILDER_ROLE,
+            member=self.builder.member,
+            opts=self._o,
+        )
+        self.alerts = Alerts(
+            f"{name}-alerts",
+            s,
+            tuple(metric for spec in specs for metric in spec.metrics),
+            bucket,
+            provider,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.services[SERVICES.index(MONITORING)]]),
         )
         for spec in specs:
             self._function(spec, bucket)
         if r.spot_interruption:
+            self._preemption_count(f"{name}-preempt")
             self._log_sink(
                 "preempt",
                 "gcp_preemption",
@@ -238,37 +287,6 @@ class RemediationFunctions(pulumi.ComponentResource):
                 ),
                 opts=self._opts(depends_on=self.services),
             )
-            self.lag_alert = gcp.monitoring.AlertPolicy(
-                f"{name}-replication-lag",
-                display_name=f"{s.name}: checkpoint replication lag",
-                combiner="OR",
-                conditions=[
-                    gcp.monitoring.AlertPolicyConditionArgs(
-                        display_name=f"replication lag above {r.replication_lag_alarm_seconds} s",
-                        condition_threshold=gcp.monitoring.AlertPolicyConditionConditionThresholdArgs(
-                            filter=f'metric.type="{LAG_METRIC}" AND metric.label.stack="{s.stack}"',
-                            comparison="COMPARISON_GT",
-                            threshold_value=r.replication_lag_alarm_seconds,
-                            duration="600s",
-                            aggregations=[
-                                gcp.monitoring.AlertPolicyConditionConditionThresholdAggregationArgs(
-                                    alignment_period="300s", per_series_aligner="ALIGN_MAX"
-                                )
-                            ],
-                        ),
-                    )
-                ],
-                notification_channels=list(r.alert_channels),
-                documentation=gcp.monitoring.AlertPolicyDocumentationArgs(
-                    content=(
-                        "The newest committed checkpoint may not have reached both regions of the bucket "
-                        "for longer than the stack's replicationLagAlarmSeconds. See the replication watch "
-                        "function's decisions in Cloud Logging."
-                    ),
-                    mime_type="text/markdown",
-                ),
-                opts=self._o,
-            )
         self.register_outputs({"functions": {k: f.name for k, f in self.functions.items()}})
 
     # --- helpers ------------------------------------------------------------------------
@@ -279,9 +297,6 @@ class RemediationFunctions(pulumi.ComponentResource):
     def _account_id(self, short: str) -> str:
         """6-30 characters: the stack's name, cut to fit, then the function's suffix."""
         return f"{self._s.name[: 29 - len(short)].rstrip('-')}-{short}"
-
-    def _pubsub_agent(self) -> pulumi.Output[str]:
-        return self._project_number.apply(lambda n: f"serviceAccount:service-{n}@gcp-sa-pubsub.iam.gserviceaccount.com")
 
     def _function(self, spec: FunctionSpec, bucket: gcp.storage.Bucket) -> None:
         n, s = f"{self._name}-{spec.short}", self._s
@@ -299,12 +314,13 @@ class RemediationFunctions(pulumi.ComponentResource):
         )
         fn = gcp.cloudfunctionsv2.Function(
             n,
-            name=f"{s.name}-{spec.function.removeprefix('gcp_').replace('_', '-')}",
+            name=function_name(s, spec.function),
             location=s.region,
             description=f"ftfleet {spec.function} for stack {s.stack}",
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                 runtime=package.RUNTIME,
                 entry_point=package.ENTRY_POINT,
+                service_account=self.builder.name,
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=self.source.name, object=source.name
@@ -322,7 +338,13 @@ class RemediationFunctions(pulumi.ComponentResource):
                 service_account_email=account.email,
                 environment_variables=spec.env,
             ),
-            opts=self._opts(depends_on=self.services),
+            opts=self._opts(
+                depends_on=[
+                    *self.services,
+                    self.builder_role,
+                    *(self.alerts.descriptors[x.name] for x in spec.metrics),
+                ]
+            ),
         )
         invoker = gcp.cloudrunv2.ServiceIamMember(
             f"{n}-invoker",
@@ -369,7 +391,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         )
         # Forwarding to the dead-letter topic is done by Pub/Sub's service agent, which
         # needs to publish there and to acknowledge on the source subscription.
-        agent = self._pubsub_agent()
+        agent = self.pubsub_agent.member
         gcp.pubsub.TopicIAMMember(
             f"{n}-dead-letters-publisher", topic=dead.name, role="roles/pubsub.publisher", member=agent, opts=self._o
         )
@@ -397,9 +419,13 @@ class RemediationFunctions(pulumi.ComponentResource):
                 opts=self._o,
             )
             grants = [("repair", role.name)]
+            # The desired state it reads at every event (infra/gcp/function_source.py).
+            gcp.storage.BucketIAMMember(
+                f"{n}-desired", bucket=self.source.name, role="roles/storage.objectViewer", member=member, opts=self._o
+            )
         for label, role in grants:
             gcp.storage.BucketIAMMember(f"{n}-{label}", bucket=bucket.name, role=role, member=member, opts=self._o)
-        if function in ("gcp_preemption", "gcp_replication_watch"):
+        if function == "gcp_replication_watch":
             gcp.projects.IAMMember(
                 f"{n}-metrics",
                 project=self._project_id,
@@ -407,6 +433,30 @@ class RemediationFunctions(pulumi.ComponentResource):
                 member=member,
                 opts=self._o,
             )
+
+    def _preemption_count(self, n: str) -> None:
+        """Preemptions per zone and machine type, counted per interval by Cloud Logging
+        from the preemption function's decision lines (never one time series point per
+        preemption, which Cloud Monitoring would refuse in a wave)."""
+        s = self._s
+        self.preemption_count = gcp.logging.Metric(
+            f"{n}-count",
+            name=f"{s.name}-preemptions",
+            description=f"{s.name}: Spot VMs preempted, per zone and machine type",
+            filter=preemption_count_filter(s.stack, function_name(s, "gcp_preemption")),
+            metric_descriptor=gcp.logging.MetricMetricDescriptorArgs(
+                metric_kind="DELTA",
+                value_type="INT64",
+                unit="1",
+                display_name=f"{s.name} preemptions",
+                labels=[
+                    gcp.logging.MetricMetricDescriptorLabelArgs(key=label, value_type="STRING")
+                    for label in preemption_config.COUNT_LABELS
+                ],
+            ),
+            label_extractors=preemption_count_extractors(),
+            opts=self._o,
+        )
 
     def _log_sink(self, short: str, function: str, log_filter: pulumi.Input[str]) -> None:
         n = f"{self._name}-{short}"

@@ -58,8 +58,8 @@ GCP_EQUIVALENT = {
     "transitionToIaDays": "gcsNearlineDays",
     "transitionToGlacierDays": "gcsColdlineDays",
     "replicationTimeControl": "gcsTurboReplication",
-    "imageId": "gcpImageFamily",
-    "imageSsmParameter": "gcpImageFamily",
+    "imageId": "gcpImage",
+    "imageSsmParameter": "gcpImage",
     "onDemandPercentAboveBase": "gcpWorkerProvisioningModel",
 }
 

@@ -1,17 +1,19 @@
 """Where things can live on GCP: Compute Engine regions and Cloud Storage dual-regions.
 
-Both tables are copied by hand from Google's documentation and dated; a region or a
-pairing Google adds later is refused until it is added here (the error says so).
+Both tables are copied by hand from Google's documentation (:data:`TABLES_AS_OF` says when);
+a region or a pairing Google adds later is refused until it is added here (the error
+says so).
 
 * Regions: "Regions and zones", https://cloud.google.com/compute/docs/regions-zones
 * Dual-regions: "Bucket locations", https://cloud.google.com/storage/docs/locations
-  (sections "Predefined dual-regions" and "Configurable dual-regions"), read 2026-11-22.
+  (sections "Predefined dual-regions" and "Configurable dual-regions").
 """
 
 from __future__ import annotations
 
 import re
 
+#: When the tables below were read off Google's documentation.
 TABLES_AS_OF = "2026-11-22"
 
 #: Compute Engine regions (the Cloud Storage region list of the same date agrees).

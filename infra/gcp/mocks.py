@@ -106,6 +106,11 @@ def new_resource(typ: str, name: str, inputs: dict[str, Any], region: str, proje
         rid = f"projects/{project}/roles/{inputs['roleId']}"
         outs["name"] = rid
         return rid, outs
+    if typ == "gcp:projects/serviceIdentity:ServiceIdentity":
+        # Google's agents are service-<project number>@gcp-sa-<service>.iam.gserviceaccount.com.
+        email = f"service-{PLAN_PROJECT_NUMBER}@gcp-sa-{inputs['service'].split('.')[0]}.iam.gserviceaccount.com"
+        outs.update(email=email, member=f"serviceAccount:{email}")
+        return f"projects/{project}/services/{inputs['service']}", outs
     if typ == "gcp:servicenetworking/connection:Connection":
         outs["peering"] = "servicenetworking-googleapis-com"
         return f"{inputs.get('network')}:{inputs.get('service')}", outs
@@ -131,15 +136,6 @@ def _compute_id(kind: str, project: str, region: str, physical: str, inputs: dic
 def call(token: str, args: dict[str, Any], project: str | None) -> dict | None:
     """Outputs of a GCP invoke, or None when the token is not a GCP one."""
     project = args.get("project") or project or PLAN_PROJECT
-    if token == "gcp:compute/getImage:getImage":
-        family, image_project = args.get("family", "image"), args.get("project", project)
-        image = f"{family}-v20261101"
-        return {
-            "name": image,
-            "family": family,
-            "project": image_project,
-            "selfLink": f"{COMPUTE}/projects/{image_project}/global/images/{image}",
-        }
     if token == "gcp:organizations/getProject:getProject":
         return {"projectId": project, "number": PLAN_PROJECT_NUMBER, "name": project, "id": f"projects/{project}"}
     if token == "gcp:storage/getProjectServiceAccount:getProjectServiceAccount":

@@ -32,7 +32,7 @@ class Network(pulumi.ComponentResource):
         self,
         name: str,
         settings: GcpSettings,
-        metrics_port: int,
+        health_port: int,
         provider: gcp.Provider,
         opts: pulumi.ResourceOptions | None = None,
     ):
@@ -124,8 +124,8 @@ class Network(pulumi.ComponentResource):
             ),
             ingress(
                 "health-checks",
-                "Google health checkers to the trainer's metrics port (auto-healing)",
-                [gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(metrics_port)])],
+                "Google health checkers to the node health agent (auto-healing)",
+                [gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(health_port)])],
                 source_ranges=list(HEALTH_CHECK_RANGES),
             ),
             ingress(

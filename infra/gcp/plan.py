@@ -20,18 +20,23 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
         "scheduling.automaticRestart",
         "scheduling.preemptionNoticeDuration.seconds",
         "networkInterfaces.0.nicType",
+        "disks.0.sourceImage",
         "guestAccelerators.*.type",
     ),
     "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager": (
         "targetSize",
         "distributionPolicyZones",
         "distributionPolicyTargetShape",
+        "updatePolicy.type",
         "updatePolicy.minimalAction",
         "updatePolicy.replacementMethod",
         "instanceFlexibilityPolicy.instanceSelections.*.machineTypes",
     ),
-    "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig": ("preservedState.internalIps.*.interfaceName",),
-    "gcp:compute/regionHealthCheck:RegionHealthCheck": ("tcpHealthCheck.port",),
+    "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig": (
+        "name",
+        "preservedState.internalIps.*.interfaceName",
+    ),
+    "gcp:compute/regionHealthCheck:RegionHealthCheck": ("httpHealthCheck.port", "httpHealthCheck.requestPath"),
     "gcp:lustre/instance:Instance": ("location", "capacityGib", "perUnitStorageThroughput"),
     "gcp:parallelstore/instance:Instance": ("location", "capacityGib", "deploymentType", "fileStripeLevel"),
     "gcp:storage/bucket:Bucket": (
@@ -50,14 +55,22 @@ KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember": ("role",),
     "gcp:cloudfunctionsv2/function:Function": (
         "buildConfig.runtime",
+        "buildConfig.serviceAccount",
         "serviceConfig.timeoutSeconds",
         "serviceConfig.ingressSettings",
     ),
     "gcp:pubsub/subscription:Subscription": ("ackDeadlineSeconds", "deadLetterPolicy.maxDeliveryAttempts"),
     "gcp:logging/projectSink:ProjectSink": ("filter",),
     "gcp:cloudscheduler/job:Job": ("schedule",),
-    "gcp:monitoring/alertPolicy:AlertPolicy": ("conditions.*.conditionThreshold.thresholdValue",),
+    "gcp:monitoring/alertPolicy:AlertPolicy": (
+        "conditions.*.conditionThreshold.thresholdValue",
+        "conditions.*.conditionAbsent.duration",
+    ),
+    "gcp:monitoring/metricDescriptor:MetricDescriptor": ("type", "metricKind", "valueType"),
     "gcp:projects/iAMCustomRole:IAMCustomRole": ("permissions",),
+    "gcp:serviceaccount/account:Account": ("accountId",),
+    "gcp:projects/serviceIdentity:ServiceIdentity": ("service",),
+    "gcp:logging/metric:Metric": ("name", "metricDescriptor.metricKind", "metricDescriptor.labels.*.key"),
 }
 
 

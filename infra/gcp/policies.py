@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ftfleet.infra.gcp import locations
+from ftfleet.infra.gcp import deployable, locations
 from ftfleet.infra.gcp.storage_settings import LUSTRE_TIERS
 
 WORLD = ("0.0.0.0/0", "::/0")
@@ -474,7 +474,7 @@ def sinks_can_publish(resources: list) -> list[tuple[str, str]]:
     return out
 
 
-#: (name, description, check, stack policy, advisory): infra/policies.py wraps them.
+#: (name, description, check, stack policy[, advisory]): infra/policies/ wraps them.
 SPECS = (
     ("gcs-public-access-prevented", "Buckets enforce public access prevention.", public_access_prevented, False),
     ("gcs-uniform-access", "Buckets use uniform bucket-level access.", uniform_access, False),
@@ -555,4 +555,5 @@ SPECS = (
         cmek_grants_the_storage_agent,
         True,
     ),
+    *deployable.SPECS,
 )

@@ -14,6 +14,7 @@ import ipaddress
 import re
 
 from ftfleet.errors import ConfigError
+from ftfleet.infra import catalog
 from ftfleet.infra.gcp import keys, locations
 from ftfleet.infra.gcp.fleet_settings import GcpFleetSettings, parse_fleet
 from ftfleet.infra.gcp.storage_settings import GcpStorageSettings, GcsBucketSettings, parse_buckets, parse_storage
@@ -95,14 +96,16 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
             f"is {replica}, which forms no Cloud Storage dual-region with {region}; "
             f"regions that pair with {region}: {partners}",
         )
+    fleet, storage = parse_fleet(r), parse_storage(r)
+    _lustre_client_published(fleet, storage)
     return GcpSettings(
         stack=stack,
         cloud="gcp",
         region=region,
         replica_region=replica,
         network=_network(r, region),
-        fleet=parse_fleet(r),
-        storage=parse_storage(r),
+        fleet=fleet,
+        storage=storage,
         buckets=parse_buckets(r, *dual),
         remediation=GcpRemediationSettings(
             spot_interruption=r.bool("remediationSpotInterruption"),
@@ -115,6 +118,22 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
         ),
         trainer=_trainer(r, stack),
         tags=_labels(r),
+    )
+
+
+def _lustre_client_published(fleet: GcpFleetSettings, storage: GcpStorageSettings) -> None:
+    """Google builds the Managed Lustre client for specific kernels ("Connect from
+    Compute Engine": lustre-client-modules-<kernel>): a node whose kernel has none
+    cannot mount the file system. Checked where infra/catalog.json records both the
+    image's kernel and the published kernels."""
+    kernel, published = catalog.gcp_image_kernel(fleet.image), catalog.lustre_client_kernels()
+    if storage.kind != "managed-lustre" or kernel is None or not published or kernel in published:
+        return
+    raise _err(
+        "gcpImage",
+        f"is {fleet.image}, which boots kernel {kernel}; Google publishes no Managed Lustre client for it "
+        f"(lustre-client-modules-{kernel}); pin an image whose kernel has one (infra/catalog.json lists "
+        f"{len(published)}: {', '.join(published[-3:])}{', ...' if len(published) > 3 else ''})",
     )
 
 

@@ -9,6 +9,7 @@ from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
 from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
 from ftfleet.infra.gcp.fleet import GpuFleet
+from ftfleet.infra.gcp.function_source import FunctionSource
 from ftfleet.infra.gcp.functions import RemediationFunctions
 from ftfleet.infra.gcp.iam import NodeIdentity
 from ftfleet.infra.gcp.kms import BucketKey
@@ -25,10 +26,22 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     # pulumi_gcp.config reads it exactly as the default provider would.
     provider = gcp.Provider("gcp", project=gcp.config.project, region=s.region, default_labels=s.labels())
 
-    network = Network(f"{s.name}-net", s, boot.METRICS_PORT, provider)
+    network = Network(f"{s.name}-net", s, boot.HEALTH_PORT, provider)
     key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
+    r = s.remediation
+    source = (
+        FunctionSource(f"{s.name}-remediation-source", s, provider)
+        if r.spot_interruption or r.storage_drift or r.replication_lag
+        else None
+    )
+    # The bucket waits for the drift function's desired state: a change the stack makes
+    # to the bucket is desired before the bucket's audit entry reaches the function.
     buckets = ReplicatedBucket(
-        f"{s.name}-ckpt", s, provider, kms_key=key.key.id if key else None, key_grant=key.grant if key else None
+        f"{s.name}-ckpt",
+        s,
+        provider,
+        kms_key=key.key.id if key else None,
+        after=[x for x in (key.grant if key else None, source.desired if source else None) if x is not None],
     )
     registry = Registry(f"{s.name}-registry", s, provider)
     store = CheckpointStore(
@@ -41,13 +54,10 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
         provider,
     )
     nodes = NodeIdentity(f"{s.name}-nodes", s, buckets.bucket.name, registry.repository, provider)
-    # Resolved once per `pulumi up`: every node of one deployment boots the same image,
-    # hence the same kernel, driver, and Lustre client package.
-    image = gcp.compute.get_image_output(
-        family=s.fleet.image_family,
-        project=s.fleet.image_project,
-        opts=pulumi.InvokeOutputOptions(provider=provider),
-    ).self_link
+    # Pinned by name, never resolved from a family: every node of every deployment boots
+    # the same image (kernel, driver, Lustre client) until the stack names another, and
+    # a `pulumi up` never replaces the templates for an image nobody chose.
+    image = f"projects/{s.fleet.image_project}/global/images/{s.fleet.image}"
 
     context = pulumi.Output.all(
         registry.image_uri, store.mount_source, buckets.bucket.name, network.coordinator_address.address
@@ -82,7 +92,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
 
     # Managed instance groups already recreate preempted and unhealthy VMs; no function
     # duplicates that (infra/gcp/functions.py).
-    functions = RemediationFunctions(f"{s.name}-remediation", s, buckets.bucket, provider)
+    functions = RemediationFunctions(f"{s.name}-remediation", s, buckets.bucket, source, provider)
 
     root = boot.checkpoint_root(s)
     pulumi.export("checkpoint_bucket", buckets.bucket.name)
@@ -97,6 +107,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     pulumi.export("checkpoint_dir", f"{s.storage.mount_point}/{root}")
     pulumi.export("coordinator_group", fleet.coordinator.name)
     pulumi.export("worker_group", fleet.workers["workers"].name)
+    pulumi.export("node_image", image)
     pulumi.export("registry_url", registry.registry_uri)
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_service_account", nodes.email)

@@ -4,12 +4,15 @@ The tests run them over every resource the real program declares under mocks, an
 CrossGuard pack in policy/ wraps the same functions for `pulumi preview --policy-pack`.
 They read resources through :class:`Res`, a neutral view both sides can build.
 
-- `baseline`: buckets guarded, IMDSv2, no world ingress, no `*` on `*`, FSx shape,
-  spot spread, cross-region replication, an on-demand coordinator.
+- `baseline`: buckets guarded (SSE-C blocked among the rest), IMDSv2, no world
+  ingress, no `*` on `*`, FSx shape, spot spread, cross-region replication, an
+  on-demand coordinator.
+- `names`: every generated name fits its service's limits.
 - `nodes`: one AMI per deployment, user data within EC2's limit, Route 53 grants
-  scoped to one record and type.
+  scoped to one record and type, instance tag keys that instance metadata can serve.
 - `remediation`: Lambda quotas, bounded retries, dead-letter queues and log retention,
-  rule permissions, valid schedules, trails with global events.
+  rule permissions, valid schedules, trails with global events, replication alarms in
+  the region S3 publishes their metric in, no silent alarm.
 - `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
   key policy, EFA per network card and its security group, one GPU generation per
   fleet, the file system after its rules, replacement bounds, KMS via services, and
@@ -33,6 +36,7 @@ from ftfleet.infra.policies.baseline import (
     public_access_blocked,
     replication_cross_region,
     spot_diversified,
+    sse_c_blocked,
     tls_only,
     versioning_enabled,
 )
@@ -47,25 +51,35 @@ from ftfleet.infra.policies.deployable import (
     stateful_protected,
 )
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
-from ftfleet.infra.policies.nodes import node_image_pinned, route53_changes_scoped, user_data_within_limit
+from ftfleet.infra.policies.names import names_within_limits
+from ftfleet.infra.policies.nodes import (
+    metadata_tag_keys_valid,
+    node_image_pinned,
+    route53_changes_scoped,
+    user_data_within_limit,
+)
 from ftfleet.infra.policies.remediation import (
+    alarms_notify,
     async_retries_bounded,
     dead_letter_queues_admit_their_rules,
     event_target_bounded,
     lambda_dead_letters_and_logs,
     lambda_rule_permissions,
     lambda_within_quotas,
+    s3_replication_alarm_region,
     schedule_expression_valid,
     trail_logs_global_events,
 )
 
 __all__ = [
+    "alarms_notify",
     "async_retries_bounded",
     "dead_letter_queues_admit_their_rules",
     "event_target_bounded",
     "lambda_dead_letters_and_logs",
     "lambda_rule_permissions",
     "lambda_within_quotas",
+    "s3_replication_alarm_region",
     "schedule_expression_valid",
     "trail_logs_global_events",
     "BUCKET_GUARDS",
@@ -88,6 +102,8 @@ __all__ = [
     "kms_encrypted",
     "kms_via_service",
     "no_star_star",
+    "metadata_tag_keys_valid",
+    "names_within_limits",
     "node_image_pinned",
     "no_world_ingress",
     "public_access_blocked",
@@ -95,6 +111,7 @@ __all__ = [
     "replication_cross_region",
     "route53_changes_scoped",
     "spot_diversified",
+    "sse_c_blocked",
     "stateful_protected",
     "tls_only",
     "user_data_within_limit",
@@ -104,6 +121,7 @@ __all__ = [
 POLICIES: tuple[Policy, ...] = (
     Policy("s3-versioning-enabled", "Checkpoint buckets keep every version.", versioning_enabled),
     Policy("s3-kms-encrypted", "Buckets are encrypted with a customer KMS key.", kms_encrypted),
+    Policy("s3-sse-c-blocked", "Default encryption blocks SSE-C uploads.", sse_c_blocked),
     Policy("s3-public-access-blocked", "All four S3 public-access blocks are on.", public_access_blocked),
     Policy("s3-tls-only", "Bucket policies deny requests without TLS.", tls_only),
     Policy("ec2-imdsv2-required", "Launch templates require IMDSv2 tokens.", imdsv2_required),
@@ -124,6 +142,17 @@ POLICIES: tuple[Policy, ...] = (
     ),
     Policy(
         "ec2-node-image-pinned", "Launch templates boot one AMI id, resolved once per deployment.", node_image_pinned
+    ),
+    Policy(
+        "ec2-metadata-tag-keys",
+        "With tags in instance metadata, every tag an instance gets has a key metadata can serve.",
+        metadata_tag_keys_valid,
+        stack=True,
+    ),
+    Policy(
+        "names-within-limits",
+        "Every physical name fits its service's length and characters, whatever the stack's name.",
+        names_within_limits,
     ),
     Policy("ec2-user-data-within-limit", "User data fits EC2's 16 KiB.", user_data_within_limit),
     Policy(
@@ -203,6 +232,18 @@ POLICIES: tuple[Policy, ...] = (
         stack=True,
     ),
     Policy(
+        "cloudwatch-alarms-notify",
+        "Every alarm has its actions enabled and notifies an SNS topic of its own region.",
+        alarms_notify,
+        stack=True,
+    ),
+    Policy(
+        "s3-replication-alarm-region",
+        "An alarm on an S3 replication metric is in the region S3 publishes it in.",
+        s3_replication_alarm_region,
+        stack=True,
+    ),
+    Policy(
         "eventbridge-dlq-admits-rule",
         "A rule's dead-letter queue lets EventBridge send to it for that rule.",
         dead_letter_queues_admit_their_rules,
@@ -228,4 +269,7 @@ def evaluate(resources: Iterable[Res], include_advisory: bool = True) -> list[tu
 # GCP's invariants live with the GCP components; they read resources through Res too.
 from ftfleet.infra.gcp import policies as _gcp_policies  # noqa: E402
 
-POLICIES += tuple(Policy(name, doc, check, stack=stack) for name, doc, check, stack in _gcp_policies.SPECS)
+POLICIES += tuple(
+    Policy(name, doc, check, stack=stack, advisory=bool(rest and rest[0]))
+    for name, doc, check, stack, *rest in _gcp_policies.SPECS
+)

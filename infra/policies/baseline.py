@@ -28,6 +28,24 @@ def kms_encrypted(r: Res) -> list[str]:
     return out
 
 
+def sse_c_blocked(r: Res) -> list[str]:
+    """Every default-encryption rule of a bucket blocks SSE-C uploads. S3 blocks them by
+        default only on buckets created after that default came in (the guide below says
+    when); a rule that does not say so leaves
+        the setting to whenever the bucket was made, and to whoever writes it next.
+
+        Amazon S3 User Guide, "Blocking or unblocking SSE-C for a general purpose bucket":
+        https://docs.aws.amazon.com/AmazonS3/latest/userguide/blocking-unblocking-s3-c-encryption-gpb.html
+    """
+    if r.type != "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration":
+        return []
+    return [
+        f"default encryption rule blocks {rule.get('blockedEncryptionTypes')!r}; block SSE-C"
+        for rule in r.props.get("rules") or [{}]
+        if isinstance(rule, dict) and "SSE-C" not in (rule.get("blockedEncryptionTypes") or [])
+    ]
+
+
 def public_access_blocked(r: Res) -> list[str]:
     if r.type != "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock":
         return []

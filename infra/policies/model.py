@@ -30,6 +30,8 @@ class Res:
     protect: bool = False
     id: str | None = None
     """The provider's id where known (a recording; not at preview)."""
+    ignore_changes: list[str] = field(default_factory=list)
+    """Properties an update leaves as they are (the `ignore_changes` option)."""
 
     def deps(self, prop: str) -> list[str]:
         return self.property_dependencies.get(prop, [])

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 
 from ftfleet.infra.bootscript import EC2_USER_DATA_LIMIT
+from ftfleet.infra.constraints import imds_tag_key_problem
 from ftfleet.infra.policies.baseline import IAM_DOCS
 from ftfleet.infra.policies.model import Res, as_list, statements
 
@@ -66,3 +68,47 @@ def route53_changes_scoped(r: Res) -> list[str]:
             missing = ", ".join(sorted(needed - keys))
             out.append(f"statement {s.get('Sid', '?')!r} may change any record: condition it on {missing}")
     return out
+
+
+def metadata_tag_keys_valid(resources: list[Res]) -> list[tuple[str, str]]:
+    """With tags in instance metadata allowed (``instanceMetadataTags: enabled``), every
+    tag an instance gets has a key instance metadata can serve: letters, digits and
+    ``+ - = . , _ : @``, not ``.``, ``..`` or ``_index``; EC2 refuses to launch it
+    otherwise. An instance gets the launch template's instance tags, its group's tags
+    propagated at launch and the providers' default tags.
+
+    Amazon EC2 User Guide, "Tag your Amazon EC2 resources" (Tag restrictions) and "View
+    tags for your EC2 instances using instance metadata":
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/work-with-tags-in-IMDS.html
+    """
+    templates = [
+        r
+        for r in resources
+        if r.type == "aws:ec2/launchTemplate:LaunchTemplate"
+        and (r.props.get("metadataOptions") or {}).get("instanceMetadataTags") == "enabled"
+    ]
+    if not templates:
+        return []
+    keys: list[tuple[str, str]] = []
+    for t in templates:
+        for spec in t.props.get("tagSpecifications") or []:
+            if isinstance(spec, dict) and spec.get("resourceType") == "instance":
+                keys += [(t.name, k) for k in (spec.get("tags") or {})]
+    for r in resources:
+        if r.type == "aws:autoscaling/group:Group":
+            keys += [
+                (r.name, tag.get("key"))
+                for tag in r.props.get("tags") or []
+                if isinstance(tag, dict) and tag.get("propagateAtLaunch") and isinstance(tag.get("key"), str)
+            ]
+        elif r.type == "pulumi:providers:aws":
+            default = r.props.get("defaultTags")
+            if isinstance(default, str):  # a provider's inputs arrive as JSON strings
+                try:
+                    default = json.loads(default)
+                except ValueError:
+                    default = None
+            tags = (default or {}).get("tags") if isinstance(default, dict) else None
+            keys += [(r.name, k) for k in (tags if isinstance(tags, dict) else {})]
+    return [(name, f"tag key {key!r}: {problem}") for name, key in keys if (problem := imds_tag_key_problem(key))]

@@ -13,6 +13,19 @@ from ftfleet.infra.policies.model import Res, as_list, statements
 
 FUNCTION = "aws:lambda/function:Function"
 EVENT_TARGET = "aws:cloudwatch/eventTarget:EventTarget"
+METRIC_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+BUCKET = "aws:s3/bucket:Bucket"
+REPLICATION = "aws:s3/bucketReplicationConfig:BucketReplicationConfig"
+SNS_TOPIC = "aws:sns/topic:Topic"
+#: The bucket whose region S3 publishes each replication metric in (Amazon S3 User
+#: Guide, "Using S3 Replication metrics", column "Which Region is this metric published
+#: in?").
+S3_REPLICATION_METRIC_SIDE = {
+    "ReplicationLatency": "destination",
+    "BytesPendingReplication": "destination",
+    "OperationsPendingReplication": "destination",
+    "OperationsFailedReplication": "source",
+}
 LAMBDA_ENV_LIMIT = 4096
 LOG_RETENTION_DAYS = (
     1,
@@ -254,4 +267,78 @@ def dead_letter_queues_admit_their_rules(resources: list[Res]) -> list[tuple[str
                         ok = True
             if not ok:
                 out.append((target.name, "the dead-letter queue's policy does not admit EventBridge for this rule"))
+    return out
+
+
+def s3_replication_alarm_region(resources: list[Res]) -> list[tuple[str, str]]:
+    """An alarm on an S3 replication metric lives in the region S3 publishes that metric
+    in: ReplicationLatency, BytesPendingReplication and OperationsPendingReplication in
+    the destination bucket's region, OperationsFailedReplication in the source
+    bucket's. An alarm elsewhere watches a metric that never has data.
+
+    Amazon S3 User Guide, "Using S3 Replication metrics":
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/repl-metrics.html
+
+    The buckets are found through the replication configuration the alarm's dimensions
+    came from: its ``bucket`` is the source, the buckets its ``rules`` name are the
+    destinations.
+    """
+    by_urn = {r.urn: r for r in resources}
+    out = []
+    for alarm in resources:
+        if alarm.type != METRIC_ALARM or alarm.props.get("namespace") != "AWS/S3":
+            continue
+        side = S3_REPLICATION_METRIC_SIDE.get(alarm.props.get("metricName"))
+        if side is None:
+            continue
+        configs = [by_urn[u] for u in alarm.deps("dimensions") if u in by_urn and by_urn[u].type == REPLICATION]
+        for config in configs:
+            prop = "bucket" if side == "source" else "rules"
+            regions = {by_urn[u].region for u in config.deps(prop) if u in by_urn and by_urn[u].type == BUCKET}
+            if not regions or None in regions or alarm.region is None:
+                continue  # unknown (a preview without providers' regions): nothing to judge
+            if alarm.region not in regions:
+                out.append(
+                    (
+                        alarm.name,
+                        f"S3 publishes {alarm.props['metricName']} in the {side} bucket's region "
+                        f"({', '.join(sorted(regions))}), not in {alarm.region}",
+                    )
+                )
+    return out
+
+
+def alarms_notify(resources: list[Res]) -> list[tuple[str, str]]:
+    """No alarm is silent: each has its actions enabled and notifies an SNS topic of its
+    own region when it goes into ALARM (the stack's alarm topic, whose subscribers come
+    from ``alarmSubscriptions``). An alarm without an action only changes color in the
+    console.
+
+    Amazon CloudWatch User Guide, "Using Amazon CloudWatch alarms" (alarm actions) and
+    "Notifying users on alarm changes":
+    https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/AlarmThatSendsEmail.html
+    https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/Notify_Users_Alarm_Changes.html
+    """
+    by_urn = {r.urn: r for r in resources}
+    out = []
+    for alarm in (r for r in resources if r.type == METRIC_ALARM):
+        if alarm.props.get("actionsEnabled") is False:
+            out.append((alarm.name, "actions are disabled: the alarm notifies no one"))
+            continue
+        actions = alarm.props.get("alarmActions")
+        if actions is not None and not isinstance(actions, list):
+            continue  # unknown at preview
+        actions = actions or []
+        if any(not isinstance(a, str) for a in actions):
+            continue  # unknown at preview
+        topics = [a for a in actions if a.startswith("arn:aws:sns:")]
+        if not topics:
+            out.append((alarm.name, "no SNS topic among its alarm actions: the alarm notifies no one"))
+            continue
+        linked = [by_urn[u] for u in alarm.deps("alarmActions") if u in by_urn and by_urn[u].type == SNS_TOPIC]
+        regions = {t.region for t in linked} or {a.split(":")[3] for a in topics}
+        if alarm.region is not None and None not in regions and alarm.region not in regions:
+            out.append(
+                (alarm.name, f"its topic is in {', '.join(sorted(regions))}, not in its own region {alarm.region}")
+            )
     return out

@@ -17,7 +17,7 @@ from typing import Any
 
 import boto3
 import botocore.config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from ftfleet import contract
 
@@ -47,8 +47,25 @@ def _client(service: str, region: str | None) -> Any:
 
 
 def reset() -> None:
-    """Forget cached clients (each test gets clients bound to its own mock)."""
+    """Forget cached clients and the identity (each test gets clients bound to its own
+    mock, and hooks a test registers on them end with it)."""
     _client.cache_clear()
+    _identity.clear()
+
+
+_identity: dict[str, str] = {}
+
+
+def caller_arn() -> str | None:
+    """The ARN this process acts as (STS GetCallerIdentity, which needs no permission),
+    or None while STS cannot be reached: in a function, ``arn:aws:sts::<account>:
+    assumed-role/<its role>/<session>``. Asked once per process."""
+    if "arn" not in _identity:
+        try:
+            _identity["arn"] = client("sts").get_caller_identity()["Arn"]
+        except (ClientError, BotoCoreError):
+            return None
+    return _identity["arn"]
 
 
 def error_code(exc: BaseException) -> str:
@@ -64,16 +81,26 @@ class ConflictLimit(RuntimeError):
     """A conditional update lost the race too many times in a row."""
 
 
-def read_bytes(bucket: str, key: str, region: str | None = None) -> tuple[bytes | None, str | None]:
-    """``(body, etag)`` of the object, or ``(None, None)`` when there is none.
+def listed(bucket: str, key: str, region: str | None = None) -> dict[str, Any] | None:
+    """The listing entry of the object ``key`` (``Key``, ``Size``, ``LastModified``,
+    ``ETag``), or None when there is none.
 
-    The existence check lists the key's own prefix: a role without ``s3:ListBucket`` on
-    the whole bucket gets 403, not 404, for a missing key, and the functions' roles only
-    list their own prefixes.
+    Existence is decided by listing the key's own prefix, never by HeadObject or
+    GetObject: for a missing key S3 answers those with 404 only to a caller allowed
+    ``s3:ListBucket`` on the bucket, and with 403 to any other (Amazon S3 API Reference,
+    "HeadObject", Permissions). The functions' roles may list only under their own
+    prefixes, a condition a HEAD request does not meet.
     """
+    # A key sorts before every longer key it is a prefix of: it is first if present.
+    found = client("s3", region).list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+    return next((item for item in found if item.get("Key") == key), None)
+
+
+def read_bytes(bucket: str, key: str, region: str | None = None) -> tuple[bytes | None, str | None]:
+    """``(body, etag)`` of the object, or ``(None, None)`` when there is none (decided
+    by :func:`listed`)."""
     s3 = client("s3", region)
-    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=10).get("Contents", [])
-    if not any(item["Key"] == key for item in listed):
+    if listed(bucket, key, region) is None:
         return None, None
     try:
         got = s3.get_object(Bucket=bucket, Key=key)
@@ -92,7 +119,7 @@ def read_json(bucket: str, key: str, region: str | None = None) -> tuple[Any, st
         return None, None
     try:
         return json.loads(body), etag
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return "<not JSON>", etag
 
 

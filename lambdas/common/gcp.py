@@ -10,18 +10,21 @@
 * :func:`write_metrics` writes custom metrics through Cloud Monitoring's REST API
   (``projects.timeSeries.create``): the google-cloud-monitoring client would need a
   protobuf release the trainer's pins exclude. ``FTFLEET_MONITORING_ENDPOINT`` names
-  another endpoint (tests), reached without credentials.
+  another endpoint (tests), reached without credentials. Every metric a function
+  writes is a :class:`Metric`, which the stack declares as a metric descriptor before
+  the function or any alert policy on it exists.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from ftfleet.lambdas.common.events import Dropped, mapping
 
@@ -29,6 +32,28 @@ MONITORING = "https://monitoring.googleapis.com"
 METRIC_PREFIX = "custom.googleapis.com/ftfleet/"
 
 _clients: dict[str, Any] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Metric:
+    """A custom metric a function writes: the stack declares its descriptor from this
+    (infra/gcp/alerts.py), and :func:`write_metrics` writes points of it, so the two
+    cannot disagree on kind, value type or labels."""
+
+    name: str
+    """Below ``custom.googleapis.com/ftfleet/``."""
+    unit: str
+    labels: tuple[str, ...]
+    description: str
+    resource_type: str = "global"
+    """The monitored resource every point is written against."""
+    #: Every point is a gauge reading of a double (:func:`write_metrics`).
+    KIND: ClassVar[str] = "GAUGE"
+    VALUE_TYPE: ClassVar[str] = "DOUBLE"
+
+    @property
+    def type(self) -> str:
+        return METRIC_PREFIX + self.name
 
 
 class ConflictLimit(RuntimeError):
@@ -46,7 +71,7 @@ def message(event: Any) -> tuple[Any, dict[str, str]]:
         raise Dropped("malformed event: event.data.message.data is missing or not base64 text")
     try:
         payload = json.loads(base64.b64decode(raw, validate=True))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise Dropped("malformed event: event.data.message.data is not base64-encoded JSON") from None
     attributes = msg.get("attributes") or {}
     return payload, dict(attributes) if isinstance(attributes, Mapping) else {}
@@ -77,7 +102,7 @@ def read_json(bucket: str, key: str) -> tuple[Any, int]:
         return None, 0
     try:
         return json.loads(data), int(blob.generation or 0)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "<not JSON>", int(blob.generation or 0)
 
 
@@ -125,20 +150,24 @@ def _session() -> Any:
     return _clients["monitoring"]
 
 
-def write_metrics(project: str, points: Iterable[tuple[str, float, Mapping[str, str]]]) -> None:
-    """One point per ``(metric name, value, labels)`` now, as gauges on the ``global``
-    resource; names are below ``custom.googleapis.com/ftfleet/``."""
+def write_metrics(project: str, points: Iterable[tuple[Metric, float, Mapping[str, str]]]) -> None:
+    """One point per ``(metric, value, labels)`` now, on the metric's monitored resource.
+    The labels must be exactly the metric's: Cloud Monitoring rejects a point whose
+    labels its descriptor does not declare."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-    series = [
-        {
-            "metric": {"type": METRIC_PREFIX + name, "labels": dict(labels)},
-            "resource": {"type": "global", "labels": {"project_id": project}},
-            "metricKind": "GAUGE",
-            "valueType": "DOUBLE",
-            "points": [{"interval": {"endTime": now}, "value": {"doubleValue": float(value)}}],
-        }
-        for name, value, labels in points
-    ]
+    series = []
+    for metric, value, labels in points:
+        if set(labels) != set(metric.labels):
+            raise ValueError(f"{metric.name}: labels {sorted(labels)} are not its declared {sorted(metric.labels)}")
+        series.append(
+            {
+                "metric": {"type": metric.type, "labels": dict(labels)},
+                "resource": {"type": metric.resource_type, "labels": {"project_id": project}},
+                "metricKind": metric.KIND,
+                "valueType": metric.VALUE_TYPE,
+                "points": [{"interval": {"endTime": now}, "value": {"doubleValue": float(value)}}],
+            }
+        )
     endpoint, session = _session()
     for start in range(0, len(series), 200):  # the API takes at most 200 series per call
         response = session.post(

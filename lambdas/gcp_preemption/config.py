@@ -3,9 +3,16 @@ from __future__ import annotations
 import dataclasses
 
 from ftfleet.lambdas.common.config import DOCUMENT, NAMES, StackConfig, var
+from ftfleet.lambdas.common.gcp import Metric
 
 #: The audit-log method of a preemption; the stack's log sink routes exactly these.
 PREEMPTED_METHOD = "compute.instances.preempted"
+#: The decision logged once per preemption, which the stack's log-based metric counts,
+#: with the fields of that line it counts by.
+COUNTED = "recorded"
+COUNT_LABELS = ("zone", "machine_type")
+#: It writes no time series itself (handler.py).
+METRICS: tuple[Metric, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

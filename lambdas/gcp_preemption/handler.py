@@ -5,10 +5,12 @@ events of its instances to the function's topic; each message is a LogEntry. The
 function adds the preemption, once per instance, to the interruption prior next to the
 checkpoints (``<root>/fleet/interruptions.json``, a generation-conditional write), from
 which the trainer's adaptive checkpoint interval takes its MTBF prior, exactly as the
-AWS spot_interruption function does; then it counts the preemption per zone and
-machine type (``custom.googleapis.com/ftfleet/preemptions``). The prior is what matters:
-a metric write that fails is logged and not retried, so a redelivery can neither
-double-count the metric nor lose the prior.
+AWS spot_interruption function does. Its ``recorded`` decision line (once per
+preemption: a redelivery is a ``duplicate``) carries the zone and machine type, and
+the stack's log-based metric counts those lines per interval. Nothing writes a time
+series point per preemption: Cloud Monitoring refuses a second point to one series
+within its sampling period, so a wave of preemptions in one zone would lose points,
+while Cloud Logging counts every line.
 
 It never recreates, deletes or resizes anything: the managed instance group recreates
 the VM.
@@ -23,10 +25,10 @@ from typing import Any
 from ftfleet import contract
 from ftfleet.lambdas.common import events, gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD, Config
+from ftfleet.lambdas.gcp_preemption.config import COUNTED, PREEMPTED_METHOD, Config
 
 NAME = "gcp_preemption"
-RESOURCE = re.compile(r"projects/[^/]+/zones/(?P<zone>[a-z0-9-]+)/instances/(?P<name>[a-z][a-z0-9-]*)")
+RESOURCE = re.compile(r"projects/(?P<project>[^/]+)/zones/(?P<zone>[a-z0-9-]+)/instances/(?P<name>[a-z][a-z0-9-]*)")
 
 clock = runtime.Clock()
 
@@ -47,10 +49,13 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     if not found:
         raise events.Dropped(f"malformed event: protoPayload.resourceName {resource[:120]!r} names no instance")
     zone, name = found["zone"], found["name"]
+    if found["project"] != cfg.project:  # the same instance names can exist in any project
+        raise events.Dropped("instance of another project", instance=name, project=found["project"][:80])
     prefix = next((p for p in cfg.prefixes if name.startswith(f"{p}-") and "-" not in name[len(p) + 1 :]), None)
     if prefix is None:
         raise events.Dropped("instance of another stack", instance=name, zone=zone)
-    labels = events.mapping((entry.get("resource") or {}).get("labels") or {}, "log entry.resource.labels")
+    resource_of = events.mapping(entry.get("resource") or {}, "log entry.resource")
+    labels = events.mapping(resource_of.get("labels") or {}, "log entry.resource.labels")
     instance_id = str(labels.get("instance_id") or name)
     at = events.timestamp(entry, "timestamp", "log entry")
     where = {
@@ -81,22 +86,14 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         log.decision("prior-replaced", level="WARNING", key=key, reason=outcome["malformed"])
     if not outcome["added"]:
         return log.decision("duplicate", **where)
-    try:
-        gcp.write_metrics(
-            cfg.project,
-            [("preemptions", 1.0, {"stack": cfg.stack, "zone": zone, "machine_type": where["machine_type"]})],
-        )
-        counted = True
-    except Exception as exc:  # noqa: BLE001 - the prior is written; the count is best effort
-        log.decision("metric-not-written", level="WARNING", error=f"{type(exc).__name__}: {exc}"[:300])
-        counted = False
     prior: contract.InterruptionPrior = outcome["prior"]
+    # This line is the count: the stack's log-based metric counts COUNTED decisions per
+    # zone and machine type (config.COUNT_LABELS).
     return log.decision(
-        "recorded",
+        COUNTED,
         preempted_at=events.iso(at),
         prior_key=key,
         job_mtbf_s=prior.mtbf_s(clock.now()),
-        counted=counted,
         **where,
     )
 

@@ -3,15 +3,19 @@
 Cloud Scheduler publishes to the function's topic every five minutes. The function
 finds the newest complete checkpoint of the run in the bucket (its manifest and every
 file it lists, lambdas/common/checkpoints.py). A dual-region bucket exposes no
-per-object replication state, so without a second bucket the lag is a bound: an object
-older than the bucket's recovery point objective (turbo replication: 15 minutes;
-default replication: 12 hours, Google's documented targets) is in both regions; a
-newer one may not be yet, and the lag reported is its age. With a second bucket
-(``FTFLEET_REPLICA_BUCKET``) the comparison is real: the age of the oldest committed
-checkpoint newer than the second bucket's newest complete one. Metrics (labels stack,
-run): ``replication_lag_seconds``, ``newest_durable_checkpoint_age_seconds``,
-``replica_has_complete_checkpoint``; the stack's alert policy fires above
-``replicationLagAlarmSeconds``. Read-only: it never copies, deletes or repairs objects.
+per-object replication state, so without a second bucket the function knows only a
+bound: an object older than the bucket's recovery point objective (turbo replication:
+15 minutes; default replication: 12 hours, Google's documented targets) is in both
+regions; a newer one may not be yet (``replication_unconfirmed_seconds``, its age, a
+bound that never exceeds the RPO and is never alarmed on). Late replication of a
+dual-region shows in Cloud Storage's own metrics, which the stack's alert policy
+watches. With a second bucket (``FTFLEET_REPLICA_BUCKET``) the comparison is real:
+``replication_lag_seconds`` is the age of the oldest committed checkpoint newer than
+the second bucket's newest complete one, and the alert policy fires on it too. Every
+run writes ``replica_has_complete_checkpoint`` (the stack alerts when it stops
+arriving) and, once a checkpoint exists, ``newest_durable_checkpoint_age_seconds``;
+labels stack and run (config.METRICS). Read-only: it never copies, deletes or repairs
+objects.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from ftfleet.lambdas.common import checkpoints, gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.gcp_replication_watch.config import Config
+from ftfleet.lambdas.gcp_replication_watch.config import IN_REPLICA, LAG, NEWEST_AGE, UNCONFIRMED, Config
 
 NAME = "gcp_replication_watch"
 #: Google's replication targets ("Data availability and durability", turbo replication).
@@ -81,12 +85,9 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         bound = True
         in_replica = newest is not None and age >= RPO_S[cfg.rpo]
     labels = {"stack": cfg.stack, "run": cfg.run_id}
-    points = [
-        ("replication_lag_seconds", lag, labels),
-        ("replica_has_complete_checkpoint", 1.0 if in_replica else 0.0, labels),
-    ]
+    points = [(LAG if not bound else UNCONFIRMED, lag, labels), (IN_REPLICA, 1.0 if in_replica else 0.0, labels)]
     if newest_at is not None:
-        points.append(("newest_durable_checkpoint_age_seconds", max(0.0, now - newest_at), labels))
+        points.append((NEWEST_AGE, max(0.0, now - newest_at), labels))
     gcp.write_metrics(cfg.project, points)
     return log.decision(
         "measured" if newest is not None else "no-checkpoint",
@@ -95,7 +96,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         lag_s=round(lag, 1),
         lag_is_bound=bound,
         rpo=cfg.rpo,
-        over_alarm=lag > cfg.lag_alarm_s,
+        over_alarm=not bound and lag > cfg.lag_alarm_s,
     )
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ftfleet.lambdas.common.config import DOCUMENT, NAMES, StackConfig, var
+from ftfleet.lambdas.common.config import NAMES, StackConfig, var
 
 #: Audit-log methods that can weaken a managed bucket; the stack's log sink routes these.
 WATCHED_METHODS = ("storage.setIamPermissions", "storage.buckets.update")
@@ -12,9 +12,9 @@ WATCHED_METHODS = ("storage.setIamPermissions", "storage.buckets.update")
 class Config(StackConfig):
     project: str = var("FTFLEET_GCP_PROJECT", "the project of the managed buckets")
     buckets: tuple[str, ...] = var("FTFLEET_BUCKETS", "JSON list of the bucket names this stack manages", NAMES)
-    desired: dict = var(
-        "FTFLEET_DESIRED",
-        "JSON object: the settings the program rendered for every managed bucket "
-        "(versioning, uniform_bucket_level_access, public_access_prevention, soft_delete_seconds)",
-        DOCUMENT,
+    desired_uri: str = var(
+        "FTFLEET_DESIRED_URI",
+        "gs://<bucket>/<key> of the JSON object the stack writes before it changes a managed bucket: the "
+        "settings it declares (versioning, uniform_bucket_level_access, public_access_prevention, "
+        "soft_delete_seconds), read at every event",
     )

@@ -2,13 +2,16 @@
 
 The stack's log sink routes the bucket's Admin Activity audit entries
 (``storage.buckets.update``, ``storage.setIamPermissions``) to the function's topic.
-The function compares the bucket with what the program rendered (``FTFLEET_DESIRED``:
-versioning, uniform bucket-level access, public access prevention, the soft-delete
-window) and with one rule for its IAM policy (no binding names ``allUsers`` or
-``allAuthenticatedUsers``), restores what differs, reads the bucket back to verify,
-and logs what it found and what it wrote. An entry that changed nothing it watches is
-an ``in-sync`` decision: the function's own repairs come back as audit entries too,
-and end there.
+The function compares the bucket with the stack's declared settings (versioning,
+uniform bucket-level access, public access prevention, the soft-delete window), read
+at every event from the document at ``FTFLEET_DESIRED_URI``, which the stack writes
+before it changes the bucket: a change the stack makes is already desired when its
+audit entry arrives, and is never undone as drift. It also holds the bucket's IAM
+policy to one rule (no binding names ``allUsers`` or ``allAuthenticatedUsers``),
+restores what differs, reads the bucket back to verify, and logs what it found and
+what it wrote. An entry that changed nothing it watches is an ``in-sync`` decision:
+the function's own repairs come back as audit entries too, and end there. Without a
+readable desired state it repairs nothing and fails, so that Pub/Sub redelivers.
 
 It never deletes objects or buckets, never loosens a setting and never touches a bucket
 it was not given.
@@ -31,6 +34,25 @@ PUBLIC = ("allUsers", "allAuthenticatedUsers")
 
 class DriftNotRepaired(RuntimeError):
     """The bucket still differs after the repair: raised so that Pub/Sub redelivers."""
+
+
+class DesiredStateUnknown(RuntimeError):
+    """The desired-state document is missing or malformed: nothing is repaired, and
+    Pub/Sub redelivers (a stack mid-update writes it before the bucket changes)."""
+
+
+SETTINGS = ("versioning", "uniform_bucket_level_access", "public_access_prevention", "soft_delete_seconds")
+
+
+def desired_state(uri: str) -> dict[str, Any]:
+    """The settings the stack declares now, from ``gs://<bucket>/<key>``."""
+    bucket, _, key = uri.removeprefix("gs://").partition("/")
+    document, _ = gcp.read_json(bucket, key)
+    if document is None:
+        raise DesiredStateUnknown(f"{uri} does not exist")
+    if not isinstance(document, dict) or set(document) - set(SETTINGS) or not document:
+        raise DesiredStateUnknown(f"{uri} is not a settings document (keys among {', '.join(SETTINGS)})")
+    return document
 
 
 def handler(cloud_event: Any, context: Any = None) -> dict[str, Any]:
@@ -56,9 +78,12 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
 
     bucket = gcp.storage().bucket(name)
     bucket.reload()
-    drift = settings_drift(bucket, cfg.desired)
+    # Read after the bucket: the stack writes the document before it changes the bucket,
+    # so a bucket state seen here is never newer than the desired state read next.
+    desired = desired_state(cfg.desired_uri)
+    drift = settings_drift(bucket, desired)
     if drift:
-        apply_settings(bucket, cfg.desired)
+        apply_settings(bucket, desired)
         bucket.patch()
     policy = bucket.get_iam_policy(requested_policy_version=3)
     public = public_members(policy)
@@ -70,7 +95,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     # Read back: a repair that did not take is an error, retried by Pub/Sub.
     check = gcp.storage().bucket(name)
     check.reload()
-    still = set(settings_drift(check, cfg.desired)) | {
+    still = set(settings_drift(check, desired)) | {
         f"iam:{m}" for m in public_members(check.get_iam_policy(requested_policy_version=3))
     }
     if still:
@@ -81,7 +106,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         bucket=name,
         method=method,
         caller=caller,
-        settings={k: {"found": v, "restored": cfg.desired[k]} for k, v in drift.items()},
+        settings={k: {"found": v, "restored": desired[k]} for k, v in drift.items()},
         removed_members=sorted(public),
     )
 

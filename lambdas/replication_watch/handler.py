@@ -35,6 +35,7 @@ class Bucket(checkpoints.CheckpointListing):
 
     def __init__(self, name: str, region: str | None, root: str):
         super().__init__(name, root)
+        self.region = region
         self.s3 = aws.client("s3", region)
 
     def child_prefixes(self, prefix: str) -> list[str]:
@@ -42,12 +43,10 @@ class Bucket(checkpoints.CheckpointListing):
         return [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", [])]
 
     def arrival(self, key: str) -> float | None:
-        try:
-            return self.s3.head_object(Bucket=self.name, Key=key)["LastModified"].timestamp()
-        except Exception as exc:
-            if aws.error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                raise
-            return None
+        # By listing (aws.listed): a HEAD of a missing manifest, normal while a step is
+        # being written, answers this role 403, not 404.
+        item = aws.listed(self.name, key, self.region)
+        return None if item is None else item["LastModified"].timestamp()
 
     def read(self, key: str) -> bytes:
         return self.s3.get_object(Bucket=self.name, Key=key)["Body"].read()

@@ -48,6 +48,10 @@ _SPELLING = {
 }
 
 
+#: Lists the provider takes flat that the API wraps in an object of one key.
+_WRAPPED = {"BlockedEncryptionTypes": "EncryptionType"}
+
+
 def _api_key(key: str) -> str:
     pascal = "".join(part[:1].upper() + part[1:] for part in key.split("_"))
     return _SPELLING.get(pascal, pascal)
@@ -57,7 +61,8 @@ def api_shape(value: Any) -> Any:
     """A Pulumi resource's arguments (camelCase inputs or snake_case outputs) in the S3/FSx
     API's PascalCase; None values are left out, as the API leaves them out."""
     if isinstance(value, dict):
-        return {_api_key(k): api_shape(v) for k, v in value.items() if v is not None}
+        shaped = {_api_key(k): api_shape(v) for k, v in value.items() if v is not None}
+        return {k: {_WRAPPED[k]: v} if k in _WRAPPED and isinstance(v, list) else v for k, v in shaped.items()}
     if isinstance(value, list):
         return [api_shape(v) for v in value]
     return value
@@ -83,6 +88,38 @@ def normalized(value: Any) -> Any:
             return sorted(items)
         return items
     return value
+
+
+def owned(got: Any, want: Any) -> Any:
+    """``got`` reduced to what ``want`` declares: an object to ``want``'s keys (keys the
+    stack does not declare, like the ``BlockedEncryptionTypes`` S3 reports on every new
+    bucket or ``MFADelete``, are not the stack's), recursively; a list item by item
+    (rules by ``ID``, others by position); anything else as it is."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        return {k: owned(got.get(k), v) for k, v in want.items()}
+    if isinstance(want, list) and isinstance(got, list):
+        if want and all(isinstance(w, dict) and "ID" in w for w in want):
+            by_id = {g.get("ID"): g for g in got if isinstance(g, dict)}
+            extra = [g for g in got if not isinstance(g, dict) or g.get("ID") not in {w["ID"] for w in want}]
+            return [owned(by_id.get(w["ID"]), w) for w in want] + extra
+        return [owned(g, w) for g, w in zip(got, want, strict=False)] + got[len(want) :]
+    return got
+
+
+def merged(got: Any, want: Any) -> Any:
+    """What to write: ``want``, keeping what ``got`` holds that ``want`` does not declare
+    (so a repair never drops a setting it does not own, a block among them); lists are
+    ``want``'s items, each merged with ``got``'s item of the same ``ID`` or position."""
+    if isinstance(want, dict):
+        base = dict(got) if isinstance(got, dict) else {}
+        return {**base, **{k: merged(base.get(k), v) for k, v in want.items()}}
+    if isinstance(want, list):
+        olds = got if isinstance(got, list) else []
+        if want and all(isinstance(w, dict) and "ID" in w for w in want):
+            by_id = {g.get("ID"): g for g in olds if isinstance(g, dict)}
+            return [merged(by_id.get(w["ID"]), w) for w in want]
+        return [merged(olds[i] if i < len(olds) else None, w) for i, w in enumerate(want)]
+    return want
 
 
 def policy_normalized(policy: Any) -> Any:

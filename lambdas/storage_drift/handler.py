@@ -4,9 +4,17 @@ association: restore what the program rendered, read it back, report what change
 Triggered by EventBridge rules on "AWS API Call via CloudTrail" (needs a trail that
 logs management events: the stack's own or the account's). Idempotent by bucket name:
 whatever call triggered it, every managed setting of that bucket is compared with the
-rendered one and only what differs is written, so a duplicate delivery, or the event
-of this function's own repair, finds nothing to do. A failed call (``errorCode``) and a
-bucket or association of another stack are dropped with a log line.
+rendered one and only what differs is written, so a duplicate delivery finds nothing to
+do. A failed call (``errorCode``), a call made by this function's own role (its own
+repair) and a bucket or association of another stack are dropped with a log line.
+
+It compares only what the stack owns (desired.owned): S3 reports settings the stack
+does not declare (``BlockedEncryptionTypes`` on every bucket where SSE-C is blocked by
+default, as S3 does for new buckets), and those neither count as drift nor are dropped
+by a repair, which writes the rendered setting over what is there (desired.merged). A
+bucket policy holds when every rendered statement is in it and any other statement
+denies; a repair keeps those denials. Bucket settings are eventually consistent, so a
+repair is read back several times, a few seconds apart, before it counts as failed.
 
 If Pulumi changes a setting in the same ``pulumi up`` that updates this function, a
 stale copy of the function may restore the old value once; the event of that restore
@@ -32,7 +40,9 @@ from ftfleet.lambdas.storage_drift.desired import (
     BUCKET_CALLS,
     FSX_CALL,
     S3_CALL,
+    merged,
     normalized,
+    owned,
     policy_normalized,
 )
 
@@ -48,6 +58,12 @@ _NOT_SET = {
 #: Lifecycle states of an association that is going away or never came.
 _GONE = ("DELETING", "FAILED")
 _BUSY = ("CREATING", "UPDATING")
+#: Settings the stack declares as a whole (every rule): compared and written whole.
+_WHOLE = ("lifecycle", "replication")
+#: Seconds between the reads back of a repair. S3 bucket configuration is eventually
+#: consistent (Amazon S3 User Guide, "Amazon S3 data consistency model": a change "might
+#: take a short amount of time" to propagate), so one stale read is no failed repair.
+VERIFY_DELAYS_S = (0.0, 1.0, 2.0, 4.0, 8.0)
 
 
 clock = runtime.Clock()
@@ -65,7 +81,8 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     env = eventbridge.parse(event, (S3_CALL, FSX_CALL))
     d = env.detail
     call = events.text(d, "eventName", "event.detail")
-    caller = (d.get("userIdentity") or {}).get("arn") if isinstance(d.get("userIdentity"), dict) else None
+    identity = d.get("userIdentity") if isinstance(d.get("userIdentity"), dict) else {}
+    caller = identity.get("arn") if isinstance(identity.get("arn"), str) else None
     params = events.mapping(d.get("requestParameters") or {}, "event.detail.requestParameters")
     if env.source == "aws.s3":
         if call not in BUCKET_CALLS:
@@ -75,13 +92,36 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
             raise Dropped("bucket of another stack", bucket=bucket, call=call)
         if d.get("errorCode"):
             raise Dropped("the call failed; nothing changed", bucket=bucket, call=call, error=d.get("errorCode"))
-        return _reconcile_bucket(cfg, log, bucket, call=call, caller=caller)
+        if _by_own_role(identity):
+            raise Dropped("the call was this function's own repair", bucket=bucket, call=call, caller=caller)
+        return _reconcile_bucket(cfg, log, bucket, call=call, caller=caller, context=context)
     if call not in ASSOCIATION_CALLS:
         raise Dropped(f"call {call} does not change a data repository association", call=call)
     association_id = events.text(params, "associationId", "event.detail.requestParameters")
     if d.get("errorCode"):
         raise Dropped("the call failed; nothing changed", association_id=association_id, error=d.get("errorCode"))
+    if _by_own_role(identity):
+        raise Dropped("the call was this function's own repair", association_id=association_id, caller=caller)
     return _reconcile_association(cfg, log, association_id, call=call, caller=caller, context=context)
+
+
+def _by_own_role(identity: Any) -> bool:
+    """Whether a CloudTrail ``userIdentity`` is this function's own (its role's session):
+    its repairs produce events like anyone's. Unknown (STS unreachable): False, and the
+    comparison finds nothing to do for its own repair anyway."""
+    own = aws.caller_arn()
+    if own is None or not isinstance(identity, dict):
+        return False
+    arn = identity.get("arn")
+    # arn:aws:sts::<account>:assumed-role/<role>/<session>: any session of the role.
+    parts = own.split(":", 5)
+    if len(parts) == 6 and parts[2] == "sts" and parts[5].startswith("assumed-role/"):
+        role = parts[5].split("/")[1]
+        issuer = ((identity.get("sessionContext") or {}).get("sessionIssuer") or {}).get("arn")
+        if isinstance(issuer, str) and issuer.startswith(f"arn:{parts[1]}:iam::{parts[4]}:role/"):
+            return issuer.rsplit("/", 1)[-1] == role
+        return isinstance(arn, str) and arn.startswith(f"{':'.join(parts[:5])}:assumed-role/{role}/")
+    return arn == own
 
 
 # ---------------------------------------------------------------------------
@@ -126,33 +166,83 @@ def _writer(s3: Any, aspect: str) -> Callable[[str, Any], None]:
     return calls[aspect]
 
 
-def _same(aspect: str, a: Any, b: Any) -> bool:
+def _holds(aspect: str, got: Any, want: Any) -> bool:
+    """Whether the bucket's ``got`` still holds what the stack rendered as ``want``."""
+    if got is None:
+        return False
     if aspect == "policy":
-        return a is not None and b is not None and policy_normalized(a) == policy_normalized(b)
-    return normalized(a) == normalized(b) and (a is None) == (b is None)
+        return _policy_holds(got, want)
+    if aspect in _WHOLE:
+        return normalized(got) == normalized(want)
+    return normalized(owned(got, want)) == normalized(want)
 
 
-def _reconcile_bucket(cfg: Config, log: DecisionLog, bucket: str, call: str, caller: str | None) -> dict[str, Any]:
+def _statements(policy: Any) -> list[Any]:
+    normal = policy_normalized(policy) if policy is not None else None
+    return list(normal.get("Statement", [])) if isinstance(normal, dict) else []
+
+
+def _policy_holds(got: Any, want: Any) -> bool:
+    ours, theirs = _statements(want), _statements(got)
+    return all(st in theirs for st in ours) and all(
+        st in ours or (isinstance(st, dict) and st.get("Effect") == "Deny") for st in theirs
+    )
+
+
+def _to_write(aspect: str, got: Any, want: Any) -> Any:
+    """The rendered setting, keeping what the bucket holds that the stack does not own
+    (for a policy: the statements that deny)."""
+    if aspect in _WHOLE:
+        return want
+    if aspect == "policy":
+        ours = _statements(want)
+        theirs = zip(_statements(got), (got.get("Statement", []) if isinstance(got, dict) else []), strict=False)
+        denials = [raw for st, raw in theirs if st not in ours and isinstance(st, dict) and st.get("Effect") == "Deny"]
+        statements = want.get("Statement", [])
+        return {**want, "Statement": [*(statements if isinstance(statements, list) else [statements]), *denials]}
+    return merged(got, want)
+
+
+def _read_back(read: Callable[[str], Any], bucket: str, aspect: str, want: Any, deadline: float) -> tuple[Any, bool]:
+    """Read the setting until it holds, :data:`VERIFY_DELAYS_S` apart (eventual
+    consistency), until ``deadline`` (clock time): (last read, whether it holds)."""
+    after = None
+    for delay in VERIFY_DELAYS_S:
+        if delay:
+            if clock.now() + delay > deadline:
+                break
+            clock.sleep(delay)
+        after = read(bucket)
+        if _holds(aspect, after, want):
+            return after, True
+    return after, False
+
+
+def _reconcile_bucket(
+    cfg: Config, log: DecisionLog, bucket: str, call: str, caller: str | None, context: Any = None
+) -> dict[str, Any]:
     want = cfg.buckets[bucket]
     s3 = aws.client("s3", want.get("region"))
+    # Reads back stop in time to report (30 s before the invocation's end).
+    deadline = clock.now() + max(0.0, runtime.remaining_s(context) - 30.0)
     restored, unverified = [], []
     for aspect in ASPECTS:
         if aspect not in want:
             continue
         read = _reader(s3, aspect)
         before = read(bucket)
-        if _same(aspect, before, want[aspect]):
+        if _holds(aspect, before, want[aspect]):
             continue
-        _writer(s3, aspect)(bucket, want[aspect])
-        after = read(bucket)
-        verified = _same(aspect, after, want[aspect])
+        written = _to_write(aspect, before, want[aspect])
+        _writer(s3, aspect)(bucket, written)
+        _after, verified = _read_back(read, bucket, aspect, want[aspect], deadline)
         log.decision(
             "restored" if verified else "restore-not-verified",
             level="WARNING" if verified else "ERROR",
             bucket=bucket,
             setting=aspect,
             found=before,
-            restored_to=want[aspect],
+            restored_to=written,
             verified=verified,
             trigger=call,
             caller=caller,

@@ -36,6 +36,7 @@ on a node that is still booting, which the sweep knows from its launch time.
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any
 
 from ftfleet import contract
@@ -188,12 +189,7 @@ def _replace(cfg: Config, log: DecisionLog, node: dict[str, Any], reason: str, n
     verdict: dict[str, Any] = {}
 
     def reserve(document: Any) -> tuple[Any, bool]:
-        log_doc = document if isinstance(document, dict) and isinstance(document.get("groups"), dict) else {}
-        groups = {
-            g: [e for e in entries if isinstance(e, dict) and now - float(e.get("at", 0)) < HOUR_S]
-            for g, entries in log_doc.get("groups", {}).items()
-            if isinstance(entries, list)
-        }
+        groups, verdict["dropped"] = recent_entries(document, now)
         recent = groups.setdefault(group, [])
         verdict["used"] = len(recent)
         if any(e.get("instance_id") == instance_id for e in recent):
@@ -206,7 +202,10 @@ def _replace(cfg: Config, log: DecisionLog, node: dict[str, Any], reason: str, n
         verdict["outcome"] = "reserved"
         return {"groups": groups}, True
 
-    aws.update_json(cfg.bucket, f"{cfg.root}/{REPLACEMENTS_KEY}", reserve)
+    key = f"{cfg.root}/{REPLACEMENTS_KEY}"
+    aws.update_json(cfg.bucket, key, reserve)
+    if verdict["dropped"]:
+        log.decision("replacement-log-repaired", level="WARNING", key=key, dropped=verdict["dropped"])
     if verdict["outcome"] == "rate-limited":
         _withhold(cfg, log, node, "rate-limited", reason_seen=reason, used=verdict["used"], limit=cfg.max_per_hour)
         return False
@@ -224,6 +223,38 @@ def _replace(cfg: Config, log: DecisionLog, node: dict[str, Any], reason: str, n
         limit=cfg.max_per_hour,
     )
     return True
+
+
+def recent_entries(document: Any, now: float) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """The replacement log's entries of the last hour by group, and how many entries
+    were dropped as malformed. Nodes can write the run's prefix, so the log is
+    untrusted: an entry that is not ``{"instance_id": str, "at": finite seconds, ...}``
+    (not after ``now``) counts for nothing and is left out of the next write, instead
+    of blocking every later sweep."""
+    log_doc = document if isinstance(document, dict) and isinstance(document.get("groups"), dict) else {}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    dropped = 1 if document is not None and not log_doc else 0  # not a log at all
+    for name, entries in log_doc["groups"].items() if log_doc else ():
+        if not isinstance(entries, list):
+            dropped += 1
+            continue
+        kept = []
+        for e in entries:
+            at = e.get("at") if isinstance(e, dict) else None
+            valid = (
+                isinstance(e, dict)
+                and isinstance(e.get("instance_id"), str)
+                and isinstance(at, (int, float))
+                and not isinstance(at, bool)
+                and math.isfinite(at)
+                and at <= now + 60.0
+            )
+            if not valid:
+                dropped += 1
+            elif now - at < HOUR_S:
+                kept.append(e)
+        groups[name] = kept
+    return groups, dropped
 
 
 def _withhold(cfg: Config, log: DecisionLog, node: dict[str, Any], why: str, **fields: Any) -> None:

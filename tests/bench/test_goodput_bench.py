@@ -213,6 +213,7 @@ def test_the_two_level_model_from_a_runs_measured_costs(bench):
     assert bench.two_level_model({**r, "failures": r["failures"][:1]}, 120.0, 0.5) is None  # no SIGKILL measured
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="lowering a niceness needs root (CAP_SYS_NICE)")
 def test_a_spare_node_taking_over_gets_its_priority_back_in_every_thread(bench):
     code = "import subprocess, threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); "
@@ -388,6 +389,7 @@ def test_a_start_window_without_a_start_is_left_out(bench):
     assert bench.spare_windows(run) == [(10.0, 40.0)]
 
 
+@pytest.mark.integration
 def test_the_bench_process_itself_never_imports_torch(tmp_path):
     # A take-over runs the bench's own code beside the recovery (the reserve's size from
     # the newest checkpoint, the files moved): torch there would be seconds of CPU that
@@ -411,6 +413,7 @@ print("torch" in sys.modules)
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.integration
 def test_cpu_seconds_counts_a_process_and_its_children(bench):
     code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'while True: pass'])"
     proc = subprocess.Popen([sys.executable, "-c", code])

@@ -1,5 +1,6 @@
 """Every benchmark writes its raw results as JSON (bench/record.py): what ran, where, when,
-on which commit, and the figures; the fast modes of the scripts that have one, run here."""
+on which commit, and the figures; the fast modes of the scripts that have one, run here
+(integration: each starts a Python process)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def test_under_torchrun_the_command_is_the_torchrun_line():
     assert record.command_line(["python", "bench/x.py", "a b"], {}) == "python bench/x.py 'a b'"
 
 
+@pytest.mark.integration
 def test_a_command_with_a_report_of_its_own_is_recorded_with_its_exit_code(tmp_path):
     out = tmp_path / "drill.json"
     writer = "import json, sys; json.dump({'goodput': 0.25}, open(sys.argv[1], 'w')); sys.exit(3)"
@@ -92,6 +94,7 @@ def test_a_command_with_a_report_of_its_own_is_recorded_with_its_exit_code(tmp_p
     assert "bench/record.py drill" in doc["command"]
 
 
+@pytest.mark.integration
 def test_a_report_named_by_a_variable_is_recorded_and_a_missing_one_is_not(tmp_path):
     out = tmp_path / "chaos.json"
     writer = "import json, os; json.dump({'kills': []}, open(os.environ['REPORT'], 'w'))"
@@ -117,6 +120,7 @@ FAST = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("bench", sorted(FAST))
 def test_the_fast_mode_of_a_benchmark_writes_its_figures(bench, tmp_path):
     argv, key = FAST[bench]

@@ -84,6 +84,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.integration
 def test_a_run_past_its_timeout_is_stopped_with_its_workers(ab, tmp_path):
     from drill.runner import _stat
 
@@ -97,12 +98,14 @@ def test_a_run_past_its_timeout_is_stopped_with_its_workers(ab, tmp_path):
     assert stat is None or stat[0] in ("Z", "X"), stat
 
 
+@pytest.mark.integration
 def test_a_failed_run_stops_the_bench_with_its_log(ab, tmp_path):
     argv = [sys.executable, "-c", "import sys; print('bad override'); sys.exit(2)"]
     with pytest.raises(SystemExit, match="exited 2(.|\n)*bad override"):
         ab.run_to_end(argv, tmp_path, dict(os.environ), tmp_path / "run.log", timeout=30)
 
 
+@pytest.mark.integration
 def test_each_revision_runs_with_the_environment_its_own_bench_gives(ab, tmp_path, monkeypatch):
     own = tmp_path / "own"
     (own / "bench").mkdir(parents=True)

@@ -11,6 +11,8 @@ from drill import damage
 from drill.cloud_gcp import GcpCloud
 from tests.gcs_emulator import gcs_client
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def gcp():

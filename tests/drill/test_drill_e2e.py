@@ -4,7 +4,7 @@ faults injected by the drill, and every run ending in the uninterrupted run's st
 Each fault kind the drill injects runs once in ``make test``: a SIGKILL of a worker on
 AWS (torchrun restarts the group), a preemption notice and the loss of a location on
 GCP (a replacement node resumes). A spot notice on AWS is the trainer's own test
-(tests/trainer/test_under_fire.py); the whole drill of each cloud, every fault, runs
+(tests/trainer/scenarios/test_under_fire.py); the whole drill of each cloud, every fault, runs
 under ``make chaos``."""
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def run_drill(tmp_path, *args, timeout=300):
     return json.loads(report.read_text())
 
 
+@pytest.mark.integration
 def test_a_short_aws_drill_recovers_from_a_sigkill_and_matches_the_reference(tmp_path):
     # --spacing also caps the checkpoint interval (half of it): checkpoints at 4 and 8, so
     # the group restarts from one, not from step 0.
@@ -64,6 +65,7 @@ def test_a_short_aws_drill_recovers_from_a_sigkill_and_matches_the_reference(tmp
     assert 0 < data["goodput"]["goodput"] <= 1.0
 
 
+@pytest.mark.integration
 def test_a_short_gcp_drill_survives_a_preemption_and_the_loss_of_a_location_and_matches_the_reference(tmp_path):
     data = run_drill(
         tmp_path,

@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 
+import pytest
+
 from drill.runner import EventTail, Node
 
 #: Stands in for torchrun: two workers (RANK in their environment, each in a session of
@@ -41,6 +43,7 @@ def wait_until(predicate, timeout=20.0):
     return False
 
 
+@pytest.mark.integration
 def test_a_killed_worker_ends_its_group_and_the_restarted_group_is_seen(tmp_path):
     node = Node(
         "node-x", [sys.executable, "-c", FAKE_TORCHRUN], dict(os.environ), tmp_path, tmp_path / "node.log"
@@ -62,6 +65,7 @@ def test_a_killed_worker_ends_its_group_and_the_restarted_group_is_seen(tmp_path
         node.kill()
 
 
+@pytest.mark.integration
 def test_killing_a_node_takes_torchrun_and_every_worker(tmp_path):
     node = Node(
         "node-y", [sys.executable, "-c", FAKE_TORCHRUN], dict(os.environ), tmp_path, tmp_path / "node.log"

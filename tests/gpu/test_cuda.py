@@ -96,7 +96,7 @@ def test_the_fast_tier_reader_loads_into_device_tensors(tmp_path, monkeypatch):
     """The one-read restore copies each raw record into its device tensor through two
     pinned buffers in turns (a chunk smaller than the tensors: several turns each)."""
     from ftfleet.trainer.checkpoint import reader as reader_module
-    from tests.trainer.test_verifying_reader import load, odd_state, save, zeros_like
+    from tests.trainer.checkpoint.test_verifying_reader import load, odd_state, save, zeros_like
 
     monkeypatch.setattr(reader_module, "DEVICE_CHUNK", 1000)
     state = odd_state()
@@ -115,7 +115,7 @@ def test_a_one_pass_load_into_blank_device_tensors_loads_what_the_two_pass_load_
     CRC takes it, gathered in the pinned buffers (a buffer smaller than the tensors, a
     piece smaller than the records: runs break at buffer ends and between tensors)."""
     from ftfleet.trainer.checkpoint import reader as reader_module
-    from tests.trainer.test_verifying_reader import load, odd_state, save, zeros_like
+    from tests.trainer.checkpoint.test_verifying_reader import load, odd_state, save, zeros_like
 
     monkeypatch.setattr(reader_module, "DEVICE_CHUNK", 1000)
     monkeypatch.setattr(reader_module, "_PIECE", piece)
@@ -136,7 +136,7 @@ def test_a_one_pass_load_into_blank_device_tensors_loads_what_the_two_pass_load_
 def test_a_one_pass_load_into_device_tensors_refuses_a_bad_shard(tmp_path):
     from ftfleet.trainer.checkpoint.reader import CorruptFile
     from ftfleet.trainer.checkpoint.safe_load import load_into
-    from tests.trainer.test_verifying_reader import flip, last_shard, odd_state, save, zeros_like
+    from tests.trainer.checkpoint.test_verifying_reader import flip, last_shard, odd_state, save, zeros_like
 
     state = odd_state()
     expected = save(tmp_path, state, threads=2)

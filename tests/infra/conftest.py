@@ -27,6 +27,7 @@ def res_view(rec: offline.Recording) -> list[policies.Res]:
             dependencies=r.dependencies,
             protect=r.protect,
             id=r.id,
+            ignore_changes=r.ignore_changes,
         )
         for r in rec.resources
     ]

@@ -65,6 +65,14 @@ BAD = {
     "missing required": ({"ftfleet:replicaRegion": None}, "ftfleet:replicaRegion is required"),
     "mutable image tag": ({"ftfleet:trainerImageTag": "latest"}, "ftfleet:trainerImageTag must name an immutable"),
     "bad tag": ({"ftfleet:tags": ["team"]}, "write tags as key=value"),
+    # The nodes allow tags in instance metadata (EC2 User Guide, tag restrictions).
+    "tag key with a space": ({"ftfleet:tags": ["cost center=ml"]}, "contains key 'cost center': an instance tag key"),
+    "tag key with a slash": ({"ftfleet:tags": ["team/sub=ml"]}, "(no spaces or slashes)"),
+    "tag key reserved in metadata": ({"ftfleet:tags": ["_index=1"]}, "'_index' is reserved in instance metadata"),
+    "tag key of two periods": ({"ftfleet:tags": ["..=1"]}, "'..' is reserved in instance metadata"),
+    "tag key too long": ({"ftfleet:tags": ["k" * 129 + "=v"]}, "1-128 letters, digits"),
+    "tag value too long": ({"ftfleet:tags": ["k=" + "v" * 257]}, "EC2 allows 256"),
+    "tag twice": ({"ftfleet:tags": ["k=a", "k=b"]}, "sets 'k' twice"),
     "replica region that does not exist": (
         {"ftfleet:replicaRegion": "us-west-99"},
         "ftfleet:replicaRegion is 'us-west-99', which is not an AWS region that pulumi-aws knows; did you mean",
@@ -159,6 +167,7 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(case, tmp_path, capsys)
     assert expected in err
 
 
+@pytest.mark.integration
 def test_the_cli_prints_no_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "ftfleet.cli", "plan", bad_stack(tmp_path, {"ftfleet:cloud": "azure"})],

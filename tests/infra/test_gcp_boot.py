@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +31,22 @@ CTX = boot.NodeContext(
     bucket="ftfleet-gcp-dev-ckpt-bucket-1a2b3c4",
     coordinator_ip="10.40.0.10",
 )
+#: What dpkg-query lists for the hold patterns on an accelerator image (status, package).
+INSTALLED = (
+    "ii  linux-image-6.8.0-1036-gcp\n"
+    "ii  linux-modules-6.8.0-1036-gcp\n"
+    "rc  linux-image-6.8.0-1030-gcp\n"
+    "ii  linux-gcp-6.8-headers-6.8.0-1036\n"
+    "ii  nvidia-driver-580-server\n"
+    "ii  libnvidia-compute-580-server\n"
+)
+HELD = [
+    "linux-image-6.8.0-1036-gcp",
+    "linux-modules-6.8.0-1036-gcp",
+    "linux-gcp-6.8-headers-6.8.0-1036",
+    "nvidia-driver-580-server",
+    "libnvidia-compute-580-server",
+]
 PARALLELSTORE_CTX = dataclasses.replace(CTX, mount_source="10.40.240.7,10.40.240.8,10.40.240.9")
 VARIANTS = [
     (kind, role, model)
@@ -50,6 +75,9 @@ def stubs(tmp_path) -> Stubs:
     s.stub("curl", match="instance/name", stdout=NODE)
     s.stub("curl", match="service-accounts/default/token", stdout=json.dumps({"access_token": TOKEN}))
     s.stub("ip", match="route", stdout="default via 10.40.0.1 dev ens4 proto dhcp src 10.40.0.22 metric 100\n")
+    s.stub("modinfo", rc=1, stderr="modinfo: ERROR: Module lustre not found.")  # no client for this kernel yet
+    s.stub("dpkg-query", stdout=INSTALLED)
+    s.add("apt-mark")
     (s.root / "etc").mkdir()
     (s.root / "etc" / "os-release").write_text('NAME="Ubuntu"\nVERSION_CODENAME=jammy\nUBUNTU_CODENAME=jammy\n')
     return s
@@ -84,7 +112,7 @@ def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     steps = ["apt-get -o", "modprobe lustre", "mount -t", "chown 10001:10001", "docker login", "docker pull"]
     positions = [first(order, step) for step in steps]
     assert positions == sorted(positions), order
-    assert order[-2:] == ["systemctl daemon-reload", "systemctl enable"]
+    assert order[-2:] == ["systemctl daemon-reload", "systemctl start"]
     installs = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
     assert len(installs) == 1
     packages = installs[0][installs[0].index("--no-install-recommends") + 1 :]
@@ -106,7 +134,7 @@ def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     login = stubs.calls("docker")[0]
     assert login.args[:3] == ["login", "--username", "oauth2accesstoken"] and login.stdin == TOKEN
     assert stubs.calls("docker")[1].args == ["pull", CTX.image_uri]
-    assert stubs.calls("systemctl")[-1].args == ["enable", "--now", "ftfleet-trainer.service"]
+    assert stubs.calls("systemctl")[-1].args == ["start", "ftfleet-trainer.service"]
 
 
 def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
@@ -171,7 +199,7 @@ def test_the_service_stops_within_the_shutdown_budget_and_never_restarts_a_termi
 
 
 def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository(stubs):
-    stubs.add("mount.lustre")
+    stubs.stub("modinfo", first=True)  # the Lustre module of the running kernel is there
     result = stubs.run(render(stubs))
     installs = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
     assert installs and installs[0][-1] == "nvidia-container-toolkit"
@@ -187,10 +215,50 @@ def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository
 
 
 def test_a_node_image_with_every_client_installs_nothing(stubs):
-    stubs.add("mount.lustre")
+    stubs.stub("modinfo", first=True)
     stubs.add("nvidia-ctk")
     assert stubs.run(render(stubs)).returncode == 0
     assert stubs.calls("apt-get") == [] and stubs.calls("gpg") == []
+    assert stubs.calls("modinfo")[0].args == ["-k", os.uname().release, "lustre"]
+
+
+def test_after_a_kernel_change_the_lustre_module_is_reinstalled_whatever_mount_lustre_says(stubs):
+    # The tools of the previous kernel's client are still installed; its module is not
+    # built for the kernel now running.
+    stubs.add("mount.lustre")
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    (install,) = [c.args for c in stubs.calls("apt-get") if "install" in c.args]
+    assert f"lustre-client-modules-{os.uname().release}" in install
+    assert first(stubs.order(), "apt-get -o") < first(stubs.order(), "modprobe lustre")
+
+
+def test_unattended_upgrades_are_off_and_kernel_and_nvidia_packages_held_before_any_install(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    disabled = [c.args for c in stubs.calls("systemctl") if c.args[:1] == ["disable"]]
+    assert disabled == [
+        ["disable", "--now", unit]
+        for unit in ("unattended-upgrades.service", "apt-daily.timer", "apt-daily-upgrade.timer")
+    ]
+    (hold,) = [c.args for c in stubs.calls("apt-mark")]
+    assert hold == ["hold", *HELD]  # installed ones only: a removed kernel (rc) is not held
+    order = stubs.order()
+    assert first(order, "systemctl disable") < first(order, "apt-mark hold") < first(order, "apt-get -o")
+
+
+def test_a_reboot_starts_the_trainer_only_after_this_script_has_mounted_the_file_system(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs)).returncode == 0
+    unit = (stubs.root / "etc/systemd/system/ftfleet-trainer.service").read_text().splitlines()
+    # Not enabled: systemd starts nothing at boot; this script starts it after mounting.
+    assert "[Install]" not in unit and not any(line.startswith("WantedBy=") for line in unit)
+    assert [c.args for c in stubs.calls("systemctl") if "ftfleet-trainer.service" in c.args] == [
+        ["start", "ftfleet-trainer.service"]
+    ]
+    assert "ConditionPathIsMountPoint=/ckpt" in unit and f"ConditionPathIsMountPoint={contract.SHM_MOUNT}" in unit
+    order = stubs.order()
+    assert first(order, "mount -t") < first(order, "systemctl start")
 
 
 def test_a_mount_that_keeps_failing_stops_the_boot_before_the_image(stubs):
@@ -216,17 +284,44 @@ def test_the_image_pull_is_retried_until_it_succeeds(stubs):
     result = stubs.run(render(stubs))
     assert result.returncode == 0, result.stderr
     assert len([c for c in stubs.calls("docker") if c.args[0] == "pull"]) == 3
-    assert stubs.calls("systemctl")[-1].args == ["enable", "--now", "ftfleet-trainer.service"]
+    assert stubs.calls("systemctl")[-1].args == ["start", "ftfleet-trainer.service"]
 
 
-def test_an_image_that_never_pulls_leaves_no_service_for_auto_healing_to_find(stubs):
+def test_an_image_that_never_pulls_tells_the_health_agent_and_starts_no_trainer(stubs):
     stubs.add("nvidia-ctk")
     stubs.stub("docker", match="^pull ", rc=1, stderr="manifest unknown")
     result = stubs.run(render(stubs))
     assert result.returncode != 0
     assert len([c for c in stubs.calls("docker") if c.args[0] == "pull"]) == boot.ATTEMPTS
-    assert all(c.args[:1] != ["enable"] for c in stubs.calls("systemctl"))
+    assert [c.args for c in stubs.calls("systemctl") if c.args[:1] == ["enable"]] == [
+        ["enable", "--now", f"{boot.HEALTH_SERVICE}.service"]
+    ]
     assert not (stubs.root / "etc/systemd/system/ftfleet-trainer.service").exists()
+    failed = (stubs.root / "run/ftfleet/boot-failed").read_text()
+    assert "docker pull" in failed and failed.startswith("startup script failed at line")
+
+
+def test_the_health_agent_is_running_before_anything_can_fail_and_a_new_boot_starts_clean(stubs):
+    stubs.add("nvidia-ctk")
+    (stubs.root / "run/ftfleet").mkdir(parents=True)
+    (stubs.root / "run/ftfleet/boot-failed").write_text("startup script failed at line 1: an earlier boot\n")
+    assert stubs.run(render(stubs)).returncode == 0
+    order = stubs.order()
+    assert first(order, "systemctl enable") < first(order, "apt-get -o")
+    assert stubs.calls("systemctl")[1].args == ["enable", "--now", f"{boot.HEALTH_SERVICE}.service"]
+    installed = (stubs.root / "usr/local/lib/ftfleet/node_health.py").read_bytes()
+    assert installed == boot.HEALTH_AGENT.read_bytes()
+    unit = (stubs.root / f"etc/systemd/system/{boot.HEALTH_SERVICE}.service").read_text()
+    for line in (
+        f"Environment=FTFLEET_HEALTH_PORT={boot.HEALTH_PORT}",
+        "Environment=FTFLEET_HEALTH_GPUS=1",
+        "Environment=FTFLEET_HEALTH_MOUNT=/ckpt",
+        "Environment=FTFLEET_HEALTH_BOOT_FAILED=/run/ftfleet/boot-failed",
+        "Restart=always",
+        "WantedBy=multi-user.target",
+    ):
+        assert line in unit.splitlines()
+    assert not (stubs.root / "run/ftfleet/boot-failed").exists()
 
 
 def test_parallelstore_runs_the_daos_agent_on_the_access_points_and_mounts_with_dfuse(stubs):
@@ -282,3 +377,98 @@ def test_shutdown_still_stops_the_trainer_when_the_metadata_server_does_not_answ
 def test_boot_scripts_fit_in_a_metadata_value():
     script = boot.startup_script(settings_for(), CTX, "worker", "SPOT")
     assert len(script.encode()) < boot.METADATA_VALUE_LIMIT
+
+
+# --- the node health agent (what auto-healing probes) ----------------------------------
+
+
+def agent_module():
+    spec = importlib.util.spec_from_file_location("node_health", boot.HEALTH_AGENT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A node as the agent sees it: two GPUs, /ckpt mounted, docker up, a clean boot."""
+    s = Stubs(tmp_path, names=())
+    s.stub("nvidia-smi", stdout="GPU-aaaa\nGPU-bbbb\n")
+    s.stub("docker", match="^info", stdout="27.3.1\n")
+    mounts = tmp_path / "mounts"
+    mounts.write_text("sysfs /sys sysfs rw 0 0\n10.40.240.5@tcp:/ftfleet /ckpt lustre rw 0 0\n")
+    monkeypatch.setenv("PATH", f"{s.bin}:/usr/bin:/bin")
+    return SimpleNamespace(stubs=s, mounts=mounts, boot_failed=tmp_path / "boot-failed")
+
+
+def probe(node, path="/healthz", gpus=2) -> tuple[int, dict]:
+    """One health checker's GET against a freshly started agent."""
+    agent = agent_module()
+    server = agent.serve(0, agent.Checker(gpus, "/ckpt", str(node.mounts), str(node.boot_failed)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            body = err.read()
+            return err.code, json.loads(body) if body.startswith(b"{") else {}
+    finally:
+        server.shutdown()
+
+
+def test_a_node_that_can_run_the_job_is_healthy_with_no_trainer_running(node):
+    # Nothing listens on the trainer's metrics port: rendezvous, a restart, a finished run.
+    assert probe(node) == (200, {"healthy": True, "problems": {}})
+
+
+@pytest.mark.parametrize(
+    "breakage, check, reason",
+    [
+        (lambda n: n.mounts.write_text("sysfs /sys sysfs rw 0 0\n"), "mount", "/ckpt is not mounted"),
+        (lambda n: n.stubs.stub("nvidia-smi", stdout="GPU-aaaa\n", first=True), "gpus", "1 GPUs visible, expected 2"),
+        (lambda n: n.stubs.stub("nvidia-smi", rc=9, stderr="NVIDIA-SMI has failed", first=True), "gpus", "failed"),
+        (lambda n: n.stubs.stub("docker", rc=1, stderr="Cannot connect", first=True), "docker", "does not answer"),
+        (lambda n: n.boot_failed.write_text("startup script failed at line 9: docker pull x\n"), "boot", "docker pull"),
+    ],
+)
+def test_a_node_that_cannot_run_the_job_answers_503_naming_what_is_wrong(node, breakage, check, reason):
+    breakage(node)
+    status, body = probe(node)
+    assert status == 503 and body["healthy"] is False
+    assert list(body["problems"]) == [check] and reason in body["problems"][check]
+
+
+def test_the_agent_answers_only_its_health_path(node):
+    assert probe(node, path="/metrics")[0] == 404
+
+
+@pytest.mark.integration
+def test_the_agent_runs_as_its_unit_runs_it(node, tmp_path):
+    """python3 on the file with the unit's environment, as systemd starts it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        "PATH": os.environ["PATH"],
+        "FTFLEET_HEALTH_PORT": str(port),
+        "FTFLEET_HEALTH_GPUS": "2",
+        "FTFLEET_HEALTH_MOUNT": "/ckpt",
+        "FTFLEET_HEALTH_MOUNTS_FILE": str(node.mounts),
+        "FTFLEET_HEALTH_BOOT_FAILED": str(node.boot_failed),
+    }
+    process = subprocess.Popen([sys.executable, str(boot.HEALTH_AGENT)], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+                    assert response.status == 200
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
 
 from ftfleet.cli import main
+from ftfleet.infra import policies, stackfile
 from ftfleet.infra.gcp import boot, network
-from tests.infra.conftest import recording
+from tests.infra.conftest import recording, res_view
 
 C = "gcp:compute/"
 TEMPLATE = f"{C}regionInstanceTemplate:RegionInstanceTemplate"
@@ -44,7 +51,7 @@ def test_firewalls_admit_the_cluster_the_health_checkers_and_the_file_system_onl
     assert all(rule["targetTags"] == [tag] for rule in rules.values())
     assert rules["intra-cluster"]["sourceTags"] == [tag] and "sourceRanges" not in rules["intra-cluster"]
     assert rules["health-checks"]["sourceRanges"] == list(network.HEALTH_CHECK_RANGES)
-    assert rules["health-checks"]["allows"] == [{"protocol": "tcp", "ports": [str(boot.METRICS_PORT)]}]
+    assert rules["health-checks"]["allows"] == [{"protocol": "tcp", "ports": [str(boot.HEALTH_PORT)]}]
     assert rules["file-system"]["sourceRanges"] == ["10.40.240.0/20"]
     assert rules["file-system"]["allows"] == [{"protocol": "tcp", "ports": ["988"]}]
 
@@ -86,7 +93,7 @@ def test_the_file_system_waits_for_private_services_access_over_a_range_inside_t
 # --- Fleet ----------------------------------------------------------------------------
 
 
-def test_spot_workers_never_restart_are_deleted_on_preemption_and_get_the_extended_notice():
+def test_spot_workers_never_restart_are_deleted_on_preemption_and_leave_the_beta_notice_off():
     rec = recording("gcp-dev")
     worker = one(rec, TEMPLATE, "-workers")
     assert worker.inputs["scheduling"] == {
@@ -95,11 +102,19 @@ def test_spot_workers_never_restart_are_deleted_on_preemption_and_get_the_extend
         "automaticRestart": False,
         "onHostMaintenance": "TERMINATE",
         "instanceTerminationAction": "DELETE",
-        "preemptionNoticeDuration": {"seconds": 90},
     }
     coordinator = one(rec, TEMPLATE, "-coordinator")
     assert coordinator.inputs["scheduling"]["provisioningModel"] == "STANDARD"
     assert coordinator.inputs["scheduling"]["preemptible"] is False
+
+
+def test_an_extended_notice_is_the_users_choice_and_the_advisory_policy_names_the_beta_field(gcp_variant):
+    rec = gcp_variant(gcpPreemptionNoticeSeconds=90)
+    worker = one(rec, TEMPLATE, "-workers")
+    assert worker.inputs["scheduling"]["preemptionNoticeDuration"] == {"seconds": 90}
+    found = [(p, n) for p, n, _ in policies.evaluate(res_view(rec)) if p == "gcp-beta-preemption-notice"]
+    assert found == [("gcp-beta-preemption-notice", worker.name)]
+    assert "FTFLEET_PREEMPTION_NOTICE_S=120" in worker.inputs["metadata"]["startup-script"]
 
 
 def test_templates_use_gvnic_no_external_address_the_node_account_and_one_pinned_image():
@@ -112,10 +127,53 @@ def test_templates_use_gvnic_no_external_address_the_node_account_and_one_pinned
         assert t.inputs["serviceAccount"]["email"] == account.outputs["email"]
         assert t.inputs["tags"] == ["ftfleet-gcp-prod-node"]
         assert t.inputs["metadata"]["block-project-ssh-keys"] == "TRUE"
-        assert "guestAccelerators" not in t.inputs  # A3 brings its own H100s
+        assert "guestAccelerators" not in t.inputs  # A2 Ultra brings its own A100s
         images.add(t.inputs["disks"][0]["sourceImage"])
-    # Resolved once per deployment: a specific image, not the family.
-    assert len(images) == 1 and "/global/images/ubuntu-accelerator-2204-amd64-with-nvidia-580-v" in images.pop()
+    # The pinned image, by name: nothing is resolved, so the next `pulumi up` boots the same.
+    assert images == {
+        "projects/ubuntu-os-accelerator-images/global/images/ubuntu-accelerator-2204-amd64-with-nvidia-580-v20260825"
+    }
+    assert rec.outputs["node_image"] == images.pop()
+    assert not [i for i in rec.invokes if i[0] == "gcp:compute/getImage:getImage"]
+
+
+def test_the_image_changes_only_when_the_stack_names_another(gcp_variant):
+    first, again = gcp_variant(), gcp_variant()
+    other = gcp_variant(gcpImage="ubuntu-accelerator-2204-amd64-with-nvidia-580-v20261101")
+
+    def template_inputs(rec):
+        return {t.name: t.inputs for t in rec.of_type(TEMPLATE)}
+
+    # Two runs of one stack declare identical templates: nothing to replace, nothing rolls.
+    assert template_inputs(first) == template_inputs(again)
+    changed = template_inputs(other)
+    assert {t["disks"][0]["sourceImage"].rsplit("/", 1)[1] for t in changed.values()} == {
+        "ubuntu-accelerator-2204-amd64-with-nvidia-580-v20261101"
+    }
+
+
+def test_groups_take_a_new_template_only_on_vms_recreated_for_other_reasons():
+    for g in recording("gcp-prod").of_type(MIG):
+        assert g.inputs["updatePolicy"]["type"] == "OPPORTUNISTIC"
+        assert g.inputs["instanceLifecyclePolicy"]["forceUpdateOnRepair"] == "YES"
+
+
+@pytest.mark.parametrize(
+    "type_token, change, policy",
+    [
+        (
+            TEMPLATE,
+            lambda r: r.props["disks"][0].update(sourceImage="projects/p/global/images/family/f"),
+            "gcp-node-image-pinned",
+        ),
+        (MIG, lambda r: r.props["updatePolicy"].update(type="PROACTIVE"), "gcp-groups-update-opportunistically"),
+    ],
+)
+def test_a_family_image_or_a_proactive_group_is_caught(type_token, change, policy):
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    target = next(r for r in view if r.type == type_token)
+    change(target)
+    assert [(p, n) for p, n, _ in policies.evaluate(view) if p == policy] == [(policy, target.name)]
 
 
 def test_the_coordinator_keeps_its_reserved_address_through_every_replacement():
@@ -123,7 +181,7 @@ def test_the_coordinator_keeps_its_reserved_address_through_every_replacement():
     address = one(rec, f"{C}address:Address")
     assert address.inputs["addressType"] == "INTERNAL" and address.inputs["address"] == "10.40.0.10"
     group = one(rec, MIG, "-coordinator")
-    assert group.inputs["targetSize"] == 1 and group.inputs["distributionPolicyZones"] == ["us-central1-a"]
+    assert group.inputs["distributionPolicyZones"] == ["us-central1-a"]
     assert group.inputs["statefulInternalIps"] == [{"interfaceName": "nic0", "deleteRule": "NEVER"}]
     policy = group.inputs["updatePolicy"]
     assert (policy["replacementMethod"], policy["maxSurgeFixed"]) == ("RECREATE", 0)
@@ -136,10 +194,35 @@ def test_the_coordinator_keeps_its_reserved_address_through_every_replacement():
     assert rec.outputs["coordinator_address"].startswith("10.40.0.10:29400")
 
 
+def test_the_coordinator_group_is_exactly_its_one_per_instance_config():
+    rec = recording("gcp-prod")
+    group = one(rec, MIG, "-coordinator")
+    # The config creates the one VM and raises the size to 1; the group adds none of its own.
+    assert group.inputs["targetSize"] == 0 and group.ignore_changes == ["targetSize"]
+    (config,) = rec.of_type(f"{C}regionPerInstanceConfig:RegionPerInstanceConfig")
+    assert group.urn in config.deps("regionInstanceGroupManager")
+    assert config.inputs["name"] == "ftfleet-gcp-prod-coordinator" and config.inputs["removeInstanceOnDestroy"] is True
+    assert rec.outputs["coordinator_group"] == group.outputs["name"]
+
+
+def test_a_stateful_group_that_would_add_or_resize_vms_beside_its_config_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    group = next(r for r in view if r.type == MIG and r.name.endswith("-coordinator"))
+    group.props["targetSize"] = 1
+    group.ignore_changes = []
+    found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-stateful-group-is-its-configs"]
+    assert [n for n, _ in found] == [group.name, group.name]
+    assert "declare 0" in found[0][1] and "ignore changes to targetSize" in found[1][1]
+    for worker in (r for r in view if r.type == MIG and not r.name.endswith("-coordinator")):
+        assert worker.ignore_changes == []  # a group without configs keeps its declared size
+
+
 def test_every_group_auto_heals_and_replaces_on_update():
     rec = recording("gcp-prod")
     check = one(rec, f"{C}regionHealthCheck:RegionHealthCheck")
-    assert check.inputs["tcpHealthCheck"]["port"] == boot.METRICS_PORT
+    # The node health agent, not the trainer: a node between runs is healthy.
+    assert check.inputs["httpHealthCheck"] == {"port": boot.HEALTH_PORT, "requestPath": boot.HEALTH_PATH}
+    assert "tcpHealthCheck" not in check.inputs and boot.HEALTH_PORT != boot.METRICS_PORT
     groups = rec.of_type(MIG)
     assert len(groups) == 3
     for g in groups:
@@ -149,7 +232,7 @@ def test_every_group_auto_heals_and_replaces_on_update():
         assert g.inputs["waitForInstances"] is False
 
 
-def test_prod_keeps_a3_nodes_in_one_zone_with_an_on_demand_base_and_spot_over_both_a3_types():
+def test_prod_keeps_a2_ultra_nodes_in_one_zone_with_an_on_demand_base_and_spot_for_the_rest():
     rec = recording("gcp-prod")
     spot = one(rec, MIG, "-workers")
     on_demand = one(rec, MIG, "-workers-ondemand")
@@ -157,10 +240,33 @@ def test_prod_keeps_a3_nodes_in_one_zone_with_an_on_demand_base_and_spot_over_bo
     for g in (spot, on_demand):
         assert g.inputs["distributionPolicyZones"] == ["us-central1-a"]
         assert g.inputs["distributionPolicyTargetShape"] == "ANY_SINGLE_ZONE"
-    selections = spot.inputs["instanceFlexibilityPolicy"]["instanceSelections"]
-    assert selections[0]["machineTypes"] == ["a3-highgpu-8g", "a3-megagpu-8g"]
+    assert {t.inputs["machineType"] for t in rec.of_type(TEMPLATE)} == {"a2-ultragpu-8g"}
     standard = one(rec, TEMPLATE, "-workers-ondemand")
     assert standard.inputs["scheduling"]["provisioningModel"] == "STANDARD"
+
+
+def test_a_stack_with_a3_nodes_is_refused_in_one_line_until_their_gpu_networking_is_declared(tmp_path, capsys):
+    config = yaml.safe_load((stackfile.STACKS_DIR / "Pulumi.gcp-prod.yaml").read_text())["config"]
+    config.update(
+        {"ftfleet:coordinatorInstanceType": "a3-highgpu-8g", "ftfleet:workerInstanceTypes": ["a3-highgpu-8g"]}
+    )
+    path = tmp_path / "Pulumi.a3.yaml"
+    path.write_text(yaml.safe_dump({"config": config}))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a3-highgpu-8g" in err and "GPUDirect-TCPX/TCPXO" in err
+
+
+def test_an_a3_template_with_one_nic_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    template = next(r for r in view if r.type == TEMPLATE)
+    template.props["machineType"] = "a3-highgpu-8g"
+    found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-a3-gpu-nics"]
+    assert found == [
+        (template.name, "a3-highgpu-8g has 1 NIC(s); GPUDirect needs 5, one per GPU network and the host's")
+    ]
+    template.props["networkInterfaces"] = template.props["networkInterfaces"] * 5
+    assert not [p for p, _, _ in policies.evaluate(view) if p == "gcp-a3-gpu-nics"]
 
 
 def test_spot_workers_may_spread_over_zones_when_their_gpus_do_not_need_one(gcp_variant):
@@ -339,4 +445,20 @@ def test_plan_json_of_gcp_prod_has_the_documented_shape(capsys):
 def test_spare_nodes_grow_the_main_worker_groups_target_size(gcp_variant):
     plain, spared = gcp_variant(), gcp_variant(spareNodes=2)
     assert one(spared, MIG, "-workers").inputs["targetSize"] == one(plain, MIG, "-workers").inputs["targetSize"] + 2
-    assert one(spared, MIG, "-coordinator").inputs["targetSize"] == 1
+    assert one(spared, MIG, "-coordinator").inputs["targetSize"] == 0
+
+
+def test_a_health_check_whose_port_the_firewall_does_not_open_to_googles_probers_is_caught():
+    view = copy.deepcopy(res_view(recording("gcp-dev")))
+    check = next(r for r in view if r.type == f"{C}regionHealthCheck:RegionHealthCheck")
+    check.props["httpHealthCheck"]["port"] = boot.METRICS_PORT  # probing some other port
+    found = [(n, m) for p, n, m in policies.evaluate(view) if p == "gcp-health-checks-reachable"]
+    assert [n for n, _ in found] == [check.name, check.name]
+    assert "35.191.0.0/16" in found[0][1] and "130.211.0.0/22" in found[1][1]
+
+
+def test_every_stack_output_the_gcp_runbook_reads_is_one_the_program_exports():
+    text = (Path(__file__).parents[2] / "docs" / "VERIFY-ON-GCP.md").read_text()
+    used = set(re.findall(r"pulumi stack output (\w+)", text))
+    assert {"coordinator_group", "worker_group", "checkpoint_bucket", "trainer_image", "node_image"} <= used
+    assert used <= set(recording("gcp-dev").outputs)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pulumi
 import pytest
 import yaml
 
 from ftfleet.cli import main
-from ftfleet.infra import offline, settings, stackfile
+from ftfleet.errors import ConfigError
+from ftfleet.infra import catalog, offline, reference, settings, stackfile
 from ftfleet.infra.gcp import keys, locations
 
 DEV = yaml.safe_load(open(stackfile.STACKS_DIR / "Pulumi.gcp-dev.yaml"))["config"]
@@ -115,21 +118,33 @@ BAD = {
         {"ftfleet:gcpAutomaticRestart": True},
         "ftfleet:gcpAutomaticRestart is true, but the worker template is SPOT",
     ),
-    "a3 spread over zones": (
-        {
-            "ftfleet:workerInstanceTypes": ["a3-highgpu-8g"],
-            "ftfleet:coordinatorInstanceType": "a3-highgpu-8g",
-            "ftfleet:gcpSingleZone": False,
-        },
-        "ftfleet:gcpSingleZone is false, but a3-highgpu-8g reaches its GPU interconnect only within one zone",
+    "a3 without its GPUDirect networking": (
+        {"ftfleet:workerInstanceTypes": ["a3-megagpu-8g"], "ftfleet:coordinatorInstanceType": "a3-megagpu-8g"},
+        "ftfleet:workerInstanceTypes contains a3-megagpu-8g, which needs GPUDirect-TCPX/TCPXO",
+    ),
+    "an a3 coordinator": (
+        {"ftfleet:coordinatorInstanceType": "a3-highgpu-8g"},
+        "ftfleet:coordinatorInstanceType contains a3-highgpu-8g, which needs GPUDirect-TCPX/TCPXO",
     ),
     "preemption notice too long": (
         {"ftfleet:gcpPreemptionNoticeSeconds": 600},
         "ftfleet:gcpPreemptionNoticeSeconds is 600; it must be at most 120",
     ),
     "preemption notice on standard workers": (
-        {"ftfleet:gcpWorkerProvisioningModel": "STANDARD"},
+        {"ftfleet:gcpWorkerProvisioningModel": "STANDARD", "ftfleet:gcpPreemptionNoticeSeconds": 90},
         "ftfleet:gcpPreemptionNoticeSeconds applies to Spot workers only",
+    ),
+    "no node image": (
+        {"ftfleet:gcpImage": ""},
+        "ftfleet:gcpImage is required: pin the node image by name",
+    ),
+    "a family as the node image": (
+        {"ftfleet:gcpImage": "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator"},
+        "no path and no family",
+    ),
+    "the old family key": (
+        {"ftfleet:gcpImageFamily": "ubuntu-accelerator-2204-amd64-with-nvidia-580"},
+        "unknown config key ftfleet:gcpImageFamily: did you mean ftfleet:gcpImage",
     ),
     "unknown provisioning model": (
         {"ftfleet:gcpWorkerProvisioningModel": "PREEMPTIBLE"},
@@ -239,6 +254,7 @@ def test_a_minimal_gcp_stack_takes_its_defaults_from_pulumi_yaml():
         "replicaRegion": "us-east1",
         "availabilityZones": ["us-central1-a"],
         "workerInstanceTypes": ["g2-standard-4"],
+        "gcpImage": "ubuntu-accelerator-2204-amd64-with-nvidia-580-v20260825",  # no default: pinned by the user
     }
     s = settings.parse(minimal, stack="mini", region="us-central1")
     schema = settings.load_schema()
@@ -263,3 +279,37 @@ def test_a_minimal_gcp_stack_takes_its_defaults_from_pulumi_yaml():
 )
 def test_dual_regions_follow_googles_predefined_and_configurable_tables(primary, replica, expected):
     assert locations.dual_region(primary, replica) == expected
+
+
+def test_the_beta_preemption_notice_is_off_by_default_and_the_reference_says_what_on_needs():
+    row = next(line for line in reference.render().splitlines() if "`ftfleet:gcpPreemptionNoticeSeconds`" in line)
+    assert "| `0` |" in row and "Beta" in row and "allow-listed" in row and "VERIFY-ON-GCP" in row
+    for stack in ("gcp-dev", "gcp-prod"):
+        assert stackfile.load(stack).settings().fleet.preemption_notice_seconds == 0
+
+
+def test_an_image_whose_kernel_has_no_published_lustre_client_is_refused_in_one_line(monkeypatch):
+    image = "ubuntu-accelerator-2204-amd64-with-nvidia-580-v20260825"
+    monkeypatch.setattr(catalog, "gcp_image_kernel", lambda name: {image: "6.8.0-1040-gcp"}.get(name))
+    monkeypatch.setattr(catalog, "lustre_client_kernels", lambda: ("6.8.0-1030-gcp", "6.8.0-1036-gcp"))
+    with pytest.raises(ConfigError) as err:
+        stackfile.load("gcp-dev").settings()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("ftfleet:gcpImage is " + image)
+    assert "kernel 6.8.0-1040-gcp" in message and "lustre-client-modules-6.8.0-1040-gcp" in message
+    # Parallelstore needs no Lustre client; a kernel with one, or one the catalog does not know, passes.
+    stack = stackfile.load("gcp-dev")
+    config = {**stack.config, "ftfleet:gcpStorageKind": "parallelstore", "ftfleet:parallelstoreCapacityGiB": 12000}
+    dataclasses.replace(stack, config=config).settings()
+    monkeypatch.setattr(catalog, "lustre_client_kernels", lambda: ("6.8.0-1040-gcp",))
+    stackfile.load("gcp-dev").settings()
+    monkeypatch.setattr(catalog, "gcp_image_kernel", lambda name: None)
+    monkeypatch.setattr(catalog, "lustre_client_kernels", lambda: ("6.8.0-1030-gcp",))
+    stackfile.load("gcp-dev").settings()
+
+
+def test_the_shipped_catalog_records_kernels_only_in_the_documented_shape():
+    data = catalog._data()["gcp_node_images"]
+    assert set(data) == {"_about", "images", "lustre_client_kernels"}
+    assert all(set(v) == {"kernel"} for v in data["images"].values())
+    assert all(isinstance(k, str) and k for k in data["lustre_client_kernels"])

@@ -48,7 +48,7 @@ GOOD_MIG = {
     "distributionPolicyTargetShape": "ANY_SINGLE_ZONE",
     "autoHealingPolicies": {"healthCheck": "hc", "initialDelaySec": 1200},
     "updatePolicy": {
-        "type": "PROACTIVE",
+        "type": "OPPORTUNISTIC",
         "minimalAction": "REPLACE",
         "instanceRedistributionType": "NONE",
         "maxSurgeFixed": 1,
@@ -59,7 +59,7 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function"
 SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
 INTERNAL = "ALLOW_INTERNAL_ONLY"
 GOOD_FUNCTION = {
-    "buildConfig": {"runtime": "python313"},
+    "buildConfig": {"runtime": "python313", "serviceAccount": "projects/p/serviceAccounts/b@p.iam.gserviceaccount.com"},
     "serviceConfig": {"serviceAccountEmail": "fn@p.iam.gserviceaccount.com", "ingressSettings": INTERNAL},
 }
 GOOD_PUSH = {
@@ -97,7 +97,7 @@ BAD_RESOURCES = {
     "gcp-gpu-terminates-on-maintenance": res(
         TEMPLATE,
         {
-            "machineType": "a3-highgpu-8g",
+            "machineType": "a2-ultragpu-8g",
             "scheduling": {"provisioningModel": "STANDARD", "onHostMaintenance": "MIGRATE"},
         },
     ),
@@ -121,6 +121,36 @@ BAD_RESOURCES = {
     ),
     "gcp-functions-runtime": res(FUNCTION, {**GOOD_FUNCTION, "buildConfig": {"runtime": "python37"}}),
     "gcp-push-dead-letters": res(SUBSCRIPTION, {**GOOD_PUSH, "deadLetterPolicy": None}),
+    "gcp-node-image-pinned": res(
+        TEMPLATE,
+        {
+            "machineType": "g2-standard-8",
+            "scheduling": SPOT,
+            "disks": [{"boot": True, "sourceImage": "projects/ubuntu-os-accelerator-images/global/images/family/x"}],
+        },
+    ),
+    "gcp-groups-update-opportunistically": res(
+        MIG, {**GOOD_MIG, "updatePolicy": {**GOOD_MIG["updatePolicy"], "type": "PROACTIVE"}}
+    ),
+    "gcp-log-metrics-extract-their-labels": res(
+        "gcp:logging/metric:Metric",
+        {
+            "filter": "x",
+            "metricDescriptor": {"metricKind": "DELTA", "valueType": "INT64", "labels": [{"key": "zone"}]},
+            "labelExtractors": {"zones": "EXTRACT(jsonPayload.zone)"},
+        },
+    ),
+    "gcp-a3-gpu-nics": res(
+        TEMPLATE,
+        {
+            "machineType": "a3-megagpu-8g",
+            "scheduling": {"provisioningModel": "STANDARD", "onHostMaintenance": "TERMINATE"},
+            "networkInterfaces": [{"subnetwork": "s", "nicType": "GVNIC"}],
+        },
+    ),
+    "gcp-beta-preemption-notice": res(
+        TEMPLATE, {"machineType": "g2-standard-8", "scheduling": {**SPOT, "preemptionNoticeDuration": {"seconds": 90}}}
+    ),
 }
 
 
@@ -133,10 +163,10 @@ def test_gcp_resource_policy_reports_its_violation(name):
 
 def test_every_gcp_policy_is_registered_and_cites_its_document():
     names = {p.name for p in policies.POLICIES}
-    for name, _, check, _ in gcp_policies.SPECS:
+    for name, _, check, *_ in gcp_policies.SPECS:
         assert name in names
         assert check.__doc__ and ("https://" in check.__doc__ or name == "gcp-coordinator-on-demand"), name
-    resource_specs = {name for name, _, _, stack in gcp_policies.SPECS if not stack}
+    resource_specs = {name for name, _, _, stack, *_ in gcp_policies.SPECS if not stack}
     assert resource_specs == set(BAD_RESOURCES)
 
 
@@ -145,7 +175,12 @@ def test_the_good_examples_pass_so_each_bad_one_fails_for_its_own_reason():
         res(BUCKET, GOOD_BUCKET, protect=True),
         res(TEMPLATE, {"machineType": "g2-standard-8", "scheduling": SPOT}),
         res(MIG, GOOD_MIG),
-        res(FUNCTION, GOOD_FUNCTION),
+        res(FUNCTION, GOOD_FUNCTION, dependencies=["urn:builder"]),
+        res(
+            "gcp:projects/iAMMember:IAMMember",
+            {"role": "roles/run.builder", "member": "serviceAccount:b@p.iam.gserviceaccount.com"},
+            name="builder",
+        ),
         res(SUBSCRIPTION, GOOD_PUSH),
         *forwarding_grants(),
     ]
@@ -153,15 +188,20 @@ def test_the_good_examples_pass_so_each_bad_one_fails_for_its_own_reason():
 
 
 def forwarding_grants(topic="projects/p/topics/dead", subscription="s"):
+    """Pub/Sub's agent (made to exist by a ServiceIdentity) may forward dead letters."""
     agent = "serviceAccount:service-1@gcp-sa-pubsub.iam.gserviceaccount.com"
+    made_by = {"member": ["urn:agent"]}
     return [
+        res("gcp:projects/serviceIdentity:ServiceIdentity", {"service": "pubsub.googleapis.com"}, name="agent"),
         res(
             "gcp:pubsub/topicIAMMember:TopicIAMMember",
             {"topic": topic, "role": "roles/pubsub.publisher", "member": agent},
+            property_dependencies=made_by,
         ),
         res(
             "gcp:pubsub/subscriptionIAMMember:SubscriptionIAMMember",
             {"subscription": subscription, "role": "roles/pubsub.subscriber", "member": agent},
+            property_dependencies=made_by,
         ),
     ]
 
@@ -169,7 +209,7 @@ def forwarding_grants(topic="projects/p/topics/dead", subscription="s"):
 @pytest.mark.parametrize("drop", [0, 1])
 def test_dead_letters_the_pubsub_agent_cannot_forward_are_caught(drop):
     grants = forwarding_grants()
-    del grants[drop]
+    del grants[1 + drop]
     found = gcp_policies.dead_letters_can_be_forwarded([res(SUBSCRIPTION, GOOD_PUSH, name="push"), *grants])
     assert len(found) == 1 and found[0][0] == "push"
     assert ("publish to the dead-letter topic dead" if drop == 0 else "acknowledge on subscription s") in found[0][1]
@@ -300,10 +340,10 @@ def test_every_stateful_gcp_resource_of_prod_is_protected():
     assert all(r.protect for r in stateful)
 
 
-def _opts(protect: bool) -> PolicyResourceOptions:
+def _opts(protect: bool, ignore_changes: list[str] | None = None) -> PolicyResourceOptions:
     return PolicyResourceOptions(
         protect=protect,
-        ignore_changes=[],
+        ignore_changes=ignore_changes or [],
         delete_before_replace=None,
         aliases=[],
         custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
@@ -322,7 +362,7 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
             props=r.inputs,
             urn=r.urn,
             name=r.name,
-            opts=_opts(r.protect),
+            opts=_opts(r.protect, r.ignore_changes),
             provider=None,
             config={},
         )
@@ -340,7 +380,7 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
             props=r.inputs,
             urn=r.urn,
             name=r.name,
-            opts=_opts(r.protect),
+            opts=_opts(r.protect, r.ignore_changes),
             provider=providers.get(r.provider),
             parent=None,
             dependencies=[],
@@ -348,6 +388,14 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
         )
         for r in rec.resources
     ]
+    # What `pulumi preview` hands a stack policy: each resource's dependencies, and the
+    # resources each property came from, as resources.
+    by_urn = {p.urn: p for p in resources}
+    for policy_resource, r in zip(resources, rec.resources, strict=True):
+        policy_resource.dependencies = [by_urn[u] for u in r.dependencies if u in by_urn]
+        policy_resource.property_dependencies = {
+            prop: [by_urn[u] for u in urns if u in by_urn] for prop, urns in r.property_dependencies.items()
+        }
     for p in pack.values():
         if type(p).__name__ == "StackValidationPolicy":
             p.validate(

@@ -39,7 +39,22 @@ BAD_RESOURCES = {
     ),
     "s3-kms-encrypted": res(
         "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-        {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]},
+        {
+            "rules": [
+                {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}, "blockedEncryptionTypes": ["SSE-C"]}
+            ]
+        },
+    ),
+    "s3-sse-c-blocked": res(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        {
+            "rules": [
+                {
+                    "applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": "k"},
+                    "blockedEncryptionTypes": ["NONE"],
+                }
+            ]
+        },
     ),
     "s3-public-access-blocked": res(
         "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
@@ -224,3 +239,24 @@ def test_crossguard_pack_passes_the_recorded_stack_and_rejects_a_bad_resource(st
         lambda msg, urn=None: reported.append(msg),
     )
     assert reported == ["metadata httpTokens is 'optional'; require IMDSv2"]
+
+
+def test_an_instance_tag_key_metadata_cannot_serve_is_caught():
+    template = res(
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        {
+            "metadataOptions": {"instanceMetadataTags": "enabled"},
+            "tagSpecifications": [
+                {"resourceType": "instance", "tags": {"cost center": "x", "ok:key": "y"}},
+                {"resourceType": "volume", "tags": {"vol/tag": "z"}},  # volumes are not in metadata
+            ],
+        },
+        name="lt",
+    )
+    group = res("aws:autoscaling/group:Group", {"tags": [{"key": "_index", "value": "1", "propagateAtLaunch": True}]})
+    provider = res("pulumi:providers:aws", {"defaultTags": json.dumps({"tags": {"a/b": "c"}})}, name="primary")
+    found = [(n, m) for p, n, m in policies.evaluate([template, group, provider]) if p == "ec2-metadata-tag-keys"]
+    assert [n for n, _ in found] == ["lt", "r", "primary"]
+    assert "'cost center'" in found[0][1] and "reserved in instance metadata" in found[1][1]
+    off = res("aws:ec2/launchTemplate:LaunchTemplate", {"metadataOptions": {"instanceMetadataTags": "disabled"}})
+    assert [v for v in policies.evaluate([off, group, provider]) if v[0] == "ec2-metadata-tag-keys"] == []

@@ -166,6 +166,7 @@ def test_storage_drift_restores_exactly_what_the_bucket_resources_declare():
     assert urns[dra.deps("fileSystemId")[0]].id == desired["association"]["file_system_id"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_each_package_runs_from_its_own_files(folder, tmp_path):
     """The archive alone (plus boto3, which Lambda's runtime brings) imports the handler."""
@@ -227,6 +228,8 @@ def test_function_specific_alarms_follow_their_function(variant):
 def test_the_replication_alarms_watch_the_lag_and_rtc_metrics():
     rec = recording("aws-prod")
     alarms = {r.inputs["name"].removeprefix("ftfleet-aws-prod-"): r.inputs for r in rec.of_type(ALARM)}
+    # S3 publishes ReplicationLatency in the destination's region, the failures in the source's.
+    regions = {r.inputs["name"].removeprefix("ftfleet-aws-prod-"): rec.region_of(r) for r in rec.of_type(ALARM)}
     lag = alarms["replication-lag"]
     assert (lag["namespace"], lag["metricName"], lag["threshold"]) == (
         contract.METRICS_NAMESPACE,
@@ -240,6 +243,7 @@ def test_the_replication_alarms_watch_the_lag_and_rtc_metrics():
         ("replication-failures", "OperationsFailedReplication"),
     ):
         assert alarms[name]["namespace"] == "AWS/S3" and alarms[name]["metricName"] == metric
+        assert regions[name] == {"replication-latency": "us-west-2", "replication-failures": "us-east-1"}[name]
         assert alarms[name]["dimensions"] == {
             "SourceBucket": rec.outputs["primary_bucket"],
             "DestinationBucket": rec.outputs["replica_bucket"],
@@ -308,6 +312,23 @@ def test_the_dashboard_shows_progress_interruptions_handoffs_lag_and_checkpoint_
     assert contract.PROGRESS_METRIC.name in text and 'RunId=\\"llm-prod\\"' in text
 
 
+def test_the_dashboard_reads_s3_replication_latency_in_the_replica_region():
+    (dash,) = recording("aws-prod").of_type("aws:cloudwatch/dashboard:Dashboard")
+    widgets = json.loads(dash.inputs["dashboardBody"])["widgets"]
+    regions = {
+        line[1]: w["properties"]["region"]
+        for w in widgets
+        for line in w["properties"]["metrics"]
+        if isinstance(line[0], str) and line[0] == "AWS/S3"
+    }
+    assert regions == {"ReplicationLatency": "us-west-2"}
+    assert {
+        w["properties"]["region"]
+        for w in widgets
+        if not any(line[0] == "AWS/S3" for line in w["properties"]["metrics"] if isinstance(line[0], str))
+    } == {"us-east-1"}
+
+
 def test_schedules_follow_the_grace_period():
     assert remediation_patterns.rate(1) == "rate(1 minute)" and remediation_patterns.rate(5) == "rate(5 minutes)"
     assert remediation_patterns.sweep_minutes(600) == 2
@@ -339,6 +360,7 @@ def test_plan_lists_each_function_with_its_triggers_dlq_and_timeout(capsys):
 HERE = Path(__file__)
 
 
+@pytest.mark.integration
 def test_the_pulumi_program_needs_no_boto3():
     """`pip install ftfleet[infra]` has no boto3: the program reads the functions' config
     modules, never their handlers."""

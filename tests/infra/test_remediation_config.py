@@ -32,6 +32,26 @@ BAD = {
         {"ftfleet:remediationLifecycleHandoff": "sometimes"},
         "ftfleet:remediationLifecycleHandoff must be true or false",
     ),
+    "subscription without a protocol": (
+        {"ftfleet:alarmSubscriptions": ["oncall@example.com"]},
+        "ftfleet:alarmSubscriptions contains 'oncall@example.com'; write protocol:endpoint",
+    ),
+    "subscription of an unknown protocol": (
+        {"ftfleet:alarmSubscriptions": ["pager:42"]},
+        "ftfleet:alarmSubscriptions contains 'pager:42'; write protocol:endpoint",
+    ),
+    "email that is no address": (
+        {"ftfleet:alarmSubscriptions": ["email:oncall"]},
+        "ftfleet:alarmSubscriptions contains 'email:oncall'; a email endpoint is an email address",
+    ),
+    "sms not in E.164": (
+        {"ftfleet:alarmSubscriptions": ["sms:555-0123"]},
+        "a sms endpoint is a phone number in E.164 form",
+    ),
+    "subscriber twice": (
+        {"ftfleet:alarmSubscriptions": ["email:a@example.com", "email:a@example.com"]},
+        "ftfleet:alarmSubscriptions lists a subscriber twice",
+    ),
     "mistyped switch": (
         {"ftfleet:remediationLifecycleHandof": False},
         "unknown config key ftfleet:remediationLifecycleHandof: did you mean ftfleet:remediationLifecycleHandoff?",

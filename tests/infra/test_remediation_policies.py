@@ -63,7 +63,11 @@ def test_each_remediation_resource_policy_reports_its_violation(name, bad):
 
 def test_the_recorded_stacks_satisfy_the_remediation_policies():
     for stack in ("aws-dev", "aws-prod"):
-        names = {p.name for p in policies.POLICIES if p.name.startswith(("lambda-", "eventbridge-", "cloudtrail-"))}
+        names = {
+            p.name
+            for p in policies.POLICIES
+            if p.name.startswith(("lambda-", "eventbridge-", "cloudtrail-", "s3-replication-alarm"))
+        }
         assert [v for v in policies.evaluate(res_view(recording(stack))) if v[0] in names] == []
 
 
@@ -159,3 +163,51 @@ def test_a_dead_letter_queue_that_does_not_admit_its_rule_is_caught():
     expected = [("target", "the dead-letter queue's policy does not admit EventBridge for this rule")]
     assert violations([queue, target()], policy) == expected
     assert violations([queue, target(), queue_policy(["urn:another-rule"])], policy) == expected
+
+
+def replication_alarm(metric, region, name="alarm"):
+    r = res(
+        "aws:cloudwatch/metricAlarm:MetricAlarm",
+        {"namespace": "AWS/S3", "metricName": metric},
+        name=name,
+        deps={"dimensions": ["urn:src", "urn:dst", "urn:repl"]},
+    )
+    r.region = region
+    return r
+
+
+def replicated_buckets():
+    src = res("aws:s3/bucket:Bucket", {}, name="src")
+    dst = res("aws:s3/bucket:Bucket", {}, name="dst")
+    src.region, dst.region = "us-east-1", "us-west-2"
+    repl = res(
+        "aws:s3/bucketReplicationConfig:BucketReplicationConfig",
+        {},
+        name="repl",
+        deps={"bucket": ["urn:src"], "rules": ["urn:dst", "urn:replica-key"]},
+    )
+    repl.region = "us-east-1"
+    return [src, dst, repl]
+
+
+def test_an_alarm_on_a_replication_metric_outside_the_region_that_publishes_it_is_caught():
+    policy = "s3-replication-alarm-region"
+    good = [
+        replication_alarm("ReplicationLatency", "us-west-2", "latency"),
+        replication_alarm("BytesPendingReplication", "us-west-2", "bytes"),
+        replication_alarm("OperationsFailedReplication", "us-east-1", "failures"),
+    ]
+    assert violations([*replicated_buckets(), *good], policy) == []
+    assert violations([*replicated_buckets(), replication_alarm("ReplicationLatency", "us-east-1")], policy) == [
+        ("alarm", "S3 publishes ReplicationLatency in the destination bucket's region (us-west-2), not in us-east-1")
+    ]
+    assert violations(
+        [*replicated_buckets(), replication_alarm("OperationsFailedReplication", "us-west-2")], policy
+    ) == [
+        (
+            "alarm",
+            "S3 publishes OperationsFailedReplication in the source bucket's region (us-east-1), not in us-west-2",
+        )
+    ]
+    other = replication_alarm("NumberOfObjects", "eu-west-1")  # not a replication metric
+    assert violations([*replicated_buckets(), other], policy) == []

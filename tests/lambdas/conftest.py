@@ -385,3 +385,92 @@ def metric_sum(name: str, dimensions: dict[str, str], namespace: str = "ftfleet"
         EndTime=now + datetime.timedelta(minutes=5),
     )
     return sum(got["MetricDataResults"][0]["Values"])
+
+
+# ---------------------------------------------------------------------------
+# S3 as it answers a role that may list only under a prefix
+# ---------------------------------------------------------------------------
+
+
+def list_only_under(client: Any, prefix: str, refused: list[str] | None = None) -> list[str]:
+    """Make ``client`` (an S3 client of a function, under moto) answer as S3 answers a
+    role whose ``s3:ListBucket`` has an ``s3:prefix`` condition on ``prefix*``, as the
+    functions' roles do. moto answers 404 to a HEAD or GET of a missing key whoever
+    asks; S3 answers 404 only to a caller allowed to list the bucket, and 403 to any
+    other (Amazon S3 API Reference, "HeadObject" and "GetObject", Permissions). A
+    listing outside ``prefix`` is refused with AccessDenied. Returns the operations
+    refused. Only ``client`` answers so (botocore copies the hooks into each client).
+    Call it again for another client, with the same list as ``refused``."""
+    plain = boto3.client("s3", region_name=client.meta.region_name)
+    refused = [] if refused is None else refused
+
+    def exists(bucket: str, key: str) -> bool:
+        found = plain.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+        return any(item["Key"] == key for item in found)
+
+    def answer(model: Any, params: dict, **kwargs: Any) -> Any:
+        name = model.name
+        if name in ("HeadObject", "GetObject") and not exists(params["Bucket"], params["Key"]):
+            refused.append(name)
+            if name == "HeadObject":  # a HEAD answer has no body: botocore names the status
+                raise client_error("403", "Forbidden", name)
+            raise client_error("AccessDenied", "Access Denied", name)
+        if name in ("ListObjectsV2", "ListObjects") and not params.get("Prefix", "").startswith(prefix):
+            refused.append(name)
+            raise client_error("AccessDenied", "Access Denied", name)
+        return None
+
+    # API parameters are seen before they are serialized, by before-parameter-build.
+    client.meta.events.register_first("before-parameter-build.s3", answer, unique_id="ftfleet-list-only-under")
+    return refused
+
+
+# ---------------------------------------------------------------------------
+# S3's SSE-C block, as S3 reports it (moto 5.2.5 drops BlockedEncryptionTypes)
+# ---------------------------------------------------------------------------
+
+
+class SseCBlock:
+    """Stands in for the part of S3 that moto lacks: each bucket's blocked encryption
+    types. Buckets created since April 2026 have SSE-C blocked, and GetBucketEncryption
+    reports ``BlockedEncryptionTypes: {EncryptionType: [SSE-C]}`` in each rule; a
+    PutBucketEncryption that names the field sets it ("Blocking or unblocking SSE-C for a
+    general purpose bucket", Amazon S3 User Guide). What a Put that omits it does is not
+    documented: ``omitted`` says what this stand-in does then ("keep" the block or
+    "unblock"). Every other part of the call goes to moto. ``puts`` records the
+    BlockedEncryptionTypes of each PutBucketEncryption (None: omitted)."""
+
+    def __init__(self, buckets: list[str], omitted: str = "keep"):
+        self.blocked = dict.fromkeys(buckets, ["SSE-C"])
+        self.omitted = omitted
+        self.puts: list[Any] = []
+
+    def attach(self, target: Any) -> Any:
+        """Answer the calls of ``target``: a client, or a boto3 session (every client it
+        makes from now on; botocore copies the hooks into each client)."""
+        events = target.events if isinstance(target, boto3.session.Session) else target.meta.events
+        events.register_first("before-parameter-build.s3.PutBucketEncryption", self._put, unique_id="sse-c-put")
+        events.register_first("before-parameter-build.s3.GetBucketEncryption", self._ask, unique_id="sse-c-ask")
+        events.register("after-call.s3.GetBucketEncryption", self._get, unique_id="sse-c-get")
+        return target
+
+    @staticmethod
+    def _ask(params: dict, context: dict, **kwargs: Any) -> None:
+        context["sse_c_bucket"] = params["Bucket"]  # the answer's hook sees only the context
+
+    def _put(self, params: dict, **kwargs: Any) -> None:
+        # A copy: the caller's own dicts stay as they were.
+        config = params["ServerSideEncryptionConfiguration"] = copy.deepcopy(
+            params["ServerSideEncryptionConfiguration"]
+        )
+        named = [r.pop("BlockedEncryptionTypes") for r in config.get("Rules", []) if "BlockedEncryptionTypes" in r]
+        self.puts.append(named[0]["EncryptionType"] if named else None)
+        if named:
+            self.blocked[params["Bucket"]] = [t for t in named[0]["EncryptionType"] if t != "NONE"]
+        elif self.omitted == "unblock":
+            self.blocked[params["Bucket"]] = []
+
+    def _get(self, parsed: dict, context: dict, **kwargs: Any) -> None:
+        blocked = self.blocked.get(context.get("sse_c_bucket"))
+        for rule in parsed.get("ServerSideEncryptionConfiguration", {}).get("Rules", []):
+            rule["BlockedEncryptionTypes"] = {"EncryptionType": list(blocked) if blocked else ["NONE"]}

@@ -11,12 +11,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
+import requests
 
 from ftfleet import contract
 from ftfleet.errors import ConfigError
+from ftfleet.infra.gcp import functions
 from ftfleet.lambdas.common import gcp
+from ftfleet.lambdas.gcp_preemption import config as preemption_config
 from ftfleet.lambdas.gcp_preemption import handler as preemption
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
+from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch import handler as watch
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
 from ftfleet.lambdas.gcp_storage_drift import handler as drift
@@ -31,8 +35,16 @@ PREFIX = "ftfleet-gcp-test-workers"
 WHEN = "2026-11-24T10:00:00.123456Z"
 
 
+#: The descriptors the stack declares (infra/gcp/alerts.py declares one per Metric).
+DESCRIPTORS = {m.type: m for m in (*preemption_config.METRICS, *watch_config.METRICS)}
+
+
 class Monitoring:
-    """Cloud Monitoring's timeSeries.create on 127.0.0.1: records the series, or fails."""
+    """Cloud Monitoring's timeSeries.create on 127.0.0.1: records the series, or fails.
+    As "Create custom metrics with the API" documents, a point of a metric whose
+    descriptor exists must match it (kind, value type, the descriptor's labels and no
+    others) or the whole request is refused with 400 INVALID_ARGUMENT; the descriptors
+    here are the ones the stack declares."""
 
     def __init__(self):
         self.series: list[dict] = []
@@ -46,9 +58,10 @@ class Monitoring:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.paths.append(self.path)
-                if outer.status == 200:
+                status = outer.status if all(map(outer.matches, body["timeSeries"])) else 400
+                if status == 200:
                     outer.series += body["timeSeries"]
-                self.send_response(outer.status)
+                self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"{}")
@@ -57,6 +70,16 @@ class Monitoring:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @staticmethod
+    def matches(series: dict) -> bool:
+        d = DESCRIPTORS.get(series["metric"]["type"])
+        return d is not None and (
+            series["metricKind"] == d.KIND
+            and series["valueType"] == d.VALUE_TYPE
+            and set(series["metric"]["labels"]) == set(d.labels)
+            and series["resource"]["type"] == d.resource_type
+        )
 
     def named(self, name: str) -> list[dict]:
         return [s for s in self.series if s["metric"]["type"] == gcp.METRIC_PREFIX + name]
@@ -114,25 +137,67 @@ def prior(bucket) -> contract.InterruptionPrior:
     return contract.InterruptionPrior.from_json(blob.download_as_bytes().decode())
 
 
-def test_a_preemption_joins_the_prior_the_trainer_reads_and_is_counted_per_zone_and_type(preempt, monitoring, capsys):
+class LogCounter:
+    """A log-based counter metric over the function's stdout, as Cloud Logging documents
+    it: Cloud Run makes each one-line JSON object on stdout an entry whose jsonPayload it
+    is, on the cloud_run_revision resource of the function's service; the counter counts
+    the entries its filter matches (here: clauses `field="value"` joined by AND), per the
+    labels its extractors (`EXTRACT(jsonPayload.field)`) read. Filter and extractors are
+    the ones the stack declares (infra/gcp/functions.py)."""
+
+    def __init__(self, service: str):
+        self.service = service
+        self.filter = functions.preemption_count_filter(STACK, service)
+        self.extractors = functions.preemption_count_extractors()
+
+    def count(self, stdout: str) -> dict[tuple[str, ...], int]:
+        counts: dict[tuple[str, ...], int] = {}
+        for line in stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            entry = {
+                "resource": {"type": "cloud_run_revision", "labels": {"service_name": self.service}},
+                "jsonPayload": json.loads(line),
+            }
+            if all(self._field(entry, path) == json.loads(value) for path, value in self._clauses()):
+                key = tuple(str(self._field(entry, e[len("EXTRACT(") : -1])) for e in self.extractors.values())
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _clauses(self) -> list[tuple[str, str]]:
+        return [tuple(clause.split("=", 1)) for clause in self.filter.split(" AND ")]
+
+    @staticmethod
+    def _field(entry: dict, path: str):
+        value = entry
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+
+@pytest.fixture
+def counter() -> LogCounter:
+    return LogCounter(f"ftfleet-{STACK}-preemption")
+
+
+def test_a_preemption_joins_the_prior_the_trainer_reads_and_is_counted_per_zone_and_type(
+    preempt, monitoring, capsys, counter
+):
     out = preemption.handler(pubsub(preempted()))
-    assert out["decision"] == "recorded" and out["counted"] is True
+    assert out["decision"] == "recorded"
     p = prior(preempt.bucket)
     assert p.cloud == "gcp" and [(i.node_id, i.zone, i.instance_type) for i in p.interruptions] == [
         ("4711", "us-central1-a", "a3-highgpu-8g")
     ]
-    (series,) = monitoring.named("preemptions")
-    assert series["metric"]["labels"] == {"stack": STACK, "zone": "us-central1-a", "machine_type": "a3-highgpu-8g"}
-    assert series["resource"] == {"type": "global", "labels": {"project_id": PROJECT}}
-    assert series["points"][0]["value"] == {"doubleValue": 1.0} and series["points"][0]["interval"]["endTime"]
-    assert monitoring.paths == [f"/v3/projects/{PROJECT}/timeSeries"]
-    assert [d["decision"] for d in decisions(capsys)] == ["recorded"]
+    assert counter.count(capsys.readouterr().out) == {("us-central1-a", "a3-highgpu-8g"): 1}
+    assert monitoring.paths == []  # no time series point per preemption
 
 
-def test_a_redelivered_preemption_changes_nothing_and_is_not_counted_twice(preempt, monitoring):
+def test_a_redelivered_preemption_changes_nothing_and_is_not_counted_twice(preempt, monitoring, capsys, counter):
     preemption.handler(pubsub(preempted()))
     assert preemption.handler(pubsub(preempted()))["decision"] == "duplicate"
-    assert len(prior(preempt.bucket).interruptions) == 1 and len(monitoring.named("preemptions")) == 1
+    assert len(prior(preempt.bucket).interruptions) == 1
+    assert counter.count(capsys.readouterr().out) == {("us-central1-a", "a3-highgpu-8g"): 1}
 
 
 def test_the_machine_type_comes_from_the_longest_matching_group(preempt, monitoring):
@@ -178,7 +243,11 @@ def test_a_cloud_event_object_is_read_like_a_push_body(preempt, monitoring):
     assert preemption.handler(event)["decision"] == "recorded"
 
 
-def test_concurrent_preemptions_all_land_in_the_prior(preempt, monitoring):
+def test_a_wave_of_concurrent_preemptions_all_land_in_the_prior_and_are_all_counted(
+    preempt, monitoring, capsys, counter
+):
+    """Six preemptions of one zone and machine type at once: one time series, where
+    Cloud Monitoring would refuse all but one point; every decision line is counted."""
     names = [f"{PREFIX}-a{i:03d}"[-len(PREFIX) - 5 :] for i in range(6)]
     threads = [
         threading.Thread(target=preemption.handler, args=(pubsub(preempted(name=n, instance_id=str(i))),))
@@ -189,6 +258,7 @@ def test_concurrent_preemptions_all_land_in_the_prior(preempt, monitoring):
     for t in threads:
         t.join()
     assert sorted(i.node_id for i in prior(preempt.bucket).interruptions) == [str(i) for i in range(6)]
+    assert counter.count(capsys.readouterr().out) == {("us-central1-a", "a3-highgpu-8g"): 6}
 
 
 def test_a_malformed_prior_is_replaced_with_a_warning(preempt, monitoring, capsys):
@@ -197,14 +267,6 @@ def test_a_malformed_prior_is_replaced_with_a_warning(preempt, monitoring, capsy
     assert preemption.handler(pubsub(preempted()))["decision"] == "recorded"
     assert len(prior(preempt.bucket).interruptions) == 1
     assert [d["decision"] for d in decisions(capsys)] == ["prior-replaced", "recorded"]
-
-
-def test_a_failed_metric_write_keeps_the_prior_and_is_not_retried(preempt, monitoring, capsys):
-    monitoring.status = 503
-    out = preemption.handler(pubsub(preempted()))
-    assert out["decision"] == "recorded" and out["counted"] is False
-    assert len(prior(preempt.bucket).interruptions) == 1
-    assert [d["decision"] for d in decisions(capsys)] == ["metric-not-written", "recorded"]
 
 
 def test_a_missing_variable_fails_with_one_line_naming_it(preempt, monitoring, monkeypatch):
@@ -266,17 +328,36 @@ DESIRED = {
 NODES = {"role": "roles/storage.objectAdmin", "members": {"serviceAccount:nodes@p.iam.gserviceaccount.com"}}
 
 
+DESIRED_KEY = f"desired/{STACK}.json"
+
+
+def declare(bucket: str, settings: dict) -> None:
+    """What the stack's `pulumi up` writes before it changes the checkpoint bucket."""
+    gcs_client().bucket(bucket).blob(DESIRED_KEY).upload_from_string(json.dumps(settings))
+
+
 @pytest.fixture
-def drifted(monkeypatch):
+def drifted(monkeypatch, gcs_bucket):
+    """The checkpoint bucket is the stand-in; the desired-state document is a real
+    object in the (emulated) functions' source bucket."""
     state = {**DESIRED, "bindings": [NODES]}
     buckets: dict[str, StandInBucket] = {}
+    emulated = gcs_client()
 
     def bucket(name, sticky=False):
+        if name == gcs_bucket:
+            return emulated.bucket(name)
         buckets.setdefault(name, StandInBucket(state, sticky=sticky))
         return buckets[name]
 
+    declare(gcs_bucket, DESIRED)
     monkeypatch.setattr(gcp, "storage", lambda: SimpleNamespace(bucket=bucket))
-    configure(monkeypatch, DriftConfig(stack=STACK, run_id=RUN, project=PROJECT, buckets=("ckpt",), desired=DESIRED))
+    configure(
+        monkeypatch,
+        DriftConfig(
+            stack=STACK, run_id=RUN, project=PROJECT, buckets=("ckpt",), desired_uri=f"gs://{gcs_bucket}/{DESIRED_KEY}"
+        ),
+    )
     return state, buckets
 
 
@@ -316,6 +397,39 @@ def test_a_bucket_as_rendered_is_in_sync_and_nothing_is_written(drifted):
     _, buckets = drifted
     assert drift.handler(audit())["decision"] == "in-sync"
     assert buckets["ckpt"].patches == 0 and buckets["ckpt"].iam_writes == 0
+
+
+def test_a_change_the_stack_makes_is_desired_before_its_audit_entry_arrives_and_kept(drifted, gcs_bucket):
+    state, buckets = drifted
+    # `pulumi up` with gcsSoftDeleteDays 7 -> 14: the document first, then the bucket.
+    declare(gcs_bucket, {**DESIRED, "soft_delete_seconds": 14 * 86400})
+    state["soft_delete_seconds"] = 14 * 86400
+    out = drift.handler(audit())
+    assert out["decision"] == "in-sync" and buckets["ckpt"].patches == 0
+    assert state["soft_delete_seconds"] == 14 * 86400
+
+
+def test_the_desired_state_is_read_at_every_event_not_at_deploy(drifted, gcs_bucket):
+    state, _ = drifted
+    state["soft_delete_seconds"] = 14 * 86400  # someone else's change
+    declare(gcs_bucket, DESIRED)
+    assert drift.handler(audit())["settings"] == {
+        "soft_delete_seconds": {"found": 14 * 86400, "restored": DESIRED["soft_delete_seconds"]}
+    }
+
+
+@pytest.mark.parametrize("document", [None, b"[1, 2]", b'{"versioning": true, "surprise": 1}', b"{not json"])
+def test_without_a_readable_desired_state_nothing_is_repaired_and_pubsub_redelivers(drifted, gcs_bucket, document):
+    state, buckets = drifted
+    state["versioning"] = False
+    blob = gcs_client().bucket(gcs_bucket).blob(DESIRED_KEY)
+    if document is None:
+        blob.delete()
+    else:
+        blob.upload_from_string(document)
+    with pytest.raises(drift.DesiredStateUnknown):
+        drift.handler(audit())
+    assert buckets["ckpt"].patches == 0 and state["versioning"] is False
 
 
 def test_a_repair_that_does_not_take_is_an_error_so_pubsub_redelivers(drifted, monkeypatch):
@@ -391,22 +505,41 @@ def test_a_checkpoint_newer_than_turbo_replications_target_may_be_unreplicated(w
     checkpoint(gcs_bucket, 100)
     out = watcher(age_s=120.0)()
     assert out["decision"] == "measured" and out["newest"] == 100 and out["lag_is_bound"] is True
-    assert 119 <= value(monitoring, "replication_lag_seconds") <= 200
+    assert 119 <= value(monitoring, "replication_unconfirmed_seconds") <= 200
     assert value(monitoring, "replica_has_complete_checkpoint") == 0.0
+    # A bound is not a measurement: nothing is written where the alert policy looks.
+    assert monitoring.named("replication_lag_seconds") == [] and out["over_alarm"] is False
 
 
 def test_a_checkpoint_older_than_the_target_is_in_both_regions(watcher, gcs_bucket, monitoring):
     checkpoint(gcs_bucket, 100)
     watcher(age_s=16 * 60.0)()
-    assert value(monitoring, "replication_lag_seconds") == 0.0
+    assert value(monitoring, "replication_unconfirmed_seconds") == 0.0
     assert value(monitoring, "replica_has_complete_checkpoint") == 1.0
     assert value(monitoring, "newest_durable_checkpoint_age_seconds") >= 16 * 60.0
 
 
-def test_the_default_rpo_keeps_a_checkpoint_unsettled_for_hours(watcher, gcs_bucket, monitoring):
+def test_the_default_rpo_keeps_a_checkpoint_unconfirmed_for_hours_without_raising_the_alarm(
+    watcher, gcs_bucket, monitoring
+):
     checkpoint(gcs_bucket, 100)
-    watcher(rpo="DEFAULT", age_s=3600.0)()
-    assert value(monitoring, "replication_lag_seconds") >= 3600.0
+    out = watcher(rpo="DEFAULT", age_s=3600.0)()
+    assert value(monitoring, "replication_unconfirmed_seconds") >= 3600.0
+    assert monitoring.named("replication_lag_seconds") == [] and out["over_alarm"] is False
+
+
+def test_every_run_writes_the_heartbeat_the_silence_alert_waits_for(watcher, monitoring):
+    watcher()()
+    watcher()()
+    assert len(monitoring.named(watch_config.HEARTBEAT.name)) == 2
+
+
+def test_a_point_whose_labels_its_descriptor_does_not_declare_is_refused(monitoring):
+    with pytest.raises(ValueError, match="labels"):
+        gcp.write_metrics(PROJECT, [(watch_config.LAG, 1.0, {"stack": STACK})])
+    stray = gcp.Metric("stray", "1", ("stack",), "no descriptor declares it")
+    with pytest.raises(requests.HTTPError, match="400"):
+        gcp.write_metrics(PROJECT, [(stray, 1.0, {"stack": STACK})])
 
 
 def test_a_manifest_without_all_its_shards_does_not_count(watcher, gcs_bucket, monitoring):
@@ -423,10 +556,11 @@ def test_with_a_second_bucket_the_lag_is_the_oldest_commit_it_lacks(watcher, gcs
     checkpoint(replica, 100)
     out = watcher(replica=replica, age_s=600.0)()
     assert out["replica_newest"] == 100 and out["lag_is_bound"] is False
-    assert value(monitoring, "replication_lag_seconds") >= 600.0
+    assert value(monitoring, "replication_lag_seconds") >= 600.0 and out["over_alarm"] is False
+    assert monitoring.named("replication_unconfirmed_seconds") == []
     assert value(monitoring, "replica_has_complete_checkpoint") == 1.0
 
 
 def test_an_empty_bucket_has_no_checkpoint_and_no_lag(watcher, monitoring):
     assert watcher()()["decision"] == "no-checkpoint"
-    assert value(monitoring, "replication_lag_seconds") == 0.0
+    assert value(monitoring, "replication_unconfirmed_seconds") == 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import boto3
+import botocore.exceptions
 import pytest
 
 from ftfleet import contract
@@ -24,6 +25,7 @@ from tests.lambdas.conftest import (
     FakeClock,
     configure,
     decisions,
+    list_only_under,
     make_bucket,
     malformed_variants,
     metric_sum,
@@ -151,3 +153,25 @@ def test_a_malformed_event_is_logged_and_dropped(no_aws, monkeypatch, capsys, ev
     )
     assert watch.handler(event, None)["decision"] == "dropped"
     assert [d["decision"] for d in decisions(capsys)] == ["dropped"]
+
+
+def test_a_step_being_written_does_not_fail_a_role_that_lists_only_its_prefix(watcher):
+    # As AWS answers the function's role: a HEAD of the missing manifest is 403, not 404.
+    checkpoint(PRIMARY, 100)
+    checkpoint(REPLICA, 100, REPLICA_REGION)
+    checkpoint(PRIMARY, 200, manifest=False)  # an export in progress, or an interrupted save
+    checkpoint(REPLICA, 200, REPLICA_REGION, manifest=False)
+    refused = list_only_under(aws.client("s3"), f"{ROOT}/")
+    list_only_under(aws.client("s3", REPLICA_REGION), f"{ROOT}/", refused)
+    result = watcher()
+    assert (result["primary_newest"], result["replica_newest"], result["lag_s"]) == (100, 100, 0)
+    assert refused == []  # it never asked what this role is refused
+
+
+def test_the_stand_in_refuses_a_head_of_a_missing_key_as_s3_does(moto):
+    make_bucket(PRIMARY)
+    s3 = boto3.client("s3", region_name=REGION)
+    refused = list_only_under(s3, f"{ROOT}/")
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        s3.head_object(Bucket=PRIMARY, Key=f"{ROOT}/step-1/{contract.MANIFEST_NAME}")
+    assert info.value.response["Error"]["Code"] == "403" and refused == ["HeadObject"]

@@ -26,6 +26,7 @@ from tests.lambdas.conftest import (
     Context,
     FakeClock,
     MissingOps,
+    SseCBlock,
     client_error,
     cloudtrail_call,
     configure,
@@ -77,6 +78,7 @@ def bucket_settings(name, region, key):
                 {
                     "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key},
                     "BucketKeyEnabled": True,
+                    "BlockedEncryptionTypes": {"EncryptionType": ["SSE-C"]},
                 }
             ]
         },
@@ -101,7 +103,22 @@ def association():
 
 
 @pytest.fixture
-def stack(moto, monkeypatch, tmp_path):
+def sse_c():
+    """S3's SSE-C block on the stack's buckets, as S3 reports it (moto drops it)."""
+    return SseCBlock([PRIMARY, REPLICA])
+
+
+@pytest.fixture
+def admin():
+    """A boto3 session of its own: an administrator, not the function."""
+    return boto3.session.Session()
+
+
+@pytest.fixture
+def stack(moto, monkeypatch, tmp_path, sse_c, admin):
+    sse_c.attach(aws.client("s3", REGION))  # the function's clients, both regions
+    sse_c.attach(aws.client("s3", REPLICA_REGION))
+    sse_c.attach(admin)
     key = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["Arn"]
     replica_key = boto3.client("kms", region_name=REPLICA_REGION).create_key()["KeyMetadata"]["Arn"]
     buckets = {
@@ -124,7 +141,7 @@ def stack(moto, monkeypatch, tmp_path):
     }
     for name, want in buckets.items():
         make_bucket(name, want["region"])
-        s3 = boto3.client("s3", region_name=want["region"])
+        s3 = admin.client("s3", region_name=want["region"])
         s3.put_bucket_versioning(Bucket=name, VersioningConfiguration=want["versioning"])
         s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=want["public_access_block"])
         s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration=want["encryption"])
@@ -137,11 +154,13 @@ def stack(moto, monkeypatch, tmp_path):
     desired.write_text(render(buckets, association()))
     configure(monkeypatch, Config(stack=STACK, run_id=RUN, desired_file=str(desired)))
     monkeypatch.setattr(drift, "clock", FakeClock(0.0))
+    buckets["admin"] = admin
     return buckets
 
 
 def s3_of(bucket, stack):
-    return boto3.client("s3", region_name=stack[bucket]["region"])
+    """An administrator's client, S3's SSE-C block standing in."""
+    return stack["admin"].client("s3", region_name=stack[bucket]["region"])
 
 
 def call(event_name, bucket=PRIMARY, error=None):
@@ -280,6 +299,151 @@ def test_a_repair_that_does_not_read_back_raises_for_a_retry(stack, capsys):
         with pytest.raises(drift.RepairNotVerified, match="versioning"):
             call("PutBucketVersioning")
     assert [d["decision"] for d in decisions(capsys)] == ["restore-not-verified", "error"]
+
+
+# --- S3's SSE-C block, settings it does not own, its own events, eventual consistency --
+
+
+def own_call(event_name, bucket=PRIMARY):
+    """The CloudTrail record of a call by the function's own role."""
+    event = cloudtrail_call("aws.s3", event_name, {"bucketName": bucket, "Host": "s3"})
+    event["detail"]["userIdentity"] = {
+        "type": "AssumedRole",
+        "arn": OWN_SESSION,
+        "sessionContext": {"sessionIssuer": {"type": "Role", "arn": OWN_ROLE}},
+    }
+    return drift.handler(event, None)
+
+
+OWN_ROLE = f"arn:aws:iam::{ACCOUNT}:role/ftfleet-aws-test-remediation-storage-drift-role-1a2b3c4"
+OWN_SESSION = f"arn:aws:sts::{ACCOUNT}:assumed-role/ftfleet-aws-test-remediation-storage-drift-role-1a2b3c4/fn"
+
+
+@pytest.fixture
+def as_function_role(monkeypatch):
+    """STS answers as inside the function: an assumed-role session of its role."""
+    monkeypatch.setattr(aws, "caller_arn", lambda: OWN_SESSION)
+
+
+def test_an_sse_c_block_s3_reports_is_not_drift(stack, sse_c):
+    # Buckets made since April 2026 report BlockedEncryptionTypes: SSE-C; the stack declares it too.
+    seen = writes_of(aws.client("s3", REGION))
+    assert call("PutBucketEncryption")["decision"] == "in-sync"
+    assert "PutBucketEncryption" not in seen and sse_c.puts == [["SSE-C"], ["SSE-C"]]  # the fixture's two
+
+
+@pytest.mark.parametrize("omitted", ["keep", "unblock"])
+def test_a_rendering_that_does_not_declare_the_block_never_unblocks_sse_c(stack, sse_c, tmp_path, monkeypatch, omitted):
+    # An older rendering, from before the stack declared the block: S3's block is not its to drop.
+    sse_c.omitted = omitted
+    old = {k: v for k, v in stack.items() if k in (PRIMARY, REPLICA)}
+    for want in old.values():
+        want["encryption"]["Rules"][0].pop("BlockedEncryptionTypes")
+    desired = tmp_path / "old-desired.json"
+    desired.write_text(render(old, association()))
+    configure(monkeypatch, Config(stack=STACK, run_id=RUN, desired_file=str(desired)))
+    assert call("PutBucketEncryption")["decision"] == "in-sync"
+    s3_of(PRIMARY, stack).put_bucket_encryption(
+        Bucket=PRIMARY,
+        ServerSideEncryptionConfiguration={
+            "Rules": [
+                {
+                    "ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"},
+                    "BlockedEncryptionTypes": {"EncryptionType": ["SSE-C"]},
+                }
+            ]
+        },
+    )
+    assert call("PutBucketEncryption")["restored"] == ["encryption"]
+    assert sse_c.blocked[PRIMARY] == ["SSE-C"] and sse_c.puts[-1] == ["SSE-C"]
+    assert call("PutBucketEncryption")["decision"] == "in-sync"
+
+
+def test_unblocking_sse_c_is_restored(stack, sse_c):
+    rules = copy.deepcopy(stack[PRIMARY]["encryption"]["Rules"])
+    rules[0]["BlockedEncryptionTypes"] = {"EncryptionType": ["NONE"]}
+    s3_of(PRIMARY, stack).put_bucket_encryption(Bucket=PRIMARY, ServerSideEncryptionConfiguration={"Rules": rules})
+    assert sse_c.blocked[PRIMARY] == []
+    assert call("PutBucketEncryption")["restored"] == ["encryption"]
+    assert sse_c.blocked[PRIMARY] == ["SSE-C"]
+
+
+def test_the_event_of_its_own_repair_is_dropped(stack, sse_c, as_function_role):
+    s3_of(PRIMARY, stack).delete_bucket_encryption(Bucket=PRIMARY)
+    assert call("DeleteBucketEncryption")["restored"] == ["encryption"]
+    seen = writes_of(aws.client("s3", REGION))
+    result = own_call("PutBucketEncryption")
+    assert result["decision"] == "dropped" and result["reason"] == "the call was this function's own repair"
+    assert seen == []  # not even read
+
+
+def test_another_session_of_another_role_is_not_its_own(stack, as_function_role):
+    s3_of(PRIMARY, stack).delete_bucket_policy(Bucket=PRIMARY)
+    event = cloudtrail_call("aws.s3", "DeleteBucketPolicy", {"bucketName": PRIMARY})
+    event["detail"]["userIdentity"]["sessionContext"] = {
+        "sessionIssuer": {"arn": f"arn:aws:iam::{ACCOUNT}:role/ftfleet-aws-test-remediation-storage-drift-role-other"}
+    }
+    assert drift.handler(event, None)["restored"] == ["policy"]
+
+
+def test_without_sts_the_comparison_still_finds_its_own_repair_in_sync(stack, monkeypatch):
+    monkeypatch.setattr(aws, "caller_arn", lambda: None)
+    s3_of(PRIMARY, stack).delete_bucket_policy(Bucket=PRIMARY)
+    assert call("DeleteBucketPolicy")["restored"] == ["policy"]
+    assert own_call("PutBucketPolicy")["decision"] == "in-sync"
+
+
+def test_a_denial_someone_added_to_the_policy_is_kept_and_an_allow_removed(stack):
+    policy = copy.deepcopy(stack[PRIMARY]["policy"])
+    deny = {"Sid": "NoDeletes", "Effect": "Deny", "Principal": "*", "Action": "s3:DeleteObject", "Resource": "*"}
+    allow = {"Sid": "Open", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "*"}
+    s3 = s3_of(PRIMARY, stack)
+    s3.put_bucket_policy(Bucket=PRIMARY, Policy=json.dumps({**policy, "Statement": [*policy["Statement"], deny]}))
+    assert call("PutBucketPolicy")["decision"] == "in-sync"  # stricter than the stack's: not drift
+    s3.put_bucket_policy(Bucket=PRIMARY, Policy=json.dumps({**policy, "Statement": [allow, deny]}))
+    assert call("PutBucketPolicy")["restored"] == ["policy"]
+    sids = [st.get("Sid") for st in json.loads(s3.get_bucket_policy(Bucket=PRIMARY)["Policy"])["Statement"]]
+    assert sids == ["DenyInsecureTransport", "NoDeletes"]
+
+
+class Stale:
+    """S3 bucket configuration is eventually consistent: the next ``reads`` reads of
+    ``operation`` after a write answer what was there before it."""
+
+    def __init__(self, client, operation, write, reads):
+        self.reads, self.before, self.served = reads, None, 0
+        events = client.meta.events
+        events.register(f"after-call.s3.{write}", self._written)
+        events.register(f"after-call.s3.{operation}", self._read)
+
+    def _written(self, **kwargs):
+        self.armed = True
+
+    def _read(self, parsed, **kwargs):
+        if getattr(self, "armed", False) and self.served < self.reads:
+            self.served += 1
+            parsed.clear()
+            parsed.update(copy.deepcopy(self.before))
+        else:
+            self.before = copy.deepcopy(parsed)
+
+
+def test_a_repair_read_back_stale_is_read_again_before_it_counts_as_failed(stack):
+    s3_of(PRIMARY, stack).put_bucket_versioning(Bucket=PRIMARY, VersioningConfiguration={"Status": "Suspended"})
+    stale = Stale(aws.client("s3", REGION), "GetBucketVersioning", "PutBucketVersioning", reads=2)
+    result = drift.handler(
+        cloudtrail_call("aws.s3", "PutBucketVersioning", {"bucketName": PRIMARY}), Context(remaining_s=600)
+    )
+    assert result["restored"] == ["versioning"] and stale.served == 2
+    assert drift.clock.slept == [1.0, 2.0]
+
+
+def test_a_repair_that_never_reads_back_fails_within_the_invocation(stack):
+    s3_of(PRIMARY, stack).put_bucket_versioning(Bucket=PRIMARY, VersioningConfiguration={"Status": "Suspended"})
+    Stale(aws.client("s3", REGION), "GetBucketVersioning", "PutBucketVersioning", reads=100)
+    with pytest.raises(drift.RepairNotVerified, match="versioning"):
+        drift.handler(cloudtrail_call("aws.s3", "PutBucketVersioning", {"bucketName": PRIMARY}), Context(40))
+    assert sum(drift.clock.slept) <= 40 - 30
 
 
 def test_throttled_calls_are_retried(stack):

@@ -159,7 +159,7 @@ def start_trainer(nproc: int, run_dir: Path, *overrides: str, env: dict[str, str
 
 
 def _tree(pid: int) -> list[int]:
-    from tests.resilience.torchrun_tree import children
+    from tests.trainer.resilience.torchrun_tree import children
 
     todo, tree = [pid], []
     while todo:

@@ -115,6 +115,7 @@ def test_config_hash_ignores_run_length_and_parallelism_but_not_the_model():
     assert load_config(TINY, ["train.global_batch_size=24"], environ={}).config_hash() != base
 
 
+@pytest.mark.integration
 def test_trainer_exits_2_with_one_line_on_bad_config(tmp_path):
     import subprocess
     import sys
@@ -143,6 +144,7 @@ def run_python(*args: str):
     return subprocess.run([sys.executable, *args], env=child_env(), capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.integration
 def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buffered_output():
     """The entry points end with exit_quickly: the threads' shutdown (a job on a pool and
     a non-daemon thread finish), the atexit handlers and the flush of stdout run; what is
@@ -168,6 +170,7 @@ def test_a_quick_exit_keeps_the_code_the_atexit_handlers_the_threads_and_the_buf
         assert set(lines[3:]) == last, (exit, lines)
 
 
+@pytest.mark.integration
 def test_a_quick_exit_under_a_profiler_leaves_the_profile(tmp_path):
     """``python -m cProfile`` writes its file on the way out, past exit_quickly: under a
     profiler or a tracer it is sys.exit."""
@@ -179,6 +182,7 @@ def test_a_quick_exit_under_a_profiler_leaves_the_profile(tmp_path):
     assert proc.returncode == 0 and out.is_file() and out.stat().st_size > 0, proc.stderr
 
 
+@pytest.mark.integration
 def test_a_quick_exit_is_not_killed_by_gloos_threads_finishing_a_collective():
     """A gloo worker thread that releases a finished collective's tensors needs the GIL;
     asking for it while the interpreter finalizes ends the thread with an unwind that
@@ -235,6 +239,7 @@ def one_error_line(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.integration
 def test_malformed_yaml_is_one_line_naming_the_file_and_the_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  steps: [1, 2\n  log_every: 5\n")
@@ -243,12 +248,14 @@ def test_malformed_yaml_is_one_line_naming_the_file_and_the_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.integration
 def test_running_without_a_config_is_refused_and_writes_nothing(tmp_path):
     line = one_error_line(run_cli(cwd=tmp_path))
     assert "--config" in line and "FTFLEET_CONFIG" in line
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_a_global_batch_the_world_size_does_not_divide_is_refused_before_the_process_group(tmp_path):
     # WORLD_SIZE=5 without torchrun: init_process_group would fail differently (exit 1).
     proc = run_cli("--config", TINY, f"run_dir={tmp_path / 'run'}", env={"WORLD_SIZE": "5", "RANK": "0"})
@@ -269,6 +276,7 @@ def test_an_unwritable_directory_is_refused_before_training(tmp_path, key):
     assert str(err.value).startswith(f"{key}='{blocker / 'sub'}' is not writable")
 
 
+@pytest.mark.integration
 def test_injected_faults_get_the_config_treatment(tmp_path):
     proc = run_cli("--config", TINY, f"run_dir={tmp_path}", "faults.nan_at_step=[3]", module="drill.worker")
     assert "did you mean faults.nan_at_steps?" in one_error_line(proc)

@@ -178,6 +178,7 @@ def test_shard_ids_beyond_the_models_vocabulary_are_refused_before_training(bare
         build(cfg)
 
 
+@pytest.mark.integration
 def test_the_trainer_exits_2_with_one_line_when_a_factory_returns_the_wrong_type(bare, tmp_path):
     import subprocess
     import sys

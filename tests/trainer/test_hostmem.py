@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ftfleet import contract
+from ftfleet import hostenv
 from ftfleet.contract import ContractError
 from ftfleet.trainer import hostmem
 
@@ -57,6 +57,7 @@ def _faults(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) 
     return min(json.loads(out.stdout.strip().splitlines()[-1])["faults"])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(
     hostmem.thp_mode() not in ("always", "madvise"), reason="the kernel gives no transparent huge pages here"
 )
@@ -113,13 +114,13 @@ def _reuse(env: dict[str, str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(contract.find_jemalloc() is None, reason="no libjemalloc.so.2 on this machine (apt libjemalloc2)")
+@pytest.mark.skipif(hostenv.find_jemalloc() is None, reason="no libjemalloc.so.2 on this machine (apt libjemalloc2)")
 def test_with_jemalloc_a_freed_tensor_s_memory_is_reused_not_faulted_in_again() -> None:
     small_pages = 100_000_000 // 4096
-    glibc = _reuse(contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "system"}))
+    glibc = _reuse(hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": "system"}))
     assert glibc["allocator"] == "glibc"
     assert min(glibc["faults"]) > small_pages * 0.9  # every allocation: new pages from the kernel
-    jemalloc = _reuse(contract.allocator_env({}))
+    jemalloc = _reuse(hostenv.allocator_env({}))
     assert jemalloc["allocator"] == "jemalloc"
     first, *again = jemalloc["faults"]
     assert first > small_pages * 0.9 and max(again) < small_pages / 10, jemalloc
@@ -129,110 +130,110 @@ def test_the_allocator_variables_follow_the_setting(tmp_path: Path) -> None:
     lib = tmp_path / "libjemalloc.so.2"
     lib.write_bytes(b"")
     found = [str(lib)]
-    assert contract.allocator_env({}, found) == {"LD_PRELOAD": str(lib), "MALLOC_CONF": contract.JEMALLOC_CONF}
-    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "jemalloc"}, found)["LD_PRELOAD"] == str(lib)
-    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "system"}, found) == {}
+    assert hostenv.allocator_env({}, found) == {"LD_PRELOAD": str(lib), "MALLOC_CONF": hostenv.JEMALLOC_CONF}
+    assert hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": "jemalloc"}, found)["LD_PRELOAD"] == str(lib)
+    assert hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": "system"}, found) == {}
     # Another preload is kept behind it; a MALLOC_CONF of the user's own is kept.
-    env = contract.allocator_env({"LD_PRELOAD": "/opt/a.so:/opt/b.so", "MALLOC_CONF": "narenas:2"}, found)
+    env = hostenv.allocator_env({"LD_PRELOAD": "/opt/a.so:/opt/b.so", "MALLOC_CONF": "narenas:2"}, found)
     assert env == {"LD_PRELOAD": f"{lib} /opt/a.so /opt/b.so"}
     # Preloaded already (by whoever started this process): nothing to add.
-    assert contract.allocator_env({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, found) == {}
+    assert hostenv.allocator_env({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, found) == {}
     # system takes a preloaded malloc out, and leaves the rest.
     system = {"FTFLEET_HOST_ALLOCATOR": "system", "LD_PRELOAD": f"/opt/a.so {lib}"}
-    assert contract.allocator_env(system, found) == {"LD_PRELOAD": "/opt/a.so"}
+    assert hostenv.allocator_env(system, found) == {"LD_PRELOAD": "/opt/a.so"}
     # Another malloc preloaded by the caller: kept when nothing is asked for by name, refused when jemalloc is.
     tcmalloc = {"LD_PRELOAD": "/usr/lib/libtcmalloc.so.4"}
-    assert contract.allocator_env(tcmalloc, found) == {}
+    assert hostenv.allocator_env(tcmalloc, found) == {}
     with pytest.raises(ContractError, match="LD_PRELOAD has /usr/lib/libtcmalloc.so.4 already"):
-        contract.allocator_env({**tcmalloc, "FTFLEET_HOST_ALLOCATOR": "jemalloc"}, found)
+        hostenv.allocator_env({**tcmalloc, "FTFLEET_HOST_ALLOCATOR": "jemalloc"}, found)
     # Not installed: nothing unless it was asked for by name.
-    assert contract.allocator_env({}, [str(tmp_path / "missing.so")]) == {}
+    assert hostenv.allocator_env({}, [str(tmp_path / "missing.so")]) == {}
     with pytest.raises(ContractError, match="FTFLEET_HOST_ALLOCATOR=jemalloc: no libjemalloc.so.2 found"):
-        contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "jemalloc"}, [str(tmp_path / "missing.so")])
+        hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": "jemalloc"}, [str(tmp_path / "missing.so")])
     # A library by path: preloaded without jemalloc's settings; it must exist.
     other = tmp_path / "libtcmalloc.so.4"
     other.write_bytes(b"")
-    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(other)}) == {"LD_PRELOAD": str(other)}
+    assert hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(other)}) == {"LD_PRELOAD": str(other)}
     # Applied once, it is there: whatever the library's name, applying it again adds nothing
     # (a process that re-executes itself with the result would otherwise never stop).
     plain = tmp_path / "mymalloc.so"
     plain.write_bytes(b"")
-    once = contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(plain)})
+    once = hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(plain)})
     assert once == {"LD_PRELOAD": str(plain)}
-    assert contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(plain), **once}) == {}
+    assert hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(plain), **once}) == {}
     with pytest.raises(ContractError, match="no such file"):
-        contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(tmp_path / "nope.so")})
+        hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": str(tmp_path / "nope.so")})
     with pytest.raises(ContractError, match="use jemalloc, system or a library's absolute path"):
-        contract.allocator_env({"FTFLEET_HOST_ALLOCATOR": "tcmalloc"})
+        hostenv.allocator_env({"FTFLEET_HOST_ALLOCATOR": "tcmalloc"})
 
 
 def test_trainers_get_glibcs_non_temporal_threshold_lowered_never_raised() -> None:
-    ours = f"{contract.NON_TEMPORAL_TUNABLE}={contract.NON_TEMPORAL_THRESHOLD:#x}"
+    ours = f"{hostenv.NON_TEMPORAL_TUNABLE}={hostenv.NON_TEMPORAL_THRESHOLD:#x}"
     asked: list[dict[str, str]] = []
 
     def default(value: int | None):
         def current(name: str, environ):
-            assert name == contract.NON_TEMPORAL_TUNABLE
+            assert name == hostenv.NON_TEMPORAL_TUNABLE
             asked.append(dict(environ))
             return value
 
         return current
 
     big = default(0x7200000)  # glibc 2.36's on a host with a large L3
-    assert contract.copy_tunables_env({}, "x86_64", big) == {"GLIBC_TUNABLES": ours}
+    assert hostenv.copy_tunables_env({}, "x86_64", big) == {"GLIBC_TUNABLES": ours}
     # The caller's other tunables are kept in front (and the loader is asked with them).
     other = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
-    assert contract.copy_tunables_env(other, "x86_64", big) == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{ours}"}
+    assert hostenv.copy_tunables_env(other, "x86_64", big) == {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{ours}"}
     assert asked[-1] == other
     # Their own threshold wins, whatever it is; applied once, it is there (a process
     # re-executing itself with the result stops).
-    theirs = {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{contract.NON_TEMPORAL_TUNABLE}=0x10000000"}
-    assert contract.copy_tunables_env(theirs, "x86_64", big) == {}
-    assert contract.copy_tunables_env({"GLIBC_TUNABLES": ours}, "x86_64", big) == {}
+    theirs = {"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{hostenv.NON_TEMPORAL_TUNABLE}=0x10000000"}
+    assert hostenv.copy_tunables_env(theirs, "x86_64", big) == {}
+    assert hostenv.copy_tunables_env({"GLIBC_TUNABLES": ours}, "x86_64", big) == {}
     # A default at or below ours, or none to be told: glibc is left alone.
-    assert contract.copy_tunables_env({}, "x86_64", default(0xC0000)) == {}
-    assert contract.copy_tunables_env({}, "x86_64", default(contract.NON_TEMPORAL_THRESHOLD)) == {}
-    assert contract.copy_tunables_env({}, "x86_64", default(None)) == {}
-    assert contract.copy_tunables_env({}, "aarch64", big) == {}  # an x86 tunable
+    assert hostenv.copy_tunables_env({}, "x86_64", default(0xC0000)) == {}
+    assert hostenv.copy_tunables_env({}, "x86_64", default(hostenv.NON_TEMPORAL_THRESHOLD)) == {}
+    assert hostenv.copy_tunables_env({}, "x86_64", default(None)) == {}
+    assert hostenv.copy_tunables_env({}, "aarch64", big) == {}  # an x86 tunable
 
 
 def test_a_script_is_executed_again_once_with_the_host_memory_variables(monkeypatch) -> None:
     calls: list[tuple[str, list[str], dict[str, str]]] = []
     monkeypatch.setattr(os, "execve", lambda exe, argv, env: calls.append((exe, argv, env)))
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-u", "bench.py", "--mb", "64"])
-    monkeypatch.setattr(contract, "host_memory_env", lambda environ: {"GLIBC_TUNABLES": "x=1"})
-    contract.exec_with_host_memory()
+    monkeypatch.setattr(hostenv, "host_memory_env", lambda environ: {"GLIBC_TUNABLES": "x=1"})
+    hostenv.exec_with_host_memory()
     ((exe, argv, env),) = calls
     assert exe == sys.executable and argv == [sys.executable, "-u", "bench.py", "--mb", "64"]
     assert env["GLIBC_TUNABLES"] == "x=1" and env["PATH"] == os.environ["PATH"]
-    monkeypatch.setattr(contract, "host_memory_env", lambda environ: {})
-    contract.exec_with_host_memory()  # applied already: nothing
+    monkeypatch.setattr(hostenv, "host_memory_env", lambda environ: {})
+    hostenv.exec_with_host_memory()  # applied already: nothing
     assert len(calls) == 1
 
 
 def test_the_loader_reports_the_threshold_in_force(tmp_path: Path) -> None:
-    name = contract.NON_TEMPORAL_TUNABLE
+    name = hostenv.NON_TEMPORAL_TUNABLE
     fake = tmp_path / "ld.so"
     fake.write_text(
         f"#!/bin/sh\necho 'glibc.malloc.arena_max: 0x0 (min: 0x1, max: 0xff)'\necho '{name}: 0x7200000 (min: 0x4040)'\n"
     )
     fake.chmod(0o755)
-    assert contract.glibc_tunable(name, {}, str(fake)) == 0x7200000
-    assert contract.glibc_tunable("glibc.cpu.nothing", {}, str(fake)) is None
-    assert contract.glibc_tunable(name, {}, str(tmp_path / "missing")) is None
+    assert hostenv.glibc_tunable(name, {}, str(fake)) == 0x7200000
+    assert hostenv.glibc_tunable("glibc.cpu.nothing", {}, str(fake)) is None
+    assert hostenv.glibc_tunable(name, {}, str(tmp_path / "missing")) is None
 
 
-@pytest.mark.skipif(not Path(contract.X86_64_LOADER).exists(), reason="no x86-64 glibc loader")
+@pytest.mark.skipif(not Path(hostenv.X86_64_LOADER).exists(), reason="no x86-64 glibc loader")
 def test_this_glibc_takes_the_threshold_trainers_get() -> None:
     # glibc ignores a tunable it does not know, or a value out of its range, without a
     # word: its loader lists the value in force.
-    default = contract.glibc_tunable(contract.NON_TEMPORAL_TUNABLE, {})
+    default = hostenv.glibc_tunable(hostenv.NON_TEMPORAL_TUNABLE, {})
     if default is None:
         pytest.skip("this glibc's loader does not list its tunables (glibc before 2.33)")
-    env = contract.copy_tunables_env({})
-    assert contract.glibc_tunable(contract.NON_TEMPORAL_TUNABLE, env) == min(default, contract.NON_TEMPORAL_THRESHOLD)
+    env = hostenv.copy_tunables_env({})
+    assert hostenv.glibc_tunable(hostenv.NON_TEMPORAL_TUNABLE, env) == min(default, hostenv.NON_TEMPORAL_THRESHOLD)
     # With the allocator's variables (none for glibc's malloc, nothing preloaded).
-    assert contract.host_memory_env({"FTFLEET_HOST_ALLOCATOR": "system"}) == env
+    assert hostenv.host_memory_env({"FTFLEET_HOST_ALLOCATOR": "system"}) == env
 
 
 def test_the_loaded_allocator_is_read_from_the_process_maps(tmp_path: Path) -> None:

@@ -120,6 +120,7 @@ def test_a_model_without_an_init_cannot_be_meta_initialised(one_rank):
 BASE_GPT = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2, dropout=0.1)  # tests' BASE
 
 
+@pytest.mark.integration
 def test_meta_init_with_bf16_starts_from_init_from_and_resumes_bit_identically(tmp_path):
     """2 ranks, FSDP2, meta init, bf16 compute, pretrained weights. A run stopped and
     resumed ends where an uninterrupted one ends; init_from counts only at the start."""

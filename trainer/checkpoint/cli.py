@@ -286,7 +286,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _step_number(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise UserError(f"STEP {text!r}: use a step number or latest")
     return int(text)
 
@@ -338,4 +338,8 @@ def _size(n: int | None) -> str:
 
 
 def _when(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    """A manifest's time; one no calendar holds (a manifest says what it likes) as "?"."""
+    try:
+        return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        return "?"

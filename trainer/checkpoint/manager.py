@@ -50,10 +50,10 @@ from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
 from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
 from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
+from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots, wait_in_slices
 from ftfleet.trainer.checkpoint.reader import CorruptFile
 from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare, list_candidates
 from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into, read_metadata_file
-from ftfleet.trainer.checkpoint.snapshots import Snapshots, wait_in_slices
 from ftfleet.trainer.checkpoint.staging import OrderedStager
 from ftfleet.trainer.checkpoint.state import AppState, optimizer_layout
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
@@ -315,7 +315,7 @@ class CheckpointManager:
     def _adopt_layout(self, step_dir: Path) -> None:
         """Give a new optimizer the checkpoint's state layout as the load's template
         (``optimizer_layout``), instead of the zero-lr step that would make its state
-        (0.5 s at 113M parameters on 2 ranks here). Anything unexpected leaves the step
+        (a full optimizer step's work). Anything unexpected leaves the step
         to make it: the load itself reads and checks the metadata."""
         app = self.app_state
         if getattr(app, "optimizer", None) is None or app.optimizer.state:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -70,8 +72,8 @@ class Manifest:
     def from_json(cls, text: str | bytes) -> Manifest:
         try:
             data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
+            raise ManifestError(f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
         if not isinstance(data, dict):
             raise ManifestError("not a JSON object")
         if data.get("format") != FORMAT:
@@ -98,10 +100,15 @@ class Manifest:
                 ftfleet_version=str(data["ftfleet_version"]),
                 created_at=float(data["created_at"]),
             )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ManifestError(f"missing or mistyped field {exc}") from None
-        if manifest.world_size < 1 or manifest.step < 0:
+        # ValueError: a created_at that is no number; OverflowError: an integer past a float.
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:
+            if isinstance(exc, ManifestError):
+                raise
+            raise ManifestError(f"missing or mistyped field {str(exc)[:200]}") from None
+        if manifest.world_size < 1 or not 0 <= manifest.step < 1 << 63:
             raise ManifestError(f"step {manifest.step} / world size {manifest.world_size}")
+        if not math.isfinite(manifest.created_at):
+            raise ManifestError(f"created_at {manifest.created_at}")
         return manifest
 
 
@@ -115,11 +122,22 @@ def _is_crc(value: object) -> bool:
     return isinstance(value, str) and len(value) == 8 and all(c in "0123456789abcdef" for c in value)
 
 
+#: The longest file name POSIX file systems take, in bytes.
+_NAME_MAX = 255
+
+
 def _check_name(name: str) -> None:
     """File names are plain names inside the step directory; never a path out of it, nor
-    one the OS refuses (a NUL would raise in the verifier instead of failing the check)."""
+    one the OS refuses (a NUL, a name past 255 bytes or one that cannot be encoded would
+    raise in the verifier instead of failing the check)."""
     if not name or "/" in name or "\\" in name or "\0" in name or name in (".", "..") or name == MANIFEST_NAME:
         raise ManifestError(f"illegal file name {name!r}")
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeError:
+        raise ManifestError(f"illegal file name {name[:60]!r}: not encodable") from None
+    if len(encoded) > _NAME_MAX:
+        raise ManifestError(f"illegal file name {name[:60]!r}...: {len(encoded)} bytes, the limit is {_NAME_MAX}")
 
 
 # ---------------------------------------------------------------------------
@@ -257,6 +275,8 @@ def read_manifest(step_dir: Path) -> Manifest | None:
         text = (step_dir / MANIFEST_NAME).read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a directory, a dangling or looping link, no permission
+        raise ManifestError(f"cannot read it ({type(exc).__name__}: {exc.strerror or exc})") from None
     return Manifest.from_json(text)
 
 
@@ -268,13 +288,21 @@ def read_manifest(step_dir: Path) -> Manifest | None:
 def check_file(path: Path, expected: FileEntry, full: bool = True) -> str | None:
     """None when ``path`` matches ``expected``, else a one-line problem."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except FileNotFoundError:
         return f"{path.name}: missing"
+    except OSError as exc:
+        return f"{path.name}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path.name}: not a regular file"
+    size = info.st_size
     if size != expected.size:
         return f"{path.name}: size {size} bytes, manifest says {expected.size} (truncated or overwritten)"
     if full:
-        got = checksum_file(path)
+        try:
+            got = checksum_file(path)
+        except OSError as exc:
+            return f"{path.name}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})"
         if got.crc32c != expected.crc32c:
             return f"{path.name}: crc32c {got.crc32c}, manifest says {expected.crc32c} (corrupt)"
     return None

@@ -41,12 +41,14 @@ needs is left alone (another rank checks what it reads).
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import math
 import mmap
 import os
 import pickle
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -59,7 +61,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from ftfleet.trainer.checkpoint.manifest import FileEntry, crc32c_extend
-from ftfleet.trainer.checkpoint.safe_load import SafeFileSystemReader, UnsafeCheckpointError, _MetadataUnpickler
+from ftfleet.trainer.checkpoint.safe_load import SafeFileSystemReader, _MetadataUnpickler
 
 _CHUNK = 16 << 20
 #: Bytes per piece of a one-pass restore: CRC'd, then copied out while the core's cache
@@ -464,6 +466,23 @@ def _sink(target: torch.Tensor, to_device: _ToDevice | None) -> Any:
     return lambda at, data: numpy.copyto(dest[at : at + len(data)], numpy.frombuffer(data, dtype=numpy.uint8))
 
 
+@contextlib.contextmanager
+def _unloadable(relative_path: str, item: ReadItem) -> Iterator[None]:
+    """An item whose bytes checked out but that ``torch.load(weights_only=True)`` cannot
+    load (a record that is no tensor, a global it refuses) makes its file corrupt: the
+    checkpoint is skipped like one of the wrong CRC, instead of failing the restore."""
+    try:
+        yield
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile, KeyError) as exc:
+        # Of torch's RuntimeErrors only its archive reader's says the bytes are bad; any
+        # other (out of memory) is no verdict on the checkpoint.
+        if type(exc) is RuntimeError and "PytorchStreamReader" not in str(exc):
+            raise
+        raise CorruptFile(
+            f"{relative_path}: item {item.storage_index.fqn} does not load ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+
+
 class VerifyingReader(SafeFileSystemReader):
     """A :class:`SafeFileSystemReader` that checks every file it reads against
     ``expected`` (the manifest's entries) as it reads it. ``direct`` and ``fallback``
@@ -483,6 +502,7 @@ class VerifyingReader(SafeFileSystemReader):
         self.fallback = 0
         self._mapped: dict[str, _Mapped] = {}
         self._metadata: bytes | None = None
+        self._parsed: Metadata | None = None
         self._to_device: _ToDevice | None = None
 
     def _entry(self, name: str) -> FileEntry:
@@ -491,19 +511,30 @@ class VerifyingReader(SafeFileSystemReader):
         return self.expected[name]
 
     def check_metadata(self) -> None:
-        """Read and check ``.metadata`` now. Called before ``dcp.load``: DCP takes a
-        failing ``read_metadata`` for a missing file and buries the reason in its own."""
+        """Read, check and unpickle ``.metadata`` now, before ``dcp.load``, on every rank
+        alike: DCP takes a failing ``read_metadata`` for a missing file and buries the
+        reason in its own. Metadata the safe unpickler refuses, or that does not
+        unpickle at all, fails like a file of the wrong CRC (:class:`CorruptFile`):
+        restore skips that checkpoint, as it skips any other it cannot trust."""
         path = Path(self._get_metadata_path())
         self._metadata = read_checked(path, self._entry(path.name))
+        self._parsed = self._unpickle(path, self._metadata)
+
+    @staticmethod
+    def _unpickle(path: Path, data: bytes) -> Metadata:
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+        except Exception as exc:  # noqa: BLE001 - refused, truncated or not a pickle at all
+            raise CorruptFile(f"{path.name}: not DCP metadata ({type(exc).__name__}: {str(exc)[:200]})") from None
+        if not isinstance(metadata, Metadata):
+            raise CorruptFile(f"{path.name}: not DCP metadata ({type(metadata).__name__})")
+        return metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = Path(self._get_metadata_path(kwargs.get("rank")))
-        data = self._metadata if path.name == METADATA else None
-        if data is None:
-            data = read_checked(path, self._entry(path.name))
-        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-        if not isinstance(metadata, Metadata):
-            raise UnsafeCheckpointError(f"{path} does not hold DCP metadata")
+        metadata = self._parsed if path.name == METADATA else None
+        if metadata is None:
+            metadata = self._unpickle(path, read_checked(path, self._entry(path.name)))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -555,7 +586,8 @@ class VerifyingReader(SafeFileSystemReader):
                 view = self._mapped[md.relative_path].view[md.offset : md.offset + md.length]
                 if item.type == LoadItemType.BYTE_IO:
                     stream = self._stream(item, md, view)
-                    planner.load_bytes(item, io.BytesIO(stream.read()))
+                    with _unloadable(md.relative_path, item):
+                        planner.load_bytes(item, io.BytesIO(stream.read()))
                 else:
                     self._read_tensor(item, view, md, planner)
         finally:
@@ -641,9 +673,9 @@ class VerifyingReader(SafeFileSystemReader):
             stream = self._stream(item, md, view)
             if not stream.seekable():
                 stream = io.BytesIO(stream.read())
-            tensor = narrow_tensor_by_index(
-                torch.load(stream, map_location="cpu", weights_only=True), item.storage_offsets, item.lengths
-            )
+            with _unloadable(md.relative_path, item):
+                loaded = torch.load(stream, map_location="cpu", weights_only=True)
+            tensor = narrow_tensor_by_index(loaded, item.storage_offsets, item.lengths)
             if target.size() != tensor.size():
                 raise CorruptFile(
                     f"{md.relative_path}: item {item.storage_index.fqn} has shape {list(tensor.size())}, "

@@ -207,9 +207,8 @@ class AppState:
             # correction). Undo that on the live optimizer, and record it so that a load
             # undoes it too: a run saved before its first update resumes as if never saved.
             # For a load, the made state stays until the load completes: the load fills
-            # it, and set_state_dict would otherwise make it a second time (1.5 s at
-            # 113M parameters here, docs/BENCHMARKS.md); `loading` drops it if the load
-            # fails.
+            # it, and set_state_dict would otherwise make it a second time (seconds for a
+            # model of 100M parameters); `loading` drops it if the load fails.
             fresh = not self.optimizer.state
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
             if fresh and self.loading:

@@ -18,9 +18,9 @@ of bytes written, leave a reason instead of an entry, and the commit reads that 
 back. So does a shard of this rank that no record covers (a future DCP that opens files
 another way). ``.metadata`` is small and always read back.
 
-torch.save also takes a CRC32 of each zip record it writes, in software: about a third
-of a save's CPU time on the 2-core machine (``bench/writer_bench.py``, in
-docs/BENCHMARKS.md). The manifest's CRC32C covers every byte of each file already, so
+torch.save also takes a CRC32 of each zip record it writes, in software: a large part
+of a save's CPU time (``bench/writer_bench.py``). The manifest's CRC32C covers every
+byte of each file already, so
 the streams of :class:`ChecksummingFileSystem` have torch leave it out
 (:func:`without_zip_crc32`; per thread where torch keeps the setting per thread, as
 2.13 does, else for the process while a checkpoint is written). torch.load does not
@@ -32,9 +32,9 @@ The shards (``.distcp``) are written with ``O_DIRECT`` where the file system tak
 the device, not into the page cache. A checkpoint is written once and read again only
 after a failure, so caching it only takes memory from training (a node's page cache
 fills with checkpoints, which the kernel must reclaim later), and every byte is copied
-into fresh cache pages first. On the 2-core machine, a virtual machine that hands free
-memory back to its host, fresh pages are dear: ``bench/writer_bench.py`` measures the
-writer both ways (docs/BENCHMARKS.md, "Host memory"). The bytes are collected into
+into fresh cache pages first. On a virtual machine that hands free memory back to its
+host, fresh pages are dear: ``bench/writer_bench.py`` measures the writer both ways.
+The bytes are collected into
 chunks of :data:`DIRECT_CHUNK`; the last partial block of a file goes through the page
 cache, then the file is fsynced. A file system that refuses ``O_DIRECT`` (``EINVAL`` or
 ``EOPNOTSUPP`` at the open or at a write: tmpfs on older kernels, some FUSE file
@@ -123,8 +123,8 @@ def without_zip_crc32() -> Generator[None, None, None]:
 #: logical block size of the devices and file systems a fast tier runs on (one that asks
 #: for more refuses the write, and the file goes on buffered).
 DIRECT_BLOCK = 4096
-#: Bytes collected in an aligned buffer before each direct write (8 MiB: 2.0 GB/s on the
-#: 2-core machine's disk; larger buys nothing there).
+#: Bytes collected in an aligned buffer before each direct write (a larger chunk buys
+#: no bandwidth on the disks ``bench/writer_bench.py`` has measured).
 DIRECT_CHUNK = 8 << 20
 #: What a file system that does not do O_DIRECT answers at the open or the first write.
 _REFUSED = (errno.EINVAL, errno.EOPNOTSUPP)

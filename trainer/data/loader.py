@@ -264,9 +264,9 @@ class GlobalBatches:
 
     def abort(self) -> None:
         """After a failure: kill the loader's worker processes, then close. An orderly
-        shutdown joins each worker for up to 5 s (measured: 11 s for two, when an
-        in-process restart dropped the loader of the failed attempt); their batches
-        are thrown away anyway."""
+        shutdown joins each worker for up to 5 s, and an in-process restart drops the
+        failed attempt's loader on its critical path; the batches are thrown away
+        anyway."""
         from torch.utils.data._utils import signal_handling
 
         iterators = {id(obj): obj for obj in (self._it, getattr(self.loader, "_iterator", None)) if obj is not None}

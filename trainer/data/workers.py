@@ -101,8 +101,8 @@ def _alive(pid: int) -> bool:
 def drop_inherited_sockets(_worker_id: int = 0) -> None:
     """In a forked loader worker: close the TCP sockets inherited from the trainer (its
     gloo connections, its store client). Otherwise, when the trainer process is killed,
-    its workers keep those connections open until they notice their parent is gone (5 s,
-    measured), and the other ranks' collectives wait instead of failing at once. The
+    its workers keep those connections open until they notice their parent is gone
+    (seconds), and the other ranks' collectives wait instead of failing at once. The
     worker's own queues are pipes, and fd passing makes its own Unix sockets."""
     import socket
     import stat

@@ -1,7 +1,7 @@
 """In-process restart with warm spares, on nvidia-resiliency-ext's ``inprocess.Wrapper``.
 
 ``python -m ftfleet.trainer.inprocess --nproc N --spares K -- --config FILE [key=value ...]``
-starts N training processes and K spares on this machine (:mod:`.launch`). Each runs
+starts N training processes and K spares on this node (:mod:`.launch`). Each runs
 the reference trainer inside the wrapper (:mod:`.worker`). When a rank fails (an
 exception, a SIGKILL, a hang past ``--soft-timeout``), the survivors do not exit: the
 wrapper aborts the process groups, the ranks are reassigned (survivors keep their rank,

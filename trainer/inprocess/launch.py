@@ -1,7 +1,7 @@
 """The launcher of an in-process-restartable run on one machine.
 
 torchrun cannot host it: its agent stops every worker of the group as soon as one
-exits (measured: a SIGKILLed rank made it SIGTERM the survivor within a second), which
+exits (a SIGKILLed rank makes it SIGTERM the survivors), which
 is the whole-group restart this mode avoids. Here the launcher:
 
 * hosts the two stores in its own process, so that they outlive any rank: the
@@ -10,7 +10,7 @@ is the whole-group restart this mode avoids. Here the launcher:
 * starts N + K worker processes (:mod:`.worker`): ranks 0..N-1 train, N..N+K-1 are
   warm spares, torch imported, waiting in the wrapper; with the host allocator
   ``FTFLEET_HOST_ALLOCATOR`` asks for (jemalloc where installed, :mod:`~ftfleet.trainer.hostmem`)
-  and glibc's copy threshold (:func:`ftfleet.contract.host_memory_env`);
+  and glibc's copy threshold (:func:`ftfleet.hostenv.host_memory_env`);
 * keeps the world at N ranks (the same trajectory as an uninterrupted run): with fewer
   processes left the ranks wait, inactive, and the launcher stops them (SIGTERM,
   SIGKILL 2 s later) so that the machine restarts at once instead of after the
@@ -37,7 +37,9 @@ import time
 
 import torch.distributed as dist
 
-from ftfleet.contract import ContractError, host_memory_env
+from ftfleet.contract import ContractError
+from ftfleet.hostenv import host_memory_env
+from ftfleet.trainer.environment import ACTIVE_WORLD_SIZE, MIN_ACTIVE_WORLD_SIZE
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             "WORLD_SIZE": str(total),
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(args.nproc),
-            "FTFLEET_ACTIVE_WORLD_SIZE": str(args.nproc),
-            "FTFLEET_MIN_ACTIVE_WORLD_SIZE": str(min_ranks),
+            ACTIVE_WORLD_SIZE: str(args.nproc),
+            MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",

@@ -28,6 +28,7 @@ from typing import Any
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -97,9 +98,9 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         rank_assignment=inprocess.Compose(*filters),
         health_check=None,  # its only check is CUDA's
         # The monitor thread waits in the store for the "a rank was interrupted" key, one
-        # wait of this length after another; a set key returns the wait at once. With
-        # 50 ms waits, a spare's monitor thread saw the key 2.9-4.1 s late (measured,
-        # every run); with 1 s waits, the restart began 0.85 s after the kill.
+        # wait of this length after another; a set key returns the wait at once. Short
+        # waits starve the spare's monitor thread (it saw the key seconds late); 1 s
+        # waits start the restart within a second of the kill.
         monitor_thread_interval=_seconds(1.0),
         monitor_process_interval=_seconds(poll_s),
         heartbeat_interval=_seconds(poll_s),
@@ -129,10 +130,10 @@ def lower_thread_priority() -> None:
 def freeze_what_is_loaded() -> None:
     """Keep every object alive now (what the imports and the warm-up made: modules,
     classes, functions) out of the garbage collector's passes (``gc.freeze``). After
-    each restart the wrapper collects until a pass finds nothing, on the critical path:
-    each pass took 0.16 s in a warmed-up process here (350,000 objects, 2026-11-26),
-    0.000001 s after the freeze. Objects made later (a run's model and optimizer, a
-    failed attempt's tracebacks) are collected as before."""
+    each restart the wrapper collects until a pass finds nothing, on the critical path,
+    and a pass over a warmed-up process's few hundred thousand objects costs a sizeable
+    part of a restart; frozen, they are not visited. Objects made later (a run's model
+    and optimizer, a failed attempt's tracebacks) are collected as before."""
     gc.collect()
     gc.freeze()
 
@@ -203,7 +204,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     from ftfleet.contract import memory_dir
     from ftfleet.trainer.checkpoint.memory import reserve_files
 
-    world = int(os.environ.get("FTFLEET_ACTIVE_WORLD_SIZE") or os.environ.get("WORLD_SIZE", "1"))
+    world = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
     count = (ck.memory_keep + 1) * (2 if world > ck.node_size(world) else 1)
     while not stop.is_set():
         try:
@@ -220,7 +221,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
 
 def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
-    parser.add_argument("--config", default=os.environ.get("FTFLEET_CONFIG"))
+    parser.add_argument("--config", default=TrainerEnvironment().config_file)
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
     parser.add_argument("--poll", type=float, default=0.25, help="seconds between the wrapper's checks")
     parser.add_argument("--wait-for", metavar="FILE", help="train once FILE exists (a warm spare node)")
@@ -256,9 +257,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         use_huge_pages()
     # The loader workers' server imports torch while this process does, in every
     # process: a spare's too, or a take-over soon after the launch waits for its server
-    # to import torch before the first batch (restored to the first step: 1.13-1.22 s
-    # when the kill came 0.3 s into the launch's first attempt, 0.37-0.51 s with the
-    # spare's server started here; a fresh launch not measurably slower: docs/BENCHMARKS.md).
+    # to import torch before the first batch (bench/restart_bench.py with an early --kill-at).
     from ftfleet.trainer.data.workers import start_for
 
     start_for(cfg)
@@ -266,10 +265,10 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # imports lazily (warm_up), so that taking over does not pay for it. A spare node
     # waits anyway; a spare process starts beside the ranks that train, so it warms up
     # on a thread at the lowest CPU priority, not taking their start-up's CPU.
-    active = int(os.environ["FTFLEET_ACTIVE_WORLD_SIZE"])
+    active = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
     spare_process = rank >= active and not args.wait_for
     from ftfleet.trainer.checkpoint.tiers import reuse_clients
-    from ftfleet.trainer.resilience.prior import reuse_reads
+    from ftfleet.trainer.resilience.interval.prior import reuse_reads
     from ftfleet.trainer.train import train, warm_up
 
     # The fleet's interruption prior, read by the first attempt, serves the restarts in
@@ -289,14 +288,14 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
                     freeze_what_is_loaded()
 
         threading.Thread(target=_warm_up_niced, args=(warm_up, then), name="ftfleet-warm-up", daemon=True).start()
-    shrink = int(os.environ.get("FTFLEET_MIN_ACTIVE_WORLD_SIZE") or active) < active
+    shrink = (TrainerEnvironment().min_active_world_size or active) < active
     if args.wait_for:
         taken_over = threading.Event()  # the reserve stops between files when it is
         reserving = threading.Thread(
             target=reserve_snapshot_memory, args=(cfg, taken_over), name="ftfleet-reserve", daemon=True
         )
         reserving.start()
-        freeze_what_is_loaded()  # now, not after the take-over (its first pass: 0.2-0.4 s)
+        freeze_what_is_loaded()  # now, not after the take-over, where its first pass would cost
         wait_for(args.wait_for)
         taken_over.set()
 

@@ -1,25 +1,45 @@
-"""Resilience building blocks of the trainer: interruption notices, their agreement
-across ranks, the preemption sequence, anomaly handling, the hang watchdog, the
-checkpoint interval, commit markers and metrics. docs/RESILIENCE.md shows how they fit
-together; ``reference.py`` wires them into the reference loop.
+"""Resilience of the trainer, one folder per concern:
 
-``agree`` imports torch; it is loaded on first use so that the rest stays light.
+* ``notices/``: where interruption notices come from (signals, the clouds' metadata
+  services);
+* ``preemption/``: what happens on a notice, one module per step (agreement at the
+  step boundary, emergency checkpoint, commit marker, release of the node, exit);
+* ``anomaly/``: bad losses and gradients (skip or roll back), and hangs (the watchdog);
+* ``interval/``: how often to checkpoint (Daly's optimum, the fleet's prior, the
+  save schedule);
+* ``observability/``: metrics, the node's heartbeat, the step monitor.
+
+``config.py`` is the ``resilience:`` block of the trainer config; ``reference.py``
+wires the pieces into the reference loop. docs/RESILIENCE.md shows how they fit
+together. ``agree`` imports torch; it is loaded on first use so that the rest stays
+light.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ftfleet.trainer.resilience.anomaly import Action, AnomalyConfig, AnomalyDetector, Decision, RepeatedAnomalyError
+from ftfleet.trainer.resilience.anomaly.detector import (
+    Action,
+    AnomalyConfig,
+    AnomalyDetector,
+    Decision,
+    RepeatedAnomalyError,
+)
+from ftfleet.trainer.resilience.anomaly.watchdog import Watchdog, WatchdogConfig
 from ftfleet.trainer.resilience.config import ResilienceConfig
-from ftfleet.trainer.resilience.interruptions import AgreedNotice, Interruptions
-from ftfleet.trainer.resilience.interval import AdaptiveInterval, IntervalConfig, daly_interval, young_interval
-from ftfleet.trainer.resilience.markers import MarkerWrite, publish_marker, read_local_marker, write_local_marker
-from ftfleet.trainer.resilience.metrics import JsonFormatter, Metrics, configure_json_logging
-from ftfleet.trainer.resilience.notices import Notice, NoticeKind, NoticeSource, most_urgent
-from ftfleet.trainer.resilience.preemption import Preemption
-from ftfleet.trainer.resilience.watchdog import Watchdog, WatchdogConfig
-from ftfleet.trainer.resilience.watcher import NoticeWatcher, WatcherConfig
+from ftfleet.trainer.resilience.interval.adaptive import AdaptiveInterval, IntervalConfig, daly_interval, young_interval
+from ftfleet.trainer.resilience.notices.notice import Notice, NoticeKind, NoticeSource, most_urgent
+from ftfleet.trainer.resilience.notices.watcher import NoticeWatcher, WatcherConfig
+from ftfleet.trainer.resilience.observability.metrics import JsonFormatter, Metrics, configure_json_logging
+from ftfleet.trainer.resilience.preemption.boundary import AgreedNotice, Interruptions
+from ftfleet.trainer.resilience.preemption.marker import (
+    MarkerWrite,
+    publish_marker,
+    read_local_marker,
+    write_local_marker,
+)
+from ftfleet.trainer.resilience.preemption.sequence import Preemption
 
 __all__ = [
     "Action",
@@ -56,7 +76,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "agree":
-        from ftfleet.trainer.resilience.agreement import agree
+        from ftfleet.trainer.resilience.preemption.agreement import agree
 
         return agree
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

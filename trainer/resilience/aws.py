@@ -8,10 +8,11 @@ exit path, and a slow answer must cost seconds, not minutes.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
+
+from ftfleet.trainer.environment import TrainerEnvironment
 
 #: Attempts per call, the first included (botocore's standard mode backs off with jitter).
 ATTEMPTS = 3
@@ -36,7 +37,4 @@ def client(service: str, region: str, *, attempts: int = ATTEMPTS, read_timeout_
 def on_aws(environ: Mapping[str, str] | None = None) -> str | None:
     """The node's region when the trainer runs on AWS (FTFLEET_CLOUD=aws and
     FTFLEET_REGION set), else None: the node-side AWS calls are off."""
-    environ = os.environ if environ is None else environ
-    if environ.get("FTFLEET_CLOUD") != "aws":
-        return None
-    return environ.get("FTFLEET_REGION") or None
+    return TrainerEnvironment(environ).aws_region

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ftfleet.trainer.resilience.anomaly import AnomalyConfig
-from ftfleet.trainer.resilience.interval import IntervalConfig
-from ftfleet.trainer.resilience.node_metrics import NodeMetricsConfig
-from ftfleet.trainer.resilience.watchdog import WatchdogConfig
-from ftfleet.trainer.resilience.watcher import WatcherConfig
+from ftfleet.trainer.resilience.anomaly.detector import AnomalyConfig
+from ftfleet.trainer.resilience.anomaly.watchdog import WatchdogConfig
+from ftfleet.trainer.resilience.interval.adaptive import IntervalConfig
+from ftfleet.trainer.resilience.notices.watcher import WatcherConfig
+from ftfleet.trainer.resilience.observability.node_metrics import NodeMetricsConfig
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

@@ -4,12 +4,12 @@ Each piece stands alone (and a loop of your own can use it alone, see the README
 
 | piece | module | in the loop |
 | --- | --- | --- |
-| notices + agreement | ``interruptions.py`` | at each boundary (``NoticeStop``, a callback) |
-| the preemption sequence | ``preemption.py`` | the end: emergency save, uploads, marker, exit 75 |
-| anomaly handling | ``anomaly_guard.py`` | judge after backward, gated optimizer step, rollback |
-| the save schedule | ``schedule.py`` | after each step (a callback): the adaptive interval |
-| the step monitor | ``monitor.py`` | after each step (a callback): watchdog, metrics, events |
-| the node's heartbeat | ``node_metrics.py`` | after each step (a callback): counted; published by a thread (AWS) |
+| notices + agreement | ``preemption/boundary.py`` | at each boundary (``NoticeStop``, a callback) |
+| the preemption sequence | ``preemption/sequence.py`` | the end: emergency save, uploads, marker, exit 75 |
+| anomaly handling | ``anomaly/guard.py`` | judge after backward, gated optimizer step, rollback |
+| the save schedule | ``interval/schedule.py`` | after each step (a callback): the adaptive interval |
+| the step monitor | ``observability/monitor.py`` | after each step (a callback): watchdog, metrics, events |
+| the node's heartbeat | ``observability/node_metrics.py`` | after each step: counted; published by a thread (AWS) |
 
 :class:`Resilience` builds them for one process, hands the loop its callbacks, and
 starts and stops what runs in the background (the notice watcher, the hang watchdog,
@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 from ftfleet.contract import EXIT_PREEMPTED
 from ftfleet.trainer.callbacks import Callback, LogProgress, StopAtStep, StopRequest
 from ftfleet.trainer.events import EventLog
-from ftfleet.trainer.resilience.anomaly_guard import AnomalyGuard
-from ftfleet.trainer.resilience.interruptions import Interruptions
-from ftfleet.trainer.resilience.metrics import Metrics, metrics_port
-from ftfleet.trainer.resilience.monitor import StepMonitor
-from ftfleet.trainer.resilience.node_metrics import NodeMetrics
-from ftfleet.trainer.resilience.preemption import Preemption
-from ftfleet.trainer.resilience.prior import prior_for
-from ftfleet.trainer.resilience.schedule import SaveSchedule
-from ftfleet.trainer.resilience.watcher import NoticeWatcher
+from ftfleet.trainer.resilience.anomaly.guard import AnomalyGuard
+from ftfleet.trainer.resilience.interval.prior import prior_for
+from ftfleet.trainer.resilience.interval.schedule import SaveSchedule
+from ftfleet.trainer.resilience.notices.watcher import NoticeWatcher
+from ftfleet.trainer.resilience.observability.metrics import Metrics, metrics_port
+from ftfleet.trainer.resilience.observability.monitor import StepMonitor
+from ftfleet.trainer.resilience.observability.node_metrics import NodeMetrics
+from ftfleet.trainer.resilience.preemption.boundary import Interruptions
+from ftfleet.trainer.resilience.preemption.sequence import Preemption
 
 if TYPE_CHECKING:
     from ftfleet.trainer.train import Run

@@ -1,17 +1,21 @@
 #!/bin/bash
 # Startup script of every ftfleet GPU node on GCP (instance metadata `startup-script`;
 # Compute Engine runs it as root at every boot). In order: read the node's name from
-# the metadata server; install what the node image lacks (Docker, the NVIDIA container
+# the metadata server; start the node health agent (what auto-healing probes, from
+# boot to shutdown); install what the node image lacks (Docker, the NVIDIA container
 # toolkit, the file system's client); mount the checkpoint file system; make the
 # checkpoint directory writable for the trainer's uid; pull the trainer image; write
-# the trainer's environment; start the trainer as a systemd service. A step that fails
-# (after its retries) stops the script and leaves no service: the group's health
-# check then finds no trainer, and auto-healing replaces the node after its initial
-# delay, which bounds how fast a broken image can churn the fleet.
+# the trainer's environment; start the trainer as a systemd service (after the mounts,
+# at every boot: it is not enabled). Before installing anything it turns off unattended
+# upgrades and holds the kernel and NVIDIA packages. A step that fails
+# (after its retries) stops the script: the agent then reports the node unhealthy (no
+# mount, no container runtime) and auto-healing replaces it after its initial delay,
+# which bounds how fast a broken image can churn the fleet. The agent never looks at
+# the trainer: a node between runs or in rendezvous is healthy.
 #
 # Rendered by infra/gcp/boot.py (values header: infra/bootscript.py). Every path the
 # script writes starts with $ROOT: empty on a node, a temporary directory in tests.
-# ftfleet-params: ROOT ROLE SERVICE IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
+# ftfleet-params: ROOT ROLE SERVICE HEALTH_SERVICE HEALTH_AGENT HEALTH_PORT GPUS IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -27,7 +31,17 @@ NVIDIA_KEY=https://nvidia.github.io/libnvidia-container/gpgkey
 NVIDIA_REPO="https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /"
 
 log() { echo "ftfleet-startup[$ROLE]: $*" >&2; }
-trap 'log "failed at line $LINENO: $BASH_COMMAND"' ERR
+# A failed boot tells the health agent, which then reports the node unhealthy: the
+# marker lives in /run, so a reboot (and this script running again) starts clean.
+BOOT_FAILED="$ROOT/run/ftfleet/boot-failed"
+boot_failed() {
+  log "failed at line $1: $2"
+  mkdir -p "$(dirname "$BOOT_FAILED")"
+  # The first failure is the cause; what fails after it (the trap on the caller) is not.
+  [[ -e $BOOT_FAILED ]] || echo "startup script failed at line $1: $2" >"$BOOT_FAILED"
+}
+trap 'boot_failed "$LINENO" "$BASH_COMMAND"' ERR
+rm -f "$BOOT_FAILED"
 
 metadata() {
   curl -sSf --retry 5 --retry-connrefused --max-time 10 -H "Metadata-Flavor: Google" "$METADATA/$1"
@@ -38,7 +52,7 @@ retry() {
   local attempt=1
   until "$@"; do
     if ((attempt >= ATTEMPTS)); then
-      log "giving up after $attempt attempts: $*"
+      boot_failed "$LINENO" "giving up after $attempt attempts: $*"
       return 1
     fi
     log "attempt $attempt of $ATTEMPTS failed: $*"
@@ -65,6 +79,47 @@ NODE_ID=$(metadata instance/name)
 RUN_DIR="$RUN_ROOT/$NODE_ID"
 log "node $NODE_ID: preparing ($STORAGE_KIND at $MOUNT_POINT, image $IMAGE_URI)"
 
+# --- the node health agent ------------------------------------------------------
+# Enabled, so systemd starts it at every boot before this script runs again.
+mkdir -p "$ROOT/usr/local/lib/ftfleet" "$ROOT/etc/systemd/system"
+base64 -d <<<"$HEALTH_AGENT" >"$ROOT/usr/local/lib/ftfleet/node_health.py"
+cat >"$ROOT/etc/systemd/system/$HEALTH_SERVICE.service" <<UNIT
+[Unit]
+Description=ftfleet node health agent (auto-healing probes it)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Environment=FTFLEET_HEALTH_PORT=$HEALTH_PORT
+Environment=FTFLEET_HEALTH_GPUS=$GPUS
+Environment=FTFLEET_HEALTH_MOUNT=$MOUNT_POINT
+Environment=FTFLEET_HEALTH_BOOT_FAILED=/run/ftfleet/boot-failed
+ExecStart=/usr/bin/python3 /usr/local/lib/ftfleet/node_health.py
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now "$HEALTH_SERVICE.service"
+
+# --- no package changes under a running job ------------------------------------
+# Ubuntu's unattended upgrades would replace the NVIDIA userspace under a loaded
+# driver, or install a kernel the Lustre client has no module for. The node's
+# packages stay as the pinned image (and this script) left them: the periodic apt
+# jobs are off and the kernel and NVIDIA packages are held.
+for unit in unattended-upgrades.service apt-daily.timer apt-daily-upgrade.timer; do
+  systemctl disable --now "$unit" 2>/dev/null || log "$unit: not present"
+done
+# shellcheck disable=SC2016 # dpkg-query's own ${field} syntax, not the shell's
+mapfile -t held < <(dpkg-query -W -f '${db:Status-Abbrev} ${Package}\n' \
+  'linux-image-*' 'linux-modules-*' 'linux-headers-*' 'linux-gcp*' '*nvidia*' 2>/dev/null |
+  awk '$1 == "ii" { print $2 }')
+if ((${#held[@]})); then
+  apt-mark hold "${held[@]}" >/dev/null
+fi
+
 # --- packages: one apt run for everything missing ------------------------------
 packages=()
 configure_nvidia=false
@@ -78,9 +133,9 @@ if ! command -v nvidia-ctk >/dev/null; then
 fi
 case "$STORAGE_KIND" in
   managed-lustre)
-    if ! command -v mount.lustre >/dev/null; then
-      # Google builds the client for specific kernels: the node image is pinned per
-      # deployment, so every node of one deployment finds the same package.
+    # Google builds the client's module for specific kernels. An existing mount.lustre
+    # proves nothing after a kernel change: the module for the running kernel does.
+    if ! modinfo -k "$(uname -r)" lustre >/dev/null 2>&1; then
       add_apt_repo lustre-client "$LUSTRE_KEY" "$LUSTRE_REPO lustre-client-ubuntu-$(codename) main"
       packages+=("lustre-client-modules-$(uname -r)" lustre-client-utils)
     fi
@@ -165,6 +220,9 @@ mkdir -p "$ROOT/etc/ftfleet" "$ROOT/etc/systemd/system"
   printf 'FTFLEET_RUN_DIR=%s\n' "$RUN_DIR"
 } >"$ROOT/etc/ftfleet/trainer.env"
 
+# Started by this script, never enabled: at boot systemd would start it before this
+# script mounts the file system, and /ckpt would be a directory on the boot disk. The
+# conditions keep a restart from running it on an unmounted node.
 cat >"$ROOT/etc/systemd/system/$SERVICE.service" <<UNIT
 [Unit]
 Description=ftfleet trainer ($ROLE)
@@ -172,6 +230,8 @@ Wants=network-online.target
 After=docker.service network-online.target
 Requires=docker.service
 RequiresMountsFor=$MOUNT_POINT
+ConditionPathIsMountPoint=$MOUNT_POINT
+ConditionPathIsMountPoint=$SHM_DIR
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f $SERVICE
@@ -183,10 +243,7 @@ TimeoutStopSec=$((STOP_SECONDS + 5))
 Restart=on-failure
 RestartSec=5
 RestartPreventExitStatus=$NO_RESTART_EXIT_CODES
-
-[Install]
-WantedBy=multi-user.target
 UNIT
 systemctl daemon-reload
-systemctl enable --now "$SERVICE.service"
+systemctl start "$SERVICE.service"
 log "node $NODE_ID: trainer started"

@@ -16,7 +16,7 @@ def reuse_clients(on: bool = True) -> None:
     """Let later stores of this process use the S3 client an earlier one built (boto3's
     clients are thread-safe). The in-process worker turns it on: its restarts are new
     starts of the same process, and building the primary's and the replica's clients
-    took 0.2 s of a drill restart's critical path (2026-11-26). Off by default: a
+    is a measurable part of a restart's critical path. Off by default: a
     client keeps the endpoint and credentials it was built with."""
     global _s3_clients
     _s3_clients = {} if on else None

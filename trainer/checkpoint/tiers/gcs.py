@@ -39,6 +39,10 @@ def retry_budget_s(retries: int) -> float:
     return max(RETRY_INITIAL_S, sum(waits))
 
 
+class ConcurrentWrite(RuntimeError):
+    """Another writer changed the object between this write's read and its upload."""
+
+
 class GCSStore(ObjectStore):
     name = "gcs"
 
@@ -103,9 +107,36 @@ class GCSStore(ObjectStore):
             return None
 
     def put_bytes(self, rel: str, data: bytes) -> None:
-        self._call(
-            self._blob(rel).upload_from_string, data, checksum="crc32c", retry=self._retry, missing_bucket_on_404=True
-        )
+        """Write a small object (a manifest, a commit marker) under a generation
+        precondition: created with ifGenerationMatch=0 when absent, replaced only at the
+        generation read just before, never blindly ("Request preconditions",
+        https://cloud.google.com/storage/docs/request-preconditions). A conditional
+        write is idempotent, so the retries are safe: a retry that finds its own
+        earlier attempt landed (the same bytes) is done, and a stale writer cannot
+        overwrite what another wrote meanwhile (ConcurrentWrite)."""
+        from google.api_core import exceptions as gexc
+
+        blob = self._blob(rel)
+        try:
+            self._call(blob.reload, retry=self._retry)
+            generation = int(blob.generation)
+        except gexc.NotFound:
+            generation = 0
+        try:
+            self._call(
+                blob.upload_from_string,
+                data,
+                checksum="crc32c",
+                if_generation_match=generation,
+                retry=self._retry,
+                missing_bucket_on_404=True,
+            )
+        except gexc.PreconditionFailed:
+            if self.get_bytes(rel) == data:
+                return
+            raise ConcurrentWrite(
+                f"{self.uri}: {rel} changed since generation {generation} was read; not overwritten"
+            ) from None
 
     def upload_file(self, path: Path, rel: str) -> None:
         # Re-uploading the same bytes under the same name is idempotent, so retrying an

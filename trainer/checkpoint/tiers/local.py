@@ -31,7 +31,9 @@ class LocalTier:
         return sorted(s for s in steps if s is not None)
 
     def committed_steps(self) -> list[int]:
-        return [s for s in self.all_steps() if (self.step_dir(s) / MANIFEST_NAME).is_file()]
+        """Steps whose directory holds a ``manifest.json`` of any kind: one that is not a
+        readable file is a damaged checkpoint, which restore reports and skips."""
+        return [s for s in self.all_steps() if (self.step_dir(s) / MANIFEST_NAME).exists()]
 
     def read_manifest(self, step: int) -> Manifest | None:
         return read_manifest(self.step_dir(step))
