@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from ftfleet import contract_doc
@@ -42,3 +44,28 @@ def test_the_readmes_own_loop_example_is_the_tested_example_file_and_under_40_li
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert block == code, "copy examples/own_loop.py (without its docstring) into the README"
     assert len(code.splitlines()) < 40
+
+
+def test_the_readme_is_a_front_page_of_at_most_250_lines():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250, "move detail to a page under docs/"
+
+
+def test_every_benchmark_section_links_the_raw_results_it_shows_and_each_exists():
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    assert len(text.splitlines()) <= 300, "BENCHMARKS.md shows current results only; older runs live in git"
+    sections = text.split("\n## ")[1:]
+    for section in sections:
+        title = section.splitlines()[0]
+        links = re.findall(r"\(\.\./bench/results/([^)]+\.json)\)", section)
+        assert title == "Summary" or links, f"section {title!r} names no raw results (bench/results/*.json)"
+        for name in links:
+            assert (ROOT / "bench" / "results" / name).is_file(), f"{title}: {name} is not in bench/results/"
+
+
+def test_every_raw_result_says_what_ran_where_when_and_on_which_commit():
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        doc = json.loads(path.read_text())
+        assert doc["format"] == "ftfleet-bench/1", path.name
+        for key in ("bench", "command", "started_utc", "commit", "machine", "figures"):
+            assert doc.get(key), f"{path.name}: no {key}"
+        assert path.name.startswith(f"{doc['bench']}-{doc['started_utc'][:10]}-{doc['commit']['short']}"), path.name
