@@ -2,7 +2,8 @@
 
 The reference runs: the uninterrupted runs of the trainer, computed once per test run,
 by whichever of pytest-xdist's workers needs one first (every scenario compares against
-the same ones).
+the same ones). botocore's service models are parsed once per test process, not once per
+boto3 session (:func:`_one_botocore_loader`).
 
 The tiers (CONTRIBUTING.md): a test that starts a process (a trainer, torchrun, a
 server in a process of its own, any ``subprocess`` or ``multiprocessing`` child) is
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import tempfile
@@ -28,6 +30,21 @@ import pytest
 from tests import tiers
 from tests.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 - fixtures for every folder
 from tests.trainer.conftest import run_trainer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_botocore_loader() -> Iterator[None]:
+    """Every botocore session of a test process shares one data loader. Each boto3 session
+    otherwise parses the service models it uses again (megabytes of JSON for S3), and
+    the functions' tests make a session per test. A loader's cache is what one session
+    shares among its clients already."""
+    import botocore.loaders
+    import botocore.session
+
+    shared = functools.lru_cache(maxsize=None)(botocore.loaders.create_loader)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(botocore.session, "create_loader", shared)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

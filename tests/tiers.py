@@ -1,13 +1,14 @@
 """The rule of the fast tier: a test not marked ``integration`` launches no Python
-process and no server process.
+process, no shell script and no server process.
 
 :func:`guard` wraps each test (setup, call and teardown, so a fixture's server process
 counts too). When ``FTFLEET_TEST_TIER`` is ``fast`` and the test is not marked
 ``integration``, launching one raises :class:`LaunchInUnitTest` naming the test and the
-marker it lacks. A Python process is what costs: an interpreter that imports torch, a
-trainer, torchrun, a multiprocessing child, the image's entrypoint. Small tools (bash
-running a boot script against stubs, shellcheck, the dynamic loader) are part of unit
-tests. Otherwise nothing changes.
+marker it lacks. What costs is a Python process (an interpreter that imports torch, a
+trainer, torchrun, a multiprocessing child, the image's entrypoint) and a shell script
+run for real (a boot script against its stubs forks a process per command). Single
+tools (shellcheck, the dynamic loader's ``--list-tunables``) are part of unit tests.
+Otherwise nothing changes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ ENV = "FTFLEET_TEST_TIER"
 #: Programs whose launch makes a test an integration test, matched against the basename
 #: of every word of the command line (a ``nice``, ``setpriv`` or shell prefix included).
 LAUNCHES = re.compile(r"^(python[0-9.]*|torchrun|docker-entrypoint|gcs-emulator|fake[-_]gcs[-_]server.*)$")
+#: Shells: a launch when they are the program run (not a word such as ``--shell bash``).
+SHELLS = re.compile(r"^(bash|sh|dash)$")
 
 
 class LaunchInUnitTest(RuntimeError):
@@ -54,7 +57,8 @@ def _install() -> None:
 
     def execute_child(self: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
         words = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
-        if any(LAUNCHES.match(os.path.basename(os.fsdecode(w))) for w in words):
+        names = [os.path.basename(os.fsdecode(w)) for w in words]
+        if any(LAUNCHES.match(n) for n in names) or (names and SHELLS.match(names[0])):
             _refuse(f"subprocess {args!r:.80}")
         return execute(self, args, *rest, **kwargs)
 

@@ -185,6 +185,7 @@ def started_trainer(stubs: Stubs) -> bool:
     return any(c.args[:1] == ["start"] for c in stubs.calls("systemctl"))
 
 
+@pytest.mark.integration
 def test_a_coordinator_boots_in_order(node):
     result = boot(node, "coordinator")
     assert result.returncode == 0, result.stderr + log_of(node)
@@ -215,6 +216,7 @@ def test_a_coordinator_boots_in_order(node):
     assert "boot done" in log_of(node)
 
 
+@pytest.mark.integration
 def test_the_trainer_gets_the_whole_contract_and_its_own_directories(node):
     assert boot(node, "worker").returncode == 0, log_of(node)
     lines = (node.root / "etc/ftfleet/trainer.env").read_text().splitlines()
@@ -240,6 +242,7 @@ def test_the_trainer_gets_the_whole_contract_and_its_own_directories(node):
     assert all(Path(p).is_dir() for p in paths)
 
 
+@pytest.mark.integration
 def test_the_trainer_unit_never_restarts_a_final_exit_and_the_image_unit_pulls_first(node):
     assert boot(node, "worker").returncode == 0, log_of(node)
     units = node.root / "etc/systemd/system"
@@ -258,6 +261,7 @@ def test_the_trainer_unit_never_restarts_a_final_exit_and_the_image_unit_pulls_f
     assert start == [["start", "--no-block", "ftfleet-trainer.service"]]
 
 
+@pytest.mark.integration
 def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(node):
     assert boot(node, "worker").returncode == 0, log_of(node)
     tmpfs = [c.args for c in node.calls("mount") if c.args[:2] == ["-t", "tmpfs"]]
@@ -271,6 +275,7 @@ def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(
     assert f"-v {contract.SHM_MOUNT}:{contract.SHM_MOUNT} " in trainer
 
 
+@pytest.mark.integration
 def test_a_kernel_without_huge_pages_for_tmpfs_gets_plain_pages(node):
     node.stub("mount", match="huge=within_size", rc=32)
     assert boot(node, "worker").returncode == 0, log_of(node)
@@ -279,6 +284,7 @@ def test_a_kernel_without_huge_pages_for_tmpfs_gets_plain_pages(node):
     assert "4 KiB pages" in log_of(node) and started_trainer(node)
 
 
+@pytest.mark.integration
 def test_fstab_orders_the_mount_after_a_unit_ubuntu_has(node):
     assert boot(node).returncode == 0, log_of(node)
     (line,) = (node.root / "etc/fstab").read_text().splitlines()
@@ -288,6 +294,7 @@ def test_fstab_orders_the_mount_after_a_unit_ubuntu_has(node):
     assert mount.args[-2:] == ["fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com@tcp:/abcdefgh", f"{node.root}/fsx"]
 
 
+@pytest.mark.integration
 def test_an_ami_with_a_lustre_client_skips_the_install(node):
     node.stub("modinfo", match="lustre", rc=0, first=True)
     assert boot(node).returncode == 0, log_of(node)
@@ -295,6 +302,7 @@ def test_an_ami_with_a_lustre_client_skips_the_install(node):
     assert "already has a Lustre client" in log_of(node)
 
 
+@pytest.mark.integration
 def test_a_kernel_the_fsx_repository_lacks_fails_the_boot_with_one_clear_line(node):
     node.stub("apt-cache", match=f"show lustre-client-modules-{KERNEL}", rc=100)
     result = boot(node)
@@ -306,6 +314,7 @@ def test_a_kernel_the_fsx_repository_lacks_fails_the_boot_with_one_clear_line(no
     assert len(node.calls("apt-get")) == 1  # no install attempted
 
 
+@pytest.mark.integration
 def test_an_os_without_a_release_codename_fails_the_boot_with_one_clear_line(node):
     (node.root / "etc" / "os-release").write_text('NAME="Something"\n')
     assert boot(node).returncode == 1
@@ -313,6 +322,7 @@ def test_an_os_without_a_release_codename_fails_the_boot_with_one_clear_line(nod
     assert not node.calls("apt-get") and asked_for_replacement(node)
 
 
+@pytest.mark.integration
 def test_apt_is_retried_with_backoff_while_another_process_holds_its_lock(node):
     node.stub("apt-get", match="update", rc=100, stderr="Could not get lock", times=3)
     assert boot(node).returncode == 0, log_of(node)
@@ -320,6 +330,7 @@ def test_apt_is_retried_with_backoff_while_another_process_holds_its_lock(node):
     assert sleeps(node) == [5, 10, 20]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "command, match, step",
     [
@@ -351,6 +362,7 @@ def test_a_step_that_keeps_failing_fails_the_boot_and_asks_for_a_replacement(nod
     assert not started_trainer(node)
 
 
+@pytest.mark.integration
 def test_a_node_that_cannot_read_its_identity_cannot_ask_for_a_replacement(node):
     node.stub("curl", match="meta-data/instance-id", rc=22, first=True)
     assert boot(node).returncode == 1
@@ -359,6 +371,7 @@ def test_a_node_that_cannot_read_its_identity_cannot_ask_for_a_replacement(node)
     assert not aws_calls(node, "autoscaling")
 
 
+@pytest.mark.integration
 def test_the_coordinator_waits_until_its_record_is_insync(node):
     assert boot(node, "coordinator").returncode == 0, log_of(node)
     upsert, wait = aws_calls(node, "route53")
@@ -375,6 +388,7 @@ def test_the_coordinator_waits_until_its_record_is_insync(node):
     assert wait == ["route53", "wait", "resource-record-sets-changed", "--id", CHANGE]
 
 
+@pytest.mark.integration
 def test_a_throttled_dns_change_is_retried(node):
     node.stub("aws", match="change-resource-record-sets", rc=255, stderr="Throttling", times=2, first=True)
     assert boot(node, "coordinator").returncode == 0, log_of(node)
@@ -382,6 +396,7 @@ def test_a_throttled_dns_change_is_retried(node):
     assert sleeps(node) == [5, 10]
 
 
+@pytest.mark.integration
 def test_a_worker_retries_the_coordinators_name_and_never_publishes(node):
     node.stub("getent", rc=2, times=2)
     assert boot(node, "worker").returncode == 0, log_of(node)
@@ -391,6 +406,7 @@ def test_a_worker_retries_the_coordinators_name_and_never_publishes(node):
     assert not aws_calls(node, "route53")
 
 
+@pytest.mark.integration
 def test_a_worker_starts_even_before_the_coordinator_resolves(node):
     node.stub("getent", rc=2)
     assert boot(node, "worker").returncode == 0, log_of(node)
@@ -398,6 +414,7 @@ def test_a_worker_starts_even_before_the_coordinator_resolves(node):
     assert started_trainer(node) and not asked_for_replacement(node)
 
 
+@pytest.mark.integration
 def test_with_efa_every_device_is_passed_into_the_container(node):
     devices = node.root / "dev" / "infiniband"
     devices.mkdir(parents=True)
@@ -409,12 +426,14 @@ def test_with_efa_every_device_is_passed_into_the_container(node):
     assert "rdma_cm" not in trainer
 
 
+@pytest.mark.integration
 def test_efa_without_devices_fails_the_boot_with_one_clear_line(node):
     assert boot(node, "worker", efa_enabled=True).returncode == 1
     assert "efaEnabled is true but /dev/infiniband has no uverbs devices" in log_of(node)
     assert asked_for_replacement(node) and not started_trainer(node)
 
 
+@pytest.mark.integration
 def test_without_efa_no_device_is_passed(node):
     assert boot(node, "worker", efa_enabled=False).returncode == 0, log_of(node)
     assert "--device" not in (node.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
@@ -438,6 +457,7 @@ def recent_keys(n: int, *, age_s: int = 60, role: str = "worker") -> str:
     return "\t".join(keys) + "\n"
 
 
+@pytest.mark.integration
 def test_the_pull_retries_with_backoff_until_the_image_is_pushed_and_asks_once_for_a_replacement(node):
     node.stub("docker", match="^pull ", rc=1, stderr="manifest unknown", times=10)
     result = helper(node, "pull")
@@ -451,6 +471,7 @@ def test_the_pull_retries_with_backoff_until_the_image_is_pushed_and_asks_once_f
     assert login.args[-1] == "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 
 
+@pytest.mark.integration
 def test_a_replacement_is_recorded_then_asked_for_within_the_bound(node):
     node.stub("aws", match="list-objects-v2", stdout=recent_keys(contract.REPLACEMENT_BUDGET), first=True)
     result = helper(node, "replace", "'test reason'")
@@ -465,6 +486,7 @@ def test_a_replacement_is_recorded_then_asked_for_within_the_bound(node):
     assert not aws_calls(node, "autoscaling", "terminate-instance-in-auto-scaling-group")
 
 
+@pytest.mark.integration
 def test_past_the_bound_a_node_leaves_its_group_without_a_replacement(node):
     node.stub("aws", match="list-objects-v2", stdout=recent_keys(contract.REPLACEMENT_BUDGET + 1), first=True)
     assert helper(node, "replace", "bad-image").returncode == 0
@@ -474,6 +496,7 @@ def test_past_the_bound_a_node_leaves_its_group_without_a_replacement(node):
     assert "over the bound" in log_of(node)
 
 
+@pytest.mark.integration
 def test_past_the_bound_at_the_minimum_size_a_node_stays_up_and_says_why(node):
     node.stub("aws", match="list-objects-v2", stdout=recent_keys(contract.REPLACEMENT_BUDGET + 1), first=True)
     node.stub("aws", match="terminate-instance", rc=254, stderr="ValidationError: below min size")
@@ -482,6 +505,7 @@ def test_past_the_bound_at_the_minimum_size_a_node_stays_up_and_says_why(node):
     assert "stays up, idle and not replaced" in log_of(node)
 
 
+@pytest.mark.integration
 def test_replacements_older_than_the_window_do_not_count(node):
     old = recent_keys(10, age_s=contract.REPLACEMENT_WINDOW_S + 5)
     node.stub("aws", match="list-objects-v2", stdout=old, first=True)
@@ -489,6 +513,7 @@ def test_replacements_older_than_the_window_do_not_count(node):
     assert asked_for_replacement(node)
 
 
+@pytest.mark.integration
 def test_a_node_that_cannot_count_replacements_does_not_ask_for_one(node):
     node.stub("aws", match="list-objects-v2", rc=255, stderr="AccessDenied", first=True)
     assert helper(node, "replace", "x").returncode == 1
@@ -496,6 +521,7 @@ def test_a_node_that_cannot_count_replacements_does_not_ask_for_one(node):
     assert "cannot list" in log_of(node)
 
 
+@pytest.mark.integration
 def test_a_failed_boot_past_the_bound_does_not_ask_for_a_replacement(node):
     node.stub("aws", match="list-objects-v2", stdout=recent_keys(10, role="coordinator"), first=True)
     node.stub("mount", rc=32)

@@ -55,6 +55,7 @@ def test_a_script_over_the_size_limit_is_refused(template):
         bootscript.render(template, {"GREETING": "x" * 200, "ROOT": "", "TIMES": 1}, max_bytes=100)
 
 
+@pytest.mark.integration
 def test_the_rendered_script_runs_against_stubs_and_writes_under_root(template, tmp_path):
     stubs = Stubs(tmp_path)
     stubs.stub("curl", match="instance-id", stdout="i-0abc")
@@ -66,6 +67,7 @@ def test_the_rendered_script_runs_against_stubs_and_writes_under_root(template, 
     assert stubs.order() == ["curl -sf"]
 
 
+@pytest.mark.integration
 def test_stub_rules_apply_in_order_and_are_used_up(tmp_path):
     stubs = Stubs(tmp_path)
     stubs.stub("docker", match="^pull ", rc=1, stderr="toomanyrequests", times=2)

@@ -103,6 +103,7 @@ def test_every_rendered_shutdown_script_passes_shellcheck(model, tmp_path):
     assert shellcheck(boot.shutdown_script(model), tmp_path) == ""
 
 
+@pytest.mark.integration
 def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     stubs.add("nvidia-ctk")
     result = stubs.run(render(stubs))
@@ -137,6 +138,7 @@ def test_a_worker_installs_mounts_pulls_and_starts_in_that_order(stubs):
     assert stubs.calls("systemctl")[-1].args == ["start", "ftfleet-trainer.service"]
 
 
+@pytest.mark.integration
 def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
     stubs.add("nvidia-ctk")
     assert stubs.run(render(stubs)).returncode == 0
@@ -153,6 +155,7 @@ def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
     assert env["FTFLEET_RUN_DIR"] == f"/ckpt/runs/gcp-dev/{NODE}"  # per node, on the fast tier
 
 
+@pytest.mark.integration
 def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(stubs):
     stubs.add("nvidia-ctk")
     assert stubs.run(render(stubs)).returncode == 0
@@ -166,6 +169,7 @@ def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(
     assert f"-v {contract.SHM_MOUNT}:{contract.SHM_MOUNT} " in unit
 
 
+@pytest.mark.integration
 def test_a_kernel_without_huge_pages_for_tmpfs_gets_plain_pages_on_gcp(stubs):
     stubs.add("nvidia-ctk")
     stubs.stub("mount", match="huge=within_size", rc=32)
@@ -185,6 +189,7 @@ def test_the_trainers_preemption_deadline_is_the_extended_notice_plus_the_shutdo
     contract.check_env({**env, "FTFLEET_NODE_ID": NODE})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("model, stop", [("SPOT", 25), ("STANDARD", 100)])
 def test_the_service_stops_within_the_shutdown_budget_and_never_restarts_a_terminal_exit(stubs, model, stop):
     stubs.add("nvidia-ctk")
@@ -198,6 +203,7 @@ def test_the_service_stops_within_the_shutdown_budget_and_never_restarts_a_termi
     assert "Description=ftfleet trainer (coordinator)" in unit
 
 
+@pytest.mark.integration
 def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository(stubs):
     stubs.stub("modinfo", first=True)  # the Lustre module of the running kernel is there
     result = stubs.run(render(stubs))
@@ -214,6 +220,7 @@ def test_a_node_image_without_the_nvidia_toolkit_gets_it_from_nvidias_repository
     assert stubs.calls("docker") == []
 
 
+@pytest.mark.integration
 def test_a_node_image_with_every_client_installs_nothing(stubs):
     stubs.stub("modinfo", first=True)
     stubs.add("nvidia-ctk")
@@ -222,6 +229,7 @@ def test_a_node_image_with_every_client_installs_nothing(stubs):
     assert stubs.calls("modinfo")[0].args == ["-k", os.uname().release, "lustre"]
 
 
+@pytest.mark.integration
 def test_after_a_kernel_change_the_lustre_module_is_reinstalled_whatever_mount_lustre_says(stubs):
     # The tools of the previous kernel's client are still installed; its module is not
     # built for the kernel now running.
@@ -233,6 +241,7 @@ def test_after_a_kernel_change_the_lustre_module_is_reinstalled_whatever_mount_l
     assert first(stubs.order(), "apt-get -o") < first(stubs.order(), "modprobe lustre")
 
 
+@pytest.mark.integration
 def test_unattended_upgrades_are_off_and_kernel_and_nvidia_packages_held_before_any_install(stubs):
     stubs.add("nvidia-ctk")
     assert stubs.run(render(stubs)).returncode == 0
@@ -247,6 +256,7 @@ def test_unattended_upgrades_are_off_and_kernel_and_nvidia_packages_held_before_
     assert first(order, "systemctl disable") < first(order, "apt-mark hold") < first(order, "apt-get -o")
 
 
+@pytest.mark.integration
 def test_a_reboot_starts_the_trainer_only_after_this_script_has_mounted_the_file_system(stubs):
     stubs.add("nvidia-ctk")
     assert stubs.run(render(stubs)).returncode == 0
@@ -261,6 +271,7 @@ def test_a_reboot_starts_the_trainer_only_after_this_script_has_mounted_the_file
     assert first(order, "mount -t") < first(order, "systemctl start")
 
 
+@pytest.mark.integration
 def test_a_mount_that_keeps_failing_stops_the_boot_before_the_image(stubs):
     stubs.add("nvidia-ctk")
     stubs.stub("mount", rc=32, stderr="mount.lustre: mount 10.40.240.5@tcp:/ftfleet failed: Connection refused")
@@ -271,6 +282,7 @@ def test_a_mount_that_keeps_failing_stops_the_boot_before_the_image(stubs):
     assert stubs.calls("docker") == [] and not (stubs.root / "etc/systemd/system/ftfleet-trainer.service").exists()
 
 
+@pytest.mark.integration
 def test_a_failed_package_install_stops_the_boot_before_the_mount(stubs):
     stubs.stub("apt-get", match="install", rc=100, stderr="E: Unable to locate package lustre-client-modules")
     result = stubs.run(render(stubs))
@@ -278,6 +290,7 @@ def test_a_failed_package_install_stops_the_boot_before_the_mount(stubs):
     assert stubs.calls("mount") == [] and stubs.calls("docker") == []
 
 
+@pytest.mark.integration
 def test_the_image_pull_is_retried_until_it_succeeds(stubs):
     stubs.add("nvidia-ctk")
     stubs.stub("docker", match="^pull ", rc=1, stderr="toomanyrequests", times=2)
@@ -287,6 +300,7 @@ def test_the_image_pull_is_retried_until_it_succeeds(stubs):
     assert stubs.calls("systemctl")[-1].args == ["start", "ftfleet-trainer.service"]
 
 
+@pytest.mark.integration
 def test_an_image_that_never_pulls_tells_the_health_agent_and_starts_no_trainer(stubs):
     stubs.add("nvidia-ctk")
     stubs.stub("docker", match="^pull ", rc=1, stderr="manifest unknown")
@@ -301,6 +315,7 @@ def test_an_image_that_never_pulls_tells_the_health_agent_and_starts_no_trainer(
     assert "docker pull" in failed and failed.startswith("startup script failed at line")
 
 
+@pytest.mark.integration
 def test_the_health_agent_is_running_before_anything_can_fail_and_a_new_boot_starts_clean(stubs):
     stubs.add("nvidia-ctk")
     (stubs.root / "run/ftfleet").mkdir(parents=True)
@@ -324,6 +339,7 @@ def test_the_health_agent_is_running_before_anything_can_fail_and_a_new_boot_sta
     assert not (stubs.root / "run/ftfleet/boot-failed").exists()
 
 
+@pytest.mark.integration
 def test_parallelstore_runs_the_daos_agent_on_the_access_points_and_mounts_with_dfuse(stubs):
     stubs.add("nvidia-ctk")
     result = stubs.run(render(stubs, kind="parallelstore"))
@@ -344,6 +360,7 @@ def shutdown(stubs: Stubs, model="SPOT"):
     return stubs.run(boot.shutdown_script(model, root=str(stubs.root)))
 
 
+@pytest.mark.integration
 def test_a_preempted_node_hands_the_notice_to_the_trainer_within_the_spot_budget(stubs):
     stubs.stub("curl", match="instance/preempted", stdout="TRUE")
     stubs.stub("docker", match="^inspect", stdout="true\n")
@@ -353,6 +370,7 @@ def test_a_preempted_node_hands_the_notice_to_the_trainer_within_the_spot_budget
     assert "preempted=TRUE" in (stubs.root / "var/log/ftfleet/shutdown.log").read_text()
 
 
+@pytest.mark.integration
 def test_a_standard_vm_shutdown_gives_the_trainer_its_longer_budget(stubs):
     stubs.stub("curl", match="instance/preempted", stdout="FALSE")
     stubs.stub("docker", match="^inspect", stdout="true\n")
@@ -360,12 +378,14 @@ def test_a_standard_vm_shutdown_gives_the_trainer_its_longer_budget(stubs):
     assert [c.args for c in stubs.calls("docker")][-1] == ["stop", "--time", "100", "ftfleet-trainer"]
 
 
+@pytest.mark.integration
 def test_shutdown_with_no_trainer_running_stops_nothing(stubs):
     stubs.stub("docker", match="^inspect", rc=1, stderr="No such object: ftfleet-trainer")
     assert shutdown(stubs).returncode == 0
     assert [c.args[0] for c in stubs.calls("docker")] == ["inspect"]
 
 
+@pytest.mark.integration
 def test_shutdown_still_stops_the_trainer_when_the_metadata_server_does_not_answer(stubs):
     stubs.stub("curl", match="instance/preempted", rc=7, stderr="Failed to connect")
     stubs.stub("docker", match="^inspect", stdout="true\n")
