@@ -227,7 +227,7 @@ def _check_unknown_keys(raw: Mapping[str, Any], schema: Mapping[str, Any]) -> No
     for key in raw:
         if key not in schema:
             hint = difflib.get_close_matches(key, list(schema), n=1)
-            fix = f"did you mean {PROJECT}:{hint[0]}?" if hint else "see the config reference in README.md"
+            fix = f"did you mean {PROJECT}:{hint[0]}?" if hint else "see the config reference in docs/CONFIG.md"
             raise ConfigError(f"unknown config key {PROJECT}:{key}: {fix}")
 
 

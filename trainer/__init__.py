@@ -2,7 +2,7 @@
 use, and a reference training program built on them
 (``torchrun ... -m ftfleet.trainer --config FILE``).
 
-The library, for a loop of your own (README, "Your own loop"; ``examples/own_loop.py``)::
+The library, for a loop of your own (README, "Your own training loop"; ``examples/own_loop.py``)::
 
     from ftfleet.trainer import AppState, CheckpointManager, Preemption
 

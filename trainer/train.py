@@ -4,7 +4,7 @@ restore, step, save, stop, drain, summarize.
 The loop's extension point is the :class:`~ftfleet.trainer.callbacks.Callback`; its own
 resilience pieces (notices, anomalies, the save schedule, the step monitor) are
 callbacks or small objects wired by :class:`~ftfleet.trainer.resilience.reference.Resilience`.
-A loop of your own can use the same pieces without this one (README: "Your own loop").
+A loop of your own can use the same pieces without this one (README: "Your own training loop").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The first `pulumi up` creates the repository, so nobody can have pushed the trainer
 image yet. `image_pushed` asks ECR, once the repository exists, whether the configured
-tag is there; the program keeps the node groups at 0 until it is (README: First
+tag is there; the program keeps the node groups at 0 until it is (README: AWS: first
 deploy), so no GPU node waits for an image nobody has pushed. A later `pulumi up` with a
 tag that is not pushed shows the groups going to 0 in its preview.
 """

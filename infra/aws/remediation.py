@@ -1,6 +1,6 @@
 """Remediation: the functions that let the fleet and its checkpoints repair themselves.
 
-One function per folder of ``lambdas/`` (see README.md's table), each packaged straight
+One function per folder of ``lambdas/`` (see docs/AWS.md's table), each packaged straight
 from its folder (infra/aws/lambda_package.py) with its own role (infra/aws/
 remediation_iam.py), its own log group with retention, an SQS dead-letter queue for
 its failed invocations and for events EventBridge could not deliver, bounded retries

@@ -170,7 +170,7 @@ def fleet_status(args: list) -> str:
     if pushed:
         return f"running: nodes pull {image}"
     line = (
-        f"held at 0 nodes: {image} is not in the registry yet; push it (README: First deploy), "
+        f"held at 0 nodes: {image} is not in the registry yet; push it (README: AWS: first deploy), "
         "then run `pulumi up` again"
     )
     pulumi.log.warn(line)

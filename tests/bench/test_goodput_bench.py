@@ -183,8 +183,8 @@ def test_markdown_and_plot(bench, tmp_path):
 
 
 def test_the_two_level_model_from_a_runs_measured_costs(bench):
-    """The inprocess row of the run of 2026-11-26 07:25 (docs/BENCHMARKS.md), whose
-    model was first worked out by hand: 0.882."""
+    """An inprocess row of a full goodput run, whose model was worked out by hand:
+    0.882."""
     r = {
         "snapshots": 33,
         "snapshot_blocked_s": 0.137,

@@ -57,7 +57,7 @@ def test_until_the_image_is_pushed_both_groups_hold_at_zero_nodes_and_say_so():
     assert sizes["workers"]["maxSize"] == 32
     status = rec.outputs["fleet_status"]
     assert status.startswith("held at 0 nodes:") and rec.outputs["trainer_image"] in status
-    assert "README: First deploy" in status and "\n" not in status
+    assert "README: AWS: first deploy" in status and "\n" not in status
 
 
 def test_once_the_image_is_pushed_the_groups_take_their_configured_sizes():
