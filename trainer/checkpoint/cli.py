@@ -22,6 +22,7 @@ from typing import Any
 
 from ftfleet.contract import parse_step_dir, step_dir_name
 from ftfleet.errors import UserError
+from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.manifest import Manifest, ManifestError, checksum_stream, verify_dir
 from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
 
@@ -45,6 +46,14 @@ def register(subparsers: Any) -> None:
             help="S3 endpoint (default: $AWS_ENDPOINT_URL, else AWS)",
         )
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "list":
+            p.add_argument(
+                "--retention",
+                action="append",
+                metavar="RULE",
+                help="a rule of the run's checkpoint.retention, repeated in order (default: the default "
+                "schedule); the 'kept by' column names the rule that keeps each checkpoint in a durable tier",
+            )
         if name == "inspect":
             p.add_argument(
                 "--tensors",
@@ -154,17 +163,22 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
             world_size=manifest.world_size,
             run_id=manifest.run_id,
             created=_when(manifest.created_at),
+            created_at=manifest.created_at,
         )
         rows.append(row)
+    if not full:
+        _kept_by(rows, getattr(args, "retention", None))
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"{'step':>8}  {'status':<11} {'files':>5} {'size':>10}  {'ranks':>5}  {'created':<19}  run")
+        kept = "  kept by" if not full else ""
+        print(f"{'step':>8}  {'status':<11} {'files':>5} {'size':>10}  {'ranks':>5}  {'created':<19}  run{kept}")
         for r in rows:
             print(
                 f"{r['step']:>8}  {r['status']:<11} {r.get('files', '-'):>5} "
                 f"{_size(r.get('bytes')):>10}  {r.get('world_size', '-'):>5}  "
                 f"{r.get('created', '-'):<19}  {r.get('run_id', '-')}"
+                + (f"  {r.get('kept_by') or '-'}" if not full else "")
             )
             for p in r["problems"]:
                 print(f"{'':>10}{'!' if r['status'] == 'CORRUPT' else '-'} {p}")
@@ -175,6 +189,18 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
         print(f"{bad} corrupt checkpoint(s) in {target.tier.describe()}", file=sys.stderr)
         return 1
     return 0
+
+
+def _kept_by(rows: list[dict[str, Any]], rules: list[str] | None) -> None:
+    """Set each committed row's ``kept_by``: the rule of the durable tiers' schedule that
+    keeps it (:func:`~ftfleet.trainer.checkpoint.retention.keep_reasons`), or None where
+    the schedule would delete it."""
+    schedule = retention.parse_schedule(rules or retention.DEFAULT_SCHEDULE, key="--retention")
+    created = {r["step"]: r["created_at"] for r in rows if "created_at" in r}
+    reasons = retention.keep_reasons(created, schedule)
+    for r in rows:
+        if "created_at" in r:
+            r["kept_by"] = reasons.get(r["step"])
 
 
 def cmd_list(args: argparse.Namespace) -> int:

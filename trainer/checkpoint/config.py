@@ -9,6 +9,7 @@ import os
 
 from ftfleet.contract import UPLOAD_MODES
 from ftfleet.errors import ConfigError, require_positive
+from ftfleet.trainer.checkpoint.retention import DEFAULT_SCHEDULE, parse_schedule
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -23,6 +24,13 @@ class CheckpointConfig:
     fail verification, and then the one before it is the one that restores)."""
     pinned_steps: list[int] = dataclasses.field(default_factory=list)
     """Steps never deleted by retention (e.g. an evaluation point)."""
+    retention: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_SCHEDULE))
+    """Which checkpoints the durable tiers (the buckets) keep: rules ``<every> for <window>``
+    (units m, h, d, w), the default keeping every checkpoint of the last 6 hours, the
+    newest of each day for 7 days and of each week for 13 weeks. Windows end at the
+    newest checkpoint; the newest checkpoint and pinned_steps are always kept; the
+    bucket's lifecycle rules still move what is kept to colder storage. The fast tier
+    keeps ``keep``."""
     async_save: bool | str = True
     """dcp.async_save with staging (training blocks only for the copy). False: dcp.save.
     ``auto``: each interval save in the mode measured cheaper for training (blocked time
@@ -97,6 +105,7 @@ class CheckpointConfig:
                 f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "
                 "(the newest may still be uploading or fail verification)"
             )
+        parse_schedule(self.retention)
         if any(s < 0 for s in self.pinned_steps):
             raise ConfigError(f"checkpoint.pinned_steps={self.pinned_steps}: steps are >= 0")
         require_positive("checkpoint.thread_count", self.thread_count)

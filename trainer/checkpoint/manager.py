@@ -192,7 +192,7 @@ class CheckpointManager:
                 self.local,
                 up_comm,
                 workers=cfg.transfer_workers,
-                keep=cfg.keep,
+                schedule=retention.parse_schedule(cfg.retention),
                 pinned=cfg.pinned_steps,
             )
 

@@ -18,7 +18,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,7 +38,7 @@ class Uploader:
         comm: Any,
         *,
         workers: int,
-        keep: int,
+        schedule: Sequence[retention.Rule] | None = None,
         pinned: Iterable[int] = (),
         on_durable: Callable[[int], None] | None = None,
     ):
@@ -46,7 +46,8 @@ class Uploader:
         self.local = local
         self.comm = comm
         self.workers = workers
-        self.keep = keep
+        #: The bucket's retention (``checkpoint.retention``), applied after each upload.
+        self.schedule = retention.parse_schedule(retention.DEFAULT_SCHEDULE) if schedule is None else tuple(schedule)
         self.pinned = list(pinned)
         self.on_durable = on_durable
         self.durable_steps: list[int] = []
@@ -164,6 +165,6 @@ class Uploader:
                 manifest.total_bytes / 1e6,
                 time.monotonic() - t0,
             )
-            retention.prune(self.store, self.keep, self.pinned, protected=[step])
+            retention.prune_by_schedule(self.store, self.schedule, self.pinned, protected=[step])
         if self.on_durable is not None:
             self.on_durable(step)

@@ -90,7 +90,7 @@ def upload(store, root, steps):
     from ftfleet.trainer.checkpoint.upload import Uploader
 
     for step in steps:
-        up = Uploader(store, LocalTier(root), LocalComm(), workers=2, keep=10)
+        up = Uploader(store, LocalTier(root), LocalComm(), workers=2)
         up.submit(read_manifest(root / f"step-{step}"))
         assert up.close(wait=True, timeout=60) and up.durable_steps == [step]
 

@@ -30,7 +30,7 @@ def local(tmp_path, ref1):
 
 def upload_all(store, local, one_by_one=True):
     """Upload steps 20, 22, 24; all at once, the uploader skips to the newest."""
-    up = Uploader(store, local, LocalComm(), workers=4, keep=5)
+    up = Uploader(store, local, LocalComm(), workers=4)
     for step in (20, 22, 24):
         up.submit(read_manifest(local.step_dir(step)))
         while one_by_one and not up.idle():

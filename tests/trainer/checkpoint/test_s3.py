@@ -54,7 +54,7 @@ def test_restore_comes_from_the_replica_when_the_primary_bucket_is_missing(tmp_p
     # reference run, uploaded the way the trainer uploads (the trainer's own upload is
     # tested above).
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "a", [12])
-    up = Uploader(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), LocalTier(root), LocalComm(), workers=2, keep=2)
+    up = Uploader(S3Store(f"s3://{bucket}/run", endpoint_url=moto_url), LocalTier(root), LocalComm(), workers=2)
     up.submit(read_manifest(root / "step-12"))
     assert up.close(wait=True, timeout=60) and up.durable_steps == [12]
     # A new job in the other region: empty fast tier, primary bucket gone.
@@ -126,7 +126,7 @@ def test_an_upload_that_keeps_failing_never_writes_a_manifest(tmp_path, s3proxy,
     root = copy_steps(ref1["run_dir"] / "checkpoints", tmp_path / "ck", [24])
     s3proxy.fail_every(1, status=500, methods=("PUT",))
     store = S3Store(f"s3://{bucket}/run", endpoint_url=s3proxy.url, retries=2)
-    up = Uploader(store, LocalTier(root), LocalComm(), workers=2, keep=2)
+    up = Uploader(store, LocalTier(root), LocalComm(), workers=2)
     up.submit(read_manifest(root / "step-24"))
     assert up.close(wait=True, timeout=120)
     assert up.durable_steps == []
@@ -153,9 +153,7 @@ def test_a_primary_answering_only_5xx_is_skipped_for_the_replica(
     replica_bucket = f"{bucket}-r"
     s3.create_bucket(Bucket=replica_bucket)
     for name in (bucket, replica_bucket):
-        up = Uploader(
-            S3Store(f"s3://{name}/run", endpoint_url=moto_url), LocalTier(root), LocalComm(), workers=2, keep=2
-        )
+        up = Uploader(S3Store(f"s3://{name}/run", endpoint_url=moto_url), LocalTier(root), LocalComm(), workers=2)
         up.submit(manifest)
         assert up.close(wait=True, timeout=60) and up.durable_steps == [24]
     if failing == "listing":
