@@ -61,7 +61,9 @@ class CheckpointConfig:
     retries: int = 10
     """Attempts per object request (5xx, throttling and connection errors are retried)."""
     load: bool = True
-    """Resume from the newest valid checkpoint found in the tiers."""
+    """Resume from the newest valid checkpoint found in the tiers. When committed
+    checkpoints exist and none loads, the start is refused (exit 2) and nothing is
+    changed; false starts from step 0 whatever is there (its saves replace those steps)."""
     load_step: int | None = None
     """Resume from exactly this step (its newest valid copy) instead of the newest."""
     force_load: bool = False

@@ -52,7 +52,13 @@ from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots, wait_in_slices
 from ftfleet.trainer.checkpoint.reader import CorruptFile
-from ftfleet.trainer.checkpoint.restore import Identity, Restored, find_and_prepare, list_candidates
+from ftfleet.trainer.checkpoint.restore import (
+    Identity,
+    Restored,
+    find_and_prepare,
+    list_candidates,
+    refuse_over_history,
+)
 from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into, read_metadata_file
 from ftfleet.trainer.checkpoint.staging import OrderedStager
 from ftfleet.trainer.checkpoint.state import AppState, optimizer_layout
@@ -199,7 +205,10 @@ class CheckpointManager:
     # --- restore -------------------------------------------------------------
     def restore(self, *, blank: bool = False) -> Restored | None:
         """Collective. Find the newest valid checkpoint (local, primary, replica), verify
-        it, and load it into the app state. None when there is nothing to resume.
+        it, and load it into the app state. None when there is nothing to resume: no
+        committed step in any tier. Committed steps of which none loads raise
+        :class:`~ftfleet.trainer.checkpoint.restore.HistoryUnreadable` on every rank, and
+        nothing is changed: a fresh start would train over the run's history.
 
         ``blank``: the model's tensors hold no values yet (built for a restore, the init
         deferred) and the optimizer no state: a file is then checked as it is copied
@@ -215,7 +224,23 @@ class CheckpointManager:
         found = self._load(self.cfg.load_step, blank=blank)
         if found is None and self.snapshots is not None and self.cfg.load_step is None:
             found = self._load_from_memory(any_step=True)  # nothing on disk loads
+        if found is None:
+            self._refuse_over_history()
+            if self.comm.rank == 0:
+                log.info("restore: no checkpoint in any tier; starting from step 0")
         return found
+
+    def _refuse_over_history(self) -> None:
+        """Collective. Raise ``HistoryUnreadable`` on every rank when a tier holds a
+        committed step (none of which loaded): a run with history does not start over."""
+        candidates = None
+        if self.comm.rank == 0:
+            stores = [(n, self.stores[n]) for n in ("primary", "replica") if n in self.stores]
+            names, tiers = ["local", *(n for n, _ in stores)], [self.local, *(t for _, t in stores)]
+            candidates = [(step, names[i], tiers[i].describe()) for step, i in list_candidates(self.local, stores)]
+        candidates = self.comm.broadcast(candidates)
+        if candidates:
+            raise refuse_over_history(candidates)
 
     def _load_from_memory(self, any_step: bool = False) -> Restored | None:
         """The newest snapshot in memory, when no disk tier has a newer step (or with
@@ -274,8 +299,6 @@ class CheckpointManager:
                 exclude=invalid,
             )
             if found is None:
-                if self.comm.rank == 0:
-                    log.info("restore: no checkpoint in any tier; starting from step 0")
                 return None
             t0 = time.monotonic()
             try:

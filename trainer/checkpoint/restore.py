@@ -14,6 +14,10 @@ copy is preferred, then the primary, then the replica. For each candidate, in tu
 * the first candidate whose every file checks out is the one. Each failure is logged
   in one line naming the tier, the step and the bad file, and the next is tried.
 
+When committed steps exist and none of them loads, the start is refused
+(:class:`HistoryUnreadable`, exit 2) rather than made from step 0: that run's saves
+would replace the step directories of the run's history.
+
 This is what makes both durability paths safe: a bucket copy exported by FSx may show
 a manifest before every shard has arrived, and an interrupted upload may leave shards
 without a manifest; neither passes.
@@ -44,6 +48,31 @@ log = logging.getLogger("ftfleet.ckpt")
 
 class CheckpointRefused(UserError):
     """The newest checkpoint belongs to another run or config."""
+
+
+class HistoryUnreadable(UserError):
+    """Committed checkpoints exist but none loads: a fresh start would train over a
+    run's history (its saves replace those step directories, retention prunes the rest),
+    so the start is refused and nothing is changed."""
+
+
+def refuse_over_history(candidates: Sequence[tuple[int, str, str]]) -> HistoryUnreadable:
+    """The error for a start that found ``candidates`` ((step, tier name, location),
+    newest first: every committed step of every tier) and loaded none of them."""
+    by_tier: dict[tuple[str, str], list[int]] = {}
+    for step, name, where in candidates:
+        by_tier.setdefault((name, where), []).append(step)
+    found = "; ".join(
+        f"{', '.join(f'step-{s}' for s in steps)} in the {name} tier ({where})"
+        for (name, where), steps in by_tier.items()
+    )
+    local = next((where for _, name, where in candidates if name == "local"), None)
+    check = f" (`ftfleet ckpt verify {local}` names the bad files)" if local else ""
+    return HistoryUnreadable(
+        f"checkpoint: none of the checkpoints found loads: {found}; nothing was changed. "
+        f"Repair or move them{check}, point checkpoint.dir (and uri) at a new place, "
+        "or set checkpoint.load=false to start from step 0 here (its saves then replace these)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@ import pytest
 
 from ftfleet.trainer.checkpoint.comm import LocalComm
 from ftfleet.trainer.checkpoint.manifest import read_manifest
-from ftfleet.trainer.checkpoint.restore import Identity, find_and_prepare
+from ftfleet.trainer.checkpoint.restore import HistoryUnreadable, Identity, find_and_prepare
 from ftfleet.trainer.checkpoint.tiers import LocalTier
-from tests.trainer.conftest import copy_steps, run_trainer
+from tests.trainer.conftest import copy_steps, in_process_manager, run_trainer
 
 
 def flip_bit(path, offset=200):
@@ -67,11 +67,41 @@ def test_a_step_directory_without_manifest_is_not_a_candidate(three, caplog):
     assert found.step == 22
 
 
-def test_when_every_checkpoint_is_bad_training_starts_from_scratch(three):
+def test_when_every_checkpoint_is_bad_none_is_found(three):
     root, identity = three
     for s in (20, 22, 24):
         flip_bit(shard(root / f"step-{s}"))
     assert find_and_prepare(LocalComm(), LocalTier(root), [], identity) is None
+
+
+def test_a_start_whose_every_checkpoint_is_bad_is_refused_and_changes_nothing(tmp_path):
+    """A fresh start would save over the run's history: the manager refuses it, names
+    what it found and the ways on, and leaves every byte where it was."""
+    root = tmp_path / "ck"
+    writer = in_process_manager(root)
+    for step in (2, 4):
+        writer.app_state.progress.step = step
+        writer.save(step, blocking=True)
+    writer.close()
+    for step in (2, 4):
+        path = shard(root / f"step-{step}")
+        path.write_bytes(path.read_bytes()[:-7])
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    with pytest.raises(HistoryUnreadable) as err:
+        in_process_manager(root).restore()
+    message = str(err.value)
+    assert "\n" not in message and err.value.exit_code == 2
+    assert f"step-4, step-2 in the local tier ({root})" in message, message
+    assert "checkpoint.load=false" in message and "checkpoint.dir" in message, message
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
+def test_a_start_with_no_committed_checkpoint_starts_from_step_0(tmp_path):
+    """Debris without a manifest (a first save cut short) is no history."""
+    (tmp_path / "ck" / "step-2").mkdir(parents=True)
+    (tmp_path / "ck" / "step-2" / "__0_0.distcp").write_bytes(b"partial")
+    assert in_process_manager(tmp_path / "ck").restore() is None
 
 
 @pytest.mark.timeout(120)
@@ -87,16 +117,15 @@ def test_trainer_resumes_from_the_previous_checkpoint_and_still_ends_bit_identic
 
 
 @pytest.mark.timeout(120)
-def test_a_restart_whose_every_checkpoint_is_bad_starts_afresh_with_the_usual_init(tmp_path, ref1):
-    # The model is built for a restore (no values, the init deferred), so each shard is
-    # copied into it as its CRC is taken: the bad ones leave weights overwritten, which
-    # the deferred init must replace, for the same result as a run never interrupted.
+def test_a_restart_whose_every_checkpoint_is_bad_exits_2_with_one_line(tmp_path, ref1):
     d = tmp_path / "run"
     copy_steps(ref1["run_dir"] / "checkpoints", d / "checkpoints", [20, 22])
     for step in (20, 22):
         path = shard(d / "checkpoints" / f"step-{step}")
         flip_bit(path, offset=path.stat().st_size // 2)
-    out = run_trainer(1, d, "resilience.interval.fixed_steps=2")
-    assert out["resumed_from"] is None
-    assert "step-20" in out["_stderr"] and "step-22" in out["_stderr"]
-    assert out["state_sha256"] == ref1["state_sha256"]
+    before = {p: p.read_bytes() for p in (d / "checkpoints").rglob("*") if p.is_file()}
+    out = run_trainer(1, d, "resilience.interval.fixed_steps=2", expect_rc=2)
+    errors = [line for line in out["_stderr"].splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "step-22, step-20" in errors[0] and "checkpoint.load=false" in errors[0], errors
+    assert out["status"] == "failed" and out["state_sha256"] is None
+    assert {p: p.read_bytes() for p in (d / "checkpoints").rglob("*") if p.is_file()} == before
