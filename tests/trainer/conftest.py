@@ -237,12 +237,12 @@ def assert_each_sample_once(trace: dict[int, list[tuple[int, int]]], steps: int,
 
 
 def ckpt_hash(step_dir: Path) -> str:
-    """state_sha256 of the model and optimizer held by a checkpoint, loaded offline."""
+    """state_sha256 of the state held by a checkpoint, loaded offline: what the trainer's
+    summary.json has for the same state (and `ftfleet ckpt inspect --tensors` prints)."""
     from ftfleet.trainer.checkpoint.safe_load import load_offline
-    from ftfleet.trainer.checkpoint.state import state_sha256
+    from ftfleet.trainer.checkpoint.state import checkpoint_state, state_sha256
 
-    app = load_offline(step_dir)["app"]
-    return state_sha256({"model": app["model"], "optim": app["optim"]})
+    return state_sha256(checkpoint_state(load_offline(step_dir)["app"]))
 
 
 def copy_steps(src: Path, dst: Path, steps: list[int]) -> Path:

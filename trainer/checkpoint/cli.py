@@ -321,7 +321,7 @@ def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:
     """Load the checkpoint offline (tensors weights_only, metadata through an allowlist)
     and describe it. A bucket checkpoint is downloaded to a temporary directory."""
     from ftfleet.trainer.checkpoint.safe_load import load_offline
-    from ftfleet.trainer.checkpoint.state import state_sha256
+    from ftfleet.trainer.checkpoint.state import checkpoint_state, state_sha256
 
     with tempfile.TemporaryDirectory(prefix="ftfleet-inspect-") as tmp:
         if target.local:
@@ -337,7 +337,7 @@ def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:
     return {
         "entries": entries,
         "progress": {k: int(v) for k, v in app.get("progress", {}).items()},
-        "state_sha256": state_sha256({"model": app.get("model"), "optim": app.get("optim")}),
+        "state_sha256": state_sha256(checkpoint_state(app)),
     }
 
 

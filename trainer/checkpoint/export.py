@@ -23,11 +23,14 @@ SUFFIX = {"torch": ".pt", "safetensors": ".safetensors"}
 
 
 def model_weights(step_dir: Path) -> dict[str, Any]:
-    """The ``model`` entries of the checkpoint in ``step_dir``, unsharded."""
+    """The ``model`` entries of the checkpoint in ``step_dir``, unsharded, with rank 0's
+    buffers (each rank's are kept apart: :mod:`~ftfleet.trainer.checkpoint.state`)."""
     from ftfleet.trainer.checkpoint.safe_load import load_offline
+    from ftfleet.trainer.checkpoint.state import BUFFERS, rank_key
 
-    state = load_offline(step_dir, keys={"app.model"})
-    return dict(state["app"]["model"])
+    own = rank_key(BUFFERS, 0)
+    state = load_offline(step_dir, keys={"app.model", f"app.{own}"})["app"]
+    return {**state["model"], **(state.get(own) or {}).get("values", {})}
 
 
 def write_weights(weights: dict[str, Any], out: Path, fmt: str, metadata: dict[str, str]) -> None:

@@ -61,7 +61,7 @@ from ftfleet.trainer.checkpoint.restore import (
 )
 from ftfleet.trainer.checkpoint.safe_load import CheckpointMismatch, load_into, read_metadata_file
 from ftfleet.trainer.checkpoint.staging import OrderedStager
-from ftfleet.trainer.checkpoint.state import AppState, optimizer_layout
+from ftfleet.trainer.checkpoint.state import AppState, borrowed_buffers, optimizer_layout
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
 from ftfleet.trainer.checkpoint.upload import Uploader
 from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
@@ -360,6 +360,10 @@ class CheckpointManager:
             )
         if self.app_state.progress.step != found.step:
             raise CommitError(f"step-{found.step} holds the state of step {self.app_state.progress.step}")
+        if self.comm.rank == 0:
+            borrowed = borrowed_buffers(self.app_state.model, found.manifest.world_size, self.comm.world_size)
+            if borrowed:
+                log.warning("restore: step-%d %s", found.step, borrowed)
         # A step restored from memory is not on disk: a stop right after it still saves.
         self.restored_step = None if found.tier.startswith("memory") else found.step
         if self.comm.rank == 0:

@@ -4,9 +4,18 @@
 model and optimizer (through ``get_state_dict``, so sharded FSDP2 state reshards on load
 and DDP/FSDP checkpoints are interchangeable), the LR schedule, the step, the data
 position in global samples, the RNG state of every rank (torch, CUDA when present,
-numpy, Python) and the state of every rank's data reader, under rank-unique keys: one
-key shared by all ranks would load one rank's value on every rank. Everything is a
-tensor or a plain Python value, so loading needs nothing beyond ``torch.load(weights_only=True)``.
+numpy, Python), the state of every rank's data reader and every rank's own buffers
+(running statistics), under rank-unique keys: one key shared by all ranks would load one
+rank's value on every rank. Everything is a tensor or a plain Python value, so loading
+needs nothing beyond ``torch.load(weights_only=True)``.
+
+Buffers (a model's persistent non-parameter tensors, such as BatchNorm's running
+statistics) are not sharded: FSDP2 leaves each rank its own, updated from its own
+batches. The ``model`` entry keeps one rank's (DCP writes one copy of a key that every
+rank saves); ``buffers_rank<r>`` keeps each rank's, and each rank loads its own. A rank
+beyond the writer's world size has none and loads rank 0's. :func:`hashed_state` is
+what ``state_sha256`` covers: the model with rank 0's buffers, the optimizer, and the
+buffers of each rank where they differ from rank 0's.
 """
 
 from __future__ import annotations
@@ -48,6 +57,39 @@ def rank_key(name: str, rank: int) -> str:
     """Where a per-rank part is saved: one key per rank, since DCP keeps one copy of a
     key that every rank saves."""
     return f"{name}_rank{rank}"
+
+
+BUFFERS = "buffers"
+
+
+def model_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's persistent buffers that are plain tensors, by their state-dict key
+    (wrappers' prefixes removed, as ``get_state_dict`` names them)."""
+    from torch.distributed.checkpoint.state_dict import _get_fqns
+
+    out: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is None or name in module._non_persistent_buffers_set or isinstance(buf, DTensor):
+                continue
+            for fqn in _get_fqns(model, f"{prefix}.{name}" if prefix else name):
+                out[fqn] = buf
+    return out
+
+
+def borrowed_buffers(model: nn.Module, written: int, world: int) -> str | None:
+    """What a restore cannot give back exactly, said in one line: the buffers of the
+    ranks a checkpoint written by ``written`` ranks lacks (they take rank 0's). None
+    when every rank has its own, or the model has no buffers."""
+    names = list(model_buffers(model))
+    if written >= world or not names:
+        return None
+    ranks = f"ranks {written}-{world - 1}" if world - written > 1 else f"rank {written}"
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return (
+        f"was written by {written} ranks: {ranks} start from rank 0's buffers ({shown}), not their own as an "
+        "uninterrupted run's would be; resume on the writer's world size to keep them exactly"
+    )
 
 
 def seed_rngs(seed: int, rank: int, step: int = 0) -> None:
@@ -115,6 +157,9 @@ class AppState:
       ``StatefulDataLoader`` keeps it), saved under a rank-unique key; a rank that did
       not exist when the checkpoint was written keeps its current state.
 
+    The model's buffers are saved per rank too (module doc); a rank that did not exist
+    when the checkpoint was written loads rank 0's.
+
     A checkpoint written by another loop or on another device may lack some of these
     parts (an extra, a scheduler, the CUDA RNG state): they keep their current state
     and the restore logs it. Model and optimizer state must fit exactly.
@@ -141,8 +186,9 @@ class AppState:
         self.progress = progress if progress is not None else TrainProgress()
         self.rank = rank
         self.seed = seed
-        #: Set before a load: whether the checkpoint has an RNG entry for this rank
-        #: (a rank beyond the writer's world size has none and is seeded afresh).
+        #: Set before a load: whether the checkpoint has the entries of this rank (a rank
+        #: beyond the writer's world size has none: its RNGs are seeded afresh and its
+        #: buffers are rank 0's).
         self.include_rng = True
         self._loading = False
         #: The optimizer state that a template made for a load (see :meth:`state_dict`).
@@ -233,17 +279,36 @@ class AppState:
             sd["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
         for name, obj in self.per_rank.items():
             sd[rank_key(name, self.rank)] = obj.state_dict()
+        buffers = self._buffers_entry(sd["model"])
+        if buffers is not None:
+            # A rank beyond the writer's world size loads rank 0's.
+            sd[rank_key(BUFFERS, self.rank if self.include_rng else 0)] = buffers
         if self.include_rng:
             sd[rng_key(self.rank)] = capture_rng()
         return sd
 
+    def _buffers_entry(self, model_sd: dict[str, Any]) -> dict[str, Any] | None:
+        """This rank's buffers (None: the model has none). ``saved`` tells a load whether
+        the checkpoint had the entry: absent, the template's values stay, and False."""
+        names = [n for n in model_buffers(self.model) if n in model_sd]
+        if not names:
+            return None
+        values = {n: model_sd[n] for n in names}
+        if self.loading:  # the template DCP fills: its own tensors, not the model's
+            values = {n: torch.empty_like(v) for n, v in values.items()}
+        return {"values": values, "saved": torch.tensor(not self.loading)}
+
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        model_sd = sd["model"]
+        buffers = sd.get(rank_key(BUFFERS, self.rank)) or sd.get(rank_key(BUFFERS, 0))
+        if buffers is not None and bool(buffers["saved"]):
+            model_sd = {**model_sd, **buffers["values"]}
         if self.optimizer is not None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=sd["optim"])
             if bool(sd.get("optim_fresh", False)):
                 self.optimizer.state.clear()
         else:
-            set_model_state_dict(self.model, sd["model"])
+            set_model_state_dict(self.model, model_sd)
         if self.scheduler is not None and "lr_schedule" in sd:
             self.scheduler.load_state_dict(sd["lr_schedule"])
         self.progress.step = int(sd["progress"]["step"])
@@ -341,12 +406,60 @@ def _like_param(entry: Any, param: torch.Tensor) -> dict[str, Any] | None:
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-    """Unsharded model and optimizer state on rank 0 (None elsewhere). Collective."""
+    """:func:`hashed_state` of the live run on rank 0 (None elsewhere): the unsharded
+    model and optimizer, and every rank's buffers gathered. Collective."""
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        return None
-    return {"model": model_sd, "optim": optim_sd}
+    own = {n: b.detach().cpu().clone() for n, b in model_buffers(model).items()}
+    dist = torch.distributed
+    gathered: list[Any] = [own]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+        dist.gather_object(own, gathered if dist.get_rank() == 0 else None, dst=0)
+        if dist.get_rank() != 0:
+            return None
+    return hashed_state(model_sd, optim_sd, dict(enumerate(gathered)))
+
+
+def hashed_state(
+    model_sd: dict[str, Any], optim_sd: Any, buffers: dict[int, dict[str, torch.Tensor]]
+) -> dict[str, Any]:
+    """What ``state_sha256`` covers: the model with rank 0's buffers, the optimizer, and
+    under ``buffers`` each rank's buffers that differ from rank 0's (none for a model
+    whose buffers agree, such as one without running statistics or under DDP, so that
+    its hash is that of the model and optimizer alone, at any world size)."""
+    model = {**model_sd, **buffers.get(0, {})}
+    differing = {
+        str(rank): diff
+        for rank, own in sorted(buffers.items())
+        if (diff := {n: t for n, t in own.items() if n in model and not _same(t, model[n])})
+    }
+    state: dict[str, Any] = {"model": model, "optim": optim_sd}
+    if differing:
+        state[BUFFERS] = differing
+    return state
+
+
+def checkpoint_state(app: dict[str, Any]) -> dict[str, Any]:
+    """:func:`hashed_state` of a checkpoint's ``app`` entry, as loaded offline
+    (:func:`~ftfleet.trainer.checkpoint.safe_load.load_offline`)."""
+    prefix = f"{BUFFERS}_rank"
+    buffers = {
+        int(key.removeprefix(prefix)): dict(entry["values"])
+        for key, entry in app.items()
+        if key.startswith(prefix) and key.removeprefix(prefix).isdigit() and isinstance(entry, dict)
+    }
+    return hashed_state(dict(app.get("model") or {}), app.get("optim"), buffers)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Bit for bit (NaN equal to the same NaN)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def state_sha256(tree: dict[str, Any]) -> str:
