@@ -16,6 +16,9 @@ The library, for a loop of your own (README, "Your own training loop"; ``example
 * :class:`AnomalyDetector`, :class:`Watchdog`, :class:`NoticeWatcher`: the anomaly rule,
   the hang watchdog and the notice sources on their own;
 * :class:`Callback`, :func:`train`: the reference loop and its extension point;
+* :class:`SeededSamples`, :func:`sample_seed`: a sample's random augmentation as a
+  function of the sample (exact at any loader worker count; the reference loop does
+  this for every dataset);
 * :func:`use_huge_pages`: large CPU tensors on transparent huge pages, not fresh 4 KiB
   pages every step (the reference loop calls it: ``train.huge_pages``).
 
@@ -47,6 +50,8 @@ _EXPORTS = {
     "load_config": "ftfleet.trainer.config",
     "train": "ftfleet.trainer.train",
     "use_huge_pages": "ftfleet.trainer.hostmem",
+    "SeededSamples": "ftfleet.trainer.data.seeded",
+    "sample_seed": "ftfleet.trainer.data.seeded",
 }
 
 __all__ = sorted(_EXPORTS)

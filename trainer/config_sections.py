@@ -54,7 +54,10 @@ class ModelConfig:
 class DataConfig:
     """The dataset and how it is read. Sample i of a map-style dataset is read at global
     position i (shuffled by a seeded permutation per epoch), so any rank can read any
-    sample and a resumed run continues at a global sample index on any world size."""
+    sample and a resumed run continues at a global sample index on any world size. Each
+    sample is fetched with torch's, numpy's and Python's global RNGs seeded from (seed,
+    epoch, index), so random augmentation drawn from them resumes exactly at any worker
+    count (trainer/data/seeded.py)."""
 
     FACTORY_KEYS: ClassVar[tuple[str, ...]] = ("factory",)
     factory: str = "synthetic"

@@ -3,6 +3,7 @@ sample order, and the per-rank reader whose state goes into the checkpoint.
 
 * :mod:`.loader`: :class:`GlobalBatches`, a rank's share of each global batch.
 * :mod:`.order`: which dataset index each global position reads.
+* :mod:`.seeded`: each sample fetched under RNGs seeded for it (exact augmentation).
 * :mod:`.shards`: the on-disk token shard format (docs/DATA.md) and its dataset.
 * :mod:`.prepare`: ``ftfleet data prepare``.
 * :mod:`.synthetic`: the learnable random stream the tests train on.

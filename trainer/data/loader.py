@@ -5,7 +5,9 @@ of a run with global batch ``B`` consumes global positions ``[s*B, (s+1)*B)``, r
 of ``W`` taking the ``r``-th contiguous slice of ``B/W``; position ``i`` reads the
 dataset index :class:`~ftfleet.trainer.data.order.GlobalOrder` gives it. So a checkpoint
 written by N ranks resumes on M ranks at exactly the next sample, and nothing in the
-data path draws from the global RNG.
+data path draws from the training RNGs: a map-style dataset's samples are fetched under
+RNGs seeded per sample (:mod:`~ftfleet.trainer.data.seeded`), so random augmentation is
+a function of the sample, the same at any worker count and world size.
 
 Reading is a :class:`torchdata.stateful_dataloader.StatefulDataLoader` with worker
 processes, over a batch sampler that yields this rank's positions from a start. Its
@@ -39,6 +41,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ftfleet.errors import ConfigError, UserError, interrupt_in
 from ftfleet.trainer.data.order import GlobalOrder
+from ftfleet.trainer.data.seeded import by_position
 from ftfleet.trainer.data.workers import drop_inherited_sockets, exit_with, resolve_start_method, start_worker_server
 
 log = logging.getLogger("ftfleet.data")
@@ -73,11 +76,14 @@ class RankBatches:
         start = samples_seen + self.rank * self.micro_batch_size
         return range(start, start + self.micro_batch_size)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        """Each step's ``(epoch, index)`` keys (:func:`~ftfleet.trainer.data.seeded.by_position`)."""
         while True:
             ids = self.positions(self.next_position)
             self.next_position += self.global_batch_size
-            yield self.order.indices(np.arange(ids.start, ids.stop)).tolist()
+            positions = np.arange(ids.start, ids.stop)
+            epochs = positions // self.order.length if self.order.length else np.zeros_like(positions)
+            yield list(zip(epochs.tolist(), self.order.indices(positions).tolist(), strict=True))
 
     def state_dict(self) -> dict[str, int]:
         return {"next_position": self.next_position}
@@ -187,7 +193,7 @@ class GlobalBatches:
             self.sampler = None
             return StatefulDataLoader(self.dataset, batch_size=self.micro_batch_size, **common)
         self.sampler = RankBatches(self.order, self.global_batch_size, self.rank, self.world_size)
-        return StatefulDataLoader(self.dataset, batch_sampler=self.sampler, **common)
+        return StatefulDataLoader(by_position(self.dataset, self.seed), batch_sampler=self.sampler, **common)
 
     def _open(self, samples_seen: int) -> None:
         """Position the reader at ``samples_seen``: from the restored loader state when

@@ -1,11 +1,13 @@
-"""A user's own CNN with BatchNorm (tests/trainer/scenarios/vision.py), 2 ranks under
-FSDP2, each reading through 2 loader workers, by config only under plain torchrun:
-SIGKILLed mid-run (its whole process tree) and resumed, it ends with the
-state_sha256 of an uninterrupted run, and its final checkpoint holds that state
-(`ftfleet ckpt inspect --tensors` prints the same hash).
+"""A user's own CNN with BatchNorm on randomly augmented images
+(tests/trainer/scenarios/vision.py), 2 ranks under FSDP2, each reading through 2 loader
+workers, by config only under plain torchrun: SIGKILLed mid-run (its whole process
+tree) and resumed, it ends with the state_sha256 of an uninterrupted run, and its final
+checkpoint holds that state (`ftfleet ckpt inspect --tensors` prints the same hash).
 
 FSDP2 leaves every rank its own running statistics: the hash covers each rank's, so a
-resume that gave every rank one rank's statistics fails here."""
+resume that gave every rank one rank's statistics fails here. The augmentation draws
+from the global RNGs in the loader's workers: a resume whose new workers drew other
+numbers than the uninterrupted run's fails here too."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""A user's own CNN with BatchNorm on small images, by config only
-(tests/trainer/scenarios/vision.yaml): the kind of model whose exact resume needs each
-rank's own buffers, since FSDP2 leaves every rank its own running statistics."""
+"""A user's own CNN with BatchNorm on small images with random augmentation, by config
+only (tests/trainer/scenarios/vision.yaml): the kind of model and data whose exact
+resume needs each rank's own buffers (FSDP2 leaves every rank its own running
+statistics) and each sample's own random numbers (drawn in the loader's workers)."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import torch
@@ -41,10 +44,12 @@ def model(cfg: dict) -> CNN:
 
 
 class Patterns:
-    """Image i: its class's stripe pattern plus noise, a pure function of i."""
+    """Image i: its class's stripe pattern plus noise, a pure function of i; with
+    ``augment``, flipped and shifted at random as torchvision's transforms do, from
+    torch's global RNG (and numpy's, and ``random``'s), drawn in the loader's workers."""
 
-    def __init__(self, samples: int, size: int, classes: int):
-        self.samples, self.size, self.classes = samples, size, classes
+    def __init__(self, samples: int, size: int, classes: int, augment: bool):
+        self.samples, self.size, self.classes, self.augment = samples, size, classes, augment
 
     def __len__(self) -> int:
         return self.samples
@@ -54,11 +59,17 @@ class Patterns:
         rng = np.random.default_rng([17, i])
         grid = np.add.outer(np.arange(self.size), (label + 1) * np.arange(self.size)) % (label + 2)
         image = np.stack([grid, grid.T, -grid]).astype(np.float32) + rng.normal(0, 0.3, (3, self.size, self.size))
-        return {"x": torch.from_numpy(image.astype(np.float32)), "y": torch.tensor(label)}
+        x = torch.from_numpy(image.astype(np.float32))
+        if self.augment:
+            if torch.rand(()) < 0.5:
+                x = x.flip(-1)
+            x = x.roll(tuple(torch.randint(-2, 3, (2,)).tolist()), dims=(1, 2))
+            x = x * float(np.random.uniform(0.8, 1.2)) + random.gauss(0, 0.1)
+        return {"x": x, "y": torch.tensor(label)}
 
 
 def data(cfg: dict) -> Patterns:
-    return Patterns(int(cfg["samples"]), int(cfg["size"]), int(cfg["classes"]))
+    return Patterns(int(cfg["samples"]), int(cfg["size"]), int(cfg["classes"]), bool(cfg.get("augment", False)))
 
 
 def loss(cfg: dict):
