@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import logging
 import random
+import zlib
 from typing import Any
 
 import numpy as np
@@ -157,6 +158,12 @@ class AppState:
       ``StatefulDataLoader`` keeps it), saved under a rank-unique key; a rank that did
       not exist when the checkpoint was written keeps its current state.
 
+    A ``DataLoader`` among them is adopted (:func:`~ftfleet.trainer.data.loader.adopt`):
+    given a generator of its own when it has none (seeded from ``seed``, the rank and
+    its name), so that ``iter(loader)`` after a restore does not draw from the restored
+    RNG, and its workers start in process groups of their own, so that torchrun's
+    SIGTERM to the rank does not kill them. Register it before its first ``iter()``.
+
     The model's buffers are saved per rank too (module doc); a rank that did not exist
     when the checkpoint was written loads rank 0's.
 
@@ -195,6 +202,13 @@ class AppState:
         self._made_state = False
         self.extras = dict(extras or {})
         self.per_rank = dict(per_rank or {})
+        for name, part in {**self.extras, **self.per_rank}.items():
+            if isinstance(part, torch.utils.data.DataLoader):
+                from ftfleet.trainer.data.loader import adopt
+
+                mixed = (seed * 1_000_003 + rank * 7_919 + zlib.crc32(name.encode())) % (2**31 - 1)
+                if changed := adopt(part, mixed):
+                    log.info("data loader %r: %s (exact resume, a stop survived)", name, ", ".join(changed))
 
     @property
     def loading(self) -> bool:

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import io
 import logging
+import multiprocessing
 import os
 import pickle
 import warnings
@@ -42,7 +43,14 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ftfleet.errors import ConfigError, UserError, interrupt_in
 from ftfleet.trainer.data.order import GlobalOrder
 from ftfleet.trainer.data.seeded import by_position
-from ftfleet.trainer.data.workers import drop_inherited_sockets, exit_with, resolve_start_method, start_worker_server
+from ftfleet.trainer.data.workers import (
+    drop_inherited_sockets,
+    exit_with,
+    in_own_group,
+    resolve_start_method,
+    start_worker_server,
+    starts_in_own_group,
+)
 
 log = logging.getLogger("ftfleet.data")
 
@@ -186,9 +194,9 @@ class GlobalBatches:
         if self.num_workers:
             common["multiprocessing_context"] = self.start_method
             if self.start_method == "fork":
-                common["worker_init_fn"] = drop_inherited_sockets
+                common["worker_init_fn"] = in_own_group(drop_inherited_sockets)
             else:
-                common["worker_init_fn"] = functools.partial(exit_with, os.getpid())
+                common["worker_init_fn"] = in_own_group(functools.partial(exit_with, os.getpid()))
         if self.iterable:
             self.sampler = None
             return StatefulDataLoader(self.dataset, batch_size=self.micro_batch_size, **common)
@@ -313,6 +321,39 @@ class GlobalBatches:
                 shutdown()
         if self._trace is not None:
             self._trace.close()
+
+
+def adopt(loader: torch.utils.data.DataLoader, seed: int) -> list[str]:
+    """Make a loop's own ``loader`` (registered in an AppState) resume exactly and
+    survive a stop; returns what was changed, for the log.
+
+    * Without a ``generator`` of its own, every ``iter(loader)`` draws its workers' base
+      seed from torch's global RNG: after a restore, from the RNG state the restore just
+      set, which shifts everything the loop draws after it. It gets one, seeded ``seed``.
+    * Its workers (if any) start in process groups of their own
+      (:func:`~ftfleet.trainer.data.workers.in_own_group`, around its own
+      ``worker_init_fn``), and a forkserver it uses is started so (if it is not running
+      yet): a signal to the rank's group (torchrun stopping it) no longer kills them.
+    """
+    changed = []
+    if loader.generator is None:
+        loader.generator = torch.Generator().manual_seed(seed)
+        changed.append("a generator of its own")
+    if loader.num_workers:
+        if not starts_in_own_group(loader.worker_init_fn):
+            loader.worker_init_fn = in_own_group(loader.worker_init_fn)
+            changed.append("workers in process groups of their own")
+        context = loader.multiprocessing_context
+        # Without one, the process's start method; unset, the platform's default (the
+        # first listed), read without fixing it (a later set_start_method must work).
+        method = (
+            context.get_start_method()
+            if context is not None
+            else multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+        )
+        if method == "forkserver":
+            start_worker_server("forkserver", [type(loader.dataset).__module__])
+    return changed
 
 
 def _to_device(data: Any, device: torch.device) -> Any:

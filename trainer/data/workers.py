@@ -1,15 +1,22 @@
 """The data loader's worker processes: where they come from, and that they go.
 
+Workers run in process groups of their own (and so does their server): torchrun stops
+a rank with a signal to the rank's process group, and a worker that died of it made the
+rank's loader raise ("DataLoader worker ... killed") instead of the rank taking its
+emergency checkpoint. A worker still goes with its rank: on the rank's orderly close,
+when its parent dies (torch's worker loop watches it), or through :func:`exit_with`.
+
 Kept free of torch: the trainer starts the workers' server before it imports torch
 itself, so that the two imports overlap.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: CPython 3.11 before 3.11.10 can deadlock a child forked while another thread holds
@@ -56,9 +63,28 @@ def start_worker_server(method: str, modules: Sequence[str] = ()) -> None:
 
     # "__main__": a class defined in the user's script; the server imports the script as
     # multiprocessing's spawn does (its entry point under `if __name__ == "__main__"`).
-    preload = ["torch", *(m for m in modules if m), "ftfleet.trainer.data.frozen"]  # frozen: last
+    # server: first, its own process group; frozen: last.
+    preload = ["ftfleet.trainer.data.server", "torch", *(m for m in modules if m), "ftfleet.trainer.data.frozen"]
     forkserver.set_forkserver_preload(list(dict.fromkeys(preload)))
     forkserver.ensure_running()  # returns at once; the server imports in the background
+
+
+def in_own_group(then: Callable[[int], None] | None = None) -> Callable[[int], None]:
+    """A loader's ``worker_init_fn``: the worker leaves its parent's process group for
+    one of its own (see the module doc), then ``then(worker_id)``, the loader's own
+    init if it has one. Picklable when ``then`` is."""
+    return functools.partial(_own_group, then)
+
+
+def starts_in_own_group(worker_init_fn: Any) -> bool:
+    """Whether ``worker_init_fn`` is one of :func:`in_own_group`'s."""
+    return isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _own_group
+
+
+def _own_group(then: Callable[[int], None] | None, worker_id: int) -> None:
+    os.setpgid(0, 0)
+    if then is not None:
+        then(worker_id)
 
 
 def exit_with(trainer_pid: int, _worker_id: int = 0) -> None:

@@ -567,7 +567,8 @@ def test_the_workers_server_freezes_what_its_preloads_imported_last(monkeypatch)
     monkeypatch.setattr(forkserver, "set_forkserver_preload", preloads.append)
     monkeypatch.setattr(forkserver, "ensure_running", lambda: None)
     start_worker_server("forkserver", ["my_pkg.data", "torch"])
-    assert preloads == [["torch", "my_pkg.data", "ftfleet.trainer.data.frozen"]]
+    # The server leaves the trainer's process group first (trainer/data/server.py).
+    assert preloads == [["ftfleet.trainer.data.server", "torch", "my_pkg.data", "ftfleet.trainer.data.frozen"]]
 
     def frozen_after(imports: str) -> int:
         code = f"import gc, torch{imports}; print(gc.get_freeze_count())"

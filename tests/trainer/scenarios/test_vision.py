@@ -1,8 +1,9 @@
 """A user's own CNN with BatchNorm on randomly augmented images
 (tests/trainer/scenarios/vision.py), 2 ranks under FSDP2, each reading through 2 loader
-workers, by config only under plain torchrun: SIGKILLed mid-run (its whole process
-tree) and resumed, it ends with the state_sha256 of an uninterrupted run, and its final
-checkpoint holds that state (`ftfleet ckpt inspect --tensors` prints the same hash).
+workers, by config only under plain torchrun: stopped by SIGTERM (torchrun passes it to
+each rank's process group), resumed, SIGKILLed mid-run (its whole process tree) and
+resumed, it ends with the state_sha256 of an uninterrupted run, and its final checkpoint
+holds that state (`ftfleet ckpt inspect --tensors` prints the same hash).
 
 FSDP2 leaves every rank its own running statistics: the hash covers each rank's, so a
 resume that gave every rank one rank's statistics fails here. The augmentation draws
@@ -12,6 +13,7 @@ numbers than the uninterrupted run's fails here too."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from ftfleet.cli import main as ftfleet
+from ftfleet.contract import EXIT_PREEMPTED
 from ftfleet.trainer.checkpoint.safe_load import load_offline
 from tests.trainer.conftest import BIN, REPO, child_env, kill9, wait_for
 
@@ -44,7 +47,7 @@ def run(run_dir: Path, *overrides: str) -> dict:
 
 
 def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         return subprocess.Popen(
             torchrun(run_dir, *overrides),
@@ -54,6 +57,10 @@ def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def committed(run_dir: Path, step: int) -> bool:
+    return (run_dir / "checkpoints" / f"step-{step}" / "manifest.json").exists()
 
 
 def inspected_hash(step_dir: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -75,10 +82,23 @@ def test_a_cnn_with_batchnorm_killed_mid_run_resumes_bit_identically(tmp_path, c
     d = tmp_path / "run"
     proc = start(d, "faults.step_delay_s=0.2")
     try:
-        wait_for(lambda: (d / "checkpoints" / "step-8" / "manifest.json").exists(), 120, 0.05, "step 8's checkpoint")
+        wait_for(lambda: committed(d, 4) or proc.poll() is not None, 120, 0.05, "step 4's checkpoint")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+    finally:
+        kill9(proc)
+    stopped = json.loads((d / "summary.json").read_text())
+    log = (tmp_path / "run.log").read_text()
+    assert stopped["exit_code"] == EXIT_PREEMPTED and stopped["stop_reason"].startswith("notice: "), log[-3000:]
+    assert 4 <= stopped["step"] < STEPS and committed(d, stopped["step"]), log[-3000:]
+    assert "DataLoader worker" not in log, log[-3000:]
+
+    proc = start(d, "faults.step_delay_s=0.2")
+    try:
+        wait_for(lambda: committed(d, stopped["step"] // 4 * 4 + 4), 120, 0.05, "the next checkpoint")
     finally:
         kill9(proc)
     resumed = run(d)
-    assert 8 <= resumed["resumed_from"]["step"] < STEPS, resumed["resumed_from"]
+    assert stopped["step"] < resumed["resumed_from"]["step"] < STEPS, resumed["resumed_from"]
     assert resumed["state_sha256"] == reference["state_sha256"]
     assert inspected_hash(d / "checkpoints" / f"step-{STEPS}", capsys) == reference["state_sha256"]
