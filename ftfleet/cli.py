@@ -21,7 +21,11 @@ SUBCOMMANDS = {
     "config-reference": "ftfleet.infra.reference",
     "ckpt": "ftfleet.trainer.checkpoint.cli",
     "data": "ftfleet.trainer.data",
+    "torchrun": "ftfleet.trainer.torchrun",
 }
+#: Subcommands whose arguments are another program's: their module's main(argv) takes
+#: everything after the name, unparsed.
+PASSTHROUGH = {"torchrun"}
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -45,6 +49,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSTHROUGH:
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -4,7 +4,8 @@ The config is required (``--config`` or ``FTFLEET_CONFIG``): a run without one w
 train defaults into a directory nobody chose.
 
 Exit codes are those of ftfleet.contract: 0 done, 2 bad config or environment (a
-restart will not help), others as the stop request says.
+restart will not help), others as the stop request says. torchrun itself exits 1 after
+any of them; ``ftfleet torchrun`` (same arguments) exits with the trainer's code.
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
 
         return int(train(cfg, extra)["exit_code"])
     except ConfigError as exc:  # bad input: nothing is written
-        print(f"error: {exc}", file=sys.stderr)
+        if int(os.environ.get("LOCAL_RANK") or 0) == 0:  # the same config on every rank: one line a node
+            print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -3,10 +3,13 @@
 torchrun's ``--max-restarts`` restarts the workers of a node after any non-zero exit. For
 three exits that only repeats the failure: the node is going away (75, on the node whose
 own termination notice it was), the run needs a human (77), or the configuration is bad
-(2). In those cases local rank 0 leaves the code for the image's entrypoint
-(``ftfleet.contract.agent_exit_file``) and sends its agent SIGTERM. The agent then shuts
+(2). In those cases local rank 0 leaves the code for the image's entrypoint (or
+``ftfleet torchrun``: :mod:`ftfleet.trainer.torchrun`) in
+``ftfleet.contract.agent_exit_file`` and sends its agent SIGTERM. The agent then shuts
 its workers down and exits without closing the rendezvous, so the other nodes can go on
-without this one. The entrypoint exits with the code left for it.
+without this one. The entrypoint exits with the code left for it. An agent that restarts
+nothing (``--max-restarts=0``, torchrun's default) is left to see the worker's exit
+itself: its SIGTERM would only add torchrun's traceback.
 
 No torch here: a config error stops the agent before torch is imported.
 """
@@ -39,7 +42,8 @@ def torchrun_agent_pid() -> int | None:
 def stop_agent(exit_code: int, why: str) -> int | None:
     """On local rank 0 of a torchrun worker: leave ``exit_code`` for the entrypoint and
     stop the agent so that it does not restart the workers. Returns the agent's pid, or
-    None when there is no agent to stop (not under torchrun, or another local rank)."""
+    None when there is no agent to stop (not under torchrun, another local rank, or an
+    agent that restarts nothing: the code is left for it all the same)."""
     if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0:
         return None
     pid = torchrun_agent_pid()
@@ -50,6 +54,8 @@ def stop_agent(exit_code: int, why: str) -> int | None:
             f.write(f"{exit_code}\n")
     except OSError as exc:
         log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
+    if os.environ.get("TORCHELASTIC_MAX_RESTARTS") == "0":
+        return None
     log.warning(
         "%s: stopping this node's torchrun agent (pid %d) so that it does not restart the workers; exit %d",
         why,

@@ -1,9 +1,10 @@
 """A user's own CNN with BatchNorm on randomly augmented images
 (tests/trainer/scenarios/vision.py), 2 ranks under FSDP2, each reading through 2 loader
-workers, by config only under plain torchrun: stopped by SIGTERM (torchrun passes it to
-each rank's process group), resumed, SIGKILLed mid-run (its whole process tree) and
-resumed, it ends with the state_sha256 of an uninterrupted run, and its final checkpoint
-holds that state (`ftfleet ckpt inspect --tensors` prints the same hash).
+workers, by config only under ``ftfleet torchrun``: stopped by SIGTERM (torchrun passes
+it to each rank's process group) with exit 75 and no traceback, resumed, SIGKILLed
+mid-run (its whole process tree) and resumed, it ends with the state_sha256 of an
+uninterrupted run, and its final checkpoint holds that state (`ftfleet ckpt inspect
+--tensors` prints the same hash).
 
 FSDP2 leaves every rank its own running statistics: the hash covers each rank's, so a
 resume that gave every rank one rank's statistics fails here. The augmentation draws
@@ -31,16 +32,17 @@ CONFIG = Path(__file__).with_name("vision.yaml")
 STEPS = 16
 
 
-def torchrun(run_dir: Path, *overrides: str) -> list[str]:
+def launch(run_dir: Path, *overrides: str) -> list[str]:
     """Overrides under ``faults.`` run the drill's worker (the trainer with faults)."""
     module = "drill.worker" if any(o.startswith("faults.") for o in overrides) else "ftfleet.trainer"
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "-m", module, "--config", str(CONFIG)]
+    cmd = [str(BIN / "ftfleet"), "torchrun", "--standalone", "--nproc-per-node=2", "-m", module]
+    cmd += ["--config", str(CONFIG)]
     return [*cmd, f"run_dir={run_dir}", *overrides]
 
 
 def run(run_dir: Path, *overrides: str) -> dict:
     proc = subprocess.run(
-        torchrun(run_dir, *overrides), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180
+        launch(run_dir, *overrides), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((run_dir / "summary.json").read_text())
@@ -50,7 +52,7 @@ def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         return subprocess.Popen(
-            torchrun(run_dir, *overrides),
+            launch(run_dir, *overrides),
             cwd=REPO,
             env=child_env(),
             stdout=log,
@@ -84,11 +86,13 @@ def test_a_cnn_with_batchnorm_killed_mid_run_resumes_bit_identically(tmp_path, c
     try:
         wait_for(lambda: committed(d, 4) or proc.poll() is not None, 120, 0.05, "step 4's checkpoint")
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=90)
+        rc = proc.wait(timeout=90)
     finally:
         kill9(proc)
     stopped = json.loads((d / "summary.json").read_text())
     log = (tmp_path / "run.log").read_text()
+    assert rc == EXIT_PREEMPTED and "Traceback" not in log, log[-3000:]
+    assert log.splitlines()[-1].startswith("ftfleet torchrun: exit 75, termination notice handled")
     assert stopped["exit_code"] == EXIT_PREEMPTED and stopped["stop_reason"].startswith("notice: "), log[-3000:]
     assert 4 <= stopped["step"] < STEPS and committed(d, stopped["step"]), log[-3000:]
     assert "DataLoader worker" not in log, log[-3000:]

@@ -14,6 +14,10 @@
         ...train one step, maybe ckpt.save(step)...
     sys.exit(preemption.finish(step))            # 75 after a notice, else 0 (final save)
 
+``finish`` ends with stopping the node's torchrun agent after a notice to this node,
+which ends the process: clean-up goes between ``finish(step, release=False)`` and a
+last ``release_node()``.
+
 An advisory notice (a rebalance recommendation, a live migration) takes an early
 checkpoint and training carries on. The reference loop uses the same object, with its
 save schedule's ``save`` so that its saves are logged and rescheduled.
@@ -151,7 +155,12 @@ class Preemption:
         Otherwise the final save and (``wait_for_upload``) the wait for the uploads;
         :data:`~ftfleet.contract.EXIT_OK`. ``drain_timeout_s`` bounds the upload wait in
         both cases (a checkpoint not uploaded by then stays on the fast tier, and the
-        next start uploads it)."""
+        next start uploads it).
+
+        With ``release``, after a notice to this node, its torchrun agent is stopped
+        here, and it ends this process: code after this call may not run there. A loop
+        with clean-up to do passes ``release=False`` and calls :meth:`release_node` as
+        its very last step (examples/own_loop.py)."""
         stopping = self.stopping
         self.drained = emergency_checkpoint(
             self.ckpt,
