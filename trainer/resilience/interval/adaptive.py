@@ -91,7 +91,9 @@ class IntervalConfig:
     mode: str = "adaptive"
     """``adaptive``: Daly's optimum from measured costs; ``fixed``: every fixed_steps."""
     fixed_steps: int = 500
-    """The interval in fixed mode, and in adaptive mode until a save has been measured."""
+    """The interval in fixed mode. In adaptive mode the run's first save comes as soon as
+    the step time is measured (about 5 steps in), or at fixed_steps if that is sooner,
+    and fixed_steps is the interval only until a save's cost is measured."""
     mtbf_s: float = 4 * 3600.0
     """The whole job's mean time between interruptions, seconds (prior, or the value itself
     with mtbf_source=config). A node MTBF divided by the number of nodes."""

@@ -2,7 +2,9 @@
 
 After each step (a :class:`~ftfleet.trainer.callbacks.Callback`) it feeds the step's
 time to :class:`~ftfleet.trainer.resilience.interval.adaptive.AdaptiveInterval` and starts a
-save when one is due. After each save it chooses the next save step: rank 0 computes
+save when one is due. A run's first save comes as soon as its step time is measured
+(:data:`MIN_STEPS` steps after the first), or at ``fixed_steps`` if that is sooner: its
+cost is the other measure the interval needs. After each save it chooses the next save step: rank 0 computes
 it from its measurements and broadcasts it, since each rank measures slightly
 different times and a save is a collective. Every save of the run (interval, early,
 final, emergency) goes through :meth:`SaveSchedule.save`, so each is logged with its
@@ -42,6 +44,9 @@ REPLAN_STEPS = 2
 #: is taken as the step time; fewer: the interval is a stopgap, chosen again.
 MIN_STEPS = 4
 NO_STEPS = "adaptive: no step measured yet"
+#: How the interval starts its reason when the run's first save is due at once: the step
+#: time is measured and no save's cost is, so the first save is taken now to measure it.
+FIRST_SAVE = "adaptive: the first save now"
 
 
 class IntervalState:
@@ -301,6 +306,10 @@ class SaveSchedule(Callback):
         steps, why = fixed, f"{NO_STEPS}, every {fixed} steps"
         if len(self._step_times) >= MIN_STEPS:
             steps, why = self.interval.interval_steps(statistics.median(self._step_times))
+            if self.interval.cost() is None and self._saves_started == 0:
+                # Not fixed_steps later (a run shorter than that saved only its last step):
+                # the measured step time and this save's cost give Daly's interval.
+                steps, why = 0, f"{FIRST_SAVE}, to measure what one costs (the step time is measured)"
         mode, mode_why = self.interval.choose_mode()
         choice = [steps, why, mode]
         if dist.is_initialized() and dist.get_world_size(self.group) > 1:
@@ -316,7 +325,9 @@ class SaveSchedule(Callback):
         unmeasured = why.startswith(UNMEASURED)
         now = step if now is None else now
         next_save = step + steps
-        if unmeasured:
+        if why.startswith(FIRST_SAVE):
+            next_save = now
+        elif unmeasured:
             next_save = self.next_save if replan else now + steps
         changed = (next_save, why) != (self.next_save, self.reason)
         self.next_save = next_save
@@ -328,8 +339,11 @@ class SaveSchedule(Callback):
             self.metrics.checkpoint_interval_steps.set(steps)
         if why != self.reason:
             self.reason = why
-            log.info("checkpoint interval: %d steps (%s)", steps, why)
-        if changed:
+            if steps:
+                log.info("checkpoint interval: %d steps (%s)", steps, why)
+            else:
+                log.info("checkpoint at step %d: %s", now, why.removeprefix("adaptive: "))
+        if changed and steps:  # (the first save's is its "save" event)
             cost = self.interval.cost()  # rank 0's, the one that chose (events are rank 0's)
             self._emit("interval", steps=steps, why=why, cost_s=round(cost[0], 4) if cost else None)
 

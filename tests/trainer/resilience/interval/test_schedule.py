@@ -176,20 +176,30 @@ def _saving_schedule() -> tuple[SaveSchedule, SavingCkpt]:
     return SaveSchedule(cfg, ckpt, last_step=1000), ckpt
 
 
-def test_the_durable_interval_is_planned_as_soon_as_the_first_save_is_measured():
-    s, ckpt = _saving_schedule()
+def test_the_first_save_comes_once_the_step_time_is_measured_and_daly_once_its_cost_is():
+    """Not fixed_steps in (500 by default: a 300-step run saved only its last step)."""
+    s, ckpt = _saving_schedule()  # fixed_steps=9
     s.restored(None, 0)
-    for i in range(1, 9):
+    for i in range(1, 7):
         s.on_step_end(None, _step(i, 1.0))
-    # Step times measured, no save started: nothing to plan again for before step 9.
-    assert s._replan_save is None and s.next_save == 9
-    for i in range(9, 11):
-        s.on_step_end(None, _step(i, 1.0))
-    assert ckpt.saves == [9]  # the stopgap interval, planned again meanwhile from step 0
-    s._on_commit(types.SimpleNamespace(step=9))  # its commit lands after step 10
-    s.on_step_end(None, _step(11, 1.0))  # the stopgap would save at 18; now Daly's
+    # Step 1 is the warm-up, steps 2-5 measure the step time; planned again at step 6,
+    # the first save is due there.
+    assert ckpt.saves == [6] and s.reason.startswith("adaptive: no save measured yet")
+    s.on_step_end(None, _step(7, 1.0))
+    s._on_commit(types.SimpleNamespace(step=6))  # its commit lands after step 7
+    s.on_step_end(None, _step(8, 1.0))  # the stopgap would save at 15; now Daly's
     expected, _ = s.interval.interval_steps(1.0)
-    assert expected > 9 and s.next_save == 9 + expected
+    assert expected > 9 and s.next_save == 6 + expected and ckpt.saves == [6]
+
+
+def test_a_first_save_due_sooner_by_fixed_steps_is_the_only_unmeasured_one():
+    ckpt = SavingCkpt()
+    s = SaveSchedule(IntervalConfig(mtbf_s=600.0, mtbf_source="config", fixed_steps=4), ckpt, last_step=1000)
+    s.restored(None, 0)
+    for i in range(1, 10):
+        s.on_step_end(None, _step(i, 1.0))
+    # Its commit has not landed: the stopgap goes on (8), and no save is added at step 6.
+    assert ckpt.saves == [4, 8]
 
 
 def test_after_a_restore_from_memory_the_interval_runs_from_the_newest_durable_step():
