@@ -29,7 +29,12 @@ fleet code imports nothing from here. Each name is imported on first use.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
+
+# torchdata 0.11 calls a deprecated torch API on every DataLoader it builds (a loop's own
+# StatefulDataLoader too): a warning per loader and rank that no user can act on.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 _EXPORTS = {
     "AppState": "ftfleet.trainer.checkpoint.state",

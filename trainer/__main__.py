@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = N
         default=None,
         help="json: one JSON object per line (default: $FTFLEET_LOG_FORMAT, else text)",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every config key as this run would have it (defaults included) as YAML, and exit",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args(argv)
     if args.log_format is None:
@@ -51,6 +56,8 @@ def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = N
             args.log_format = env.log_format
         except ConfigError as exc:
             parser.error(str(exc))
+    if args.print_config:
+        return _print_config(args, callbacks)
     rank = int(os.environ.get("RANK", "0"))
     level = logging.INFO if rank == 0 else logging.WARNING
     if args.log_format == "json":
@@ -163,6 +170,24 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
         traceback.print_exc()
         _failed_summary(cfg, rank, f"{type(exc).__name__}: {exc}")
         return 1
+
+
+def _print_config(args: argparse.Namespace, callbacks: CallbackFactory | None) -> int:
+    """``--print-config``: the effective config on stdout (no torch, no process group)."""
+    try:
+        if not args.config:
+            raise ConfigError("no config: pass --config FILE (or set FTFLEET_CONFIG), e.g. trainer/configs/tiny.yaml")
+        import yaml
+
+        from ftfleet.trainer.config import load_config
+
+        _, overrides = callbacks(list(args.overrides)) if callbacks else ((), args.overrides)
+        cfg = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    sys.stdout.write(yaml.safe_dump(cfg.effective(), sort_keys=False, default_flow_style=False))
+    return 0
 
 
 def _failed_summary(cfg, rank: int, error: str) -> None:

@@ -7,6 +7,7 @@ the fix. Nothing else in the trainer reads YAML, the environment or argv.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -162,6 +163,12 @@ class JobConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def effective(self) -> dict[str, Any]:
+        """Every key as this run has it (the defaults, then the file, the environment and
+        the overrides), shaped as a config file: a factory section's own keys beside its
+        factories' (a built-in factory's with their defaults)."""
+        return _effective(self)
+
 
 #: Environment variables of the fleet contract that override config keys.
 ENV_OVERRIDES = CONFIG_OVERRIDES
@@ -214,6 +221,18 @@ def _section_identity(section: Any, skip: tuple[str, ...] = ()) -> dict[str, Any
     }
     for key, factory in section.factories.items():
         out[f"{key}.args"] = factory.hash_view()
+    return out
+
+
+def _effective(section: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        if f.init and f.metadata.get("config_key", True):
+            value = getattr(section, f.name)
+            out[f.name] = _effective(value) if dataclasses.is_dataclass(value) else copy.deepcopy(value)
+    for factory in getattr(section, "factories", {}).values():
+        args = factory.args
+        out.update(dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(args or {}))
     return out
 
 

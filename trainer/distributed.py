@@ -73,7 +73,9 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
         )
         attempt = agree_on_attempt(base, rank, world_size, STORE_TIMEOUT)
         if rank == 0:
-            log.info(
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "-")
+            log.log(
+                logging.INFO if restart not in ("-", "0") else logging.DEBUG,  # said for a restart
                 "process group: attempt %s (torchrun restart %s), %d ranks",
                 attempt,
                 os.environ.get("TORCHELASTIC_RESTART_COUNT", "-"),

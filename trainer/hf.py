@@ -10,6 +10,37 @@ from torch import nn
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.schemas import HFCausalLMConfig
 
+#: The AppState extra that holds a Hugging Face model's config (:class:`ConfigRecord`).
+CONFIG_EXTRA = "hf_config"
+
+
+class ConfigRecord:
+    """A Hugging Face model's config, kept in its checkpoints (an AppState extra) so that
+    ``ftfleet ckpt export`` writes the ``config.json`` that ``from_pretrained`` reads beside
+    the weights. Loading it changes nothing: the run's own config builds the model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, str]:
+        import json
+
+        config = self.model.config.to_dict()
+        # The transformers class the model is (FSDP2 and DDP wrap it in classes of their own).
+        names = [c.__name__ for c in type(self.model).__mro__ if c.__module__.startswith("transformers.models.")]
+        config["architectures"] = names[:1] or config.get("architectures")
+        return {"json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
+
+    def load_state_dict(self, state: dict[str, str]) -> None:
+        pass
+
+
+def config_record(model: nn.Module) -> ConfigRecord | None:
+    """A :class:`ConfigRecord` of ``model`` (or of the module a DDP wrapper holds) when it
+    is a Hugging Face model; else None."""
+    inner = getattr(model, "module", model)
+    return ConfigRecord(inner) if callable(getattr(getattr(inner, "config", None), "to_dict", None)) else None
+
 
 def causal_lm(cfg: HFCausalLMConfig) -> nn.Module:
     try:

@@ -69,8 +69,8 @@ def use_huge_pages(path: Path = THP_MODE) -> bool:
     mode = thp_mode(path)
     if os.environ.get(ENV) is None:
         os.environ[ENV] = "1"
-        if "torch" in sys.modules:
-            log.info(
+        if "torch" in sys.modules:  # (a user's factory imports it with the config)
+            log.debug(
                 "host memory: %s=1 set after torch was imported: it holds only if torch has not "
                 "allocated CPU memory yet (set it in the environment, or call this before importing torch)",
                 ENV,

@@ -36,6 +36,7 @@ from ftfleet.trainer.config import JobConfig
 from ftfleet.trainer.data.loader import GlobalBatches
 from ftfleet.trainer.data.workers import start_for
 from ftfleet.trainer.environment import TrainerEnvironment
+from ftfleet.trainer.hf import CONFIG_EXTRA, config_record
 from ftfleet.trainer.hostmem import active_allocator, use_huge_pages
 from ftfleet.trainer.preflight import preflight
 from ftfleet.trainer.resilience.anomaly.guard import AnomalyGuard
@@ -68,7 +69,7 @@ class Run:
             t0 = time.monotonic()
             self.deferred_init()
             self.deferred_init = None
-            log.info("model: initialised in %.2f s (nothing to restore)", time.monotonic() - t0)
+            log.debug("model: initialised in %.2f s (nothing to restore)", time.monotonic() - t0)
 
     def load_pretrained(self) -> None:
         """``model.init_from``, for a run that restored nothing (a checkpoint, when there
@@ -115,7 +116,8 @@ def build(cfg: JobConfig) -> Run:
         start_method=cfg.data.start_method,
         trace_dir=trace,
     )
-    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed, per_rank={"data": data})
+    extras = {CONFIG_EXTRA: record} if (record := config_record(model)) is not None else {}
+    app = AppState(model, optimizer, scheduler, progress, env.rank, cfg.seed, extras=extras, per_rank={"data": data})
     ckpt = CheckpointManager(
         cfg.checkpoint,
         app,
@@ -211,7 +213,14 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     jemalloc = find_jemalloc() if allocator == "glibc" and TrainerEnvironment().host_allocator != "system" else None
     if jemalloc:
         hint = f" (jemalloc is installed: the image's entrypoint preloads it; elsewhere LD_PRELOAD={jemalloc})"
-    log.info("host memory: %s malloc%s%s", allocator, ", transparent huge pages" if huge else "", hint)
+    # Said when there is something to do (a faster malloc to preload), else for debugging.
+    log.log(
+        logging.INFO if hint else logging.DEBUG,
+        "host memory: %s malloc%s%s",
+        allocator,
+        ", transparent huge pages" if huge else "",
+        hint,
+    )
     t_start = time.monotonic()
     start_for(cfg)  # the entry points started it already; a library caller's starts here
     run = build(cfg)

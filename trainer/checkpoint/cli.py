@@ -5,8 +5,9 @@ bucket URI (``s3://bucket/prefix``, ``gs://bucket/prefix``). ``list`` checks tha
 file of each checkpoint is present with its size; ``verify`` also checks every CRC32C;
 ``inspect`` shows one checkpoint's manifest and, with ``--tensors``, its contents and
 ``state_sha256`` (the same hash the trainer writes to summary.json); ``export`` writes
-one checkpoint's model weights, unsharded, as a ``torch.save`` or safetensors file. A
-checkpoint that fails exits 1 and names the bad file.
+one checkpoint's model weights, unsharded, as a ``torch.save`` or safetensors file (and
+a Hugging Face model's ``config.json`` beside it). A checkpoint that fails exits 1 and
+names the bad file.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def register(subparsers: Any) -> None:
         "export",
         help="one checkpoint's model weights as a torch or safetensors file",
         description="Write the model weights of step STEP (a number, or latest) of TARGET, unsharded, "
-        "for inference or another framework. The files are verified (size and CRC32C) first.",
+        "for inference or another framework, read as model.load_state_dict(torch.load(FILE)) or "
+        "(safetensors.torch.load_file(FILE)). A Hugging Face model's config.json is written beside "
+        "it: -o DIR/model.safetensors makes DIR loadable with from_pretrained(DIR). The files are "
+        "verified (size and CRC32C) first.",
     )
     p.add_argument("target", metavar="TARGET", help="directory, step directory or bucket URI")
     p.add_argument("step", metavar="STEP", help="the step, or latest (the newest committed)")
@@ -270,7 +274,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ftfleet.trainer.checkpoint.export import SUFFIX, model_weights, write_weights
+    from ftfleet.trainer.checkpoint.export import HF_NAMES, SUFFIX, hf_config, model_weights, write_weights
 
     wanted = None if args.step == "latest" else _step_number(args.step)
     target = _Target(args.target, args.endpoint_url, None)
@@ -303,11 +307,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             for p in problems:
                 print(f"step-{step}: CORRUPT {p}", file=sys.stderr)
             return 1
-        weights = model_weights(step_dir)
+        weights, config = model_weights(step_dir), hf_config(step_dir)
     meta = {"step": str(step), "run_id": manifest.run_id, "config_hash": manifest.config_hash}
-    write_weights(weights, out, args.fmt, meta)
+    beside = write_weights(weights, out, args.fmt, meta, config)
     size = sum(t.numel() * t.element_size() for t in weights.values())
     print(f"exported step-{step}: {len(weights)} tensors, {_size(size)} -> {out}")
+    if beside is not None:
+        print(f"and its Hugging Face config -> {beside} (from_pretrained reads the directory as {HF_NAMES[args.fmt]})")
     return 0
 
 

@@ -30,7 +30,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,9 +52,6 @@ from ftfleet.trainer.data.workers import (
 )
 
 log = logging.getLogger("ftfleet.data")
-
-# torchdata 0.11 calls a deprecated torch API on every DataLoader it builds.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 STATE_VERSION = 1
 

@@ -45,7 +45,7 @@ def run(run_dir: Path, *overrides: str) -> dict:
         launch(run_dir, *overrides), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((run_dir / "summary.json").read_text())
+    return {**json.loads((run_dir / "summary.json").read_text()), "_stderr": proc.stderr}
 
 
 def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -74,6 +74,11 @@ def inspected_hash(step_dir: Path, capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.timeout(300)
 def test_a_cnn_with_batchnorm_killed_mid_run_resumes_bit_identically(tmp_path, capsys):
     reference = run(tmp_path / "reference")
+    # A run says where it starts and what it commits; nothing a user cannot act on.
+    said = reference["_stderr"].splitlines()
+    assert said and all(
+        "ftfleet.ckpt: restore: no checkpoint" in s or "ftfleet.ckpt: committed step-" in s for s in said
+    )
     final_ckpt = tmp_path / "reference" / "checkpoints" / f"step-{STEPS}"
     assert inspected_hash(final_ckpt, capsys) == reference["state_sha256"]
     # Guards the comparisons: the ranks' running statistics differ, and the hash covers them.

@@ -92,7 +92,7 @@ class AnomalyGuard(Callback):
         self.on_rollback = on_rollback
         self.device_check = DeviceCheck(cfg, device) if cfg.policy == "skip" and gates_on_device(optimizer) else None
         if self.device_check is None and cfg.policy == "skip":
-            log.info(
+            log.debug(
                 "%s takes no found_inf flag (fused=True does): the anomaly check reads the loss every step",
                 type(optimizer).__name__,
             )

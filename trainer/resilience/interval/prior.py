@@ -74,7 +74,7 @@ def with_fleet_prior(
     try:
         data, where = _read(store, fast_root)
         if data is None:
-            log.info("interruption prior: none at %s; MTBF prior stays %.0fs (configured)", where, cfg.mtbf_s)
+            log.debug("interruption prior: none at %s; MTBF prior stays %.0fs (configured)", where, cfg.mtbf_s)
             return cfg
         prior = parse_interruption_prior(data)
         mtbf = prior.mtbf_s(time.time() if now is None else now)

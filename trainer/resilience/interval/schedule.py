@@ -340,7 +340,8 @@ class SaveSchedule(Callback):
         if why != self.reason:
             self.reason = why
             if steps:
-                log.info("checkpoint interval: %d steps (%s)", steps, why)
+                # The stopgap before the measurements is for debugging; the chosen interval is said.
+                log.log(logging.DEBUG if unmeasured else logging.INFO, "checkpoint interval: %d steps (%s)", steps, why)
             else:
                 log.info("checkpoint at step %d: %s", now, why.removeprefix("adaptive: "))
         if changed and steps:  # (the first save's is its "save" event)

@@ -221,7 +221,8 @@ class NoticeWatcher:
         self._threads = [make(self._report, self._clear, self._stop) for make in self.sources()]
         for thread in self._threads:
             thread.start()
-        log.info(
+        log.log(
+            logging.INFO if self.cloud != "none" else logging.DEBUG,  # a local run: only signals
             "notice watcher started: cloud=%s endpoint=%s signals=%s",
             self.cloud,
             self.endpoint or "-",

@@ -66,7 +66,7 @@ def test_the_prior_on_the_fast_tier_is_read_without_a_durable_tier(tmp_path):
 def test_a_missing_malformed_or_thin_prior_is_one_line_and_the_configured_prior_stays(store, caplog, body, says):
     if body is not None:
         put(store, body)
-    with caplog.at_level(logging.INFO, logger="ftfleet.prior"):
+    with caplog.at_level(logging.DEBUG, logger="ftfleet.prior"):  # "none": for debugging only
         cfg = with_fleet_prior(CONFIGURED, store, None, now=NOW)
     assert cfg.mtbf_s == CONFIGURED.mtbf_s
     (line,) = [r.getMessage() for r in caplog.records]
