@@ -339,6 +339,11 @@ EXIT_HUNG = 76
 EXIT_UNRECOVERABLE = 77
 #: Bad configuration or environment. Restarting will not help.
 EXIT_CONFIG = 2
+#: This process no longer belongs to its run: its launcher (the torchrun agent, the
+#: in-process launcher) is gone. It committed nothing after it found out (no checkpoint
+#: manifest, snapshot manifest or commit marker) and took its own child processes
+#: with it.
+EXIT_FENCED = 78
 
 #: A worker exiting with one of these stops its node's torchrun agent instead of being
 #: restarted by `--max-restarts` (75 does so only on the node being preempted).
@@ -353,6 +358,7 @@ EXIT_CODES = {
     EXIT_PREEMPTED: "termination notice handled; emergency checkpoint committed",
     EXIT_HUNG: "hang watchdog fired; restart the group",
     EXIT_UNRECOVERABLE: "repeated failure at the same step; needs a human",
+    EXIT_FENCED: "fenced: the process's launcher is gone; nothing was committed after that",
 }
 
 #: The trainer and the image's entrypoint: on the node whose own termination notice

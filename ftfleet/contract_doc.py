@@ -11,6 +11,7 @@ from ftfleet.contract import (
     EFA_ENV,
     EXIT_CODES,
     EXIT_CONFIG,
+    EXIT_FENCED,
     EXIT_PREEMPTED,
     EXIT_UNRECOVERABLE,
     INTERRUPTION_BURST_S,
@@ -136,7 +137,8 @@ def render_markdown() -> str:
         "entrypoint exits with. Every other node's agent restarts its workers, which "
         "rendezvous without the lost node and resume from the emergency checkpoint. "
         f"{EXIT_CONFIG} and {EXIT_UNRECOVERABLE} stop the agent the same way on every node: "
-        "restarting would repeat the failure.",
+        "restarting would repeat the failure. A worker whose launcher is gone exits "
+        f"{EXIT_FENCED} on its own, within a second, taking its child processes with it.",
     ]
     lines += [
         "",

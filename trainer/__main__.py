@@ -27,6 +27,7 @@ from ftfleet.contract import AGENT_STOP_EXITS, EXIT_CODES
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.agent import stop_agent
 from ftfleet.trainer.environment import LOG_FORMATS, TrainerEnvironment
+from ftfleet.trainer.resilience.fencing import bind_to_launcher
 
 #: Builds extra callbacks for the loop from the overrides it claims (returning the rest),
 #: e.g. ``python -m drill.worker``'s injected faults. Runs inside the error handling, so
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = N
         configure_json_logging(level, static={"rank": rank, "node": env.node_id})
     else:
         logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
+    bind_to_launcher()  # a worker whose torchrun agent dies ends too (exit 78)
     code = _run(args, rank, callbacks)
     if code in NOT_RESTARTABLE:
         # torchrun would restart the workers into the same failure (trainer/agent.py).

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ftfleet.trainer.config import ParallelConfig
+from ftfleet.trainer.resilience.fencing import bind_to_launcher
 
 log = logging.getLogger("ftfleet.dist")
 
@@ -45,6 +46,7 @@ class DistEnv:
 
 
 def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
+    bind_to_launcher()  # the entry points did already; a loop of one's own has not
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,10 +1,11 @@
 """The trainer's one reader of its ``FTFLEET_*`` environment variables.
 
 The fleet passes the contract's variables (:data:`ftfleet.contract.TRAINER_ENV`,
-docs/CONTRACT.md) into the container; the in-process launcher passes two of its own to
-its workers (:data:`ACTIVE_WORLD_SIZE`, :data:`MIN_ACTIVE_WORLD_SIZE`). Every module of
-the trainer that needs one asks a :class:`TrainerEnvironment`; none reads
-``os.environ`` for an ``FTFLEET_*`` name itself (a test keeps it so). Each property
+docs/CONTRACT.md) into the container; the in-process launcher passes three of its own to
+its workers (:data:`ACTIVE_WORLD_SIZE`, :data:`MIN_ACTIVE_WORLD_SIZE`,
+:data:`LAUNCHER_PID`). Every module of the trainer that needs one asks a
+:class:`TrainerEnvironment`; none reads ``os.environ`` for an ``FTFLEET_*`` name itself
+(a test keeps it so). Each property
 validates its own variable when it is asked for, so a bad value stops only what uses
 it, with one line naming the variable and the fix (:class:`~ftfleet.errors.ConfigError`).
 
@@ -36,6 +37,9 @@ CONFIG_OVERRIDES = {
 #: are spares), and how few may train on after a loss without a spare.
 ACTIVE_WORLD_SIZE = "FTFLEET_ACTIVE_WORLD_SIZE"
 MIN_ACTIVE_WORLD_SIZE = "FTFLEET_MIN_ACTIVE_WORLD_SIZE"
+#: Set by the in-process launcher for its workers: its own pid, the process whose death
+#: ends them (:mod:`ftfleet.trainer.resilience.fencing.launcher`).
+LAUNCHER_PID = "FTFLEET_LAUNCHER_PID"
 
 #: The trainer's cloud values: the contract's clouds, or none (signals only).
 CLOUD_CHOICES = (*CLOUDS, "none")
@@ -122,6 +126,11 @@ class TrainerEnvironment:
     def min_active_world_size(self) -> int | None:
         """FTFLEET_MIN_ACTIVE_WORLD_SIZE (in-process workers); None when unset."""
         return self._count(MIN_ACTIVE_WORLD_SIZE)
+
+    @property
+    def launcher_pid(self) -> int | None:
+        """FTFLEET_LAUNCHER_PID (in-process workers): the launcher's pid; None when unset."""
+        return self._count(LAUNCHER_PID)
 
     def config_overrides(self) -> list[tuple[str, str, str]]:
         """(variable, dotted config key, value) of each set :data:`CONFIG_OVERRIDES` variable."""

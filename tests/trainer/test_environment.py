@@ -48,7 +48,7 @@ def test_no_module_of_the_trainer_but_the_environment_names_an_ftfleet_variable(
 
 def test_every_variable_it_reads_is_the_contracts_or_the_in_process_launchers():
     read = _names_outside_docstrings(Path(environment.__file__))
-    launcher = {environment.ACTIVE_WORLD_SIZE, environment.MIN_ACTIVE_WORLD_SIZE}
+    launcher = {environment.ACTIVE_WORLD_SIZE, environment.MIN_ACTIVE_WORLD_SIZE, environment.LAUNCHER_PID}
     assert read - launcher <= ENV_NAMES, read - launcher - ENV_NAMES
     assert set(environment.CONFIG_OVERRIDES) <= ENV_NAMES
 

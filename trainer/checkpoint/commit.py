@@ -31,6 +31,7 @@ from ftfleet.trainer.checkpoint.manifest import (
     write_manifest,
 )
 from ftfleet.trainer.checkpoint.safe_load import read_metadata_file
+from ftfleet.trainer.resilience.fencing import check_launcher
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -147,6 +148,7 @@ def commit_step(
                 torch_version=torch_version,
             )
             try:
+                check_launcher(f"checkpoint step-{step}")  # an orphan commits nothing
                 write_manifest(step_dir, manifest)
                 verdict = (True, manifest.to_json())
             except OSError as exc:

@@ -16,6 +16,9 @@ is the whole-group restart this mode avoids. Here the launcher:
   SIGKILL 2 s later) so that the machine restarts at once instead of after the
   wrapper's barrier timeout; ``--min-ranks M`` lets the survivors go on as a smaller
   world of at least M ranks instead (another trajectory);
+* is the process its workers must not outlive: each ends (exit 78, taking its own
+  children with it) within a second of the launcher's death
+  (:mod:`~ftfleet.trainer.resilience.fencing.launcher`);
 * waits for all of them and exits with the first nonzero code of a process that was
   not killed by a signal (a killed rank is the failure the others recovered from), or
   1 when every worker was killed.
@@ -39,7 +42,7 @@ import torch.distributed as dist
 
 from ftfleet.contract import ContractError
 from ftfleet.hostenv import host_memory_env
-from ftfleet.trainer.environment import ACTIVE_WORLD_SIZE, MIN_ACTIVE_WORLD_SIZE
+from ftfleet.trainer.environment import ACTIVE_WORLD_SIZE, LAUNCHER_PID, MIN_ACTIVE_WORLD_SIZE
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 
 
@@ -131,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "LOCAL_WORLD_SIZE": str(args.nproc),
             ACTIVE_WORLD_SIZE: str(args.nproc),
             MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
+            LAUNCHER_PID: str(os.getpid()),  # a worker ends when this process does
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",

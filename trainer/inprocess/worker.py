@@ -30,6 +30,7 @@ from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
 from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
+from ftfleet.trainer.resilience.fencing import bind_to_launcher
 
 log = logging.getLogger("ftfleet.inprocess")
 
@@ -241,6 +242,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         stream=sys.stderr,
         format=f"%(asctime)s [proc{rank}] %(name)s: %(message)s",
     )
+    bind_to_launcher()  # a worker (a waiting spare too) whose launcher dies ends too (exit 78)
     try:
         if not args.config:
             raise ConfigError("no config: pass --config FILE (or set FTFLEET_CONFIG)")

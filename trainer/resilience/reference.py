@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ftfleet.contract import EXIT_PREEMPTED
 from ftfleet.trainer.callbacks import Callback, LogProgress, StopAtStep, StopRequest
 from ftfleet.trainer.events import EventLog
+from ftfleet.trainer.resilience import fencing
 from ftfleet.trainer.resilience.anomaly.guard import AnomalyGuard
 from ftfleet.trainer.resilience.interval.prior import prior_for
 from ftfleet.trainer.resilience.interval.schedule import SaveSchedule
@@ -71,6 +72,7 @@ class Resilience:
         self.cfg = cfg
         self.environ = environ
         self.events = EventLog(cfg.run_dir, enabled=run.env.is_rank0)
+        fencing.report_to(self.events)  # a process that leaves says so in the event log
         self.metrics = Metrics.from_env(environ)
         self.watchdog = res.watchdog.build()
         # The interval is chosen on rank 0 and broadcast: only rank 0 needs the prior.
@@ -177,4 +179,5 @@ class Resilience:
         if self.node_metrics is not None:
             self.node_metrics.close()
         self.metrics.close()
+        fencing.report_to(None)
         self.events.close()
