@@ -339,17 +339,20 @@ EXIT_HUNG = 76
 EXIT_UNRECOVERABLE = 77
 #: Bad configuration or environment. Restarting will not help.
 EXIT_CONFIG = 2
-#: This process no longer belongs to its run: its launcher (the torchrun agent, the
-#: in-process launcher) is gone. It committed nothing after it found out (no checkpoint
-#: manifest, snapshot manifest or commit marker) and took its own child processes
-#: with it.
+#: This process no longer belongs to the newest generation of its run: its launcher
+#: (the torchrun agent, the in-process launcher) is gone, or a newer attempt registered
+#: in the run's store, or the store cannot be reached to tell. It committed nothing
+#: after it found out (no checkpoint manifest, snapshot manifest or commit marker) and
+#: took its own child processes with it. Its agent must not restart it into the old
+#: generation; a new start of the node (a new agent, a new rendezvous) joins the newest.
 EXIT_FENCED = 78
 
 #: A worker exiting with one of these stops its node's torchrun agent instead of being
 #: restarted by `--max-restarts` (75 does so only on the node being preempted).
-AGENT_STOP_EXITS = (EXIT_CONFIG, EXIT_UNRECOVERABLE)
+AGENT_STOP_EXITS = (EXIT_CONFIG, EXIT_UNRECOVERABLE, EXIT_FENCED)
 #: The node's supervisor (systemd on AWS) does not restart the container after these:
-#: the node is going away (75), or a restart would repeat the failure (2, 77).
+#: the node is going away (75), or a restart would repeat the failure (2, 77). After 78
+#: it does: the new container's agent joins the run's newest generation.
 NODE_FINAL_EXITS = (EXIT_PREEMPTED, EXIT_UNRECOVERABLE, EXIT_CONFIG)
 
 EXIT_CODES = {
@@ -358,7 +361,8 @@ EXIT_CODES = {
     EXIT_PREEMPTED: "termination notice handled; emergency checkpoint committed",
     EXIT_HUNG: "hang watchdog fired; restart the group",
     EXIT_UNRECOVERABLE: "repeated failure at the same step; needs a human",
-    EXIT_FENCED: "fenced: the process's launcher is gone; nothing was committed after that",
+    EXIT_FENCED: "fenced: a newer generation of the run registered, the run's store is out of reach, "
+    "or the process's launcher is gone; nothing was committed after that",
 }
 
 #: The trainer and the image's entrypoint: on the node whose own termination notice

@@ -137,7 +137,10 @@ def render_markdown() -> str:
         "entrypoint exits with. Every other node's agent restarts its workers, which "
         "rendezvous without the lost node and resume from the emergency checkpoint. "
         f"{EXIT_CONFIG} and {EXIT_UNRECOVERABLE} stop the agent the same way on every node: "
-        "restarting would repeat the failure. A worker whose launcher is gone exits "
+        "restarting would repeat the failure. "
+        f"{EXIT_FENCED} stops the agent too, which would restart its workers into a generation "
+        "that no longer owns the run; the supervisor restarts the container, whose new agent "
+        "joins the newest generation. A worker whose launcher is gone exits "
         f"{EXIT_FENCED} on its own, within a second, taking its child processes with it.",
     ]
     lines += [
@@ -159,7 +162,8 @@ def render_markdown() -> str:
         f"serves Prometheus metrics on {METRICS_PORT} + r (the image exposes "
         f"{METRICS_PORT}-{METRICS_PORT + MAX_LOCAL_RANKS - 1}); the container uses the host's network.",
         f"- The node's supervisor does not restart the container after exit "
-        f"{', '.join(map(str, NODE_FINAL_EXITS))}; a worker's {' or '.join(map(str, AGENT_STOP_EXITS))} "
+        f"{', '.join(map(str, NODE_FINAL_EXITS))}; a worker's {', '.join(map(str, AGENT_STOP_EXITS[:-1]))} "
+        f"or {AGENT_STOP_EXITS[-1]} "
         "stops its torchrun agent.",
         f"- EFA: with EFA enabled the node passes every `{EFA_DEVICE_DIR}/uverbs*` device into the "
         "container, and the entrypoint then sets "

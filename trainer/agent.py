@@ -39,19 +39,25 @@ def torchrun_agent_pid() -> int | None:
     return ppid if b"torch.distributed.run" in cmdline or b"torchrun" in cmdline else None
 
 
-def stop_agent(exit_code: int, why: str) -> int | None:
-    """On local rank 0 of a torchrun worker: leave ``exit_code`` for the entrypoint and
-    stop the agent so that it does not restart the workers. Returns the agent's pid, or
-    None when there is no agent to stop (not under torchrun, another local rank, or an
-    agent that restarts nothing: the code is left for it all the same)."""
-    if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0:
+def stop_agent(exit_code: int, why: str, *, any_local_rank: bool = False) -> int | None:
+    """On local rank 0 of a torchrun worker (any local rank with ``any_local_rank``:
+    where each rank may be the first to find out, and the agent would restart the
+    workers after the first exit): leave ``exit_code`` for the entrypoint and stop the
+    agent so that it does not restart the workers. With ``any_local_rank`` the first
+    rank to leave the code stops the agent; the others leave it be (a second SIGTERM
+    interrupts the agent's shutdown). Returns the agent's pid, or None when there is no
+    agent to stop (not under torchrun, another local rank, or an agent that restarts
+    nothing: the code is left for it all the same)."""
+    if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0 and not any_local_rank:
         return None
     pid = torchrun_agent_pid()
     if pid is None:
         return None
     try:
-        with open(agent_exit_file(pid), "w", encoding="utf-8") as f:
+        with open(agent_exit_file(pid), "x" if any_local_rank else "w", encoding="utf-8") as f:
             f.write(f"{exit_code}\n")
+    except FileExistsError:
+        return pid  # another local rank left the code and stops the agent
     except OSError as exc:
         log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
     if os.environ.get("TORCHELASTIC_MAX_RESTARTS") == "0":

@@ -4,7 +4,9 @@
   (one rank, an in-memory store), so every code path is the distributed one.
 * Each torchrun attempt gets its own key prefix in the agent's store, agreed by its
   ranks (:func:`agree_on_attempt`): workers restarted by ``--max-restarts`` otherwise
-  read the previous attempt's stale keys and hang or fail in gloo init.
+  read the previous attempt's stale keys and hang or fail in gloo init. The attempt
+  is a generation of the run, registered in that store: its commits are refused once
+  a newer one registered (:mod:`ftfleet.trainer.resilience.fencing`).
 * Checkpointing gets two dedicated gloo groups: ``ckpt`` for DCP's async save and the
   commit protocol, ``upload`` for the background upload to the durable tier. Collectives
   of a background save on the training group hang or corrupt data.
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ftfleet.trainer.config import ParallelConfig
+from ftfleet.trainer.resilience import fencing
 from ftfleet.trainer.resilience.fencing import bind_to_launcher
 
 log = logging.getLogger("ftfleet.dist")
@@ -84,10 +87,13 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
                 world_size,
             )
         store: dist.Store = dist.PrefixStore(f"ftfleet/{attempt}", base)
+        # The attempt is a generation of the run: its commits are checked against the store.
+        fencing.adopt(fencing.Fence(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), attempt))
     else:
         if world_size != 1:
             raise RuntimeError("WORLD_SIZE > 1 without MASTER_ADDR: launch with torchrun")
         store = dist.HashStore()
+        fencing.adopt(None)  # no store to register in: one process, whose launcher alone is checked
     extra: dict[str, Any] = {}
     if cfg.collective_timeout_s is not None:
         extra["timeout"] = datetime.timedelta(seconds=cfg.collective_timeout_s)
@@ -101,7 +107,9 @@ def init_distributed(cfg: ParallelConfig, ckpt_timeout_s: int) -> DistEnv:
 
 
 def agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> str:
-    """A name that every rank of this attempt gets and that no earlier attempt used.
+    """A name that every rank of this attempt gets and that no earlier attempt used: the
+    token of the generation rank 0 registers in ``store`` (``<number>.<hex>``,
+    :func:`ftfleet.trainer.resilience.fencing.register`).
 
     torchrun's agent store lives as long as the job, so it holds the keys of every
     earlier attempt. ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each agent
@@ -109,15 +117,15 @@ def agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout: dat
     change, so two nodes disagree once a worker dies on one node and the other node's
     workers do not notice (NCCL blocks in the collective instead of failing).
 
-    Rank 0 draws a fresh name. Every other rank posts a fresh token of its own under
-    its rank and waits for the name under a key made from that token, which no earlier
-    attempt can have written. Rank 0 answers every token it reads there (a dead
-    worker's stale one too, harmlessly) until all ranks have counted themselves in
-    under the new name. Workers of earlier attempts are gone by then: an agent stops
-    its workers before it joins the next rendezvous.
+    Rank 0 registers a new generation, whose token is the name. Every other rank posts
+    a fresh token of its own under its rank and waits for the name under a key made
+    from that token, which no earlier attempt can have written. Rank 0 answers every
+    token it reads there (a dead worker's stale one too, harmlessly) until all ranks
+    have counted themselves in under the new name. Workers of earlier attempts are gone
+    by then: an agent stops its workers before it joins the next rendezvous.
     """
     if world_size == 1:
-        return uuid.uuid4().hex
+        return fencing.register(store)
     hello = [f"ftfleet/hello/{r}" for r in range(1, world_size)]
     if rank != 0:
         token = uuid.uuid4().hex
@@ -126,7 +134,7 @@ def agree_on_attempt(store: dist.Store, rank: int, world_size: int, timeout: dat
         attempt = store.get(f"ftfleet/answer/{token}").decode()
         store.add(f"ftfleet/{attempt}/joined", 1)
         return attempt
-    attempt = uuid.uuid4().hex
+    attempt = fencing.register(store)
     deadline = time.monotonic() + timeout.total_seconds()
     answered: set[bytes] = set()
     store.wait(hello, timeout)

@@ -23,7 +23,7 @@ parsing log text. Every line has ``t`` (epoch seconds), ``event``, ``attempt``
 | ``marker`` | step, reason, path, uploaded | the commit marker was written |
 | ``exit`` | code, reason, step | the run ends normally or after a notice |
 | ``agent_stopped`` | pid | the preempted node stopped its torchrun agent (no restart) |
-| ``fenced`` | why, launcher_pid or refused | the process left its run, exit 78 (refused: its last commit) |
+| ``fenced`` | why, launcher_pid or refused, generation | the process left its run, exit 78 (refused: its last commit) |
 
 A process killed by a signal or by the hang watchdog writes no ``exit`` line: its
 absence, with the process's exit status, is the record.

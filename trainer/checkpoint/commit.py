@@ -31,7 +31,7 @@ from ftfleet.trainer.checkpoint.manifest import (
     write_manifest,
 )
 from ftfleet.trainer.checkpoint.safe_load import read_metadata_file
-from ftfleet.trainer.resilience.fencing import check_launcher
+from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -102,10 +102,14 @@ def commit_step(
     config_hash: str,
     torch_version: str,
     streamed: dict[str, FileEntry | str] | None = None,
+    fence: fencing.Fence | None = None,
 ) -> Manifest:
     """Collective: returns the committed manifest on every rank, or raises CommitError on
     every rank. ``streamed``: this rank's writer's records (file name -> entry, or the
-    reason there is none); without them this rank reads back the files of its prefix."""
+    reason there is none); without them this rank reads back the files of its prefix.
+    ``fence``: the writer's generation, checked by rank 0 right before the manifest is
+    written; a refusal is every rank's (:func:`~ftfleet.trainer.resilience.fencing.refuse`:
+    the process leaves, or a replaced attempt's commit raises CommitError)."""
     entries: dict[str, FileEntry] = {}
     error = dcp_error
     shards: dict[str, int] = {}
@@ -117,7 +121,7 @@ def commit_step(
             error = f"{type(exc).__name__}: {exc}"
     gathered = comm.gather((entries, error))
 
-    verdict: tuple[bool, str] | None = None
+    verdict: tuple[bool, str, bool] | None = None  # committed, manifest or problems, fenced
     if comm.rank == 0:
         problems = [f"rank {r}: {err}" for r, (_, err) in enumerate(gathered) if err]
         files: dict[str, FileEntry] = {}
@@ -147,15 +151,23 @@ def commit_step(
                 files=files,
                 torch_version=torch_version,
             )
-            try:
-                check_launcher(f"checkpoint step-{step}")  # an orphan commits nothing
-                write_manifest(step_dir, manifest)
-                verdict = (True, manifest.to_json())
-            except OSError as exc:
-                problems.append(f"writing {MANIFEST_NAME}: {exc}")
+            fenced = fencing.problem_of(fence)  # right before the write: one generation commits
+            if fenced is not None:
+                verdict = (False, fenced, True)
+            else:
+                try:
+                    write_manifest(step_dir, manifest)
+                    verdict = (True, manifest.to_json(), False)
+                except OSError as exc:
+                    problems.append(f"writing {MANIFEST_NAME}: {exc}")
         if verdict is None:
-            verdict = (False, "; ".join(problems))
-    ok, payload = comm.broadcast(verdict)
+            verdict = (False, "; ".join(problems), False)
+    ok, payload, fenced = comm.broadcast(verdict)
+    if fenced:
+        try:
+            fencing.refuse(fence, f"checkpoint step-{step}", payload)
+        except fencing.Fenced as exc:
+            raise CommitError(str(exc)) from None
     if not ok:
         raise CommitError(f"step-{step} was not committed: {payload}")
     return Manifest.from_json(payload)

@@ -66,6 +66,7 @@ from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
 from ftfleet.trainer.checkpoint.upload import Uploader
 from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
 from ftfleet.trainer.config import CheckpointConfig
+from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -175,6 +176,8 @@ class CheckpointManager:
             tier = MemoryTier(memory_dir(cfg.memory_root, run_id), ring, keep=cfg.memory_keep)
             self.snapshots = Snapshots(tier, app_state, self.identity, comm, group, cfg.memory_peer_every)
         self.local = LocalTier(cfg.dir)
+        #: The generation whose checkpoints these are (trainer/resilience/fencing).
+        self.fence = fencing.current()
         self.stats = SaveStats()
         self.committed: list[int] = []
         self.on_commit: list[Callable[[Manifest], None]] = []
@@ -409,7 +412,8 @@ class CheckpointManager:
         step_dir = self.local.step_dir(step)
         if self.comm.rank == 0:
             # A directory of this step is debris of a crash, or of a run that rolled back
-            # past it: it goes, manifest first.
+            # past it: it goes, manifest first (not by an older generation: it may be a newer one's).
+            fencing.check(self.fence, f"removal of step-{step}")
             self.local.remove_step(step)
             step_dir.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
@@ -530,6 +534,7 @@ class CheckpointManager:
             config_hash=self.identity.config_hash,
             torch_version=torch.__version__,
             streamed=writer.streamed(),
+            fence=self.fence,
         )
         self.stats.last_commit_s = time.monotonic() - t0
         self.committed.append(step)

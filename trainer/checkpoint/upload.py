@@ -7,8 +7,9 @@ local save. For each checkpoint:
    a durable tier only needs the newest) and tells the other ranks;
 2. the files are split over ranks by size; each rank uploads its share in parallel;
 3. rank 0 gathers the results, lists the step's objects and checks every file is there
-   with its size, and only then uploads ``manifest.json``, last: an interrupted upload
-   leaves objects without a manifest, which no restore counts;
+   with its size, and only then uploads ``manifest.json``, last, once its generation
+   is still the newest (:mod:`~ftfleet.trainer.resilience.fencing`): an interrupted
+   upload leaves objects without a manifest, which no restore counts;
 4. rank 0 applies retention to the bucket and broadcasts the outcome.
 """
 
@@ -26,6 +27,7 @@ from ftfleet.contract import MANIFEST_NAME, step_dir_name
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.manifest import Manifest, assign_files
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore
+from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -50,6 +52,8 @@ class Uploader:
         self.schedule = retention.parse_schedule(retention.DEFAULT_SCHEDULE) if schedule is None else tuple(schedule)
         self.pinned = list(pinned)
         self.on_durable = on_durable
+        #: The generation whose checkpoints these are: checked before each manifest.
+        self.fence = fencing.current()
         self.durable_steps: list[int] = []
         self._items: collections.deque[Manifest] = collections.deque()
         self._cv = threading.Condition()
@@ -148,6 +152,7 @@ class Uploader:
                         if present.get(name) != entry.size:
                             problems.append(f"{name}: {present.get(name)} bytes in the bucket, expected {entry.size}")
                     if not problems:
+                        fencing.check(self.fence, f"durable copy of step-{step}")
                         self.store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())
                 except Exception as exc:  # noqa: BLE001
                     problems.append(f"{type(exc).__name__}: {exc}")

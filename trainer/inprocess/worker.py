@@ -30,7 +30,7 @@ from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
 from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
-from ftfleet.trainer.resilience.fencing import bind_to_launcher
+from ftfleet.trainer.resilience.fencing import bind_to_launcher, retire
 
 log = logging.getLogger("ftfleet.inprocess")
 
@@ -75,6 +75,25 @@ def _seconds(value: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=value)
 
 
+def retiring_abort() -> Any:
+    """The wrapper's abort (run by its monitor thread on every rank as soon as a restart
+    begins): this process's attempt is retired (:func:`~ftfleet.trainer.resilience.fencing.retire`),
+    then the process groups are aborted as by default. Every rank retires before it
+    reaches the restart's barrier, so before the next attempt's rank 0 registers a
+    newer generation: a thread left from the old attempt that tries to commit then is
+    refused, and the process, which belongs to the newer generation, stays."""
+    import nvidia_resiliency_ext.inprocess as inprocess
+    from nvidia_resiliency_ext.inprocess.abort import Abort, AbortTorchDistributed
+
+    class RetireFence(Abort):
+        def __call__(self, state: Any) -> Any:
+            retire()
+            return state
+
+    # Compose applies the last first.
+    return inprocess.Compose(AbortTorchDistributed(), RetireFence())
+
+
 def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.25, shrink: bool = False) -> Any:
     """The wrapper: survivors keep their ranks, a spare fills a dead rank's place
     (``FillGaps``), and at most ``active_world_size`` ranks train; the others wait,
@@ -97,6 +116,7 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
     return inprocess.Wrapper(
         store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
         rank_assignment=inprocess.Compose(*filters),
+        abort=retiring_abort(),
         health_check=None,  # its only check is CUDA's
         # The monitor thread waits in the store for the "a rank was interrupted" key, one
         # wait of this length after another; a set key returns the wait at once. Short

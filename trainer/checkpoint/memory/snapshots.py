@@ -63,7 +63,7 @@ from ftfleet.trainer.checkpoint.memory import (
     snapshot_file,
 )
 from ftfleet.trainer.checkpoint.restore import Identity, Restored
-from ftfleet.trainer.resilience.fencing import check_launcher
+from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -106,6 +106,8 @@ class Snapshots:
         self.group = group
         self.taken = 0
         self.peer_every = peer_every
+        #: The generation whose snapshots these are: checked before each manifest.
+        self.fence = fencing.current()
         #: The newest step whose copy went to the peer: its own snapshot is kept.
         self.copied_step: int | None = None
         #: The step of the newest snapshot completed by its thread, and the seconds that
@@ -263,7 +265,7 @@ class Snapshots:
                 # The newest step whose copy reached the peer keeps its own snapshot until
                 # this one's copy has gone too: a node lost meanwhile still finds a step
                 # that its rank's holder and every other rank have.
-                check_launcher(f"snapshot of step {step}")  # an orphan commits nothing
+                fencing.check(self.fence, f"snapshot of step {step}")  # one generation commits
                 self.tier.commit(False, step, manifest, protect=self.copied_step)
         except OSError as exc:
             log.warning("memory: snapshot of step %d not written to %s: %s", step, self.tier.describe(), exc)
@@ -300,7 +302,7 @@ class Snapshots:
             with self._writing():
                 if not placed:
                     Staged(body).write_to(self.tier.slot(True, step) / snapshot_file(peer))
-                check_launcher(f"copy of rank {peer}'s snapshot of step {step}")
+                fencing.check(self.fence, f"copy of rank {peer}'s snapshot of step {step}")
                 self.tier.commit(True, step, peer_manifest)
         except (SnapshotMismatch, OSError) as exc:
             log.warning("memory: copy of rank %d's snapshot not kept: %s", peer, exc)

@@ -27,7 +27,7 @@ launcher, and this process's descendants (the loader's workers) go with it. Nobo
 waits for an orphan's exit status; the code and the line are for the log and the
 node's reaper. Between the launcher's death and the exit, no commit happens: every
 commit asks :func:`launcher_alive` right before it writes
-(:func:`~ftfleet.trainer.resilience.fencing.check_launcher`).
+(:func:`~ftfleet.trainer.resilience.fencing.fence.check`).
 
 The parent-death signal follows the thread that started the process: both launchers
 start their workers from their main thread, which lives as long as they do.

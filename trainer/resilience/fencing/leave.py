@@ -1,10 +1,10 @@
 """How a process that no longer belongs to its run leaves: at once, saying why once.
 
 :func:`leave` writes one log line (error level, on every rank: each process says why it
-went), a ``fenced`` event (rank 0's event log; a no-op elsewhere), SIGKILLs this
-process's descendants (the data loader's workers and their server; the in-process
-wrapper's monitor daemonizes, and exits on its own once its target is gone), and ends
-the process with
+went), a ``fenced`` event (rank 0's event log; a no-op elsewhere), stops its torchrun
+agent when asked to, SIGKILLs this process's descendants (the data loader's workers
+and their server; the in-process wrapper's monitor daemonizes, and exits on its own
+once its target is gone), and ends the process with
 :data:`~ftfleet.contract.EXIT_FENCED` by ``os._exit``: no interpreter teardown, no
 ``atexit`` handler, no thread of this process writes anything after the call. Any
 thread may call it; the first call wins and a later one waits for the exit, or, from
@@ -66,9 +66,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def leave(why: str, *, from_signal: bool = False, **fields: Any) -> NoReturn:
+def leave(why: str, *, stop_agent: bool = False, from_signal: bool = False, **fields: Any) -> NoReturn:
     """End this process with EXIT_FENCED: one log line saying ``why``, a ``fenced`` event
-    with ``fields``, every descendant SIGKILLed, then ``os._exit``."""
+    with ``fields``, its torchrun agent stopped (``stop_agent``, by whichever local rank
+    leaves: an agent alive would restart its workers into the generation they left,
+    :func:`ftfleet.trainer.agent.stop_agent`), every descendant SIGKILLed, then
+    ``os._exit``."""
     if not _leaving.acquire(blocking=False):
         if from_signal:  # the winner ends the process in a moment
             return
@@ -78,6 +81,10 @@ def leave(why: str, *, from_signal: bool = False, **fields: Any) -> NoReturn:
         log.error("%s: this process leaves without committing anything more (exit %d)", why, EXIT_FENCED)
         if _events is not None:
             _events.emit("fenced", why=why, **fields)
+        if stop_agent:
+            from ftfleet.trainer.agent import stop_agent as stop
+
+            stop(EXIT_FENCED, "fenced", any_local_rank=True)
     except Exception:  # noqa: BLE001 - a closed stream or a full disk: the exit matters more
         pass
     finally:

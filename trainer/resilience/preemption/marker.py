@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ftfleet.contract import CommitMarker, marker_key
-from ftfleet.trainer.resilience.fencing import check_launcher
+from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def publish_marker(
     The upload is retried every ``retry_s`` seconds until epoch ``deadline`` (None:
     one attempt). Returns what happened; raises only if the fast tier write fails.
     """
-    check_launcher(f"commit marker of step {marker.step}")  # an orphan commits nothing
+    fencing.check(fencing.current(), f"commit marker of step {marker.step}")  # one generation commits
     local = write_local_marker(fast_root, marker)
     log.info("commit marker written: %s (step %d, %s)", local, marker.step, marker.reason)
     if put is None:

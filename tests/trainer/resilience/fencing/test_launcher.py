@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from ftfleet.trainer.checkpoint.comm import LocalComm
-from ftfleet.trainer.resilience import fencing
-from ftfleet.trainer.resilience.fencing import launcher
+from ftfleet.trainer.resilience.fencing import fence, launcher
 from ftfleet.trainer.resilience.fencing.leave import descendants
 
 
@@ -26,7 +25,8 @@ def orphaned(monkeypatch):
         raise Left(why, fields)
 
     monkeypatch.setattr(launcher, "_bound", os.getppid() + 1_000_000)
-    monkeypatch.setattr(fencing, "leave", leave)
+    monkeypatch.setattr(fence, "leave", leave)
+    monkeypatch.setattr(fence, "_current", None)
 
 
 def test_a_process_no_launcher_started_is_tied_to_nothing():
