@@ -3,7 +3,7 @@
 The fleet passes the contract's variables (:data:`ftfleet.contract.TRAINER_ENV`,
 docs/CONTRACT.md) into the container; the in-process launcher passes three of its own to
 its workers (:data:`ACTIVE_WORLD_SIZE`, :data:`MIN_ACTIVE_WORLD_SIZE`,
-:data:`LAUNCHER_PID`). Every module of the trainer that needs one asks a
+:data:`LAUNCHER_PID`, :data:`INPROCESS_LAYOUT`). Every module of the trainer that needs one asks a
 :class:`TrainerEnvironment`; none reads ``os.environ`` for an ``FTFLEET_*`` name itself
 (a test keeps it so). Each property
 validates its own variable when it is asked for, so a bad value stops only what uses
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from ftfleet.contract import CLOUDS, HOST_ALLOCATOR_ENV
 from ftfleet.errors import ConfigError
@@ -40,6 +41,9 @@ MIN_ACTIVE_WORLD_SIZE = "FTFLEET_MIN_ACTIVE_WORLD_SIZE"
 #: Set by the in-process launcher for its workers: its own pid, the process whose death
 #: ends them (:mod:`ftfleet.trainer.resilience.fencing.launcher`).
 LAUNCHER_PID = "FTFLEET_LAUNCHER_PID"
+#: Set by the in-process launcher for its workers: the job's nodes and processes,
+#: ``training_nodes:spare_nodes:nproc:spares`` (:class:`ftfleet.trainer.inprocess.ranks.Layout`).
+INPROCESS_LAYOUT = "FTFLEET_INPROCESS_LAYOUT"
 
 #: The trainer's cloud values: the contract's clouds, or none (signals only).
 CLOUD_CHOICES = (*CLOUDS, "none")
@@ -131,6 +135,21 @@ class TrainerEnvironment:
     def launcher_pid(self) -> int | None:
         """FTFLEET_LAUNCHER_PID (in-process workers): the launcher's pid; None when unset."""
         return self._count(LAUNCHER_PID)
+
+    @property
+    def inprocess_layout(self) -> Any:
+        """FTFLEET_INPROCESS_LAYOUT (in-process workers): the job's
+        :class:`~ftfleet.trainer.inprocess.ranks.Layout`; None when unset."""
+        raw = self._get(INPROCESS_LAYOUT)
+        if not raw:
+            return None
+        from ftfleet.trainer.inprocess.ranks import Layout
+
+        try:
+            return Layout.parse(raw)
+        except ValueError as exc:
+            why = f"{INPROCESS_LAYOUT}={exc}"
+            raise ConfigError(f"{why}: the in-process launcher sets it; start the workers with that launcher") from None
 
     def config_overrides(self) -> list[tuple[str, str, str]]:
         """(variable, dotted config key, value) of each set :data:`CONFIG_OVERRIDES` variable."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,3 +71,69 @@ class Job:
 
     def log_tail(self, chars: int = 3000) -> str:
         return "\n".join(f"--- {p.name} ---\n{p.read_text()[-chars:]}" for p in sorted(self.logs.glob("node*.log")))
+
+
+class InprocessJob:
+    """The in-process launcher on each node of ``bed``: nodes ``0 .. nnodes - 1`` train
+    ``nproc`` ranks each, the next ``spare_nodes`` wait warm. The job's stores live on
+    the last node of the bed, a coordinator that trains nothing (``--nproc 0
+    --host-stores``), as the fleet's on-demand coordinator hosts them: no training node's
+    loss takes them. Every node's shared memory is its own (FTFLEET_SHM_DIR)."""
+
+    def __init__(
+        self,
+        bed: Bed,
+        run_dir: Path,
+        logs: Path,
+        *overrides: str,
+        nnodes: int = 2,
+        spare_nodes: int = 1,
+        nproc: int = 1,
+        launcher: tuple[str, ...] = (),
+        heartbeat_timeout: float = 2.0,
+    ) -> None:
+        from tests.trainer.conftest import CONFIG
+
+        if len(bed.nodes) != nnodes + spare_nodes + 1:
+            raise ValueError(f"a bed of {nnodes + spare_nodes + 1} nodes: the job's and the coordinator")
+        self.bed, self.run_dir, self.logs = bed, run_dir, logs
+        coordinator = bed[nnodes + spare_nodes]
+        port = RDZV_PORT if bed.isolated else free_port(coordinator.addr)
+        common = [f"--master-addr={coordinator.addr}", "--soft-timeout=30", "--worker=drill.inprocess_worker"]
+        common += [f"--heartbeat-timeout={heartbeat_timeout}"]
+        env = {"MASTER_PORT": str(port)}
+        self.stores = self._start(
+            coordinator, ["--nproc=0", "--host-stores", *common], env, "coordinator", extra=("--",)
+        )
+        time.sleep(0.5)  # the stores listen before the first worker connects
+        args = ["--config", str(CONFIG), *overrides, f"run_dir={run_dir}"]
+        self.launchers: list[subprocess.Popen] = []
+        for node in bed.nodes[: nnodes + spare_nodes]:
+            cmd = [f"--nproc={nproc}", "--spares=0", f"--nnodes={nnodes}", f"--spare-nodes={spare_nodes}"]
+            cmd += [f"--node-rank={node.index}", "--no-host-stores", *common, *launcher, "--", *args]
+            env_node = {**env, "GLOO_SOCKET_IFNAME": node.ifname, "FTFLEET_SHM_DIR": str(node.shm)}
+            self.launchers.append(self._start(node, cmd, env_node, f"node{node.index}"))
+
+    def _start(self, node, launcher_args, env, name, extra=()) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", *launcher_args, *extra]
+        with open(self.logs / f"{name}.log", "w") as log:
+            return node.popen(cmd, cwd=REPO, env=child_env(env), stdout=log, stderr=subprocess.STDOUT)
+
+    def pids(self, node: int) -> dict[int, int]:
+        """rank -> pid of the processes node ``node``'s launcher started."""
+        out = {}
+        for line in (self.logs / f"node{node}.log").read_text().splitlines():
+            if line.startswith("ftfleet.inprocess: process "):
+                _, _, rank, _, pid = line.split()
+                out[int(rank)] = int(pid)
+        return out
+
+    def wait(self, timeout: float) -> list[int | None]:
+        """Each training and spare node's launcher's exit code, or None for one still running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(a.poll() is None for a in self.launchers):
+            time.sleep(0.1)
+        return [a.poll() for a in self.launchers]
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.read_text()[-chars:]}" for p in sorted(self.logs.glob("*.log")))

@@ -48,7 +48,12 @@ def test_no_module_of_the_trainer_but_the_environment_names_an_ftfleet_variable(
 
 def test_every_variable_it_reads_is_the_contracts_or_the_in_process_launchers():
     read = _names_outside_docstrings(Path(environment.__file__))
-    launcher = {environment.ACTIVE_WORLD_SIZE, environment.MIN_ACTIVE_WORLD_SIZE, environment.LAUNCHER_PID}
+    launcher = {
+        environment.ACTIVE_WORLD_SIZE,
+        environment.MIN_ACTIVE_WORLD_SIZE,
+        environment.LAUNCHER_PID,
+        environment.INPROCESS_LAYOUT,
+    }
     assert read - launcher <= ENV_NAMES, read - launcher - ENV_NAMES
     assert set(environment.CONFIG_OVERRIDES) <= ENV_NAMES
 
@@ -63,6 +68,15 @@ def test_unset_variables_read_as_their_defaults():
         0,
     )
     assert (env.log_format, env.config_file, env.active_world_size, env.config_overrides()) == ("text", None, None, [])
+
+
+def test_the_in_process_layout_is_read_or_refused_in_one_line():
+    from ftfleet.trainer.inprocess.ranks import Layout
+
+    assert TrainerEnvironment({environment.INPROCESS_LAYOUT: "2:1:4:0"}).inprocess_layout == Layout(2, 1, 4, 0)
+    with pytest.raises(ConfigError) as exc:
+        _ = TrainerEnvironment({environment.INPROCESS_LAYOUT: "2:1"}).inprocess_layout
+    assert str(exc.value).startswith("FTFLEET_INPROCESS_LAYOUT=") and "\n" not in str(exc.value)
 
 
 def test_the_region_counts_only_on_aws_and_the_endpoint_loses_its_trailing_slash():

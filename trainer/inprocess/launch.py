@@ -42,8 +42,14 @@ import torch.distributed as dist
 
 from ftfleet.contract import ContractError
 from ftfleet.hostenv import host_memory_env
-from ftfleet.trainer.environment import ACTIVE_WORLD_SIZE, LAUNCHER_PID, MIN_ACTIVE_WORLD_SIZE
+from ftfleet.trainer.environment import (
+    ACTIVE_WORLD_SIZE,
+    INPROCESS_LAYOUT,
+    LAUNCHER_PID,
+    MIN_ACTIVE_WORLD_SIZE,
+)
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
+from ftfleet.trainer.inprocess.ranks import Layout
 
 
 def free_port_pair() -> int:
@@ -61,15 +67,75 @@ def free_port_pair() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def main(argv: list[str] | None = None) -> int:
+#: The key in the trainer's store (``MASTER_PORT``) a worker sets when the job cannot go
+#: on (:attr:`~ftfleet.trainer.inprocess.ranks.Plan.stop`); every launcher watches it.
+STOP_KEY = "ftfleet/inprocess/stop"
+
+
+#: How long a launcher waits for the job's stores to answer (the coordinator may boot
+#: after the nodes).
+STORE_WAIT_S = 120.0
+
+
+def request_stop(reason: str) -> None:
+    """Tell every node's launcher to end the job (a worker's call; the stores' address is
+    MASTER_ADDR:MASTER_PORT). Best effort: a store out of reach means the launchers are
+    ending anyway."""
+    try:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=10),
+        )
+        store.set(STOP_KEY, reason)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        print(f"ftfleet.inprocess: could not ask the launchers to stop ({exc})", file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ftfleet.trainer.inprocess",
-        description="N training processes and K warm spares, restarted in-process on a failure.",
+        description="N training processes and K warm spares per node, restarted in-process on a failure.",
     )
-    parser.add_argument("--nproc", type=int, required=True, help="training ranks (the world size)")
-    parser.add_argument("--spares", type=int, default=1, help="warm spare processes")
+    parser.add_argument("--nproc", type=int, required=True, help="training processes on each node")
+    parser.add_argument(
+        "--spares", type=int, default=None, help="warm spare processes on each node (default 1; 0 with --nproc 0)"
+    )
+    parser.add_argument("--nnodes", type=int, default=1, help="training nodes (one launcher each)")
+    parser.add_argument(
+        "--spare-nodes",
+        type=int,
+        default=0,
+        help="warm spare nodes: launchers whose processes wait, warm, and take a lost node's ranks together",
+    )
+    parser.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this launcher's node: 0 .. --nnodes - 1 train, --nnodes .. --nnodes + --spare-nodes - 1 are spares",
+    )
+    parser.add_argument(
+        "--master-addr",
+        default=None,
+        help="where the job's stores live (default: MASTER_ADDR, else 127.0.0.1); every node must reach it",
+    )
+    parser.add_argument(
+        "--host-stores",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="host the job's two stores in this launcher (default: on node 0); a store that must outlive "
+        "every node belongs on the coordinator: a launcher there with --nproc 0 hosts them and trains nothing",
+    )
     parser.add_argument("--worker", default="ftfleet.trainer.inprocess.worker", help="the worker's module")
     parser.add_argument("--soft-timeout", type=float, default=60.0, help="seconds without a step: a hang")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="seconds without a process's heartbeat before it counts as gone: how soon a lost node's ranks "
+        "are replaced (default: half the soft timeout, at least 5 s; at least 4 polls and 1 s)",
+    )
     parser.add_argument(
         "--max-failed-starts",
         type=int,
@@ -95,56 +161,155 @@ def main(argv: list[str] | None = None) -> int:
         "--min-ranks",
         type=int,
         default=None,
-        help="let the world shrink to this many ranks when no spare is left (default: --nproc, "
-        "the world never shrinks: the same trajectory as an uninterrupted run)",
+        help="let the world shrink to this many ranks when no spare is left (default: every training "
+        "node's ranks, the world never shrinks: the same trajectory as an uninterrupted run)",
     )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the trainer's arguments")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.nproc < 1 or args.spares < 0:
-        parser.error(f"--nproc {args.nproc} --spares {args.spares}: use at least 1 rank and 0 or more spares")
+    stores_only = args.nproc == 0
+    if args.spares is None:
+        args.spares = 0 if stores_only else 1
+    if args.nproc < 0 or args.spares < 0 or args.nnodes < 1 or args.spare_nodes < 0:
+        parser.error(
+            f"--nproc {args.nproc} --spares {args.spares} --nnodes {args.nnodes} --spare-nodes {args.spare_nodes}: "
+            "use at least 1 process per node (0 only to host the stores) and 1 node, 0 or more spares"
+        )
+    if not stores_only and not 0 <= args.node_rank < args.nnodes + args.spare_nodes:
+        parser.error(f"--node-rank {args.node_rank}: use 0 to {args.nnodes + args.spare_nodes - 1}")
     if not 0.01 <= args.poll <= 1:
         parser.error(f"--poll {args.poll}: use 0.01 to 1 second")
     if not args.soft_timeout >= 2:
         parser.error(f"--soft-timeout {args.soft_timeout}: use 2 seconds or more (the wrapper polls every second)")
     if args.max_failed_starts < 1:
         parser.error(f"--max-failed-starts {args.max_failed_starts}: use 1 or more")
-    min_ranks = args.nproc if args.min_ranks is None else args.min_ranks
-    if not 1 <= min_ranks <= args.nproc:
-        parser.error(f"--min-ranks {args.min_ranks}: use 1 to --nproc ({args.nproc})")
+    if args.heartbeat_timeout is not None and not (
+        max(1.0, 4 * args.poll) <= args.heartbeat_timeout < args.soft_timeout + 60
+    ):
+        parser.error(
+            f"--heartbeat-timeout {args.heartbeat_timeout}: use at least 1 s and 4 polls ({4 * args.poll:g} s), "
+            "below the soft timeout + 60 s"
+        )
+    nodes = args.nnodes + args.spare_nodes
+    per_node = args.nproc + args.spares
+    if stores_only:
+        if not args.host_stores:
+            parser.error("--nproc 0 trains nothing: add --host-stores (a coordinator hosting the job's stores)")
+        if args.spares:
+            parser.error(f"--nproc 0 --spares {args.spares}: a launcher that hosts the stores alone starts no process")
+    else:
+        layout = Layout(args.nnodes, args.spare_nodes, args.nproc, args.spares)
+        min_ranks = layout.active if args.min_ranks is None else args.min_ranks
+        if not 1 <= min_ranks <= layout.active:
+            parser.error(f"--min-ranks {args.min_ranks}: use 1 to {layout.active} (every training node's ranks)")
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     try:  # the workers' host allocator (FTFLEET_HOST_ALLOCATOR) and glibc tunables, set when they start
         host_memory = host_memory_env()
     except ContractError as exc:
         parser.error(str(exc))
+    addr = args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    host = args.node_rank == 0 if args.host_stores is None else args.host_stores
+    if not (host or os.environ.get("MASTER_PORT")):
+        parser.error("MASTER_PORT is unset: a launcher that does not host the stores must be told their port")
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
-    total = args.nproc + args.spares
-    timeout = datetime.timedelta(seconds=300)
-    stores = [
-        dist.TCPStore("127.0.0.1", p, total, is_master=True, wait_for_workers=False, timeout=timeout)
-        for p in (port, port + 1)
-    ]
+    stores = host_stores(port, nodes * per_node if not stores_only else 0) if host else []
+    try:
+        watch = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=STORE_WAIT_S))
+    except (RuntimeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"error: the job's stores at {addr}:{port} are out of reach after {STORE_WAIT_S:.0f} s ({first}): "
+            "start the launcher that hosts them (--host-stores, on the coordinator) first, or fix --master-addr",
+            file=sys.stderr,
+        )
+        return 1
+    if stores_only:
+        return serve_stores(watch)
     procs = []
-    for rank in range(total):
+    for local in range(per_node):
+        rank = layout.rank(args.node_rank, local)
         env = {
             **os.environ,
             **host_memory,
             "RANK": str(rank),
-            "WORLD_SIZE": str(total),
-            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(layout.world_size),
+            "LOCAL_RANK": str(local),
             "LOCAL_WORLD_SIZE": str(args.nproc),
-            ACTIVE_WORLD_SIZE: str(args.nproc),
+            "GROUP_RANK": str(args.node_rank),
+            ACTIVE_WORLD_SIZE: str(layout.active),
             MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
+            INPROCESS_LAYOUT: layout.encode(),
             LAUNCHER_PID: str(os.getpid()),  # a worker ends when this process does
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": addr,
             "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
         cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout)]
         cmd += ["--poll", str(args.poll), "--max-failed-starts", str(args.max_failed_starts)]
         cmd += ["--wait-for", args.wait_for] if args.wait_for else []
+        cmd += ["--heartbeat-timeout", str(args.heartbeat_timeout)] if args.heartbeat_timeout else []
         cmd += rest
         procs.append(subprocess.Popen(cmd, env=env))
+        # One line per process, "process RANK pid PID": what drills and benches parse.
         print(f"ftfleet.inprocess: process {rank} pid {procs[-1].pid}", file=sys.stderr, flush=True)
+    code = supervise(procs, watch, min_ranks if nodes == 1 else None)
+    if host:
+        linger(watch, nodes)
+    del stores
+    return code
+
+
+def host_stores(port: int, world: int) -> list[dist.TCPStore]:
+    """The job's two stores, which must outlive any rank: the trainer's (``port``; the ranks
+    connect as clients, as under torchrun's agent store) and the wrapper's (``port + 1``).
+    They listen on every address: the other nodes reach them at MASTER_ADDR."""
+    timeout = datetime.timedelta(seconds=300)
+    return [
+        dist.TCPStore("0.0.0.0", p, world or None, is_master=True, wait_for_workers=False, timeout=timeout)
+        for p in (port, port + 1)
+    ]
+
+
+def serve_stores(watch: dist.TCPStore) -> int:
+    """A coordinator hosting the stores alone: serve until SIGTERM (the fleet's service
+    manager stops it) or until every node's launcher has said it is done."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    print("ftfleet.inprocess: hosting the job's stores", file=sys.stderr, flush=True)
+    while not stop:
+        time.sleep(0.2)
+    return 0
+
+
+#: Launchers that have ended, counted in the trainer's store; the host waits for them.
+DONE_KEY = "ftfleet/inprocess/launchers-done"
+
+
+def linger(watch: dist.TCPStore, nodes: int, limit_s: float = 30.0) -> None:
+    """The launcher hosting the stores, once its own workers are done: keep the stores up
+    until the other nodes' launchers are done too (at most ``limit_s``), so that their
+    workers' last store calls do not fail on a store that went first."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            if int(watch.add(DONE_KEY, 0)) >= nodes:
+                return
+        except RuntimeError:
+            return
+        time.sleep(0.1)
+
+
+def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, min_ranks: int | None) -> int:
+    """Forward SIGTERM/SIGINT to this node's workers, stop them when the job cannot go on
+    (:data:`STOP_KEY`; on one node also when fewer than ``min_ranks`` are left), and
+    return the job's exit code: the first nonzero code of a worker that was not killed
+    by a signal (a killed rank is the failure the others recovered from), 1 when every
+    worker was killed, else 0."""
 
     def forward(signum, _frame):
         for p in procs:
@@ -155,17 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, forward)
     stopped, deadline = False, None
     while any(p.poll() is None for p in procs):
-        alive = sum(p.poll() is None for p in procs)
-        done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
-        if alive + done < min_ranks and not stopped:
-            # Too few left to fill N ranks: the wrapper would wait out its barrier timeout
-            # (120 s or more) before giving up. Stop now, so that whatever restarts this
-            # machine (systemd, the group, a drill) does it at once.
-            print(
-                f"ftfleet.inprocess: {alive} of {total} processes left, {min_ranks} needed: stopping",
-                file=sys.stderr,
-                flush=True,
-            )
+        reason = None
+        if min_ranks is not None:
+            alive = sum(p.poll() is None for p in procs)
+            done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
+            if alive + done < min_ranks:
+                reason = f"{alive} of {len(procs)} processes left, {min_ranks} needed"
+        if reason is None and not stopped:
+            reason = _stop_reason(watch)
+        if reason and not stopped:
+            # The wrapper would wait out its barrier timeout (120 s or more) before giving
+            # up. Stop now, so that whatever restarts this machine (systemd, the group, a
+            # drill) does it at once.
+            print(f"ftfleet.inprocess: {reason}: stopping", file=sys.stderr, flush=True)
             forward(signal.SIGTERM, None)
             # Not 10 s: a rank still in the failed attempt takes the SIGTERM for a notice
             # and waits on peers that are gone (chaos: a 14.7 s recovery); nothing it could
@@ -177,8 +344,22 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.1)
     codes = [p.returncode for p in procs]
     print(f"ftfleet.inprocess: exit codes {codes}", file=sys.stderr, flush=True)
-    del stores
+    try:
+        watch.add(DONE_KEY, 1)
+    except RuntimeError:  # the host is gone: nobody waits for this node
+        pass
     clean = [c for c in codes if c >= 0]
     if not clean:
         return 1
+    if stopped and not any(clean):
+        return 1  # stopped before the end: the job did not finish
     return next((c for c in clean if c != 0), 0)
+
+
+def _stop_reason(watch: dist.TCPStore) -> str | None:
+    try:
+        if watch.check([STOP_KEY]):
+            return watch.get(STOP_KEY).decode(errors="replace")
+    except RuntimeError:  # the stores' host is out of reach: the wrapper's timeouts decide
+        return None
+    return None

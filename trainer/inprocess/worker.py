@@ -30,6 +30,7 @@ from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
 from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
+from ftfleet.trainer.inprocess.ranks import Layout, node_fill
 from ftfleet.trainer.resilience.fencing import bind_to_launcher, retire
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -94,28 +95,41 @@ def retiring_abort() -> Any:
     return inprocess.Compose(AbortTorchDistributed(), RetireFence())
 
 
-def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float = 0.25, shrink: bool = False) -> Any:
-    """The wrapper: survivors keep their ranks, a spare fills a dead rank's place
-    (``FillGaps``), and at most ``active_world_size`` ranks train; the others wait,
-    warm. ``soft_timeout_s``: no step for this long counts as a hang. Without
-    ``shrink`` the world is all ``active_world_size`` ranks or nobody
-    (``ActiveWorldSizeDivisibleBy``): too few processes left wait, inactive, for the
-    launcher to stop them, so a run never trains (or checkpoints) on a smaller world,
-    whose trajectory is another; with it, the survivors go on as a smaller world."""
+def build_wrapper(
+    layout: Layout,
+    soft_timeout_s: float,
+    poll_s: float = 0.25,
+    min_active: int | None = None,
+    heartbeat_timeout_s: float | None = None,
+) -> Any:
+    """The wrapper over the job's :class:`~ftfleet.trainer.inprocess.ranks.Layout`: survivors
+    keep their ranks; a dead rank is taken by a spare process of its node, a lost node's
+    ranks by a spare node's processes (:class:`~ftfleet.trainer.inprocess.ranks.NodeFill`);
+    the training nodes' ranks train, the others wait, warm. ``soft_timeout_s``: no step
+    for this long counts as a hang. Without ``min_active`` (below the layout's active
+    ranks) the world is all of them or nobody: when no spare is left, the job stops (its
+    launchers are told, :func:`~ftfleet.trainer.inprocess.launch.request_stop`), so a run
+    never trains (or checkpoints) on a smaller world, whose trajectory is another; with
+    it, the survivors go on as a smaller world of at least that many ranks.
+    ``heartbeat_timeout_s`` (default: half the soft timeout, at least 5 s): a rank whose
+    monitor process has not been heard of for this long is terminated; it is how a lost
+    node (its processes and their monitor processes gone at once) is told apart, so it
+    bounds the time from a node's loss to the restart."""
     import nvidia_resiliency_ext.inprocess as inprocess
-    from nvidia_resiliency_ext.inprocess.rank_assignment import (
-        ActiveWorldSizeDivisibleBy,
-        FillGaps,
-        MaxActiveWorldSize,
-    )
 
-    # Compose applies the last first: fill the gaps, cap at N, then all-or-nothing.
-    filters = [MaxActiveWorldSize(active_world_size), FillGaps()]
-    if not shrink:
-        filters.insert(0, ActiveWorldSizeDivisibleBy(active_world_size))
+    from ftfleet.trainer.inprocess import nvrx_fixes
+
+    nvrx_fixes.apply()
+
+    from ftfleet.trainer.inprocess.launch import request_stop
+
+    def stop(reason: str) -> None:
+        log.warning("%s", reason)
+        request_stop(reason)
+
     return inprocess.Wrapper(
         store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
-        rank_assignment=inprocess.Compose(*filters),
+        rank_assignment=node_fill(layout, min_active, on_stop=stop),
         abort=retiring_abort(),
         health_check=None,  # its only check is CUDA's
         # The monitor thread waits in the store for the "a rank was interrupted" key, one
@@ -130,7 +144,7 @@ def build_wrapper(active_world_size: int, soft_timeout_s: float, poll_s: float =
         last_call_wait=_seconds(0.05),
         soft_timeout=_seconds(soft_timeout_s),
         hard_timeout=_seconds(soft_timeout_s + 30),
-        heartbeat_timeout=_seconds(max(5.0, soft_timeout_s / 2)),
+        heartbeat_timeout=_seconds(heartbeat_timeout_s or max(5.0, soft_timeout_s / 2)),
         # Each must exceed the last (the wrapper checks soft < hard < barrier and
         # heartbeat < barrier); its default barrier of 120 s refused a soft timeout of 600.
         barrier_timeout=_seconds(max(120.0, soft_timeout_s + 60)),
@@ -247,6 +261,9 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     parser.add_argument("--poll", type=float, default=0.25, help="seconds between the wrapper's checks")
     parser.add_argument("--wait-for", metavar="FILE", help="train once FILE exists (a warm spare node)")
     parser.add_argument(
+        "--heartbeat-timeout", type=float, default=None, help="seconds without a rank's heartbeat: it is gone"
+    )
+    parser.add_argument(
         "--max-failed-starts",
         type=int,
         default=MAX_FAILED_STARTS,
@@ -310,7 +327,10 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
                     freeze_what_is_loaded()
 
         threading.Thread(target=_warm_up_niced, args=(warm_up, then), name="ftfleet-warm-up", daemon=True).start()
-    shrink = (TrainerEnvironment().min_active_world_size or active) < active
+    env = TrainerEnvironment()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    layout = env.inprocess_layout or Layout(1, 0, active, world - active)  # one node, its spare processes
+    min_active = env.min_active_world_size
     if args.wait_for:
         taken_over = threading.Event()  # the reserve stops between files when it is
         reserving = threading.Thread(
@@ -351,7 +371,9 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     attempt.__annotations__["call_wrapper"] = CallWrapper
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 
-    wrapper = build_wrapper(active, args.soft_timeout, poll_s=args.poll, shrink=shrink)
+    wrapper = build_wrapper(
+        layout, args.soft_timeout, poll_s=args.poll, min_active=min_active, heartbeat_timeout_s=args.heartbeat_timeout
+    )
     if not args.wait_for:  # a spare node froze before its wait
         freeze_what_is_loaded()  # a spare process's warm-up freezes again once it is done
     try:

@@ -95,11 +95,12 @@ def test_a_spare_node_starts_warm_and_trains_only_once_told(tmp_path):
 
 
 def test_the_wrapper_takes_any_soft_timeout_the_launcher_accepts(monkeypatch):
+    from ftfleet.trainer.inprocess.ranks import Layout
     from ftfleet.trainer.inprocess.worker import build_wrapper
 
     monkeypatch.setenv("MASTER_PORT", "29999")
     for soft in (2.0, 60.0, 600.0, 3600.0):  # 600 s was refused (its default barrier: 120 s)
-        build_wrapper(2, soft)
+        build_wrapper(Layout(1, 0, 2), soft)
 
 
 @pytest.mark.integration
@@ -142,23 +143,28 @@ def test_the_launcher_refuses_a_minimum_outside_the_world(min_ranks, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--nproc=2", f"--min-ranks={min_ranks}", "--", "--config", str(CONFIG)])
     assert exc.value.code == 2
-    assert f"--min-ranks {min_ranks}: use 1 to --nproc (2)" in capsys.readouterr().err
+    assert f"--min-ranks {min_ranks}: use 1 to 2 (every training node's ranks)" in capsys.readouterr().err
 
 
 def test_the_world_is_all_ranks_or_none_unless_it_may_shrink(monkeypatch):
-    """Two ranks, one spare, two processes lost: one left. Bit-exact mode makes it wait,
-    inactive (no training on another trajectory); shrink mode lets it go on alone."""
+    """Two ranks, one spare, two processes lost: one left. Bit-exact mode stops the job
+    (every process inactive, the launchers told why: no training on another trajectory);
+    shrink mode lets it go on alone."""
     from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignmentCtx
     from nvidia_resiliency_ext.inprocess.state import Mode, State
 
-    from ftfleet.trainer.inprocess.worker import build_wrapper
+    from ftfleet.trainer.inprocess import worker
+    from ftfleet.trainer.inprocess.ranks import Layout
 
     monkeypatch.setenv("MASTER_PORT", "29999")  # the wrapper's store is not started here
-    for shrink, mode in ((False, Mode.INACTIVE), (True, Mode.ACTIVE)):
-        assign = build_wrapper(2, 30, shrink=shrink).rank_assignment
+    asked: list[str] = []
+    monkeypatch.setattr("ftfleet.trainer.inprocess.launch.request_stop", asked.append)
+    for min_active, mode in ((None, Mode.INACTIVE), (1, Mode.ACTIVE)):
+        assign = worker.build_wrapper(Layout(1, 0, 2, 1), 30, min_active=min_active).rank_assignment
         state = State(rank=0, world_size=3, active_world_size=2, initial_rank=0, initial_world_size=3)
         ctx = assign(RankAssignmentCtx(state, None, {1, 2}))
-        assert ctx.state.mode == mode, (shrink, ctx.state)
+        assert ctx.state.mode == mode, (min_active, ctx.state)
+    assert len(asked) == 1 and "1 of 2 ranks lost and no spare" in asked[0], asked
 
 
 @pytest.mark.timeout(240)

@@ -1,0 +1,85 @@
+"""The in-process job's numbering across nodes (trainer/inprocess/ranks.py): who takes a
+lost rank, node by node, computed alike in every process."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftfleet.trainer.inprocess.ranks import Layout, NodeFill, reassign
+
+
+def test_the_layout_keeps_each_nodes_training_ranks_consecutive():
+    layout = Layout(training_nodes=2, spare_nodes=1, nproc=2, spares=1)
+    assert (layout.world_size, layout.active) == (9, 4)
+    assert [layout.rank(n, i) for n in range(3) for i in range(2)] == [0, 1, 2, 3, 4, 5]
+    assert [layout.rank(n, 2) for n in range(3)] == [6, 7, 8]  # the spare processes, after
+    assert [layout.node_of(r) for r in range(9)] == [0, 0, 1, 1, 2, 2, 0, 1, 2]
+    assert Layout.parse(layout.encode()) == layout
+
+
+@pytest.mark.parametrize("text", ["", "2:1:2", "2:1:x:0", "0:1:2:0", "2:-1:2:0"])
+def test_a_bad_layout_is_refused_in_one_line(text):
+    with pytest.raises(ValueError) as exc:
+        Layout.parse(text)
+    assert "\n" not in str(exc.value)
+
+
+def test_the_single_node_layout_is_the_launchers_old_numbering():
+    layout = Layout(1, 0, 3, 2)  # 3 ranks and 2 spare processes on one machine
+    assert [layout.rank(0, i) for i in range(5)] == [0, 1, 2, 3, 4]
+
+
+def nodes_of(layout: Layout) -> list[int]:
+    return [layout.node_of(r) for r in range(layout.world_size)]
+
+
+def test_a_lost_node_is_taken_whole_by_a_spare_node_in_order():
+    layout = Layout(3, 1, 2)  # nodes 0-2 train ranks 0-5, node 3 waits with ranks 6, 7
+    plan = reassign(nodes_of(layout), layout.active, {2, 3})  # node 1 lost
+    assert plan.stop is None and plan.active == 6
+    assert plan.order == (0, 1, 6, 7, 4, 5)  # survivors keep their ranks; node 3 takes 2, 3 in order
+
+
+def test_a_dead_process_is_replaced_by_its_own_nodes_spare_first():
+    layout = Layout(2, 1, 2, spares=1)  # spare processes: rank 6 (node 0), 7 (node 1), 8 (node 2)
+    plan = reassign(nodes_of(layout), layout.active, {3})
+    assert plan.order[3] == 7, plan  # node 1's own spare, not the spare node's
+    assert plan.order[:3] == (0, 1, 2) and plan.active == 4
+
+
+def test_a_lost_node_with_its_spare_process_goes_to_the_spare_node():
+    layout = Layout(2, 1, 2, spares=1)
+    plan = reassign(nodes_of(layout), layout.active, {2, 3, 7})  # node 1 and its spare process
+    assert plan.order[2:4] == (4, 5), plan  # the spare node's training processes, not node 0's spare
+
+
+def test_two_lost_nodes_take_two_spare_nodes_without_mixing_them():
+    layout = Layout(2, 2, 2)  # nodes 2 and 3 wait: ranks 4, 5 and 6, 7
+    plan = reassign(nodes_of(layout), layout.active, {0, 1, 2, 3})
+    taken = [nodes_of(layout)[r] for r in plan.order[:4]]
+    assert taken[:2] == [taken[0]] * 2 and taken[2:] == [taken[2]] * 2 and taken[0] != taken[2], plan
+
+
+def test_no_spare_stops_the_job_unless_it_may_shrink():
+    layout = Layout(3, 0, 1)
+    stop = reassign(nodes_of(layout), layout.active, {1})
+    assert stop.active == 0 and "1 of 3 ranks lost and no spare" in stop.stop
+    assert stop.order == (0, 2)
+    shrunk = reassign(nodes_of(layout), layout.active, {1}, min_active=2)
+    assert shrunk.stop is None and shrunk.active == 2 and shrunk.order == (0, 2)
+    too_few = reassign(nodes_of(layout), layout.active, {0, 1}, min_active=2)
+    assert too_few.stop and too_few.active == 0
+
+
+def test_a_spare_node_that_took_over_keeps_its_node_through_the_next_failure():
+    """The node of each rank moves with the rank: after the spare node took node 1's
+    ranks, losing it again finds no spare (the job stops), and losing node 0 instead
+    finds none either; nothing is mistaken for a spare."""
+    layout = Layout(2, 1, 1)
+    fill = NodeFill(layout)
+    first = reassign(fill.nodes, layout.active, {1})
+    assert first.order == (0, 2)
+    after = [fill.nodes[r] for r in first.order]
+    assert after == [0, 2]
+    again = reassign(after, layout.active, {1})
+    assert again.stop and again.order == (0,)
