@@ -74,9 +74,10 @@ class Job:
 
 
 class InprocessJob:
-    """The in-process launcher on each node of ``bed``: nodes ``0 .. nnodes - 1`` train
-    ``nproc`` ranks each, the next ``spare_nodes`` wait warm. The job's stores live on
-    the last node of the bed, a coordinator that trains nothing (``--nproc 0
+    """The in-process launcher on nodes ``0 .. nnodes + spare_nodes - 1`` of ``bed``, each
+    taking its node slot from the job's store (``--node-rank auto``: the first ``nnodes``
+    to register train ``nproc`` ranks each, the next wait as spare nodes). The job's
+    stores live on the bed's last node, a coordinator that trains nothing (``--nproc 0
     --host-stores``), as the fleet's on-demand coordinator hosts them: no training node's
     loss takes them. Every node's shared memory is its own (FTFLEET_SHM_DIR)."""
 
@@ -89,7 +90,6 @@ class InprocessJob:
         nnodes: int = 2,
         spare_nodes: int = 1,
         nproc: int = 1,
-        launcher: tuple[str, ...] = (),
         heartbeat_timeout: float = 2.0,
     ) -> None:
         from tests.trainer.conftest import CONFIG
@@ -97,43 +97,62 @@ class InprocessJob:
         if len(bed.nodes) != nnodes + spare_nodes + 1:
             raise ValueError(f"a bed of {nnodes + spare_nodes + 1} nodes: the job's and the coordinator")
         self.bed, self.run_dir, self.logs = bed, run_dir, logs
+        self.nnodes, self.spare_nodes, self.nproc = nnodes, spare_nodes, nproc
         coordinator = bed[nnodes + spare_nodes]
-        port = RDZV_PORT if bed.isolated else free_port(coordinator.addr)
-        common = [f"--master-addr={coordinator.addr}", "--soft-timeout=30", "--worker=drill.inprocess_worker"]
-        common += [f"--heartbeat-timeout={heartbeat_timeout}"]
-        env = {"MASTER_PORT": str(port)}
-        self.stores = self._start(
-            coordinator, ["--nproc=0", "--host-stores", *common], env, "coordinator", extra=("--",)
-        )
-        time.sleep(0.5)  # the stores listen before the first worker connects
-        args = ["--config", str(CONFIG), *overrides, f"run_dir={run_dir}"]
-        self.launchers: list[subprocess.Popen] = []
+        self.port = RDZV_PORT if bed.isolated else free_port(coordinator.addr)
+        self.common = [f"--master-addr={coordinator.addr}", "--soft-timeout=30", "--worker=drill.inprocess_worker"]
+        self.common += [f"--heartbeat-timeout={heartbeat_timeout}"]
+        self.trainer_args = ["--config", str(CONFIG), *overrides, f"run_dir={run_dir}"]
+        self.stores = self._start(coordinator, ["--nproc=0", "--host-stores", *self.common, "--"], "coordinator")
+        time.sleep(0.5)  # the stores listen before the first launcher connects
+        self.launchers: dict[int, subprocess.Popen] = {}
+        self.starts: dict[int, int] = {}  # bed node -> launches so far
         for node in bed.nodes[: nnodes + spare_nodes]:
-            cmd = [f"--nproc={nproc}", "--spares=0", f"--nnodes={nnodes}", f"--spare-nodes={spare_nodes}"]
-            cmd += [f"--node-rank={node.index}", "--no-host-stores", *common, *launcher, "--", *args]
-            env_node = {**env, "GLOO_SOCKET_IFNAME": node.ifname, "FTFLEET_SHM_DIR": str(node.shm)}
-            self.launchers.append(self._start(node, cmd, env_node, f"node{node.index}"))
+            self.start(node.index)
 
-    def _start(self, node, launcher_args, env, name, extra=()) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", *launcher_args, *extra]
+    def start(self, index: int) -> subprocess.Popen:
+        """(Re)start node ``index``'s launcher (its log: ``node<index>.<n>.log``)."""
+        node = self.bed[index]
+        cmd = [f"--nproc={self.nproc}", "--spares=0", f"--nnodes={self.nnodes}", f"--spare-nodes={self.spare_nodes}"]
+        cmd += ["--node-rank=auto", "--no-host-stores", *self.common, "--", *self.trainer_args]
+        self.starts[index] = self.starts.get(index, -1) + 1
+        env = {"GLOO_SOCKET_IFNAME": node.ifname, "FTFLEET_SHM_DIR": str(node.shm)}
+        self.launchers[index] = self._start(node, cmd, f"node{index}.{self.starts[index]}", env)
+        return self.launchers[index]
+
+    def _start(self, node, launcher_args, name, env=None) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", *launcher_args]
+        env = child_env({"MASTER_PORT": str(self.port), **(env or {})})
         with open(self.logs / f"{name}.log", "w") as log:
-            return node.popen(cmd, cwd=REPO, env=child_env(env), stdout=log, stderr=subprocess.STDOUT)
+            return node.popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    def pids(self, node: int) -> dict[int, int]:
-        """rank -> pid of the processes node ``node``'s launcher started."""
+    def _log(self, index: int) -> str:
+        return (self.logs / f"node{index}.{self.starts[index]}.log").read_text()
+
+    def slot(self, index: int) -> int | None:
+        """The node slot bed node ``index``'s current launcher took, once it has."""
+        for line in self._log(index).splitlines():
+            if line.startswith("ftfleet.inprocess: round ") and ", node " in line:
+                return int(line.split(", node ")[1].split()[0])
+        return None
+
+    def pids(self, index: int) -> dict[int, int]:
+        """rank -> pid of the processes bed node ``index``'s current launcher started."""
         out = {}
-        for line in (self.logs / f"node{node}.log").read_text().splitlines():
+        for line in self._log(index).splitlines():
             if line.startswith("ftfleet.inprocess: process "):
                 _, _, rank, _, pid = line.split()
                 out[int(rank)] = int(pid)
         return out
 
-    def wait(self, timeout: float) -> list[int | None]:
-        """Each training and spare node's launcher's exit code, or None for one still running."""
+    def wait(self, timeout: float, nodes: list[int] | None = None) -> dict[int, int | None]:
+        """Bed node -> its launcher's exit code once those of ``nodes`` (default: all) have
+        ended, or None for one still running at ``timeout``."""
+        waited = [self.launchers[i] for i in (self.launchers if nodes is None else nodes)]
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(a.poll() is None for a in self.launchers):
+        while time.monotonic() < deadline and any(a.poll() is None for a in waited):
             time.sleep(0.1)
-        return [a.poll() for a in self.launchers]
+        return {i: a.poll() for i, a in self.launchers.items()}
 
     def log_tail(self, chars: int = 3000) -> str:
         return "\n".join(f"--- {p.name} ---\n{p.read_text()[-chars:]}" for p in sorted(self.logs.glob("*.log")))

@@ -1,7 +1,12 @@
-"""The in-process launcher across the bed's nodes: a lost node's ranks are taken by a
-spare node's warm processes, the survivors never exit, and the run ends bit-identical
-to the uninterrupted 2-rank run (``ref2``). The job's stores live on a coordinator node
-that trains nothing, as on the fleet."""
+"""The in-process launcher across the bed's nodes (tests/multinode/nodes.InprocessJob):
+each node takes its slot from the job's stores on a coordinator node that trains
+nothing, as on the fleet.
+
+* A lost node's ranks are taken by a spare node's warm processes; the survivor never
+  exits and the run ends bit-identical to the uninterrupted 2-rank run (``ref2``).
+* Without a spare node the round stops; the launchers started again (a replacement
+  node among them) join the next round and the run still ends bit-identical.
+"""
 
 from __future__ import annotations
 
@@ -24,28 +29,60 @@ def _starts(run_dir):
     return [e for e in read_events(run_dir) if e["event"] == "start"]
 
 
+def _past(run_dir, step: int) -> bool:
+    return any(e["event"] == "step" and e["step"] >= step for e in read_events(run_dir))
+
+
+def _by_slot(job: InprocessJob, nodes) -> dict[int, int]:
+    """node slot -> bed node, once every launcher of ``nodes`` has taken its slot."""
+    wait_for(lambda: all(job.slot(i) is not None for i in nodes), 60, 0.05, what="every node's slot")
+    return {job.slot(i): i for i in nodes}
+
+
 @pytest.mark.timeout(240)
 def test_a_lost_node_is_replaced_by_a_spare_node_and_the_survivor_never_exits(ref2, tmp_path):
     run_dir = tmp_path / "run"
-    with Bed(4) as bed:  # nodes 0, 1 train; node 2 is the spare node; node 3 the coordinator
+    with Bed(4) as bed:  # three nodes take slots 0, 1 (train) and 2 (spare); node 3 is the coordinator
         job = InprocessJob(bed, run_dir, tmp_path, *ARGS)
         try:
-            wait_for(
-                lambda: any(e["event"] == "step" and e["step"] >= 10 for e in read_events(run_dir)),
-                150,
-                what="step 10 on both nodes",
-            )
-            survivor = job.pids(0)
-            bed.lose(1)  # every process of node 1, and its shared memory, at once
-            rcs = job.wait(150)
+            slots = _by_slot(job, range(3))
+            wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
+            survivor, spare = job.pids(slots[0]), job.pids(slots[2])
+            bed.lose(slots[1])  # every process of that node, and its shared memory, at once
+            rcs = job.wait(150, nodes=[slots[0], slots[2]])
         finally:
             tail = job.log_tail()
-        assert rcs[0] == 0 and rcs[2] == 0, f"launchers {rcs}\n{tail}"
+        assert rcs[slots[0]] == 0 and rcs[slots[2]] == 0, f"launchers {rcs}\n{tail}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state_sha256"] == ref2["state_sha256"], tail
-    assert summary["resumed_from"]["tier"] == "memory-peer", summary["resumed_from"]  # node 0 held its copy
+    assert summary["resumed_from"]["tier"] == "memory-peer", summary["resumed_from"]  # the survivor held its copy
     starts = _starts(run_dir)
     assert [e["attempt"] for e in starts] == [0, 1], starts
     assert starts[1]["pids"][0] == starts[0]["pids"][0] == survivor[0], "the survivor was replaced"
-    assert starts[1]["pids"][1] in job.pids(2).values(), "rank 1 is not the spare node's process"
+    assert starts[1]["pids"][1] in spare.values(), "rank 1 is not the spare node's process"
+    assert not one_generation_commits(run_dir)
+
+
+@pytest.mark.timeout(300)
+def test_without_a_spare_the_round_stops_and_the_restarted_nodes_join_the_next(ref2, tmp_path):
+    run_dir = tmp_path / "run"
+    with Bed(3) as bed:  # nodes 0, 1 train; node 2 is the coordinator
+        job = InprocessJob(bed, run_dir, tmp_path, *ARGS, spare_nodes=0)
+        try:
+            slots = _by_slot(job, range(2))
+            wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
+            bed.lose(slots[1])
+            rcs = job.wait(60, nodes=[slots[0]])
+            assert rcs[slots[0]] == 1, f"the survivor's launcher: {rcs}"
+            assert "ranks lost and no spare" in job._log(slots[0]), job._log(slots[0])
+            for index in range(2):  # what the fleet does: the survivor's service restarts, a new node boots
+                job.start(index)
+            wait_for(lambda: all(job.slot(i) is not None for i in range(2)), 60, 0.05, what="the new round's slots")
+            rcs = job.wait(150)
+        finally:
+            tail = job.log_tail()
+        assert list(rcs.values()) == [0, 0], f"launchers {rcs}\n{tail}"
+        assert "round 1, node" in job._log(0) and "round 1, node" in job._log(1), tail
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state_sha256"] == ref2["state_sha256"], tail
     assert not one_generation_commits(run_dir)

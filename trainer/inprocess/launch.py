@@ -30,7 +30,6 @@ nodes the same workers need a store every node reaches (the rendezvous endpoint)
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import signal
 import socket
@@ -50,6 +49,15 @@ from ftfleet.trainer.environment import (
 )
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 from ftfleet.trainer.inprocess.ranks import Layout
+from ftfleet.trainer.inprocess.stores import (
+    STORE_WAIT_S,
+    StoreHost,
+    connect,
+    join,
+    round_key,
+    stop_reason,
+    wrapper_port,
+)
 
 
 def free_port_pair() -> int:
@@ -65,32 +73,6 @@ def free_port_pair() -> int:
                     continue
                 return port
     raise RuntimeError("no two consecutive free ports")
-
-
-#: The key in the trainer's store (``MASTER_PORT``) a worker sets when the job cannot go
-#: on (:attr:`~ftfleet.trainer.inprocess.ranks.Plan.stop`); every launcher watches it.
-STOP_KEY = "ftfleet/inprocess/stop"
-
-
-#: How long a launcher waits for the job's stores to answer (the coordinator may boot
-#: after the nodes).
-STORE_WAIT_S = 120.0
-
-
-def request_stop(reason: str) -> None:
-    """Tell every node's launcher to end the job (a worker's call; the stores' address is
-    MASTER_ADDR:MASTER_PORT). Best effort: a store out of reach means the launchers are
-    ending anyway."""
-    try:
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=10),
-        )
-        store.set(STOP_KEY, reason)
-    except (RuntimeError, KeyError, ValueError) as exc:
-        print(f"ftfleet.inprocess: could not ask the launchers to stop ({exc})", file=sys.stderr, flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,9 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--node-rank",
-        type=int,
-        default=0,
-        help="this launcher's node: 0 .. --nnodes - 1 train, --nnodes .. --nnodes + --spare-nodes - 1 are spares",
+        default="0",
+        help="this launcher's node: 0 .. --nnodes - 1 train, the next --spare-nodes are spares; `auto` takes the "
+        "next free slot in the job's store (the first nodes to register train; a node that finds the job full "
+        "waits for its next round)",
     )
     parser.add_argument(
         "--master-addr",
@@ -179,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             f"--nproc {args.nproc} --spares {args.spares} --nnodes {args.nnodes} --spare-nodes {args.spare_nodes}: "
             "use at least 1 process per node (0 only to host the stores) and 1 node, 0 or more spares"
         )
-    if not stores_only and not 0 <= args.node_rank < args.nnodes + args.spare_nodes:
-        parser.error(f"--node-rank {args.node_rank}: use 0 to {args.nnodes + args.spare_nodes - 1}")
+    node_rank = None if args.node_rank == "auto" else int(args.node_rank) if args.node_rank.isdigit() else -1
+    if not stores_only and node_rank is not None and not 0 <= node_rank < args.nnodes + args.spare_nodes:
+        parser.error(f"--node-rank {args.node_rank}: use 0 to {args.nnodes + args.spare_nodes - 1}, or auto")
     if not 0.01 <= args.poll <= 1:
         parser.error(f"--poll {args.poll}: use 0.01 to 1 second")
     if not args.soft_timeout >= 2:
@@ -212,13 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     except ContractError as exc:
         parser.error(str(exc))
     addr = args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    host = args.node_rank == 0 if args.host_stores is None else args.host_stores
+    host = node_rank == 0 if args.host_stores is None else args.host_stores
     if not (host or os.environ.get("MASTER_PORT")):
         parser.error("MASTER_PORT is unset: a launcher that does not host the stores must be told their port")
     port = int(os.environ.get("MASTER_PORT") or free_port_pair())
-    stores = host_stores(port, nodes * per_node if not stores_only else 0) if host else []
+    stores = StoreHost(port) if host else None
     try:
-        watch = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=STORE_WAIT_S))
+        watch = connect(addr, port)
     except (RuntimeError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(
@@ -228,10 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     if stores_only:
-        return serve_stores(watch)
+        return serve(stores)
+    round_, node = join(watch, nodes, node_rank)
+    print(f"ftfleet.inprocess: round {round_}, node {node} of {nodes}", file=sys.stderr, flush=True)
     procs = []
     for local in range(per_node):
-        rank = layout.rank(args.node_rank, local)
+        rank = layout.rank(node, local)
         env = {
             **os.environ,
             **host_memory,
@@ -239,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             "WORLD_SIZE": str(layout.world_size),
             "LOCAL_RANK": str(local),
             "LOCAL_WORLD_SIZE": str(args.nproc),
-            "GROUP_RANK": str(args.node_rank),
+            "GROUP_RANK": str(node),
             ACTIVE_WORLD_SIZE: str(layout.active),
             MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
             INPROCESS_LAYOUT: layout.encode(),
@@ -250,63 +236,47 @@ def main(argv: list[str] | None = None) -> int:
         }
         cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout)]
         cmd += ["--poll", str(args.poll), "--max-failed-starts", str(args.max_failed_starts)]
+        cmd += ["--wrapper-port", str(wrapper_port(port, round_)), "--stop-key", round_key(round_, "stop")]
         cmd += ["--wait-for", args.wait_for] if args.wait_for else []
         cmd += ["--heartbeat-timeout", str(args.heartbeat_timeout)] if args.heartbeat_timeout else []
         cmd += rest
         procs.append(subprocess.Popen(cmd, env=env))
         # One line per process, "process RANK pid PID": what drills and benches parse.
         print(f"ftfleet.inprocess: process {rank} pid {procs[-1].pid}", file=sys.stderr, flush=True)
-    code = supervise(procs, watch, min_ranks if nodes == 1 else None)
-    if host:
-        linger(watch, nodes)
+    code = supervise(procs, watch, round_, min_ranks if nodes == 1 else None)
+    if stores is not None:
+        linger(watch, round_, nodes)
     del stores
     return code
 
 
-def host_stores(port: int, world: int) -> list[dist.TCPStore]:
-    """The job's two stores, which must outlive any rank: the trainer's (``port``; the ranks
-    connect as clients, as under torchrun's agent store) and the wrapper's (``port + 1``).
-    They listen on every address: the other nodes reach them at MASTER_ADDR."""
-    timeout = datetime.timedelta(seconds=300)
-    return [
-        dist.TCPStore("0.0.0.0", p, world or None, is_master=True, wait_for_workers=False, timeout=timeout)
-        for p in (port, port + 1)
-    ]
-
-
-def serve_stores(watch: dist.TCPStore) -> int:
+def serve(stores: StoreHost) -> int:
     """A coordinator hosting the stores alone: serve until SIGTERM (the fleet's service
-    manager stops it) or until every node's launcher has said it is done."""
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
-    print("ftfleet.inprocess: hosting the job's stores", file=sys.stderr, flush=True)
-    while not stop:
-        time.sleep(0.2)
-    return 0
+    manager stops it), opening a new round after each stop (:mod:`.stores`)."""
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
+    print(f"ftfleet.inprocess: hosting the job's stores; round {stores.round} open", file=sys.stderr, flush=True)
+    return stores.serve(stopping)
 
 
-#: Launchers that have ended, counted in the trainer's store; the host waits for them.
-DONE_KEY = "ftfleet/inprocess/launchers-done"
-
-
-def linger(watch: dist.TCPStore, nodes: int, limit_s: float = 30.0) -> None:
+def linger(watch: dist.TCPStore, round_: int, nodes: int, limit_s: float = 30.0) -> None:
     """The launcher hosting the stores, once its own workers are done: keep the stores up
     until the other nodes' launchers are done too (at most ``limit_s``), so that their
     workers' last store calls do not fail on a store that went first."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         try:
-            if int(watch.add(DONE_KEY, 0)) >= nodes:
+            if int(watch.add(round_key(round_, "done"), 0)) >= nodes:
                 return
         except RuntimeError:
             return
         time.sleep(0.1)
 
 
-def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, min_ranks: int | None) -> int:
+def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, round_: int, min_ranks: int | None) -> int:
     """Forward SIGTERM/SIGINT to this node's workers, stop them when the job cannot go on
-    (:data:`STOP_KEY`; on one node also when fewer than ``min_ranks`` are left), and
+    (its round's stop key, :mod:`.stores`; on one node also when fewer than ``min_ranks`` are left), and
     return the job's exit code: the first nonzero code of a worker that was not killed
     by a signal (a killed rank is the failure the others recovered from), 1 when every
     worker was killed, else 0."""
@@ -327,7 +297,7 @@ def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, min_ranks: in
             if alive + done < min_ranks:
                 reason = f"{alive} of {len(procs)} processes left, {min_ranks} needed"
         if reason is None and not stopped:
-            reason = _stop_reason(watch)
+            reason = stop_reason(watch, round_)
         if reason and not stopped:
             # The wrapper would wait out its barrier timeout (120 s or more) before giving
             # up. Stop now, so that whatever restarts this machine (systemd, the group, a
@@ -345,7 +315,7 @@ def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, min_ranks: in
     codes = [p.returncode for p in procs]
     print(f"ftfleet.inprocess: exit codes {codes}", file=sys.stderr, flush=True)
     try:
-        watch.add(DONE_KEY, 1)
+        watch.add(round_key(round_, "done"), 1)
     except RuntimeError:  # the host is gone: nobody waits for this node
         pass
     clean = [c for c in codes if c >= 0]
@@ -354,12 +324,3 @@ def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, min_ranks: in
     if stopped and not any(clean):
         return 1  # stopped before the end: the job did not finish
     return next((c for c in clean if c != 0), 0)
-
-
-def _stop_reason(watch: dist.TCPStore) -> str | None:
-    try:
-        if watch.check([STOP_KEY]):
-            return watch.get(STOP_KEY).decode(errors="replace")
-    except RuntimeError:  # the stores' host is out of reach: the wrapper's timeouts decide
-        return None
-    return None

@@ -101,6 +101,8 @@ def build_wrapper(
     poll_s: float = 0.25,
     min_active: int | None = None,
     heartbeat_timeout_s: float | None = None,
+    store_port: int | None = None,
+    stop_key: str | None = None,
 ) -> Any:
     """The wrapper over the job's :class:`~ftfleet.trainer.inprocess.ranks.Layout`: survivors
     keep their ranks; a dead rank is taken by a spare process of its node, a lost node's
@@ -114,21 +116,33 @@ def build_wrapper(
     ``heartbeat_timeout_s`` (default: half the soft timeout, at least 5 s): a rank whose
     monitor process has not been heard of for this long is terminated; it is how a lost
     node (its processes and their monitor processes gone at once) is told apart, so it
-    bounds the time from a node's loss to the restart."""
+    bounds the time from a node's loss to the restart. ``store_port`` (default
+    MASTER_PORT + 1) is the round's wrapper store, on MASTER_ADDR; no rank hosts it (its
+    host outlives them all, :mod:`~ftfleet.trainer.inprocess.stores`). ``stop_key`` is the
+    round's stop key (default round 0's)."""
     import nvidia_resiliency_ext.inprocess as inprocess
 
     from ftfleet.trainer.inprocess import nvrx_fixes
 
     nvrx_fixes.apply()
 
-    from ftfleet.trainer.inprocess.launch import request_stop
+    from nvidia_resiliency_ext.inprocess.store import TCPStore
+
+    from ftfleet.trainer.inprocess import stores
 
     def stop(reason: str) -> None:
         log.warning("%s", reason)
-        request_stop(reason)
+        stores.request_stop(stop_key or stores.round_key(0, "stop"), reason)
+
+    class ClientStore(TCPStore):
+        """The wrapper's store as a client in every rank: by default rank 0 would try to
+        host it and, the port being taken by the real host, wait to connect as a client."""
+
+        TCP_STORE_HOST_RANK = -1
 
     return inprocess.Wrapper(
-        store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
+        store_factory=ClientStore,
+        store_kwargs={"port": store_port or int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
         rank_assignment=node_fill(layout, min_active, on_stop=stop),
         abort=retiring_abort(),
         health_check=None,  # its only check is CUDA's
@@ -263,6 +277,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     parser.add_argument(
         "--heartbeat-timeout", type=float, default=None, help="seconds without a rank's heartbeat: it is gone"
     )
+    parser.add_argument("--wrapper-port", type=int, default=None, help="the round's wrapper store (MASTER_PORT + 1)")
+    parser.add_argument("--stop-key", default=None, help="the round's stop key in the trainer's store")
     parser.add_argument(
         "--max-failed-starts",
         type=int,
@@ -372,7 +388,13 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 
     wrapper = build_wrapper(
-        layout, args.soft_timeout, poll_s=args.poll, min_active=min_active, heartbeat_timeout_s=args.heartbeat_timeout
+        layout,
+        args.soft_timeout,
+        poll_s=args.poll,
+        min_active=min_active,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        store_port=args.wrapper_port,
+        stop_key=args.stop_key,
     )
     if not args.wait_for:  # a spare node froze before its wait
         freeze_what_is_loaded()  # a spare process's warm-up freezes again once it is done

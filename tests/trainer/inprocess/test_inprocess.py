@@ -158,7 +158,7 @@ def test_the_world_is_all_ranks_or_none_unless_it_may_shrink(monkeypatch):
 
     monkeypatch.setenv("MASTER_PORT", "29999")  # the wrapper's store is not started here
     asked: list[str] = []
-    monkeypatch.setattr("ftfleet.trainer.inprocess.launch.request_stop", asked.append)
+    monkeypatch.setattr("ftfleet.trainer.inprocess.stores.request_stop", lambda key, reason: asked.append(reason))
     for min_active, mode in ((None, Mode.INACTIVE), (1, Mode.ACTIVE)):
         assign = worker.build_wrapper(Layout(1, 0, 2, 1), 30, min_active=min_active).rank_assignment
         state = State(rank=0, world_size=3, active_world_size=2, initial_rank=0, initial_world_size=3)

@@ -1,0 +1,144 @@
+"""The job's stores and its rounds: where the nodes of an in-process job meet.
+
+Two TCP stores, hosted by one process that must outlive every rank (the coordinator's
+``--nproc 0 --host-stores`` launcher on the fleet; on one machine, the launcher itself):
+
+* the trainer's, on ``MASTER_PORT``: the ranks' process groups (a fresh prefix per
+  attempt), the run's generation (:mod:`~ftfleet.trainer.resilience.fencing`), and the
+  rounds' keys below. It lives as long as its host.
+* the wrapper's, on ``MASTER_PORT + 1 + round % 2``: nvidia-resiliency-ext's state of one
+  round (iterations, barriers, heartbeats, terminated ranks). A round's wrapper store is
+  new: the one of two rounds before is closed when it opens, the previous one is left to
+  the processes still ending in it.
+
+A **round** is one wrapper world: every node of the layout, started together. It ends
+when the job cannot go on in place (:data:`stop key <round_key>` set by a worker, when
+no spare is left to take a lost rank); the launchers stop, the fleet starts them again,
+and they join the next round, which the host opens :data:`STOP_GRACE_S` after the stop.
+A node that registers in a round that is already full (a replacement booted after the
+job started: the wrapper world cannot grow) waits for the next round.
+
+Keys, in the trainer's store: ``ftfleet/inprocess/round`` (a counter: the round open
+now), and per round ``r<R>/ready`` (its wrapper store is up), ``r<R>/nodes`` (node slots
+taken, a counter), ``r<R>/stop`` (why the job stops), ``r<R>/done`` (launchers ended).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+ROUND_KEY = "ftfleet/inprocess/round"
+#: Seconds between a round's stop and the next round: the launchers stop their workers
+#: (SIGTERM, SIGKILL 2 s later) and leave the round before a new one opens.
+STOP_GRACE_S = 5.0
+#: How long a launcher waits for the job's stores to answer (the coordinator may boot
+#: after the nodes).
+STORE_WAIT_S = 120.0
+
+
+def round_key(round_: int, name: str) -> str:
+    return f"ftfleet/inprocess/r{round_}/{name}"
+
+
+def wrapper_port(port: int, round_: int) -> int:
+    """The wrapper store's port in round ``round_`` (``port``: the trainer's store)."""
+    return port + 1 + round_ % 2
+
+
+def _listen(port: int) -> dist.TCPStore:
+    # The host listens on every address: the other nodes reach it at MASTER_ADDR.
+    return dist.TCPStore(
+        "0.0.0.0", port, None, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300)
+    )
+
+
+class StoreHost:
+    """Hosts the trainer's store on ``port`` and the current round's wrapper store."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.trainer = _listen(port)
+        self.round = int(self.trainer.add(ROUND_KEY, 0))
+        self.wrappers: dict[int, dist.TCPStore] = {}
+        self._open()
+
+    def _open(self) -> None:
+        where = wrapper_port(self.port, self.round)
+        self.wrappers.pop(where, None)  # two rounds old: its processes are long gone
+        self.wrappers[where] = _listen(where)
+        self.trainer.set(round_key(self.round, "ready"), "1")
+
+    def next_round(self) -> int:
+        self.round = int(self.trainer.add(ROUND_KEY, 1))
+        self._open()
+        return self.round
+
+    def serve(self, stopping: list) -> int:
+        """Serve until ``stopping`` is non-empty (a signal handler appends to it), opening
+        the next round :data:`STOP_GRACE_S` after a round's stop."""
+        stopped_at = None
+        while not stopping:
+            if stopped_at is None and self.trainer.check([round_key(self.round, "stop")]):
+                stopped_at = time.monotonic()
+            if stopped_at is not None and time.monotonic() - stopped_at >= STOP_GRACE_S:
+                print(f"ftfleet.inprocess: round {self.next_round()} open", file=sys.stderr, flush=True)
+                stopped_at = None
+            time.sleep(0.2)
+        return 0
+
+
+def connect(addr: str, port: int, wait_s: float = STORE_WAIT_S) -> dist.TCPStore:
+    """A client of the trainer's store (raises RuntimeError when it does not answer)."""
+    return dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=wait_s))
+
+
+def join(store: dist.TCPStore, nodes: int, node_rank: int | None, poll_s: float = 0.2) -> tuple[int, int]:
+    """Join the open round: ``(round, node slot)``. With ``node_rank`` None, take the next
+    free slot (the first ``nodes`` to register form the round); a node that finds the
+    round full waits for the next one."""
+    announced = None
+    while True:
+        round_ = int(store.add(ROUND_KEY, 0))
+        store.wait([round_key(round_, "ready")])
+        if node_rank is not None:
+            return round_, node_rank
+        slot = int(store.add(round_key(round_, "nodes"), 1)) - 1
+        if slot < nodes:
+            return round_, slot
+        if announced != round_:
+            print(
+                f"ftfleet.inprocess: round {round_} has its {nodes} nodes; waiting for the next round",
+                file=sys.stderr,
+                flush=True,
+            )
+            announced = round_
+        while int(store.add(ROUND_KEY, 0)) == round_:
+            time.sleep(poll_s)
+
+
+def request_stop(key: str, reason: str) -> None:
+    """Tell every node's launcher that the job cannot go on (a worker's call, with its
+    round's stop key; the stores' address is MASTER_ADDR:MASTER_PORT). Best effort: a
+    store out of reach means the launchers are ending anyway."""
+    try:
+        store = connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), wait_s=10)
+        store.set(key, reason)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        print(f"ftfleet.inprocess: could not ask the launchers to stop ({exc})", file=sys.stderr, flush=True)
+
+
+def stop_reason(store: dist.TCPStore, round_: int) -> str | None:
+    """Why round ``round_`` stops, or None (also when the host is out of reach: then the
+    wrapper's own timeouts decide)."""
+    key = round_key(round_, "stop")
+    try:
+        if store.check([key]):
+            return store.get(key).decode(errors="replace")
+    except RuntimeError:
+        return None
+    return None
