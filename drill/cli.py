@@ -31,6 +31,7 @@ examples:
   python -m drill --faults notice,sigkill        # a short drill
   python -m drill --cloud gcp                    # GCP: preemption, maintenance, GCS emulator
   python -m drill --json drill.json --markdown drill.md --workdir /tmp/drill
+  python -m drill --nodes 3 --spares 1           # the fleet drill: 3 simulated nodes and a spare node
 """
 
 
@@ -99,7 +100,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a warm spare takes a dead rank's place, state from the in-memory snapshots (default torchrun)",
     )
     parser.add_argument(
-        "--spares", type=int, default=1, metavar="N", help="inprocess: warm spare processes per node (default 1)"
+        "--spares",
+        type=int,
+        default=1,
+        metavar="N",
+        help="inprocess: warm spare processes per node; with --nodes: spare nodes (default 1)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the fleet drill instead: an in-process job across N simulated nodes (network namespaces) and "
+        "--spares spare nodes, one run per fault of: lose-node, sigkill, partition, slow-link (drill/fleet.py)",
     )
     parser.add_argument(
         "--collective-timeout",
@@ -163,8 +176,59 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
     )
 
 
+def run_fleet(args: argparse.Namespace) -> int:
+    from drill.fleet import FLEET_FAULTS, FleetOptions, render, run_fleet_drill
+
+    if args.nodes < 2 or args.spares < 0:
+        raise UserError(f"--nodes {args.nodes} --spares {args.spares}: use 2 or more nodes and 0 or more spare nodes")
+    faults = list(FLEET_FAULTS) if args.faults == "all" else [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in FLEET_FAULTS]
+    if unknown or not faults:
+        raise UserError(f"--faults {args.faults}: with --nodes use all or some of {', '.join(FLEET_FAULTS)}")
+    tmp = None
+    if args.workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="ftfleet-fleet-drill-")
+        workdir = Path(tmp.name)
+    else:
+        workdir = args.workdir.resolve()
+    opts = FleetOptions(
+        nodes=args.nodes,
+        spare_nodes=args.spares,
+        faults=faults,
+        workdir=workdir,
+        step_delay_s=args.step_delay,
+        config=args.config or FleetOptions.__dataclass_fields__["config"].default,
+        overrides=list(args.overrides),
+    )
+    try:
+        rows, want = run_fleet_drill(opts)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    table = render(rows, opts)
+    print(table)
+    if args.json:
+        import dataclasses
+        import json
+
+        record = {"options": {"nodes": opts.nodes, "spare_nodes": opts.spare_nodes, "steps": opts.steps}}
+        record["reference_state_sha256"] = want
+        record["rows"] = [dataclasses.asdict(r) for r in rows]
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        print(f"drill failed: {', '.join(r.fault for r in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    if args.nodes is not None:
+        return run_fleet(args)
 
     from drill.run import DrillError, run_drill
 

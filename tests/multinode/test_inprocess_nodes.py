@@ -33,19 +33,13 @@ def _past(run_dir, step: int) -> bool:
     return any(e["event"] == "step" and e["step"] >= step for e in read_events(run_dir))
 
 
-def _by_slot(job: InprocessJob, nodes) -> dict[int, int]:
-    """node slot -> bed node, once every launcher of ``nodes`` has taken its slot."""
-    wait_for(lambda: all(job.slot(i) is not None for i in nodes), 60, 0.05, what="every node's slot")
-    return {job.slot(i): i for i in nodes}
-
-
 @pytest.mark.timeout(240)
 def test_a_lost_node_is_replaced_by_a_spare_node_and_the_survivor_never_exits(ref2, tmp_path):
     run_dir = tmp_path / "run"
     with Bed(4) as bed:  # three nodes take slots 0, 1 (train) and 2 (spare); node 3 is the coordinator
         job = InprocessJob(bed, run_dir, tmp_path, *ARGS)
         try:
-            slots = _by_slot(job, range(3))
+            slots = job.slots()
             wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
             survivor, spare = job.pids(slots[0]), job.pids(slots[2])
             bed.lose(slots[1])  # every process of that node, and its shared memory, at once
@@ -69,12 +63,12 @@ def test_without_a_spare_the_round_stops_and_the_restarted_nodes_join_the_next(r
     with Bed(3) as bed:  # nodes 0, 1 train; node 2 is the coordinator
         job = InprocessJob(bed, run_dir, tmp_path, *ARGS, spare_nodes=0)
         try:
-            slots = _by_slot(job, range(2))
+            slots = job.slots()
             wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
             bed.lose(slots[1])
             rcs = job.wait(60, nodes=[slots[0]])
             assert rcs[slots[0]] == 1, f"the survivor's launcher: {rcs}"
-            assert "ranks lost and no spare" in job._log(slots[0]), job._log(slots[0])
+            assert "ranks lost and no spare" in job.log(slots[0]), job.log(slots[0])
             for index in range(2):  # what the fleet does: the survivor's service restarts, a new node boots
                 job.start(index)
             wait_for(lambda: all(job.slot(i) is not None for i in range(2)), 60, 0.05, what="the new round's slots")
@@ -82,7 +76,7 @@ def test_without_a_spare_the_round_stops_and_the_restarted_nodes_join_the_next(r
         finally:
             tail = job.log_tail()
         assert list(rcs.values()) == [0, 0], f"launchers {rcs}\n{tail}"
-        assert "round 1, node" in job._log(0) and "round 1, node" in job._log(1), tail
+        assert "round 1, node" in job.log(0) and "round 1, node" in job.log(1), tail
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state_sha256"] == ref2["state_sha256"], tail
     assert not one_generation_commits(run_dir)

@@ -1,0 +1,60 @@
+"""The fleet drill's parts that need no bed (drill/fleet.py): its options refused in one
+line, and a row measured from a run's event log, summary and the faulted node's memory."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from drill.cli import main
+from drill.fleet import FleetRow, _measure, render
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nodes", "1"], "--nodes 1 --spares 1: use 2 or more nodes"),
+        (["--nodes", "3", "--faults", "lose-node,notice"], "with --nodes use all or some of lose-node"),
+    ],
+)
+def test_bad_fleet_options_are_refused_in_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def _run(tmp_path, events, resumed):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run_dir / "summary.json").write_text(json.dumps({"resumed_from": resumed, "state_sha256": "x"}))
+    return run_dir
+
+
+def test_a_lost_nodes_row_from_the_event_log(tmp_path):
+    events = [
+        {"t": 10.0, "event": "start", "pids": [100, 101, 102]},
+        *({"t": 10.0 + s, "event": "step", "step": s} for s in range(1, 16)),
+        {"t": 27.0, "event": "start", "pids": [100, 200, 102]},  # the spare node took rank 1
+        {"t": 27.5, "event": "step", "step": 16},
+    ]
+    run_dir = _run(tmp_path, events, {"tier": "memory-peer", "step": 15})
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "snap").write_bytes(b"x")
+    os.utime(shm / "snap", (20.0, 20.0))  # written before the others restarted without it
+    row = FleetRow("lose-node")
+    _measure(row, run_dir, 25.2, {0: 100, 2: 102}, shm, "lose-node")
+    assert (row.fault_to_first_step_s, row.steps_lost, row.resumed_from) == (2.3, 0, "memory-peer")
+    assert row.survivors_kept and not row.faulted_node_wrote_after and row.restarts == 1
+    os.utime(shm / "snap", (28.0, 28.0))  # a write once the others had restarted: not fenced
+    _measure(row, run_dir, 25.2, {0: 100, 2: 999}, shm, "lose-node")
+    assert row.faulted_node_wrote_after and not row.survivors_kept
+    row.state_equal = True
+    assert not row.ok and "| lose-node | None |" not in render([row], _Opts())
+
+
+class _Opts:
+    nodes, spare_nodes, steps, fault_step = 3, 1, 40, 15
