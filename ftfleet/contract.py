@@ -42,6 +42,10 @@ class EnvVar:
 
 #: Which malloc the trainer's processes use (:func:`ftfleet.hostenv.allocator_env`).
 HOST_ALLOCATOR_ENV = "FTFLEET_HOST_ALLOCATOR"
+#: Which launcher runs a node's training processes (:mod:`ftfleet.entrypoint`).
+LAUNCHER_ENV = "FTFLEET_LAUNCHER"
+#: Its values; the first is the default.
+LAUNCHERS = ("inprocess", "torchrun")
 
 TRAINER_ENV: tuple[EnvVar, ...] = (
     EnvVar(
@@ -83,19 +87,68 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "`none`: no durable copy.",
         "fsx-export",
     ),
-    EnvVar("FTFLEET_NNODES", True, "torchrun `--nnodes`, `MIN:MAX` for elastic runs.", "2:16"),
-    EnvVar("FTFLEET_NPROC_PER_NODE", True, "torchrun `--nproc-per-node` (GPUs per node).", "8"),
+    EnvVar(
+        LAUNCHER_ENV,
+        False,
+        "Which launcher runs the node's training processes. `inprocess` (the default): "
+        "ftfleet's in-process launcher (`python -m ftfleet.trainer.inprocess`): the node's "
+        "slot comes from the job's stores (the first FTFLEET_NNODES nodes to register train, "
+        "the next FTFLEET_SPARE_NODES wait as spare nodes, any later one waits for the job's "
+        "next round); a crashed process is replaced in place by a warm spare process and a "
+        "lost node's ranks by a spare node, without restarting the others. It runs the "
+        "reference trainer: the image's arguments are its `--config FILE` and overrides (the "
+        "image's CMD, `--module ftfleet.trainer`, is dropped). `torchrun`: torchrun's elastic "
+        "agent, which restarts every worker of the job on a failure (FTFLEET_MAX_RESTARTS); "
+        "a training program of your own needs it. The image's argument `stores` runs the "
+        "job's store service instead of a node (inprocess only; the fleet runs it on the "
+        "coordinator, whose stores outlive every training node).",
+        "torchrun",
+    ),
+    EnvVar(
+        "FTFLEET_NNODES",
+        True,
+        "Nodes of the job. torchrun: its `--nnodes` (`MIN:MAX` for elastic runs). inprocess: "
+        "`N` trains on N nodes and the world never shrinks (the trajectory of an "
+        "uninterrupted run); `MIN:MAX` trains on MAX nodes and, when no spare is left to "
+        "take a lost node's ranks, lets the world shrink down to MIN nodes' ranks "
+        "(`--min-ranks`): another trajectory.",
+        "2:16",
+    ),
+    EnvVar(
+        "FTFLEET_NPROC_PER_NODE",
+        True,
+        "Training processes per node (GPUs per node): torchrun's `--nproc-per-node`, the "
+        "in-process launcher's `--nproc` (a whole number).",
+        "8",
+    ),
     EnvVar(
         "FTFLEET_RDZV_ENDPOINT",
         True,
-        "host:port of the c10d rendezvous on the coordinator node.",
+        "host:port on the coordinator node. torchrun: its c10d rendezvous. inprocess: the "
+        "job's two stores (this port and the next; MASTER_ADDR:MASTER_PORT for the workers), "
+        "hosted by the coordinator's store service.",
         "coordinator.ftfleet.internal:29400",
+    ),
+    EnvVar(
+        "FTFLEET_SPARE_NODES",
+        False,
+        "inprocess: warm spare nodes of the job (the stack's `spareNodes`, default 0): "
+        "nodes that register after the training nodes start their processes warm and take "
+        "a lost node's ranks together.",
+        "1",
+    ),
+    EnvVar(
+        "FTFLEET_SPARE_PROCESSES",
+        False,
+        "inprocess: warm spare processes per node (default 1), torch imported, that replace "
+        "a crashed process of the node in place.",
+        "1",
     ),
     EnvVar(
         "FTFLEET_MAX_RESTARTS",
         False,
-        "torchrun `--max-restarts` (default 100): how often a node's agent restarts its "
-        "workers after a failure. Every node's workers restart when any node is "
+        "torchrun only: its `--max-restarts` (default 100): how often a node's agent restarts "
+        "its workers after a failure. Every node's workers restart when any node is "
         "preempted, so a spot job needs many; exits that a restart cannot fix (2, 77, "
         "and 75 on the preempted node) stop the agent instead.",
         "100",
@@ -232,15 +285,26 @@ def check_env(environ: Mapping[str, str] | None = None) -> None:
     mode = environ.get("FTFLEET_CKPT_UPLOAD", "trainer")
     if mode not in UPLOAD_MODES:
         raise ContractError(f"FTFLEET_CKPT_UPLOAD={mode!r}: use one of {', '.join(UPLOAD_MODES)}")
-    restarts = environ.get("FTFLEET_MAX_RESTARTS", "")
-    if restarts and not restarts.isdigit():
-        raise ContractError(f"FTFLEET_MAX_RESTARTS={restarts!r}: use a whole number >= 0")
+    launcher(environ)
+    for name in ("FTFLEET_MAX_RESTARTS", "FTFLEET_SPARE_NODES", "FTFLEET_SPARE_PROCESSES"):
+        count = environ.get(name, "")
+        if count and not count.isdigit():
+            raise ContractError(f"{name}={count!r}: use a whole number >= 0")
     notice = environ.get("FTFLEET_PREEMPTION_NOTICE_S", "")
     if notice and not _positive_number(notice):
         raise ContractError(f"FTFLEET_PREEMPTION_NOTICE_S={notice!r}: use a positive number of seconds")
     host_allocator(environ)
     if environ.get("FTFLEET_CLOUD") not in CLOUDS:
         raise ContractError(f"FTFLEET_CLOUD={environ.get('FTFLEET_CLOUD')!r}: use one of {', '.join(CLOUDS)}")
+
+
+def launcher(environ: Mapping[str, str] | None = None) -> str:
+    """FTFLEET_LAUNCHER, checked: ``inprocess`` (also when unset or empty) or ``torchrun``."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(LAUNCHER_ENV, "") or LAUNCHERS[0]
+    if value not in LAUNCHERS:
+        raise ContractError(f"{LAUNCHER_ENV}={value!r}: use {' or '.join(LAUNCHERS)} (unset: {LAUNCHERS[0]})")
+    return value
 
 
 def host_allocator(environ: Mapping[str, str] | None = None) -> str:

@@ -1,5 +1,6 @@
 """The trainer image cannot be built here, so its Dockerfile and entrypoint are linted,
-and the entrypoint is run with a stand-in torchrun, also as the image's own user."""
+and the entrypoint is run with a stand-in torchrun and a stand-in in-process launcher,
+also as the image's own user."""
 
 import json
 import os
@@ -209,6 +210,8 @@ def fake_bin(tmp_path):
 
 
 def contract_env(fake_bin, **overrides):
+    """The contract's examples, which pick torchrun (FTFLEET_LAUNCHER's example): the
+    in-process launcher's tests unset it or name it."""
     env = subprocess_env(PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
     env.update({v.name: v.example for v in TRAINER_ENV})
     # Directories this process can write (the examples name /fsx, which is not here).
@@ -378,6 +381,128 @@ def test_max_restarts_defaults_to_100_and_must_be_a_number(fake_bin):
         timeout=60,
     )
     assert result.returncode == EXIT_CONFIG and "FTFLEET_MAX_RESTARTS" in result.stderr
+
+
+# ---------------------------------------------------------------------------
+# The in-process launcher, the default
+# ---------------------------------------------------------------------------
+
+
+def fake_inprocess(fake_bin: Path, rc: int = 0) -> None:
+    """Make `python -m ftfleet.trainer.inprocess` a stand-in that prints its pid, the
+    stores' address it was given and its argv (one per line), then exits ``rc``; any
+    other `python` is this interpreter (the entrypoint's contract check)."""
+    (fake_bin / "python").unlink(missing_ok=True)
+    (fake_bin / "python").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "-m ftfleet.trainer.inprocess" ]; then\n'
+        "    shift 2\n"
+        '    printf "pid=%s preload=%s " "$$" "${LD_PRELOAD:-}"\n'
+        '    printf "addr=%s port=%s\\n" "${MASTER_ADDR:-}" "${MASTER_PORT:-}"\n'
+        '    printf "%s\\n" "$@"\n'
+        f"    exit {rc}\n"
+        "fi\n"
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    (fake_bin / "python").chmod(0o755)
+
+
+def inprocess(fake_bin, *args: str, rc: int = 0, **env: str | None) -> subprocess.CompletedProcess[str]:
+    fake_inprocess(fake_bin, rc)
+    env = contract_env(fake_bin, **{"FTFLEET_LAUNCHER": None, **env})
+    return subprocess.run([str(ENTRYPOINT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def launched(result: subprocess.CompletedProcess[str]) -> tuple[dict[str, str], list[str]]:
+    """(what the stand-in launcher printed of its environment, its argv)."""
+    first, *argv = result.stdout.splitlines()
+    return dict(item.split("=", 1) for item in first.split()), argv
+
+
+@pytest.mark.integration
+def test_by_default_the_entrypoint_runs_a_node_of_the_in_process_launcher(fake_bin):
+    result = inprocess(fake_bin, "--module", "ftfleet.trainer", FTFLEET_SPARE_NODES="3", FTFLEET_SPARE_PROCESSES="2")
+    assert result.returncode == 0, result.stderr
+    env, argv = launched(result)
+    assert (env["addr"], env["port"]) == ("coordinator.ftfleet.internal", "29400")  # FTFLEET_RDZV_ENDPOINT
+    # FTFLEET_NNODES 2:16 with 8 processes a node: 16 nodes train, the world may shrink to 2 nodes' ranks.
+    assert argv == [
+        *("--nproc", "8", "--spares", "2", "--nnodes", "16", "--min-ranks", "16", "--spare-nodes", "3"),
+        *("--node-rank", "auto", "--no-host-stores", "--master-addr", "coordinator.ftfleet.internal", "--"),
+    ]  # the image's CMD names the reference trainer, which the workers run: dropped
+
+
+@pytest.mark.integration
+def test_a_fixed_node_count_never_lets_the_world_shrink_and_spares_default_to_one_process(fake_bin):
+    result = inprocess(
+        fake_bin,
+        "--config",
+        "/opt/ftfleet/trainer/configs/tiny.yaml",
+        "train.steps=10",
+        FTFLEET_NNODES="3",
+        FTFLEET_SPARE_NODES=None,
+        FTFLEET_SPARE_PROCESSES=None,
+    )
+    assert result.returncode == 0, result.stderr
+    _, argv = launched(result)
+    assert "--min-ranks" not in argv
+    assert argv[argv.index("--nnodes") + 1] == "3"
+    assert argv[argv.index("--spares") + 1] == "1" and argv[argv.index("--spare-nodes") + 1] == "0"
+    assert argv[argv.index("--") :] == ["--", "--config", "/opt/ftfleet/trainer/configs/tiny.yaml", "train.steps=10"]
+
+
+@pytest.mark.integration
+def test_the_in_process_launcher_replaces_the_entrypoint_and_its_exit_code_is_the_nodes(fake_bin, tmp_path):
+    fake_inprocess(fake_bin, rc=EXIT_PREEMPTED)
+    env = contract_env(
+        fake_bin, FTFLEET_LAUNCHER="inprocess", FTFLEET_HOST_ALLOCATOR=_mapped_library("libm") or "system"
+    )
+    proc = subprocess.Popen(
+        [str(ENTRYPOINT)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    first = dict(item.split("=", 1) for item in out.splitlines()[0].split())
+    # The same process: `docker stop`'s SIGTERM reaches the launcher, which forwards it to its workers.
+    assert first["pid"] == str(proc.pid)
+    assert first["preload"] == (_mapped_library("libm") or "")  # the host allocator, as for torchrun
+
+
+@pytest.mark.integration
+def test_stores_runs_the_coordinators_store_service_and_needs_only_the_endpoint(fake_bin):
+    fake_inprocess(fake_bin)
+    env = subprocess_env(PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", FTFLEET_RDZV_ENDPOINT="10.40.0.10:29400")
+    result = subprocess.run([str(ENTRYPOINT), "stores"], cwd="/", env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    first, argv = launched(result)
+    assert first["port"] == "29400"  # and 29401: the launcher's second store
+    assert argv == ["--nproc", "0", "--host-stores", "--master-addr", "0.0.0.0"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "args, env, named",
+    [
+        ((), {"FTFLEET_LAUNCHER": "elastic"}, "FTFLEET_LAUNCHER='elastic': use inprocess or torchrun"),
+        (("stores",), {"FTFLEET_LAUNCHER": "mpirun"}, "FTFLEET_LAUNCHER='mpirun'"),
+        (("stores",), {"FTFLEET_LAUNCHER": "torchrun"}, "run the image without 'stores'"),
+        (("stores", "--nproc", "2"), {}, "stores takes no arguments"),
+        (("train.py",), {}, "for the training program 'train.py' set FTFLEET_LAUNCHER=torchrun"),
+        (("--module", "mytrainer"), {}, "for the training program '--module mytrainer' set FTFLEET_LAUNCHER=torchrun"),
+        ((), {"FTFLEET_NNODES": "4:2"}, "FTFLEET_NNODES='4:2'"),
+        ((), {"FTFLEET_NNODES": "auto"}, "FTFLEET_NNODES='auto': use N or MIN:MAX"),
+        ((), {"FTFLEET_NPROC_PER_NODE": "gpu"}, "FTFLEET_NPROC_PER_NODE='gpu'"),
+        ((), {"FTFLEET_RDZV_ENDPOINT": "coordinator"}, "FTFLEET_RDZV_ENDPOINT='coordinator': use host:port"),
+        ((), {"FTFLEET_SPARE_NODES": "one"}, "FTFLEET_SPARE_NODES='one': use a whole number"),
+        ((), {"FTFLEET_SPARE_PROCESSES": "-1"}, "FTFLEET_SPARE_PROCESSES='-1': use a whole number"),
+    ],
+)
+def test_a_bad_launcher_setting_is_refused_in_one_line_before_anything_runs(fake_bin, args, env, named):
+    result = inprocess(fake_bin, *args, **env)
+    assert result.returncode == EXIT_CONFIG
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("docker-entrypoint: ") and named in line, line
+    assert result.stdout == ""  # no launcher ran
 
 
 # ---------------------------------------------------------------------------

@@ -84,6 +84,7 @@ def through_the_image(tmp_path: Path, run_dir: Path, config: Path, *overrides: s
             "FTFLEET_CLOUD": "aws",
             "FTFLEET_CKPT_DIR": str(run_dir / "checkpoints"),
             "FTFLEET_CKPT_UPLOAD": "none",
+            "FTFLEET_LAUNCHER": "torchrun",  # its agent, restarts and exit file
             "FTFLEET_NNODES": "1",
             "FTFLEET_NPROC_PER_NODE": "2",
             "FTFLEET_RDZV_ENDPOINT": f"127.0.0.1:{free_port_pair()}",

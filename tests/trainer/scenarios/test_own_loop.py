@@ -36,6 +36,7 @@ def test_the_own_loop_example_turns_a_spot_notice_into_a_committed_checkpoint_an
                 "FTFLEET_CLOUD": "aws",
                 "FTFLEET_METADATA_ENDPOINT": metadata.url,
                 "FTFLEET_CKPT_DIR": str(ckpt),
+                "FTFLEET_LAUNCHER": "torchrun",  # a training program of its own
                 "FTFLEET_NNODES": "1",
                 "FTFLEET_NPROC_PER_NODE": "2",
                 "FTFLEET_RDZV_ENDPOINT": f"127.0.0.1:{free_port_pair()}",
