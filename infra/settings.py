@@ -134,6 +134,8 @@ class TrainerSettings:
     image_tag: str
     config: str
     run_id: str
+    launcher: str = contract.LAUNCHERS[0]
+    """The image's FTFLEET_LAUNCHER (``trainerLauncher``): ``inprocess`` or ``torchrun``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -296,7 +298,9 @@ def parse(
     image_tag = r.str("trainerImageTag")
     if not image_tag or image_tag == "latest":
         raise _err("trainerImageTag", "must name an immutable release tag (not empty, not 'latest')")
-    trainer = TrainerSettings(image_tag=image_tag, config=r.str("trainerConfig"), run_id=run_id)
+    trainer = TrainerSettings(
+        image_tag=image_tag, config=r.str("trainerConfig"), run_id=run_id, launcher=trainer_launcher(r)
+    )
     if not trainer.config.startswith("/"):
         raise _err("trainerConfig", f"is {trainer.config!r}; give an absolute path inside the image")
     return Settings(
@@ -492,6 +496,39 @@ def spare_nodes(r: _Reader, desired: int, max_size: int) -> int:
             "raise workerMaxSize or lower spareNodes",
         )
     return spares
+
+
+def trainer_launcher(r: _Reader) -> str:
+    """``trainerLauncher``, which the nodes pass the image as FTFLEET_LAUNCHER."""
+    launcher = r.str("trainerLauncher")
+    if launcher not in contract.LAUNCHERS:
+        raise _err(
+            "trainerLauncher",
+            f"is {launcher!r}; use inprocess (ftfleet's in-process launcher, the default) or torchrun",
+        )
+    return launcher
+
+
+def launcher_env(launcher: str, fleet: FleetSettings | Any) -> dict[str, str]:
+    """The job's shape as the nodes pass it to the image (both clouds), for ``launcher``.
+
+    torchrun: the elastic range ``1 + workerMinSize : 1 + workerMaxSize`` (the
+    coordinator trains too), which the group's spares fall within. inprocess: the world
+    the job trains on, ``1 + workerDesiredSize`` nodes that never shrink (the trajectory
+    of an uninterrupted run), and the ``spareNodes`` the group runs beside them, which
+    wait warm to take a lost node's ranks; a node beyond both waits for the job's next
+    round.
+    """
+    if launcher == "torchrun":
+        return {
+            contract.LAUNCHER_ENV: launcher,
+            "FTFLEET_NNODES": f"{1 + fleet.worker_min_size}:{1 + fleet.worker_max_size}",
+        }
+    return {
+        contract.LAUNCHER_ENV: launcher,
+        "FTFLEET_NNODES": str(1 + fleet.worker_desired_size),
+        "FTFLEET_SPARE_NODES": str(fleet.spare_nodes),
+    }
 
 
 def _storage(r: _Reader) -> StorageSettings:

@@ -13,9 +13,10 @@ FTFLEET_RUN_DIR, which only the instance knows.
 Coordinator discovery: a Route 53 private hosted zone (`<stack>.ftfleet.internal`)
 holds `coordinator.<zone>`. The coordinator UPSERTs its private IP at every boot (TTL
 10 s) and waits until the change is INSYNC, so after a replacement the name points at
-the new node. Workers always use the name: torchrun resolves it again on every
-rendezvous attempt, and systemd restarts the service when a rendezvous fails, so workers
-follow a replaced coordinator without being replaced themselves.
+the new node. Workers always use the name: their launcher resolves it again on every
+rendezvous attempt (torchrun) or start (the in-process launcher, which reaches the job's
+stores there), and systemd restarts the service when that fails, so workers follow a
+replaced coordinator without being replaced themselves.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from ftfleet import contract
 from ftfleet.infra import bootscript
-from ftfleet.infra.settings import Settings
+from ftfleet.infra.settings import Settings, launcher_env
 
 BOOT_DIR = Path(__file__).with_name("boot")
 NODE_SCRIPT = BOOT_DIR / "node.sh"
@@ -79,8 +80,6 @@ def run_root(s: Settings) -> str:
 def trainer_env(s: Settings, ctx: NodeContext) -> dict[str, str]:
     """The container environment (contract.TRAINER_ENV) shared by the stack's nodes."""
     root = checkpoint_root(s)
-    nodes = 1 + s.fleet.worker_max_size
-    min_nodes = 1 + s.fleet.worker_min_size
     return {
         "FTFLEET_RUN_ID": s.trainer.run_id,
         "FTFLEET_CLOUD": s.cloud,
@@ -90,7 +89,7 @@ def trainer_env(s: Settings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_CKPT_REPLICA_URI": f"s3://{ctx.replica_bucket}/{root}",
         # The FSx association exports every committed file to FTFLEET_CKPT_URI.
         "FTFLEET_CKPT_UPLOAD": "fsx-export",
-        "FTFLEET_NNODES": f"{min_nodes}:{nodes}",
+        **launcher_env(s.trainer.launcher, s.fleet),
         "FTFLEET_NPROC_PER_NODE": str(s.fleet.gpus_per_node),
         "FTFLEET_RDZV_ENDPOINT": f"{ctx.coordinator_host}:{contract.RDZV_PORT}",
         "FTFLEET_REGION": s.region,
@@ -139,6 +138,7 @@ def render(s: Settings, ctx: NodeContext, *, root: str = "") -> str:
     values: dict[str, str | int | bool] = {
         "ROOT": root,
         "ROLE": ctx.role,
+        "LAUNCHER": s.trainer.launcher,
         "REGION": s.region,
         "MOUNT_POINT": s.storage.fsx_mount_point,
         "FSX_DNS_NAME": ctx.fsx_dns_name,

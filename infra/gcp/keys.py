@@ -45,6 +45,7 @@ SHARED = frozenset(
         "unhealthyNodeGraceSeconds",
         "trainerImageTag",
         "trainerConfig",
+        "trainerLauncher",
         "runId",
         "tags",
     }

@@ -21,7 +21,7 @@ from ftfleet.infra.gcp.storage_settings import GcpStorageSettings, GcsBucketSett
 
 # _Reader, _err and TrainerSettings are the shared parsing helpers of infra/settings.py;
 # importing them (not copying) keeps one behaviour for both clouds.
-from ftfleet.infra.settings import PROJECT, TrainerSettings, _err, _Reader
+from ftfleet.infra.settings import PROJECT, TrainerSettings, _err, _Reader, trainer_launcher
 
 #: The subnet and the private services access range are /20 blocks of vpcCidr.
 BLOCK_PREFIX = 20
@@ -200,7 +200,7 @@ def _trainer(r: _Reader, stack: str) -> TrainerSettings:
     config = r.str("trainerConfig")
     if not config.startswith("/"):
         raise _err("trainerConfig", f"is {config!r}; give an absolute path inside the image")
-    return TrainerSettings(image_tag=image_tag, config=config, run_id=run_id)
+    return TrainerSettings(image_tag=image_tag, config=config, run_id=run_id, launcher=trainer_launcher(r))
 
 
 def _labels(r: _Reader) -> dict[str, str]:

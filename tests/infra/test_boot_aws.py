@@ -41,8 +41,10 @@ def context(role: str, **changes) -> userdata.NodeContext:
     return dataclasses.replace(ctx, **changes)
 
 
-def settings(stack: str = "aws-dev", **fleet):
+def settings(stack: str = "aws-dev", launcher: str | None = None, **fleet):
     s = stackfile.load(stack).settings()
+    if launcher is not None:
+        s = dataclasses.replace(s, trainer=dataclasses.replace(s.trainer, launcher=launcher))
     return dataclasses.replace(s, fleet=dataclasses.replace(s.fleet, **fleet)) if fleet else s
 
 
@@ -88,8 +90,9 @@ def test_the_user_data_of_an_adopted_vpc_with_efa_passes_shellcheck(variant, tmp
 
 @pytest.mark.parametrize("role", ["coordinator", "worker"])
 @pytest.mark.parametrize("efa", [True, False])
-def test_every_rendered_variant_and_its_helper_pass_shellcheck(role, efa, tmp_path):
-    s, ctx = settings(efa_enabled=efa), context(role)
+@pytest.mark.parametrize("launcher", ["inprocess", "torchrun"])
+def test_every_rendered_variant_and_its_helper_pass_shellcheck(role, efa, launcher, tmp_path):
+    s, ctx = settings(launcher=launcher, efa_enabled=efa), context(role)
     assert shellcheck(userdata.render(s, ctx), tmp_path) == ""
     helper = bootscript.render(userdata.NODE_HELPER, userdata.helper_values(s, ctx))
     assert shellcheck(helper, tmp_path) == ""
@@ -159,8 +162,8 @@ def node(tmp_path):
     return stubs
 
 
-def boot(stubs: Stubs, role: str = "coordinator", **fleet):
-    script = userdata.render(settings(**fleet), context(role), root=str(stubs.root))
+def boot(stubs: Stubs, role: str = "coordinator", launcher: str | None = None, **fleet):
+    script = userdata.render(settings(launcher=launcher, **fleet), context(role), root=str(stubs.root))
     return stubs.run(script)
 
 
@@ -273,6 +276,60 @@ def test_the_snapshots_get_a_ram_file_system_on_huge_pages_owned_by_the_trainer(
     assert env["FTFLEET_SHM_DIR"] == contract.SHM_MOUNT
     trainer = (node.root / "etc/systemd/system/ftfleet-trainer.service").read_text()
     assert f"-v {contract.SHM_MOUNT}:{contract.SHM_MOUNT} " in trainer
+
+
+def units_of(stubs: Stubs) -> dict[str, str]:
+    return {p.name: p.read_text() for p in (stubs.root / "etc/systemd/system").glob("*.service")}
+
+
+def env_of(stubs: Stubs) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in (stubs.root / "etc/ftfleet/trainer.env").read_text().splitlines())
+
+
+@pytest.mark.integration
+def test_the_coordinator_starts_the_jobs_stores_before_its_trainer(node):
+    assert boot(node, "coordinator").returncode == 0, log_of(node)
+    units = units_of(node)
+    stores, trainer = units["ftfleet-stores.service"], units["ftfleet-trainer.service"]
+    (run,) = [line for line in stores.splitlines() if line.startswith("ExecStart=")]
+    image = context("coordinator").image_uri
+    assert run == (
+        "ExecStart=/usr/bin/docker run --rm --name ftfleet-stores --network host "
+        f"--env-file /etc/ftfleet/trainer.env {image} stores"
+    )  # no GPU, no mount: it trains nothing and writes nothing
+    assert "Restart=always" in stores and "StartLimitIntervalSec=0" in stores
+    assert "Requires=ftfleet-image.service" in stores and "WantedBy=multi-user.target" in stores
+    assert "Wants=ftfleet-stores.service\nAfter=ftfleet-stores.service\n" in trainer
+    both = ["ftfleet-stores.service", "ftfleet-trainer.service"]
+    assert [c.args for c in node.calls("systemctl") if c.args[:1] in (["enable"], ["start"])] == [
+        ["enable", *both],
+        ["start", "--no-block", *both],
+    ]
+    # The coordinator trains too: its trainer runs the image as every node does.
+    assert f"{image}\n" in trainer and "--gpus all" in trainer
+
+
+@pytest.mark.integration
+def test_a_worker_runs_a_node_of_the_in_process_launcher_and_no_stores(node):
+    assert boot(node, "worker", spare_nodes=1).returncode == 0, log_of(node)
+    assert set(units_of(node)) == {"ftfleet-image.service", "ftfleet-trainer.service"}
+    assert "ftfleet-stores" not in units_of(node)["ftfleet-trainer.service"]
+    env = env_of(node)
+    # aws-dev: 2 workers and the coordinator train, the spare node waits beside them.
+    assert env["FTFLEET_LAUNCHER"] == "inprocess"
+    assert (env["FTFLEET_NNODES"], env["FTFLEET_SPARE_NODES"]) == ("3", "1")
+    contract.check_env(env)
+
+
+@pytest.mark.integration
+def test_under_torchrun_the_coordinator_runs_no_stores_and_the_nodes_are_elastic(node):
+    assert boot(node, "coordinator", launcher="torchrun").returncode == 0, log_of(node)
+    assert "ftfleet-stores.service" not in units_of(node)  # torchrun's agent hosts the rendezvous on 29400
+    env = env_of(node)
+    assert env["FTFLEET_LAUNCHER"] == "torchrun" and env["FTFLEET_NNODES"] == "1:5"
+    assert "FTFLEET_SPARE_NODES" not in env
+    starts = [c.args for c in node.calls("systemctl") if c.args[:1] == ["start"]]
+    assert starts == [["start", "--no-block", "ftfleet-trainer.service"]]
 
 
 @pytest.mark.integration

@@ -182,7 +182,10 @@ def test_user_data_gives_the_trainer_the_whole_contract():
         assert env["FTFLEET_CKPT_URI"] == rec.outputs["checkpoint_uri"]
         assert env["FTFLEET_CKPT_DIR"] == values["CKPT_DIR"] == "/fsx/checkpoints/llm-prod"
         assert values["RUN_ROOT"] == "/fsx/runs/llm-prod"
-        assert env["FTFLEET_NPROC_PER_NODE"] == "8" and env["FTFLEET_NNODES"] == "3:33"
+        # The in-process launcher (the default): 16 workers and the coordinator train, no spare node.
+        assert env["FTFLEET_NPROC_PER_NODE"] == "8" and env["FTFLEET_NNODES"] == "17"
+        assert env["FTFLEET_LAUNCHER"] == "inprocess" and env["FTFLEET_SPARE_NODES"] == "0"
+        assert values["LAUNCHER"] == "inprocess"
         assert values["EFA_ENABLED"] == "true"
         assert values["NODE_FINAL_EXITS"].split() == [str(c) for c in contract.NODE_FINAL_EXITS]
         assert values["TRAINER_UID"] == str(contract.TRAINER_UID)

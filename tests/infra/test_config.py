@@ -64,6 +64,10 @@ BAD = {
     "zone of another region": ({"ftfleet:availabilityZones": ["us-west-2a"]}, "not a zone of us-east-1"),
     "missing required": ({"ftfleet:replicaRegion": None}, "ftfleet:replicaRegion is required"),
     "mutable image tag": ({"ftfleet:trainerImageTag": "latest"}, "ftfleet:trainerImageTag must name an immutable"),
+    "unknown launcher": (
+        {"ftfleet:trainerLauncher": "mpirun"},
+        "ftfleet:trainerLauncher is 'mpirun'; use inprocess (ftfleet's in-process launcher, the default) or torchrun",
+    ),
     "bad tag": ({"ftfleet:tags": ["team"]}, "write tags as key=value"),
     # The nodes allow tags in instance metadata (EC2 User Guide, tag restrictions).
     "tag key with a space": ({"ftfleet:tags": ["cost center=ml"]}, "contains key 'cost center': an instance tag key"),

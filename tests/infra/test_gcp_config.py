@@ -154,6 +154,10 @@ BAD = {
         {"ftfleet:spareNodes": 99},
         "ftfleet:spareNodes (99) plus workerDesiredSize",
     ),
+    "unknown launcher": (
+        {"ftfleet:trainerLauncher": "Torchrun"},
+        "ftfleet:trainerLauncher is 'Torchrun'; use inprocess",
+    ),
     "on-demand base above desired": (
         {"ftfleet:onDemandBaseCapacity": 3},
         "ftfleet:onDemandBaseCapacity (3) exceeds workerDesiredSize (2)",

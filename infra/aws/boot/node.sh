@@ -6,12 +6,15 @@
 # AMI has one, mount the file system, give the image's user its directories, publish
 # (coordinator) or wait for (worker) the coordinator's name, then start the trainer
 # under systemd: ftfleet-image.service pulls the image with backoff, and
-# ftfleet-trainer.service runs it. A step that still fails after its retries fails the
+# ftfleet-trainer.service runs it as a node of the job (every node, the coordinator
+# too). Under the in-process launcher the coordinator also runs the job's stores,
+# ftfleet-stores.service (the image's `stores`), before its trainer: it is on demand,
+# and the stores must outlive every training node. A step that still fails after its retries fails the
 # boot: the node logs why and asks for its replacement, within the bound that
 # ftfleet-node enforces. Log: /var/log/ftfleet-boot.log (and cloud-init-output.log).
 #
 # Rendered by infra/aws/userdata.py; every path it writes is under $ROOT.
-# ftfleet-params: ROOT ROLE REGION MOUNT_POINT FSX_DNS_NAME FSX_MOUNT_NAME CKPT_DIR MARKER_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV IMAGE_URI EFA_ENABLED EFA_DEVICE_DIR ZONE_ID COORDINATOR_HOST RECORD_TTL STOP_TIMEOUT NODE_FINAL_EXITS NODE_HELPER_GZ
+# ftfleet-params: ROOT ROLE LAUNCHER REGION MOUNT_POINT FSX_DNS_NAME FSX_MOUNT_NAME CKPT_DIR MARKER_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV IMAGE_URI EFA_ENABLED EFA_DEVICE_DIR ZONE_ID COORDINATOR_HOST RECORD_TTL STOP_TIMEOUT NODE_FINAL_EXITS NODE_HELPER_GZ
 set -Eeuo pipefail
 
 # FSx's own apt repository and key (FSx for Lustre guide, "Installing the Lustre client",
@@ -175,13 +178,39 @@ TimeoutStartSec=infinity
 ExecStart=/usr/local/sbin/ftfleet-node pull
 UNIT
 
+units=(ftfleet-trainer.service)
+stores_deps=""
+if [[ $ROLE == coordinator && $LAUNCHER == inprocess ]]; then
+  # Wants, not Requires: a restart of the stores does not stop the trainer; its
+  # launcher finds out from the stores themselves.
+  units=(ftfleet-stores.service ftfleet-trainer.service)
+  stores_deps=$'\nWants=ftfleet-stores.service\nAfter=ftfleet-stores.service'
+  cat >"$ROOT/etc/systemd/system/ftfleet-stores.service" <<UNIT
+[Unit]
+Description=ftfleet: the job's stores (in-process launcher)
+After=ftfleet-image.service docker.service network-online.target
+Requires=ftfleet-image.service docker.service
+StartLimitIntervalSec=0
+
+[Service]
+ExecStartPre=-/usr/bin/docker rm -f ftfleet-stores
+ExecStart=/usr/bin/docker run --rm --name ftfleet-stores --network host --env-file /etc/ftfleet/trainer.env $IMAGE_URI stores
+ExecStop=/usr/bin/docker stop ftfleet-stores
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+fi
+
 cat >"$ROOT/etc/systemd/system/ftfleet-trainer.service" <<UNIT
 [Unit]
 Description=ftfleet trainer ($ROLE)
 After=ftfleet-image.service docker.service network-online.target
 Requires=ftfleet-image.service docker.service
 RequiresMountsFor=$MOUNT_POINT
-StartLimitIntervalSec=0
+StartLimitIntervalSec=0$stores_deps
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f ftfleet-trainer
@@ -197,8 +226,8 @@ WantedBy=multi-user.target
 UNIT
 
 systemctl daemon-reload
-systemctl enable ftfleet-trainer.service
+systemctl enable "${units[@]}"
 # --no-block: the pull may wait for an image that is not pushed yet.
-systemctl start --no-block ftfleet-trainer.service
+systemctl start --no-block "${units[@]}"
 trap - ERR
-log "boot done; the trainer starts once the image is pulled (journalctl -u ftfleet-image -u ftfleet-trainer)"
+log "boot done; ${units[*]} start once the image is pulled (journalctl -u ftfleet-image -u ftfleet-trainer)"
