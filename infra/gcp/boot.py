@@ -25,6 +25,7 @@ from pathlib import Path
 from ftfleet import contract
 from ftfleet.infra import bootscript
 from ftfleet.infra.gcp.settings import GcpSettings
+from ftfleet.infra.settings import launcher_env
 
 BOOT_DIR = Path(__file__).with_name("boot")
 STARTUP = BOOT_DIR / "startup.sh"
@@ -37,6 +38,8 @@ HEALTH_PORT = 9401
 HEALTH_PATH = "/healthz"
 HEALTH_AGENT = BOOT_DIR / "node_health.py"
 SERVICE = "ftfleet-trainer"
+#: The coordinator's job stores under the in-process launcher (the image's `stores`).
+STORES_SERVICE = "ftfleet-stores"
 HEALTH_SERVICE = "ftfleet-node-health"
 #: Seconds the trainer gets between SIGTERM and SIGKILL when its VM shuts down: within
 #: the 30 s Compute Engine gives a Spot VM's shutdown, and the 120 s of a standard VM.
@@ -86,7 +89,7 @@ def trainer_env(s: GcpSettings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_CKPT_DIR": f"{s.storage.mount_point}/{root}",
         "FTFLEET_CKPT_URI": f"gs://{ctx.bucket}/{root}",
         "FTFLEET_CKPT_UPLOAD": "trainer",
-        "FTFLEET_NNODES": f"{1 + f.worker_min_size}:{1 + f.worker_max_size}",
+        **launcher_env(s.trainer.launcher, f),
         "FTFLEET_NPROC_PER_NODE": str(f.gpus_per_node),
         "FTFLEET_RDZV_ENDPOINT": f"{ctx.coordinator_ip}:{RDZV_PORT}",
         "FTFLEET_REGION": s.region,
@@ -120,7 +123,9 @@ def startup_script(
         {
             "ROOT": root,
             "ROLE": role,
+            "LAUNCHER": s.trainer.launcher,
             "SERVICE": SERVICE,
+            "STORES_SERVICE": STORES_SERVICE,
             "HEALTH_SERVICE": HEALTH_SERVICE,
             # base64: the agent's source travels through the header whatever it contains.
             "HEALTH_AGENT": base64.b64encode(HEALTH_AGENT.read_bytes()).decode(),

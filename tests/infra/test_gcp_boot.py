@@ -62,9 +62,14 @@ def settings_for(kind: str = "managed-lustre"):
     return dataclasses.replace(stack, config=config).settings()
 
 
-def render(stubs: Stubs, kind="managed-lustre", role="worker", model="SPOT") -> str:
+def render(stubs: Stubs, kind="managed-lustre", role="worker", model="SPOT", launcher=None, spare_nodes=None) -> str:
     ctx = PARALLELSTORE_CTX if kind == "parallelstore" else CTX
-    return boot.startup_script(settings_for(kind), ctx, role, model, root=str(stubs.root), retry_seconds=0)
+    s = settings_for(kind)
+    if launcher is not None:
+        s = dataclasses.replace(s, trainer=dataclasses.replace(s.trainer, launcher=launcher))
+    if spare_nodes is not None:
+        s = dataclasses.replace(s, fleet=dataclasses.replace(s.fleet, spare_nodes=spare_nodes))
+    return boot.startup_script(s, ctx, role, model, root=str(stubs.root), retry_seconds=0)
 
 
 @pytest.fixture
@@ -96,6 +101,57 @@ def env_file(stubs: Stubs) -> dict[str, str]:
 def test_every_rendered_startup_script_passes_shellcheck(kind, role, model, tmp_path):
     script = boot.startup_script(settings_for(kind), CTX, role, model)
     assert shellcheck(script, tmp_path) == ""
+
+
+@pytest.mark.parametrize("role", ["coordinator", "worker"])
+def test_the_startup_script_under_torchrun_passes_shellcheck(role, tmp_path):
+    s = settings_for()
+    s = dataclasses.replace(s, trainer=dataclasses.replace(s.trainer, launcher="torchrun"))
+    assert shellcheck(boot.startup_script(s, CTX, role, "SPOT"), tmp_path) == ""
+
+
+def units_of(stubs: Stubs) -> dict[str, str]:
+    return {p.name: p.read_text() for p in (stubs.root / "etc/systemd/system").glob("*.service")}
+
+
+@pytest.mark.integration
+def test_the_coordinator_starts_the_jobs_stores_before_its_trainer_on_gcp(stubs):
+    stubs.add("nvidia-ctk")
+    result = stubs.run(render(stubs, role="coordinator"))
+    assert result.returncode == 0, result.stderr
+    units = units_of(stubs)
+    stores, trainer = units[f"{boot.STORES_SERVICE}.service"], units[f"{boot.SERVICE}.service"]
+    assert (
+        f"ExecStart=/usr/bin/docker run --rm --name {boot.STORES_SERVICE} --network host \\\n"
+        f"  --env-file /etc/ftfleet/trainer.env {CTX.image_uri} stores\n"
+    ) in stores  # no GPU, no mount: it trains nothing and writes nothing
+    assert "Restart=always" in stores and "StartLimitIntervalSec=0" in stores
+    assert f"Wants=network-online.target {boot.STORES_SERVICE}.service\n" in trainer
+    assert f"After=docker.service network-online.target {boot.STORES_SERVICE}.service\n" in trainer
+    assert stubs.calls("systemctl")[-1].args == ["start", f"{boot.STORES_SERVICE}.service", f"{boot.SERVICE}.service"]
+    assert "--gpus all" in trainer  # the coordinator trains too
+
+
+@pytest.mark.integration
+def test_a_worker_runs_a_node_of_the_in_process_launcher_and_no_stores_on_gcp(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs, spare_nodes=1)).returncode == 0
+    assert set(units_of(stubs)) == {f"{boot.HEALTH_SERVICE}.service", f"{boot.SERVICE}.service"}
+    assert boot.STORES_SERVICE not in units_of(stubs)[f"{boot.SERVICE}.service"]
+    env = env_file(stubs)
+    assert (env["FTFLEET_LAUNCHER"], env["FTFLEET_NNODES"], env["FTFLEET_SPARE_NODES"]) == ("inprocess", "3", "1")
+    contract.check_env(env)
+
+
+@pytest.mark.integration
+def test_under_torchrun_the_coordinator_runs_no_stores_on_gcp(stubs):
+    stubs.add("nvidia-ctk")
+    assert stubs.run(render(stubs, role="coordinator", launcher="torchrun")).returncode == 0
+    assert f"{boot.STORES_SERVICE}.service" not in units_of(stubs)
+    env = env_file(stubs)
+    assert env["FTFLEET_LAUNCHER"] == "torchrun" and env["FTFLEET_NNODES"] == "1:5"
+    assert "FTFLEET_SPARE_NODES" not in env
+    assert stubs.calls("systemctl")[-1].args == ["start", f"{boot.SERVICE}.service"]
 
 
 @pytest.mark.parametrize("model", ["SPOT", "STANDARD"])
@@ -150,7 +206,8 @@ def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
     assert env["FTFLEET_CKPT_URI"] == f"gs://{CTX.bucket}/checkpoints/gcp-dev"
     assert env["FTFLEET_CKPT_DIR"] == "/ckpt/checkpoints/gcp-dev"
     assert env["FTFLEET_RDZV_ENDPOINT"] == "10.40.0.10:29400"
-    assert env["FTFLEET_NNODES"] == "1:5" and env["FTFLEET_NPROC_PER_NODE"] == "1"
+    assert env["FTFLEET_NNODES"] == "3" and env["FTFLEET_NPROC_PER_NODE"] == "1"
+    assert env["FTFLEET_LAUNCHER"] == "inprocess" and env["FTFLEET_SPARE_NODES"] == "0"
     assert env["FTFLEET_METADATA_ENDPOINT"] == "http://metadata.google.internal"
     assert env["FTFLEET_RUN_DIR"] == f"/ckpt/runs/gcp-dev/{NODE}"  # per node, on the fast tier
 

@@ -6,7 +6,10 @@
 # toolkit, the file system's client); mount the checkpoint file system; make the
 # checkpoint directory writable for the trainer's uid; pull the trainer image; write
 # the trainer's environment; start the trainer as a systemd service (after the mounts,
-# at every boot: it is not enabled). Before installing anything it turns off unattended
+# at every boot: it is not enabled), as a node of the job (every node, the coordinator
+# too). Under the in-process launcher the coordinator first starts the job's stores,
+# $STORES_SERVICE (the image's `stores`): it is on demand, and the stores must outlive
+# every training node. Before installing anything it turns off unattended
 # upgrades and holds the kernel and NVIDIA packages. A step that fails
 # (after its retries) stops the script: the agent then reports the node unhealthy (no
 # mount, no container runtime) and auto-healing replaces it after its initial delay,
@@ -15,7 +18,7 @@
 #
 # Rendered by infra/gcp/boot.py (values header: infra/bootscript.py). Every path the
 # script writes starts with $ROOT: empty on a node, a temporary directory in tests.
-# ftfleet-params: ROOT ROLE SERVICE HEALTH_SERVICE HEALTH_AGENT HEALTH_PORT GPUS IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
+# ftfleet-params: ROOT ROLE LAUNCHER SERVICE STORES_SERVICE HEALTH_SERVICE HEALTH_AGENT HEALTH_PORT GPUS IMAGE_URI REGISTRY_HOST STORAGE_KIND MOUNT_SOURCE MOUNT_POINT CKPT_DIR RUN_ROOT TRAINER_UID SHM_DIR SHM_SIZE TRAINER_ENV STOP_SECONDS NO_RESTART_EXIT_CODES ATTEMPTS RETRY_SECONDS
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -220,14 +223,39 @@ mkdir -p "$ROOT/etc/ftfleet" "$ROOT/etc/systemd/system"
   printf 'FTFLEET_RUN_DIR=%s\n' "$RUN_DIR"
 } >"$ROOT/etc/ftfleet/trainer.env"
 
+units=("$SERVICE.service")
+stores_deps=""
+if [[ $ROLE == coordinator && $LAUNCHER == inprocess ]]; then
+  # Wants, not Requires: a restart of the stores does not stop the trainer; its
+  # launcher finds out from the stores themselves.
+  units=("$STORES_SERVICE.service" "$SERVICE.service")
+  stores_deps=" $STORES_SERVICE.service"
+  cat >"$ROOT/etc/systemd/system/$STORES_SERVICE.service" <<UNIT
+[Unit]
+Description=ftfleet: the job's stores (in-process launcher)
+Wants=network-online.target
+After=docker.service network-online.target
+Requires=docker.service
+StartLimitIntervalSec=0
+
+[Service]
+ExecStartPre=-/usr/bin/docker rm -f $STORES_SERVICE
+ExecStart=/usr/bin/docker run --rm --name $STORES_SERVICE --network host \\
+  --env-file /etc/ftfleet/trainer.env $IMAGE_URI stores
+ExecStop=/usr/bin/docker stop $STORES_SERVICE
+Restart=always
+RestartSec=5
+UNIT
+fi
+
 # Started by this script, never enabled: at boot systemd would start it before this
 # script mounts the file system, and /ckpt would be a directory on the boot disk. The
 # conditions keep a restart from running it on an unmounted node.
 cat >"$ROOT/etc/systemd/system/$SERVICE.service" <<UNIT
 [Unit]
 Description=ftfleet trainer ($ROLE)
-Wants=network-online.target
-After=docker.service network-online.target
+Wants=network-online.target$stores_deps
+After=docker.service network-online.target$stores_deps
 Requires=docker.service
 RequiresMountsFor=$MOUNT_POINT
 ConditionPathIsMountPoint=$MOUNT_POINT
@@ -245,5 +273,5 @@ RestartSec=5
 RestartPreventExitStatus=$NO_RESTART_EXIT_CODES
 UNIT
 systemctl daemon-reload
-systemctl start "$SERVICE.service"
-log "node $NODE_ID: trainer started"
+systemctl start "${units[@]}"
+log "node $NODE_ID: ${units[*]} started"
