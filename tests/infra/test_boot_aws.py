@@ -294,7 +294,7 @@ def test_the_coordinator_starts_the_jobs_stores_before_its_trainer(node):
     (run,) = [line for line in stores.splitlines() if line.startswith("ExecStart=")]
     image = context("coordinator").image_uri
     assert run == (
-        "ExecStart=/usr/bin/docker run --rm --name ftfleet-stores --network host "
+        "ExecStart=/usr/bin/docker run --rm --init --name ftfleet-stores --network host "
         f"--env-file /etc/ftfleet/trainer.env {image} stores"
     )  # no GPU, no mount: it trains nothing and writes nothing
     assert "Restart=always" in stores and "StartLimitIntervalSec=0" in stores

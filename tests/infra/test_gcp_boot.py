@@ -122,7 +122,7 @@ def test_the_coordinator_starts_the_jobs_stores_before_its_trainer_on_gcp(stubs)
     units = units_of(stubs)
     stores, trainer = units[f"{boot.STORES_SERVICE}.service"], units[f"{boot.SERVICE}.service"]
     assert (
-        f"ExecStart=/usr/bin/docker run --rm --name {boot.STORES_SERVICE} --network host \\\n"
+        f"ExecStart=/usr/bin/docker run --rm --init --name {boot.STORES_SERVICE} --network host \\\n"
         f"  --env-file /etc/ftfleet/trainer.env {CTX.image_uri} stores\n"
     ) in stores  # no GPU, no mount: it trains nothing and writes nothing
     assert "Restart=always" in stores and "StartLimitIntervalSec=0" in stores

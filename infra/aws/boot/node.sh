@@ -194,7 +194,7 @@ StartLimitIntervalSec=0
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f ftfleet-stores
-ExecStart=/usr/bin/docker run --rm --name ftfleet-stores --network host --env-file /etc/ftfleet/trainer.env $IMAGE_URI stores
+ExecStart=/usr/bin/docker run --rm --init --name ftfleet-stores --network host --env-file /etc/ftfleet/trainer.env $IMAGE_URI stores
 ExecStop=/usr/bin/docker stop ftfleet-stores
 Restart=always
 RestartSec=5
@@ -214,7 +214,7 @@ StartLimitIntervalSec=0$stores_deps
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f ftfleet-trainer
-ExecStart=/usr/bin/docker run --rm --name ftfleet-trainer --gpus all --network host --ipc host --ulimit memlock=-1 --ulimit stack=67108864$devices --env-file /etc/ftfleet/trainer.env -v $MOUNT_POINT:$MOUNT_POINT -v $SHM_DIR:$SHM_DIR $IMAGE_URI
+ExecStart=/usr/bin/docker run --rm --init --name ftfleet-trainer --gpus all --network host --ipc host --ulimit memlock=-1 --ulimit stack=67108864$devices --env-file /etc/ftfleet/trainer.env -v $MOUNT_POINT:$MOUNT_POINT -v $SHM_DIR:$SHM_DIR $IMAGE_URI
 ExecStop=/usr/bin/docker stop --time $STOP_TIMEOUT ftfleet-trainer
 TimeoutStopSec=$((STOP_TIMEOUT + 5))
 Restart=on-failure

@@ -240,7 +240,7 @@ StartLimitIntervalSec=0
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f $STORES_SERVICE
-ExecStart=/usr/bin/docker run --rm --name $STORES_SERVICE --network host \\
+ExecStart=/usr/bin/docker run --rm --init --name $STORES_SERVICE --network host \\
   --env-file /etc/ftfleet/trainer.env $IMAGE_URI stores
 ExecStop=/usr/bin/docker stop $STORES_SERVICE
 Restart=always
@@ -263,7 +263,7 @@ ConditionPathIsMountPoint=$SHM_DIR
 
 [Service]
 ExecStartPre=-/usr/bin/docker rm -f $SERVICE
-ExecStart=/usr/bin/docker run --rm --name $SERVICE --gpus all --network host --ipc host \\
+ExecStart=/usr/bin/docker run --rm --init --name $SERVICE --gpus all --network host --ipc host \\
   --ulimit memlock=-1 --ulimit stack=67108864 --env-file /etc/ftfleet/trainer.env \\
   -v $MOUNT_POINT:$MOUNT_POINT -v $SHM_DIR:$SHM_DIR $IMAGE_URI
 ExecStop=/usr/bin/docker stop --time $STOP_SECONDS $SERVICE
