@@ -10,6 +10,9 @@ run of its own with that fault injected once training is under way:
 * ``lose-node``: every process of a training node SIGKILLed and its shared memory
   removed at once;
 * ``sigkill``: one training process SIGKILLed;
+* ``notice``: SIGTERM to a training node's launcher (a termination notice, which it
+  forwards to its processes): the node hands its ranks to the spare node and leaves
+  (:mod:`ftfleet.trainer.inprocess.handoff`);
 * ``partition``: a training node's link down (healed once the job has ended);
 * ``slow-link``: a training node's link rate-limited (``tc ... tbf``) for the run.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +43,7 @@ from ftfleet.errors import UserError
 from ftfleet.trainer.events import read_events
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
-FLEET_FAULTS = ("lose-node", "sigkill", "partition", "slow-link")
+FLEET_FAULTS = ("lose-node", "sigkill", "notice", "partition", "slow-link")
 #: The port of the job's stores on the coordinator, in a bed of namespaces (each node
 #: has its own ports); on loopback a free one is taken.
 STORE_PORT = 29400
@@ -269,6 +273,8 @@ def run_fault(opts: FleetOptions, fault: str, want_sha: str) -> FleetRow:
                 bed.lose(victim)
             elif fault == "sigkill":
                 bed.kill(victim_pids[0])
+            elif fault == "notice":
+                os.kill(job.launchers[victim].pid, signal.SIGTERM)
             elif fault == "partition":
                 bed.partition(victim)
             elif fault == "slow-link":
@@ -320,6 +326,12 @@ def _measure(
     cut_off = restarted[0]["t"] if restarted and fault != "slow-link" else None
     newest = max((f.stat().st_mtime for f in victim_shm.rglob("*") if f.is_file()), default=0.0)
     row.faulted_node_wrote_after = cut_off is not None and newest > cut_off
+    if fault == "notice":  # it left on its own, at the step whose snapshot it handed over
+        handoff = next((e for e in events if e["event"] == "handoff" and e["t"] > t_fault), None)
+        if handoff is None:
+            row.survivors_kept = False  # the job stopped instead
+        elif "step" in (summary.get("resumed_from") or {}):
+            row.steps_lost = handoff["step"] - summary["resumed_from"]["step"]
 
 
 #: Faults that need a link of the node's own (a bed of network namespaces).

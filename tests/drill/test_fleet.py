@@ -16,7 +16,7 @@ from drill.fleet import FleetRow, _measure, render
     ("argv", "message"),
     [
         (["--nodes", "1"], "--nodes 1 --spares 1: use 2 or more nodes"),
-        (["--nodes", "3", "--faults", "lose-node,notice"], "with --nodes use all or some of lose-node"),
+        (["--nodes", "3", "--faults", "lose-node,hang"], "with --nodes use all or some of lose-node"),
     ],
 )
 def test_bad_fleet_options_are_refused_in_one_line(argv, message, capsys):

@@ -5,7 +5,11 @@ nothing, as on the fleet.
 * A lost node's ranks are taken by a spare node's warm processes; the survivor never
   exits and the run ends bit-identical to the uninterrupted 2-rank run (``ref2``).
 * Without a spare node the round stops; the launchers started again (a replacement
-  node among them) join the next round and the run still ends bit-identical.
+  node among them) join the next round and the run still ends bit-identical (chaos).
+* A node told it will go hands its ranks to the spare node: nothing computed again
+  (chaos).
+
+The first is ``make test``'s one multi-node case; the others run in ``make chaos``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def test_a_lost_node_is_replaced_by_a_spare_node_and_the_survivor_never_exits(re
     assert not one_generation_commits(run_dir)
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_without_a_spare_the_round_stops_and_the_restarted_nodes_join_the_next(ref2, tmp_path):
     run_dir = tmp_path / "run"
@@ -79,4 +84,34 @@ def test_without_a_spare_the_round_stops_and_the_restarted_nodes_join_the_next(r
         assert "round 1, node" in job.log(0) and "round 1, node" in job.log(1), tail
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state_sha256"] == ref2["state_sha256"], tail
+    assert not one_generation_commits(run_dir)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(240)
+def test_a_node_told_it_will_go_hands_its_ranks_to_the_spare_node(ref2, tmp_path):
+    """SIGTERM (a notice) to one node: at the boundary the ranks agree on it, every rank
+    snapshots that step with its peer copy, the node's process leaves with exit 75 and
+    the spare node takes its rank from the copy: nothing computed again."""
+    import os
+    import signal
+
+    run_dir = tmp_path / "run"
+    with Bed(4) as bed:
+        job = InprocessJob(bed, run_dir, tmp_path, *ARGS)
+        try:
+            slots = job.slots()
+            wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
+            survivor = job.pids(slots[0])
+            os.kill(job.launchers[slots[1]].pid, signal.SIGTERM)  # forwarded to its worker
+            rcs = job.wait(150)
+        finally:
+            tail = job.log_tail()
+        assert (rcs[slots[0]], rcs[slots[1]], rcs[slots[2]]) == (0, 75, 0), f"launchers {rcs}\n{tail}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state_sha256"] == ref2["state_sha256"], tail
+    handoff = next(e for e in read_events(run_dir) if e["event"] == "handoff")
+    assert summary["resumed_from"]["step"] == handoff["step"], (summary["resumed_from"], handoff)
+    starts = _starts(run_dir)
+    assert starts[-1]["pids"][0] == survivor[0], "the survivor was replaced"
     assert not one_generation_commits(run_dir)

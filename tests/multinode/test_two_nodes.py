@@ -2,8 +2,9 @@
 
 Each node is a namespace with its own address and shared memory (tests/multinode/bed.py);
 the c10d rendezvous and the workers' store live on node 0, gloo runs over the bridge.
-The quick case is the bed's proof of life: 2 nodes x 1 rank end bit-identical to the
-2-rank run on one machine (``ref2``). The faults (a partition healed, a slow link, a
+The bed's proof of life for torchrun: 2 nodes x 1 rank end bit-identical to the 2-rank
+run on one machine (``ref2``); in ``make chaos`` (make test's multi-node case is the
+in-process launcher's, tests/multinode/test_inprocess_nodes.py). The faults (a partition healed, a slow link, a
 lost node) are chaos cases, in test_faults.py.
 """
 
@@ -16,7 +17,7 @@ import pytest
 from tests.multinode.bed import Bed
 from tests.multinode.nodes import Job
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 
 @pytest.mark.timeout(180)

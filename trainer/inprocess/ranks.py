@@ -169,9 +169,16 @@ class NodeFill:
     def __init__(self, layout: Layout, min_active: int | None = None, on_stop: Callable[[str], None] | None = None):
         self.layout = layout
         self.nodes = [layout.node_of(r) for r in range(layout.world_size)]
+        #: Ranks below this train (after the newest restart).
+        self.active = layout.active
         self.min_active = min_active
         self.on_stop = on_stop
         self.stopped = False
+
+    def idle_nodes(self) -> list[int]:
+        """Nodes none of whose processes trains now: the spare nodes still waiting."""
+        training = set(self.nodes[: self.active])
+        return [n for n in dict.fromkeys(self.nodes[self.active :]) if n not in training]
 
     def __call__(self, ctx: Any) -> Any:
         from nvidia_resiliency_ext.inprocess.rank_assignment import RankDiscarded
@@ -190,6 +197,7 @@ class NodeFill:
                 self.on_stop(plan.stop)
         rank = plan.new_rank(state.rank)
         self.nodes = [self.nodes[r] for r in plan.order]
+        self.active = plan.active
         active = rank < plan.active
         ctx.state = dataclasses.replace(
             state,
@@ -211,4 +219,11 @@ def node_fill(layout: Layout, min_active: int | None = None, on_stop: Callable[[
     class WrapperNodeFill(NodeFill, RankAssignment):
         pass
 
-    return WrapperNodeFill(layout, min_active, on_stop)
+    global CURRENT
+    CURRENT = WrapperNodeFill(layout, min_active, on_stop)
+    return CURRENT
+
+
+#: The rank assignment of this process's wrapper, once :func:`node_fill` made it: who
+#: trains where now (:mod:`.handoff` reads it). None outside the in-process launcher.
+CURRENT: NodeFill | None = None

@@ -99,6 +99,7 @@ def test_the_wrapper_takes_any_soft_timeout_the_launcher_accepts(monkeypatch):
     from ftfleet.trainer.inprocess.worker import build_wrapper
 
     monkeypatch.setenv("MASTER_PORT", "29999")
+    monkeypatch.setattr("ftfleet.trainer.inprocess.ranks.CURRENT", None)  # node_fill sets it: undone after
     for soft in (2.0, 60.0, 600.0, 3600.0):  # 600 s was refused (its default barrier: 120 s)
         build_wrapper(Layout(1, 0, 2), soft)
 
@@ -157,6 +158,7 @@ def test_the_world_is_all_ranks_or_none_unless_it_may_shrink(monkeypatch):
     from ftfleet.trainer.inprocess.ranks import Layout
 
     monkeypatch.setenv("MASTER_PORT", "29999")  # the wrapper's store is not started here
+    monkeypatch.setattr("ftfleet.trainer.inprocess.ranks.CURRENT", None)  # node_fill sets it: undone after
     asked: list[str] = []
     monkeypatch.setattr("ftfleet.trainer.inprocess.stores.request_stop", lambda key, reason: asked.append(reason))
     for min_active, mode in ((None, Mode.INACTIVE), (1, Mode.ACTIVE)):

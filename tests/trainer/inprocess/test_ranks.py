@@ -83,3 +83,17 @@ def test_a_spare_node_that_took_over_keeps_its_node_through_the_next_failure():
     assert after == [0, 2]
     again = reassign(after, layout.active, {1})
     assert again.stop and again.order == (0,)
+
+
+def test_a_hand_off_needs_a_waiting_spare_node_for_each_node_leaving():
+    from ftfleet.trainer.inprocess.handoff import Handoff
+
+    fill = NodeFill(Layout(3, 1, 2))  # nodes 0-2 train ranks 0-5; node 3 waits with 6, 7
+    handoff = Handoff(fill)
+    noticed = [False, True, False, False, False, False]  # rank 1's watcher holds the notice
+    assert handoff.leaving(noticed) == {0} and handoff.possible({0})
+    assert not handoff.possible({0, 1}), "one spare node for two leaving"
+    assert not handoff.possible(set())
+    plan = reassign(fill.nodes, 6, {2, 3})  # node 1 lost: node 3 takes its ranks
+    fill.nodes, fill.active = [fill.nodes[r] for r in plan.order], plan.active
+    assert fill.idle_nodes() == [] and handoff.node_of(2) == 3 and not handoff.possible({0})

@@ -65,6 +65,7 @@ class Preemption:
         events: EventLog | None = None,
         environ: Mapping[str, str] | None = None,
         lifecycle: LifecycleRelease | None = None,
+        handoff: Any = "auto",
     ) -> None:
         environ = os.environ if environ is None else environ
         self.ckpt = ckpt
@@ -74,6 +75,13 @@ class Preemption:
         self.local_rank = int(environ.get("LOCAL_RANK") or 0) if local_rank is None else local_rank
         self.events = events
         self.lifecycle = lifecycle if lifecycle is not None else LifecycleRelease.from_env(environ)
+        if handoff == "auto":  # the in-process launcher's, when this process runs under it
+            from ftfleet.trainer.inprocess.handoff import current
+
+            handoff = current()
+        #: Hands a noticed node's ranks to a spare node instead of stopping the job
+        #: (:mod:`ftfleet.trainer.inprocess.handoff`); None: every notice stops it.
+        self.handoff = handoff
         #: After :meth:`finish`: whether the uploads were drained (an upload still in a
         #: collective would make the process group's teardown hang).
         self.drained = True
@@ -106,6 +114,8 @@ class Preemption:
             return None
         notice = agreed.notice
         if notice.terminal:
+            if self.handoff is not None and self._hand_off(agreed, step):
+                return None  # the job trains on; this node's processes did not get here
             log.warning(
                 "%s: emergency checkpoint of step %d, %.1fs before the deadline",
                 notice.describe(),
@@ -126,6 +136,47 @@ class Preemption:
             log.warning("%s: early checkpoint of step %d, then carrying on", notice.describe(), step)
             self._save(step, f"notice:{notice.kind}")
         return agreed
+
+    def _hand_off(self, agreed: AgreedNotice, step: int) -> bool:
+        """Collective. Hand the noticed nodes' ranks to spare nodes (see
+        :mod:`ftfleet.trainer.inprocess.handoff`): False, on every rank, when it does not
+        apply; else a snapshot of ``step`` with its peer copy, then a noticed node's
+        processes exit 75 here (its lifecycle action completed) and the others return True."""
+        import torch.distributed as dist
+
+        cfg = self.ckpt.cfg
+        if not (cfg.memory and cfg.memory_peer_every == 1 and dist.is_available() and dist.is_initialized()):
+            return False
+        group = self.interruptions.group
+        noticed: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(noticed, bool(agreed.local), group=group)
+        leaving = self.handoff.leaving(noticed)
+        if not self.handoff.possible(leaving):
+            log.warning("%s: no spare node for the node(s) leaving: the job stops", agreed.notice.describe())
+            return False
+        snapshots = self.ckpt.snapshots
+        if snapshots.latest_step == step:  # the schedule took this step's snapshot already
+            snapshots.wait()
+        else:
+            self.ckpt.snapshot(step, blocking=True)
+        self._emit("handoff", step=step, nodes=sorted(leaving))
+        if self.handoff.node_of(dist.get_rank()) in leaving:
+            log.warning(
+                "%s: step %d is in the peers' memory; a spare node takes this node's ranks: leaving",
+                agreed.notice.describe(),
+                step,
+            )
+            self.complete_lifecycle()
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not a return: the wrapper would wait here for the others, which wait in
+            # their next collective for this process; its exit ends those at once.
+            os._exit(EXIT_PREEMPTED)
+        log.warning("%s: a spare node takes the ranks of the node going away; training on", agreed.notice.describe())
+        self.interruptions.terminal = None
+        return True
 
     def should_stop(self, step: int) -> bool:
         """Collective. True once the ranks agreed on a terminal notice: leave the loop
