@@ -50,6 +50,7 @@ from ftfleet.trainer.environment import (
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 from ftfleet.trainer.inprocess.ranks import Layout
 from ftfleet.trainer.inprocess.stores import (
+    SETTLE_S,
     STORE_WAIT_S,
     StoreHost,
     connect,
@@ -97,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
         help="this launcher's node: 0 .. --nnodes - 1 train, the next --spare-nodes are spares; `auto` takes the "
         "next free slot in the job's store (the first nodes to register train; a node that finds the job full "
         "waits for its next round)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="with --node-rank auto: seconds a round waits for spare nodes once its training nodes are there "
+        "(default 10); later ones join the next round",
     )
     parser.add_argument(
         "--master-addr",
@@ -180,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     nodes = args.nnodes + args.spare_nodes
     per_node = args.nproc + args.spares
+    if args.settle is None:
+        args.settle = SETTLE_S
+    elif not 0 <= args.settle <= 3600:
+        parser.error(f"--settle {args.settle}: use 0 to 3600 seconds")
     if stores_only:
         if not args.host_stores:
             parser.error("--nproc 0 trains nothing: add --host-stores (a coordinator hosting the job's stores)")
@@ -213,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if stores_only:
         return serve(stores)
-    round_, node = join(watch, nodes, node_rank)
+    round_, node, spare_nodes = join(watch, args.nnodes, args.spare_nodes, node_rank, settle_s=args.settle)
+    layout = Layout(args.nnodes, spare_nodes, args.nproc, args.spares)  # the spare nodes this round has
+    nodes = layout.nodes
     print(f"ftfleet.inprocess: round {round_}, node {node} of {nodes}", file=sys.stderr, flush=True)
     procs = []
     for local in range(per_node):

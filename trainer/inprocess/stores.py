@@ -15,12 +15,15 @@ A **round** is one wrapper world: every node of the layout, started together. It
 when the job cannot go on in place (:data:`stop key <round_key>` set by a worker, when
 no spare is left to take a lost rank); the launchers stop, the fleet starts them again,
 and they join the next round, which the host opens :data:`STOP_GRACE_S` after the stop.
-A node that registers in a round that is already full (a replacement booted after the
-job started: the wrapper world cannot grow) waits for the next round.
+A round forms with the nodes there: its training nodes and the spare nodes that
+registered by then (:func:`join`). A node that registers after it formed (a
+replacement booted after the job started: the wrapper world cannot grow) waits for the
+next round.
 
 Keys, in the trainer's store: ``ftfleet/inprocess/round`` (a counter: the round open
 now), and per round ``r<R>/ready`` (its wrapper store is up), ``r<R>/nodes`` (node slots
-taken, a counter), ``r<R>/stop`` (why the job stops), ``r<R>/done`` (launchers ended).
+taken, a counter), ``r<R>/size`` (nodes in the round, once it formed), ``r<R>/stop``
+(why the job stops), ``r<R>/done`` (launchers ended).
 """
 
 from __future__ import annotations
@@ -97,28 +100,63 @@ def connect(addr: str, port: int, wait_s: float = STORE_WAIT_S) -> dist.TCPStore
     return dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=wait_s))
 
 
-def join(store: dist.TCPStore, nodes: int, node_rank: int | None, poll_s: float = 0.2) -> tuple[int, int]:
-    """Join the open round: ``(round, node slot)``. With ``node_rank`` None, take the next
-    free slot (the first ``nodes`` to register form the round); a node that finds the
-    round full waits for the next one."""
+#: Seconds a round waits, once its training nodes have registered, for spare nodes
+#: before it forms without the missing ones (they join the next round).
+SETTLE_S = 10.0
+
+
+def join(
+    store: dist.TCPStore,
+    training: int,
+    spares: int,
+    node_rank: int | None,
+    settle_s: float = SETTLE_S,
+    poll_s: float = 0.05,
+) -> tuple[int, int, int]:
+    """Join the open round: ``(round, node slot, spare nodes in the round)``.
+
+    With ``node_rank`` None, take the next free slot: the first ``training`` nodes to
+    register train, the next ones, up to ``spares``, wait as spare nodes. The round forms
+    when all have registered, or ``settle_s`` after the last training node did, with the
+    spare nodes there by then (the node that registered last of the training ones
+    decides, once, in the store: ``r<R>/size``). A node that finds the round full or
+    formed waits for the next round. With a ``node_rank`` (a static layout) the round
+    has every node."""
     announced = None
+    most = training + spares
     while True:
         round_ = int(store.add(ROUND_KEY, 0))
         store.wait([round_key(round_, "ready")])
         if node_rank is not None:
-            return round_, node_rank
+            return round_, node_rank, spares
         slot = int(store.add(round_key(round_, "nodes"), 1)) - 1
-        if slot < nodes:
-            return round_, slot
+        size = _formed(store, round_, slot, training, most, settle_s, poll_s) if slot < most else 0
+        if slot < size:
+            return round_, slot, size - training
         if announced != round_:
             print(
-                f"ftfleet.inprocess: round {round_} has its {nodes} nodes; waiting for the next round",
+                f"ftfleet.inprocess: round {round_} formed without this node; waiting for the next round",
                 file=sys.stderr,
                 flush=True,
             )
             announced = round_
         while int(store.add(ROUND_KEY, 0)) == round_:
+            time.sleep(0.2)
+
+
+def _formed(
+    store: dist.TCPStore, round_: int, slot: int, training: int, most: int, settle_s: float, poll_s: float
+) -> int:
+    """The round's number of nodes, once it has formed (see :func:`join`)."""
+    key = round_key(round_, "size")
+    if slot == training - 1:  # the last training node to register: it forms the round
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline and int(store.add(round_key(round_, "nodes"), 0)) < most:
             time.sleep(poll_s)
+        count = min(int(store.add(round_key(round_, "nodes"), 0)), most)
+        store.compare_set(key, "", str(count))
+    store.wait([key])
+    return int(store.get(key))
 
 
 def request_stop(key: str, reason: str) -> None:
