@@ -87,6 +87,12 @@ class CheckpointConfig:
     snapshot (the whole state over the network). The own snapshot of the newest copied
     step is kept beside the newest memory_keep, so a lost node's ranks and the others
     still share a step."""
+    memory_timeout_s: float = 20.0
+    """Seconds a snapshot's collective or peer copy may wait for a peer (the snapshots'
+    gloo group) before it fails. A rank blocked in one cannot be interrupted, so under
+    the in-process launcher keep it below ``--heartbeat-timeout``: a rank still waiting
+    on a peer that is gone when a restart begins is otherwise taken for a lost one. Large
+    enough for one rank's snapshot to cross the network."""
     save_from_memory: bool = True
     """With checkpoint.memory: a background save writes the in-memory snapshot of its
     step (taking one when the newest is older) instead of staging a copy of its own, so
@@ -111,6 +117,8 @@ class CheckpointConfig:
         if any(s < 0 for s in self.pinned_steps):
             raise ConfigError(f"checkpoint.pinned_steps={self.pinned_steps}: steps are >= 0")
         require_positive("checkpoint.thread_count", self.thread_count)
+        if not self.memory_timeout_s > 0:
+            raise ConfigError(f"checkpoint.memory_timeout_s={self.memory_timeout_s}: use seconds > 0")
         require_positive("checkpoint.transfer_workers", self.transfer_workers)
         require_positive("checkpoint.retries", self.retries)
         require_positive("checkpoint.timeout_s", self.timeout_s)

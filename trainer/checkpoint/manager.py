@@ -164,7 +164,8 @@ class CheckpointManager:
         #: its transfers run on the training thread while a save may use ckpt_group.
         self.snapshots: Snapshots | None = None
         if cfg.memory:
-            group = dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() else None
+            bounded = datetime.timedelta(seconds=cfg.memory_timeout_s)
+            group = dist.new_group(backend="gloo", timeout=bounded) if dist.is_initialized() else None
             comm = DistComm(group) if group is not None else LocalComm()
             per_node = cfg.node_size(comm.world_size)
             if comm.world_size % per_node:
