@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,6 +85,7 @@ class FleetJob:
         soft_timeout: float = 30.0,
         worker: str = "drill.inprocess_worker",
         env: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         if len(bed.nodes) != nnodes + spare_nodes + 1:
             raise ValueError(f"a bed of {nnodes + spare_nodes + 1} nodes: the job's and the coordinator")
@@ -95,6 +97,7 @@ class FleetJob:
         self.common = [f"--master-addr={coordinator.addr}", f"--soft-timeout={soft_timeout}", f"--worker={worker}"]
         self.common += [f"--heartbeat-timeout={heartbeat_timeout}"]
         self.trainer_args = list(trainer_args)
+        self.extra = list(extra)  # more launcher options for the nodes
         self.stores = self._start(coordinator, ["--nproc=0", "--host-stores", *self.common, "--"], "coordinator")
         time.sleep(0.5)  # the stores listen before the first launcher connects
         self.launchers: dict[int, subprocess.Popen] = {}
@@ -106,7 +109,7 @@ class FleetJob:
         """(Re)start bed node ``index``'s launcher (its log: ``node<index>.<n>.log``)."""
         node = self.bed[index]
         cmd = [f"--nproc={self.nproc}", "--spares=0", f"--nnodes={self.nnodes}", f"--spare-nodes={self.spare_nodes}"]
-        cmd += ["--node-rank=auto", "--no-host-stores", *self.common, "--", *self.trainer_args]
+        cmd += ["--node-rank=auto", "--no-host-stores", *self.common, *self.extra, "--", *self.trainer_args]
         self.starts[index] = self.starts.get(index, -1) + 1
         env = {"GLOO_SOCKET_IFNAME": node.ifname, "FTFLEET_SHM_DIR": str(node.shm)}
         self.launchers[index] = self._start(node, cmd, f"node{index}.{self.starts[index]}", env)
@@ -233,13 +236,19 @@ def trainer_overrides(opts: FleetOptions, run_dir: Path) -> list[str]:
 
 
 def reference(opts: FleetOptions) -> str:
-    """The uninterrupted run's state_sha256: the same world on one machine, under torchrun."""
-    run_dir = opts.workdir / "reference"
+    """The uninterrupted run's state_sha256: the same world on one machine, under torchrun,
+    from nothing (its run directory and its shared memory are new: a snapshot of an
+    earlier run with the same run id and world would be restored)."""
+    run_dir, shm = opts.workdir / "reference", opts.workdir / "reference-shm"
+    for old in (run_dir, shm):
+        shutil.rmtree(old, ignore_errors=True)
     args = ["--config", str(opts.config), *trainer_overrides(opts, run_dir)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={opts.nodes}"]
     cmd += ["-m", "drill.worker", *args]
+    env = child_env({"FTFLEET_SHM_DIR": str(shm)})
     with open(opts.workdir / "reference.log", "w") as log:
-        done = subprocess.run(cmd, cwd=SOURCE_ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT, timeout=600)
+        done = subprocess.run(cmd, cwd=SOURCE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600)
+    shutil.rmtree(shm, ignore_errors=True)
     if done.returncode != 0:
         raise UserError(f"the reference run failed with exit {done.returncode}: see {opts.workdir / 'reference.log'}")
     return json.loads((run_dir / "summary.json").read_text())["state_sha256"]
@@ -248,7 +257,8 @@ def reference(opts: FleetOptions) -> str:
 def run_fault(opts: FleetOptions, fault: str, want_sha: str) -> FleetRow:
     row = FleetRow(fault)
     where = opts.workdir / fault
-    where.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(where, ignore_errors=True)  # a run directory of an earlier drill would be resumed
+    where.mkdir(parents=True)
     run_dir = where / "run"
     args = ["--config", str(opts.config), *trainer_overrides(opts, run_dir)]
     with Bed(opts.nodes + opts.spare_nodes + 1) as bed:
@@ -321,11 +331,10 @@ def _measure(
         row.fault_to_first_step_s = round(after[0]["t"] - t_fault, 2) if after else None
         row.steps_lost = 0 if not restarted else None
         row.survivors_kept = not restarted
-    # The faulted node's own writes once the others restarted without it: its snapshots
+    # What the faulted node committed once the others restarted without it: its snapshots
     # (and the copies it held) are in its shared memory, which nothing else writes.
     cut_off = restarted[0]["t"] if restarted and fault != "slow-link" else None
-    newest = max((f.stat().st_mtime for f in victim_shm.rglob("*") if f.is_file()), default=0.0)
-    row.faulted_node_wrote_after = cut_off is not None and newest > cut_off
+    row.faulted_node_wrote_after = cut_off is not None and committed_after(victim_shm, cut_off)
     if fault == "notice":  # it left on its own, at the step whose snapshot it handed over
         handoff = next((e for e in events if e["event"] == "handoff" and e["t"] > t_fault), None)
         if handoff is None:
@@ -336,6 +345,13 @@ def _measure(
 
 #: Faults that need a link of the node's own (a bed of network namespaces).
 LINK_FAULTS = ("partition", "slow-link")
+
+
+def committed_after(shm: Path, t: float) -> bool:
+    """Whether a snapshot (or a peer's copy) in ``shm`` was committed after ``t``: its
+    manifest, written last, is newer. (Bytes staged into a snapshot that is then refused
+    at its commit are not a write of the run.)"""
+    return any(m.stat().st_mtime > t for m in shm.rglob("manifest.json"))
 
 
 def run_fleet_drill(opts: FleetOptions) -> tuple[list[FleetRow], str]:

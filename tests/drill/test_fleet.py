@@ -43,13 +43,16 @@ def test_a_lost_nodes_row_from_the_event_log(tmp_path):
     run_dir = _run(tmp_path, events, {"tier": "memory-peer", "step": 15})
     shm = tmp_path / "shm"
     shm.mkdir()
-    (shm / "snap").write_bytes(b"x")
-    os.utime(shm / "snap", (20.0, 20.0))  # written before the others restarted without it
+    (shm / "step-14").mkdir()
+    manifest = shm / "step-14" / "manifest.json"
+    manifest.write_text("{}")
+    os.utime(manifest, (20.0, 20.0))  # committed before the others restarted without it
+    (shm / "staged").write_bytes(b"x")  # bytes staged later and never committed: not a write
     row = FleetRow("lose-node")
     _measure(row, run_dir, 25.2, {0: 100, 2: 102}, shm, "lose-node")
     assert (row.fault_to_first_step_s, row.steps_lost, row.resumed_from) == (2.3, 0, "memory-peer")
     assert row.survivors_kept and not row.faulted_node_wrote_after and row.restarts == 1
-    os.utime(shm / "snap", (28.0, 28.0))  # a write once the others had restarted: not fenced
+    os.utime(manifest, (28.0, 28.0))  # a commit once the others had restarted: not fenced
     _measure(row, run_dir, 25.2, {0: 100, 2: 999}, shm, "lose-node")
     assert row.faulted_node_wrote_after and not row.survivors_kept
     row.state_equal = True
