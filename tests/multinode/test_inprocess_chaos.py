@@ -12,6 +12,7 @@ same world's uninterrupted run as the reference (drill/fleet.py's options).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -39,23 +40,27 @@ def _options(tmp_path) -> FleetOptions:
     return FleetOptions(nodes=3, spare_nodes=2, workdir=tmp_path, steps=60, collective_timeout_s=5.0)
 
 
-def _job(bed, tmp_path, opts, run_dir) -> FleetJob:
-    args = ["--config", str(opts.config), *trainer_overrides(opts, run_dir)]
-    return FleetJob(bed, tmp_path, args, nnodes=3, spare_nodes=2, heartbeat_timeout=5.0, env=child_env())
-
-
-@pytest.mark.timeout(600)
-def test_a_lost_node_then_a_partition_are_each_taken_by_a_spare_node(tmp_path):
+@contextlib.contextmanager
+def _training(tmp_path):
+    """The reference's state, then the job on a bed of six namespaces, past step 12:
+    ``(reference sha, bed, job, slot -> bed node, run_dir)``."""
     opts = _options(tmp_path)
     want = reference(opts)
     run_dir = tmp_path / "run"
     with Bed(6) as bed:
         if not bed.isolated:
             pytest.skip(f"a partition needs network namespaces: {bed.why_not_isolated}")
-        job = _job(bed, tmp_path, opts, run_dir)
+        args = ["--config", str(opts.config), *trainer_overrides(opts, run_dir)]
+        job = FleetJob(bed, tmp_path, args, nnodes=3, spare_nodes=2, heartbeat_timeout=5.0, env=child_env())
+        slots = job.slots()
+        wait_for(lambda: _last_step(run_dir) >= 12, 300, 0.05, what=f"step 12\n{job.log_tail()}")
+        yield want, bed, job, slots, run_dir
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_node_then_a_partition_are_each_taken_by_a_spare_node(tmp_path):
+    with _training(tmp_path) as (want, bed, job, slots, run_dir):
         try:
-            slots = job.slots()
-            wait_for(lambda: _last_step(run_dir) >= 12, 300, 0.05, what="step 12")
             steady = job.pids(slots[0])
             bed.lose(slots[1])
             wait_for(lambda: len(_starts(run_dir)) >= 2, 120, 0.05, what="the first restart")
@@ -81,16 +86,8 @@ def test_a_lost_node_then_a_partition_are_each_taken_by_a_spare_node(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_partition_during_the_recovery_from_a_lost_node_still_ends_bit_identical(tmp_path):
-    opts = _options(tmp_path)
-    want = reference(opts)
-    run_dir = tmp_path / "run"
-    with Bed(6) as bed:
-        if not bed.isolated:
-            pytest.skip(f"a partition needs network namespaces: {bed.why_not_isolated}")
-        job = _job(bed, tmp_path, opts, run_dir)
+    with _training(tmp_path) as (want, bed, job, slots, run_dir):
         try:
-            slots = job.slots()
-            wait_for(lambda: _last_step(run_dir) >= 12, 300, 0.05, what="step 12")
             bed.lose(slots[1])
             time.sleep(2.0)  # the others are waiting out the lost node's heartbeats
             bed.partition(slots[2])
