@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftfleet-installed
 
-.PHONY: setup test test-fast test-gpu demo plan drill bench bench-restore bench-titan chaos lint docs clean
+.PHONY: setup test test-fast test-gpu demo plan drill bench bench-restore bench-titan bench-fleet chaos lint docs clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ chaos: setup
 	  | grep -v "is ignored: it is neither a file nor a directory" || true
 	$(PY) -m pytest -q -m chaos
 	$(PY) bench/goodput_bench.py $(CHAOS_ARGS)
+
+## The in-process fleet beside the torchrun fleet on simulated nodes (network namespaces
+## as root), a failure every 120 s: about 20 minutes; raw results in bench/results/.
+FLEET_ARGS ?= --mtbf 120 --failures 3 --boot 30 --steps 2600
+bench-fleet: setup
+	$(PY) bench/fleet_goodput.py $(FLEET_ARGS)
 
 plan: demo
 

@@ -138,7 +138,8 @@ class Fleet:
 
 def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     where = workdir / name
-    where.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(where, ignore_errors=True)  # an earlier run's checkpoints would be resumed
+    where.mkdir(parents=True)
     run_dir = where / "run"
     fleet_opts = FleetOptions(
         nodes=opts.nodes,
