@@ -148,6 +148,7 @@ def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, 
         steps=opts.steps,
         step_delay_s=opts.step_delay,
         collective_timeout_s=opts.collective_timeout,
+        overrides=list(opts.overrides),
     )
     args = ["--config", str(fleet_opts.config), *trainer_overrides(fleet_opts, run_dir)]
     bed_size = opts.nodes + opts.spares + 1 if name == "inprocess" else opts.nodes
@@ -262,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=20, help="torchrun's")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on a configuration after this")
     parser.add_argument("--configs", default="inprocess,torchrun")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer override for both configurations, after the drill's (repeatable)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ftfleet-fleet-goodput"))
     record.add_arguments(parser)
     opts = parser.parse_args(argv)
