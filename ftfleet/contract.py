@@ -125,7 +125,7 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "FTFLEET_RDZV_ENDPOINT",
         True,
         "host:port on the coordinator node. torchrun: its c10d rendezvous. inprocess: the "
-        "job's two stores (this port and the next; MASTER_ADDR:MASTER_PORT for the workers), "
+        "job's stores (this port and the next two; MASTER_ADDR:MASTER_PORT for the workers), "
         "hosted by the coordinator's store service.",
         "coordinator.ftfleet.internal:29400",
     ),

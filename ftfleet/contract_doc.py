@@ -158,8 +158,8 @@ def render_markdown() -> str:
         "## Node and image",
         "",
         f"- Clouds: {', '.join(f'`{c}`' for c in CLOUDS)}.",
-        f"- Ports: on the coordinator, the job's stores (inprocess) listen on {RDZV_PORT} and "
-        f"{RDZV_PORT + 1}, or torchrun's c10d rendezvous on {RDZV_PORT}; local rank r "
+        f"- Ports: on the coordinator, the job's stores (inprocess) listen on {RDZV_PORT}-"
+        f"{RDZV_PORT + 2}, or torchrun's c10d rendezvous on {RDZV_PORT}; local rank r "
         f"serves Prometheus metrics on {METRICS_PORT} + r (the image exposes "
         f"{METRICS_PORT}-{METRICS_PORT + MAX_LOCAL_RANKS - 1}); the container uses the host's network.",
         f"- The node's supervisor does not restart the container after exit "

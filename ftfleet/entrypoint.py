@@ -31,13 +31,13 @@ INPROCESS = ("-m", "ftfleet.trainer.inprocess")
 
 def endpoint(environ: Mapping[str, str]) -> tuple[str, int]:
     """FTFLEET_RDZV_ENDPOINT as (host, port): where the job's stores listen (port and
-    port + 1)."""
+    port + 1, and port + 2 in every other round)."""
     value = environ.get("FTFLEET_RDZV_ENDPOINT", "")
     host, sep, port = value.rpartition(":")
     if not (sep and host and port.isdigit() and 0 < int(port) < 65535):
         raise ContractError(
             f"FTFLEET_RDZV_ENDPOINT={value!r}: use host:port with a port below 65535 "
-            "(the in-process launcher's stores take the port and the next)"
+            "(the in-process launcher's stores take the port and the next two)"
         )
     return host.strip("[]"), int(port)
 
@@ -97,7 +97,7 @@ def inprocess_node(environ: Mapping[str, str], args: Sequence[str]) -> tuple[lis
 
 def inprocess_stores(environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """(argv, environment to add) of the coordinator's store service: the job's two
-    stores on FTFLEET_RDZV_ENDPOINT's port and the next, until SIGTERM."""
+    stores on FTFLEET_RDZV_ENDPOINT's port and the next two, until SIGTERM."""
     _, port = endpoint(environ)
     argv = ["python", *INPROCESS, "--nproc", "0", "--host-stores", "--master-addr", "0.0.0.0"]
     return argv, {"MASTER_PORT": str(port)}
