@@ -139,25 +139,31 @@ def debris(all_steps: Iterable[int], committed: Iterable[int], protected: Iterab
     return [s for s in sorted(set(all_steps)) if s < newest and s not in skip]
 
 
+def _remove(tier: Tier, victims: Iterable[int]) -> list[int]:
+    """Delete ``victims`` from ``tier``, each on its own (a failure is logged, the rest go
+    on); returns the steps deleted."""
+    deleted = []
+    for step in sorted(set(victims)):
+        try:
+            tier.remove_step(step)
+            deleted.append(step)
+        except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
+            log.warning("retention: cannot delete step-%d from %s: %s", step, tier.describe(), exc)
+    if deleted:
+        log.info("retention: deleted %s from %s", ", ".join(f"step-{s}" for s in deleted), tier.describe())
+    return deleted
+
+
 def prune(tier: Tier, keep: int, pinned: Iterable[int] = (), protected: Iterable[int] = ()) -> list[int]:
     """Apply the policy to ``tier``; returns the steps deleted."""
-    deleted = []
     try:
         committed = tier.committed_steps()
         victims = steps_to_delete(committed, keep, pinned, protected)
         victims += debris(tier.all_steps(), committed, protected)
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
-        return deleted
-    for step in sorted(set(victims)):
-        try:
-            tier.remove_step(step)
-            deleted.append(step)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("retention: cannot delete step-%d from %s: %s", step, tier.describe(), exc)
-    if deleted:
-        log.info("retention: deleted %s from %s", ", ".join(f"step-{s}" for s in deleted), tier.describe())
-    return deleted
+        return []
+    return _remove(tier, victims)
 
 
 def prune_by_schedule(
@@ -166,7 +172,6 @@ def prune_by_schedule(
     """Apply ``rules`` (:func:`keep_reasons`) to ``tier``, whose manifests date its
     checkpoints, and remove leftovers of crashed saves (:func:`debris`); returns the steps
     deleted. ``protected`` steps (being uploaded, or just restored) are never deleted."""
-    deleted: list[int] = []
     try:
         committed = tier.committed_steps()
         created = {step: _created_at(tier, step) for step in committed}
@@ -176,16 +181,8 @@ def prune_by_schedule(
         victims += debris(tier.all_steps(), committed, protected)
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
-        return deleted
-    for step in sorted(set(victims)):
-        try:
-            tier.remove_step(step)
-            deleted.append(step)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("retention: cannot delete step-%d from %s: %s", step, tier.describe(), exc)
-    if deleted:
-        log.info("retention: deleted %s from %s", ", ".join(f"step-{s}" for s in deleted), tier.describe())
-    return deleted
+        return []
+    return _remove(tier, victims)
 
 
 def _created_at(tier: DatedTier, step: int) -> float | None:
