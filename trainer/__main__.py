@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from ftfleet.contract import AGENT_STOP_EXITS, EXIT_CODES
 from ftfleet.errors import ConfigError, UserError
-from ftfleet.trainer.agent import stop_agent
+from ftfleet.trainer.agent import first_on_node, stop_agent
 from ftfleet.trainer.environment import LOG_FORMATS, TrainerEnvironment
 from ftfleet.trainer.resilience.fencing import bind_to_launcher
 
@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None, *, callbacks: CallbackFactory | None = N
     else:
         logging.basicConfig(level=level, stream=sys.stderr, format=f"%(asctime)s [rank{rank}] %(name)s: %(message)s")
     bind_to_launcher()  # a worker whose torchrun agent dies ends too (exit 78)
-    code = _run(args, rank, callbacks)
-    if code in NOT_RESTARTABLE:
+    code, agent_told = _run(args, rank, callbacks)
+    if code in NOT_RESTARTABLE and not agent_told:
         # torchrun would restart the workers into the same failure (trainer/agent.py).
         stop_agent(code, EXIT_CODES[code])
     return code
@@ -141,7 +141,9 @@ def _observed() -> bool:
 NOT_RESTARTABLE = AGENT_STOP_EXITS
 
 
-def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None) -> int:
+def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None) -> tuple[int, bool]:
+    """The training program's exit code, and whether its torchrun agent was already told
+    it (a bad config, which every local rank finds at once: :func:`first_on_node`)."""
     cfg = None
     try:
         if not args.config:
@@ -159,19 +161,19 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
         start_for(cfg)  # the loader workers' server imports torch while this process does
         from ftfleet.trainer.train import train  # torch is imported here, after the config is valid
 
-        return int(train(cfg, extra)["exit_code"])
+        return int(train(cfg, extra)["exit_code"]), False
     except ConfigError as exc:  # bad input: nothing is written
-        if int(os.environ.get("LOCAL_RANK") or 0) == 0:  # the same config on every rank: one line a node
+        if first_on_node(exc.exit_code):  # the same config on every rank: one line a node
             print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return exc.exit_code, True
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _failed_summary(cfg, rank, str(exc))
-        return exc.exit_code
+        return exc.exit_code, False
     except Exception as exc:
         traceback.print_exc()
         _failed_summary(cfg, rank, f"{type(exc).__name__}: {exc}")
-        return 1
+        return 1, False
 
 
 def _print_config(args: argparse.Namespace, callbacks: CallbackFactory | None) -> int:

@@ -39,7 +39,7 @@ def torchrun_agent_pid() -> int | None:
     return ppid if b"torch.distributed.run" in cmdline or b"torchrun" in cmdline else None
 
 
-def stop_agent(exit_code: int, why: str, *, any_local_rank: bool = False) -> int | None:
+def stop_agent(exit_code: int, why: str, *, any_local_rank: bool = False, first: bool = False) -> int | None:
     """On local rank 0 of a torchrun worker (any local rank with ``any_local_rank``:
     where each rank may be the first to find out, and the agent would restart the
     workers after the first exit): leave ``exit_code`` for the entrypoint and stop the
@@ -47,21 +47,24 @@ def stop_agent(exit_code: int, why: str, *, any_local_rank: bool = False) -> int
     rank to leave the code stops the agent; the others leave it be (a second SIGTERM
     interrupts the agent's shutdown). Returns the agent's pid, or None when there is no
     agent to stop (not under torchrun, another local rank, or an agent that restarts
-    nothing: the code is left for it all the same)."""
+    nothing: the code is left for it all the same). ``first`` (with ``any_local_rank``):
+    return the pid only to the rank that left the code, None to the others."""
     if int(os.environ.get("LOCAL_RANK", "0") or 0) != 0 and not any_local_rank:
         return None
     pid = torchrun_agent_pid()
     if pid is None:
         return None
     try:
-        with open(agent_exit_file(pid), "x" if any_local_rank else "w", encoding="utf-8") as f:
-            f.write(f"{exit_code}\n")
-    except FileExistsError:
-        return pid  # another local rank left the code and stops the agent
+        if any_local_rank:
+            if not _leave_first(pid, exit_code):
+                return None if first else pid  # another local rank left the code and stops the agent
+        else:
+            with open(agent_exit_file(pid), "w", encoding="utf-8") as f:
+                f.write(f"{exit_code}\n")
     except OSError as exc:
         log.warning("cannot leave the node's exit code for the entrypoint: %s", exc)
     if os.environ.get("TORCHELASTIC_MAX_RESTARTS") == "0":
-        return None
+        return pid if first else None
     log.warning(
         "%s: stopping this node's torchrun agent (pid %d) so that it does not restart the workers; exit %d",
         why,
@@ -70,3 +73,53 @@ def stop_agent(exit_code: int, why: str, *, any_local_rank: bool = False) -> int
     )
     os.kill(pid, signal.SIGTERM)
     return pid
+
+
+def first_on_node(exit_code: int) -> bool:
+    """Whether this process is the first of its node to end with ``exit_code``, a code
+    that every local rank reaches at once (a bad config): it leaves the code for the
+    agent (:func:`stop_agent`) and says why, in one line for the node; the others end
+    without a word. A torchrun agent ends all its workers once one has exited, so the
+    one line must come from the first rank out, not from a fixed local rank that the
+    agent may stop before it speaks. Not under torchrun: local rank 0 is the first."""
+    if torchrun_agent_pid() is None:
+        return int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
+    return stop_agent(exit_code, EXIT_REASON.get(exit_code, "exit"), any_local_rank=True, first=True) is not None
+
+
+#: Why a code that every rank reaches at once stops the agent (its log line).
+EXIT_REASON = {2: "bad configuration"}
+
+
+def _leave_first(pid: int, exit_code: int) -> bool:
+    """Create the agent's exit file with ``exit_code`` unless it exists; whether this
+    process created it. A file older than the agent was left by an earlier agent with
+    the same pid (a plain torchrun that nobody consumed it for) and is replaced."""
+    path = agent_exit_file(pid)
+    for _ in range(2):
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(f"{exit_code}\n")
+            return True
+        except FileExistsError:
+            started = _started(pid)
+            try:
+                if started is None or os.stat(path).st_mtime >= started:
+                    return False
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    return False
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, to the clock tick), or
+    None when /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None

@@ -87,3 +87,46 @@ def test_the_worker_leaves_its_code_and_stops_an_agent_that_would_restart_it(mon
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
     assert agent.stop_agent(2, "bad config") is None and len(sent) == 1
     assert open(agent_exit_file(4242, str(tmp_path))).read() == "2\n"
+
+
+@pytest.mark.parametrize("restarts", ["0", "3"])
+def test_a_bad_config_is_said_by_the_first_local_rank_out_whichever_it_is(monkeypatch, tmp_path, restarts):
+    """The agent ends the other workers once one has exited: the one line comes from
+    the rank that left the code first (here local rank 1), and only from it; that rank
+    alone stops an agent that would restart the workers."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", restarts)
+    monkeypatch.setattr(agent, "torchrun_agent_pid", lambda: 4242)
+    monkeypatch.setattr(agent, "_started", lambda pid: 0.0)
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert agent.first_on_node(2)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert not agent.first_on_node(2)
+    assert open(agent_exit_file(4242, str(tmp_path))).read() == "2\n"
+    assert sent == ([] if restarts == "0" else [(4242, signal.SIGTERM)])
+
+
+def test_an_exit_file_older_than_its_agent_is_an_earlier_agents_and_is_replaced(monkeypatch, tmp_path):
+    """A plain torchrun leaves its exit file behind; an agent that later gets the same pid
+    must not take it for a word of its own workers."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    monkeypatch.setattr(agent, "torchrun_agent_pid", lambda: 4242)
+    path = agent_exit_file(4242, str(tmp_path))
+    with open(path, "w") as f:
+        f.write("75\n")
+    os.utime(path, (1000.0, 1000.0))
+    monkeypatch.setattr(agent, "_started", lambda pid: 2000.0)
+    assert agent.first_on_node(2) and open(path).read() == "2\n"
+    monkeypatch.setattr(agent, "_started", lambda pid: None)  # /proc cannot say: keep what is there
+    assert not agent.first_on_node(2)
+
+
+def test_a_process_start_time_is_read_from_proc():
+    import time
+
+    started = agent._started(os.getpid())
+    assert started is not None and 0 < time.time() - started < 24 * 3600
+    assert agent._started(2**22 + 1) is None
