@@ -1,11 +1,10 @@
 """Short drills, end to end: the real trainer under torchrun on the drill's local clouds,
 faults injected by the drill, and every run ending in the uninterrupted run's state.
-
-Each fault kind the drill injects runs once in ``make test``: a SIGKILL of a worker on
-AWS (torchrun restarts the group), a preemption notice and the loss of a location on
-GCP (a replacement node resumes). A spot notice on AWS is the trainer's own test
-(tests/trainer/scenarios/test_under_fire.py); the whole drill of each cloud, every fault, runs
-under ``make chaos``."""
+All run under ``make chaos`` (``make drill`` runs the whole drill): a SIGKILL of a worker
+on AWS (torchrun restarts the group), a preemption notice and the loss of a location on
+GCP (a replacement node resumes), and the whole drill of each cloud. A spot notice on AWS
+is the trainer's own test (tests/trainer/scenarios/test_under_fire.py); the drill's
+parts (faults, measures, report) are tested in this folder's other files."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def run_drill(tmp_path, *args, timeout=300):
     return json.loads(report.read_text())
 
 
-@pytest.mark.integration
+@pytest.mark.chaos
 def test_a_short_aws_drill_recovers_from_a_sigkill_and_matches_the_reference(tmp_path):
     # --spacing also caps the checkpoint interval (half of it): checkpoints at 4 and 8, so
     # the group restarts from one, not from step 0.
@@ -65,7 +64,7 @@ def test_a_short_aws_drill_recovers_from_a_sigkill_and_matches_the_reference(tmp
     assert 0 < data["goodput"]["goodput"] <= 1.0
 
 
-@pytest.mark.integration
+@pytest.mark.chaos
 def test_a_short_gcp_drill_survives_a_preemption_and_the_loss_of_a_location_and_matches_the_reference(tmp_path):
     data = run_drill(
         tmp_path,

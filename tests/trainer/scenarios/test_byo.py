@@ -215,6 +215,7 @@ def hugging_face(tmp_path: Path, kills: int) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.chaos
 def test_a_hugging_face_llama_on_prepared_shards_resumes_bit_identically_after_a_kill(tmp_path):
     hugging_face(tmp_path, kills=1)
 

@@ -123,7 +123,14 @@ def test_kill_9_during_a_local_save_leaves_nothing_wrong_and_resume_is_bit_exact
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("src, dst, at", [(2, 1, 8), (2, 3, 12), (1, 2, 10)])
+@pytest.mark.parametrize(
+    "src, dst, at",
+    [
+        (2, 1, 8),
+        (2, 3, 12),
+        pytest.param(1, 2, 10, marks=pytest.mark.chaos),  # one rank to more: the chaos tier
+    ],
+)
 def test_checkpoint_reshards_and_continues_at_the_next_global_sample(session_dir, ref1, ref2, src, dst, at):
     ref = ref2 if src == 2 else ref1
     d = session_dir / f"reshard-{src}to{dst}"

@@ -102,6 +102,7 @@ def attempt_trace(run_dir: Path, attempts: list[list[int]]) -> dict[int, list[tu
     return sample_trace(*dirs, max_step=limits)
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_workers_killed_at_random_moments_restart_and_end_bit_identical(ref2, tmp_path):
     seed = int(os.environ.get("KILL_SEED") or random.randrange(2**32))

@@ -219,6 +219,7 @@ def test_anomalies_that_keep_coming_stop_the_run(tmp_path):
     assert len(errors) == 1 and "3 anomalous steps in a row" in errors[0], s["_stderr"][-2000:]
 
 
+@pytest.mark.chaos
 def test_a_hung_rank_is_restarted_by_torchrun_and_the_run_ends_exactly(tmp_path, ref2):
     d = tmp_path / "run"
     args = [
