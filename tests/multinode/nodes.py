@@ -88,6 +88,7 @@ class InprocessJob(FleetJob):
         spare_nodes: int = 1,
         nproc: int = 1,
         heartbeat_timeout: float = 2.0,
+        extra: tuple[str, ...] = (),
     ) -> None:
         from tests.trainer.conftest import CONFIG
 
@@ -102,4 +103,5 @@ class InprocessJob(FleetJob):
             nproc=nproc,
             heartbeat_timeout=heartbeat_timeout,
             env=child_env(),
+            extra=extra,
         )

@@ -4,8 +4,9 @@ nothing, as on the fleet.
 
 * A lost node's ranks are taken by a spare node's warm processes; the survivor never
   exits and the run ends bit-identical to the uninterrupted 2-rank run (``ref2``).
-* Without a spare node the round stops; the launchers started again (a replacement
-  node among them) join the next round and the run still ends bit-identical (chaos).
+* Without a spare node the round stops; the survivor's launcher stays and joins the
+  next round with warm processes, a replacement node joins it too, and the run still
+  ends bit-identical (chaos).
 * A node told it will go hands its ranks to the spare node: nothing computed again
   (chaos).
 
@@ -31,6 +32,12 @@ ARGS = [*BASE, *MEMORY, "train.step_events=true", "checkpoint.keep=100"]
 
 def _starts(run_dir):
     return [e for e in read_events(run_dir) if e["event"] == "start"]
+
+
+def _warm(log: str) -> list[int]:
+    """The pids of the warm processes a launcher started for its next round."""
+    lines = [line for line in log.splitlines() if line.startswith("ftfleet.inprocess: warm for the next round")]
+    return [int(pid) for pid in lines[-1].split("pids ")[1].split()] if lines else []
 
 
 def _past(run_dir, step: int) -> bool:
@@ -63,27 +70,31 @@ def test_a_lost_node_is_replaced_by_a_spare_node_and_the_survivor_never_exits(re
 
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
-def test_without_a_spare_the_round_stops_and_the_restarted_nodes_join_the_next(ref2, tmp_path):
+def test_without_a_spare_the_round_stops_and_the_survivor_rejoins_with_warm_processes(ref2, tmp_path):
     run_dir = tmp_path / "run"
     with Bed(3) as bed:  # nodes 0, 1 train; node 2 is the coordinator
-        job = InprocessJob(bed, run_dir, tmp_path, *ARGS, spare_nodes=0)
+        slow = "faults.step_delay_s=0.3"  # the loss comes after the warm processes started
+        job = InprocessJob(bed, run_dir, tmp_path, *ARGS, slow, spare_nodes=0, extra=("--warm-after=1",))
         try:
             slots = job.slots()
+            wait_for(lambda: _warm(job.log(slots[0])), 60, what="the survivor's warm processes")
             wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
+            warm = _warm(job.log(slots[0]))
             bed.lose(slots[1])
-            rcs = job.wait(60, nodes=[slots[0]])
-            assert rcs[slots[0]] == 1, f"the survivor's launcher: {rcs}"
-            assert "ranks lost and no spare" in job.log(slots[0]), job.log(slots[0])
-            for index in range(2):  # what the fleet does: the survivor's service restarts, a new node boots
-                job.start(index)
-            wait_for(lambda: all(job.slot(i) is not None for i in range(2)), 60, 0.05, what="the new round's slots")
+            wait_for(
+                lambda: "this node joins the next one" in job.log(slots[0]), 60, what="the survivor leaving round 0"
+            )
+            job.start(slots[1])  # what the fleet does: a replacement node boots
             rcs = job.wait(150)
         finally:
             tail = job.log_tail()
         assert list(rcs.values()) == [0, 0], f"launchers {rcs}\n{tail}"
-        assert "round 1, node" in job.log(0) and "round 1, node" in job.log(1), tail
+        assert job.starts[slots[0]] == 0, "the survivor's launcher was started again"
+        assert "round 1, node" in job.log(slots[0]) and "round 1, node" in job.log(slots[1]), tail
+        assert set(job.pids(slots[0]).values()) == set(warm), "round 1 did not take the warm processes"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["state_sha256"] == ref2["state_sha256"], tail
+    assert summary["resumed_from"]["tier"].startswith("memory"), summary["resumed_from"]
     assert not one_generation_commits(run_dir)
 
 

@@ -1,4 +1,4 @@
-"""The launcher of an in-process-restartable run on one machine.
+"""The launcher of an in-process-restartable run: one per machine.
 
 torchrun cannot host it: its agent stops every worker of the group as soon as one
 exits (a SIGKILLed rank makes it SIGTERM the survivors), which
@@ -23,19 +23,30 @@ is the whole-group restart this mode avoids. Here the launcher:
   not killed by a signal (a killed rank is the failure the others recovered from), or
   1 when every worker was killed.
 
-One launcher per machine is what this covers (tests, drills, a single node); across
-nodes the same workers need a store every node reaches (the rendezvous endpoint).
+Across nodes (``--nnodes``, ``--spare-nodes``) one launcher runs on each machine, the
+stores live with one of them or with a coordinator's ``--nproc 0 --host-stores``, and
+the job runs in rounds (:mod:`.stores`). When a round stops (no spare left to take a
+lost rank), a launcher (``--rejoin``, the default across nodes) does not exit: it
+stops its workers and joins the next round with processes it started
+``--warm-after`` seconds into the round, warm (torch and the trainer imported, the
+worker's ``--assign-from-stdin``), which learn their place when the round forms. The
+next round's restore comes from the snapshots in the nodes' shared memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -59,6 +70,10 @@ from ftfleet.trainer.inprocess.stores import (
     stop_reason,
     wrapper_port,
 )
+
+#: Seconds after a round's processes start before the launcher starts the next round's,
+#: warm: late enough not to slow the round's own start, which needs the same CPUs.
+WARM_AFTER_S = 10.0
 
 
 def free_port_pair() -> int:
@@ -155,6 +170,24 @@ def _parser() -> argparse.ArgumentParser:
         help="let the world shrink to this many ranks when no spare is left (default: every training "
         "node's ranks, the world never shrinks: the same trajectory as an uninterrupted run)",
     )
+    parser.add_argument(
+        "--rejoin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="when the job stops for want of a spare, stay and join its next round with processes started "
+        "warm while the round trained (default: when the job spans nodes); --no-rejoin exits 1 and leaves "
+        "the restart to the fleet",
+    )
+    parser.add_argument(
+        "--warm-after",
+        type=float,
+        default=WARM_AFTER_S,
+        help="with --rejoin: seconds into a round before the next round's processes start warming up "
+        f"(default {WARM_AFTER_S:g}: not while the round's own processes start, on the same CPUs)",
+    )
+    parser.add_argument(
+        "--max-rounds", type=int, default=100, help="rounds this launcher joins before it exits (default 100)"
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then the trainer's arguments")
     return parser
 
@@ -179,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--soft-timeout {args.soft_timeout}: use 2 seconds or more (the wrapper polls every second)")
     if args.max_failed_starts < 1:
         parser.error(f"--max-failed-starts {args.max_failed_starts}: use 1 or more")
+    if not 0 <= args.warm_after <= 3600:
+        parser.error(f"--warm-after {args.warm_after}: use 0 to 3600 seconds")
+    if args.max_rounds < 1:
+        parser.error(f"--max-rounds {args.max_rounds}: use 1 or more")
     if args.heartbeat_timeout is not None and not (
         max(1.0, 4 * args.poll) <= args.heartbeat_timeout < args.soft_timeout + 60
     ):
@@ -225,43 +262,103 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if stores_only:
         return serve(stores)
-    round_, node, spare_nodes = join(watch, args.nnodes, args.spare_nodes, node_rank, settle_s=args.settle)
-    layout = Layout(args.nnodes, spare_nodes, args.nproc, args.spares)  # the spare nodes this round has
-    nodes = layout.nodes
-    print(f"ftfleet.inprocess: round {round_}, node {node} of {nodes}", file=sys.stderr, flush=True)
-    procs = []
-    for local in range(per_node):
-        rank = layout.rank(node, local)
-        env = {
-            **os.environ,
-            **host_memory,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(layout.world_size),
-            "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(args.nproc),
-            "GROUP_RANK": str(node),
-            ACTIVE_WORLD_SIZE: str(layout.active),
-            MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
-            INPROCESS_LAYOUT: layout.encode(),
-            LAUNCHER_PID: str(os.getpid()),  # a worker ends when this process does
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": str(port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-        }
-        cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout)]
-        cmd += ["--poll", str(args.poll), "--max-failed-starts", str(args.max_failed_starts)]
-        cmd += ["--wrapper-port", str(wrapper_port(port, round_)), "--stop-key", round_key(round_, "stop")]
-        cmd += ["--wait-for", args.wait_for] if args.wait_for else []
-        cmd += ["--heartbeat-timeout", str(args.heartbeat_timeout)] if args.heartbeat_timeout else []
-        cmd += rest
-        procs.append(subprocess.Popen(cmd, env=env))
-        # One line per process, "process RANK pid PID": what drills and benches parse.
-        print(f"ftfleet.inprocess: process {rank} pid {procs[-1].pid}", file=sys.stderr, flush=True)
-    code = supervise(procs, watch, round_, min_ranks if nodes == 1 else None)
+    rejoin = nodes > 1 if args.rejoin is None else args.rejoin
+    base_env = {
+        **os.environ,
+        **host_memory,
+        LAUNCHER_PID: str(os.getpid()),  # a worker ends when this process does
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    base_cmd = [sys.executable, "-u", "-m", args.worker, "--soft-timeout", str(args.soft_timeout)]
+    base_cmd += ["--poll", str(args.poll), "--max-failed-starts", str(args.max_failed_starts)]
+    base_cmd += ["--wait-for", args.wait_for] if args.wait_for else []
+    base_cmd += ["--heartbeat-timeout", str(args.heartbeat_timeout)] if args.heartbeat_timeout else []
+    if stores is not None:  # the next round opens after a stop (a coordinator does this in serve)
+        threading.Thread(target=stores.serve, args=([],), name="ftfleet-rounds", daemon=True).start()
+    warm: list[subprocess.Popen] = []
+    try:
+        for rounds in range(1, args.max_rounds + 1):
+            round_, node, spare_nodes = join(watch, args.nnodes, args.spare_nodes, node_rank, settle_s=args.settle)
+            layout = Layout(args.nnodes, spare_nodes, args.nproc, args.spares)  # the spare nodes this round has
+            nodes = layout.nodes
+            print(f"ftfleet.inprocess: round {round_}, node {node} of {nodes}", file=sys.stderr, flush=True)
+            procs = []
+            for local in range(per_node):
+                place = round_env(layout, node, local, args.nproc, min_ranks)
+                wport, key = wrapper_port(port, round_), round_key(round_, "stop")
+                proc = hand_over(warm, place, wport, key) if warm else None
+                if proc is None:
+                    cmd = [*base_cmd, "--wrapper-port", str(wport), "--stop-key", key, *rest]
+                    proc = subprocess.Popen(cmd, env={**base_env, **place})
+                procs.append(proc)
+                # One line per process, "process RANK pid PID": what drills and benches parse.
+                print(f"ftfleet.inprocess: process {place['RANK']} pid {proc.pid}", file=sys.stderr, flush=True)
+            again = rejoin and rounds < args.max_rounds
+            prepare = (lambda: [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]) if again else None
+            end = supervise(procs, watch, round_, min_ranks if nodes == 1 else None, prepare, args.warm_after)
+            warm = end.warm
+            if not (again and end.stopped and not end.signalled):
+                break
+            print(
+                f"ftfleet.inprocess: round {round_} stopped; this node joins the next one", file=sys.stderr, flush=True
+            )
+    finally:
+        for proc in warm:  # end of input: a warm process that is not needed exits
+            _close(proc)
     if stores is not None:
         linger(watch, round_, nodes)
     del stores
-    return code
+    return end.code
+
+
+def round_env(layout: Layout, node: int, local: int, nproc: int, min_ranks: int) -> dict[str, str]:
+    """What a worker needs to know of its place in a round: its rank in the layout, the
+    world, its node and the layout itself."""
+    return {
+        "RANK": str(layout.rank(node, local)),
+        "WORLD_SIZE": str(layout.world_size),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": str(node),
+        ACTIVE_WORLD_SIZE: str(layout.active),
+        MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
+        INPROCESS_LAYOUT: layout.encode(),
+    }
+
+
+def warm_process(base_cmd: list[str], base_env: dict[str, str], rest: list[str]) -> subprocess.Popen:
+    """A worker for a round that has not begun: it imports and warms up now, and learns
+    its place when the round forms (:func:`hand_over`; the worker's ``--assign-from-stdin``)."""
+    return subprocess.Popen([*base_cmd, "--assign-from-stdin", *rest], env=base_env, stdin=subprocess.PIPE, text=True)
+
+
+def hand_over(warm: list[subprocess.Popen], place: dict[str, str], wport: int, key: str) -> subprocess.Popen | None:
+    """Give the first warm process still alive its ``place`` in the round (one JSON line
+    on its stdin, closed after it); None when none is left (start a new one then)."""
+    while warm:
+        proc = warm.pop(0)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps({"env": place, "wrapper_port": wport, "stop_key": key}) + "\n")
+            proc.stdin.close()
+            return proc
+        except (BrokenPipeError, OSError, ValueError):  # it died while warming up
+            _close(proc)
+    return None
+
+
+def _close(proc: subprocess.Popen) -> None:
+    """End a warm process that is not needed: end of input, then SIGKILL if it lingers."""
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def serve(stores: StoreHost) -> int:
@@ -288,42 +385,77 @@ def linger(watch: dist.TCPStore, round_: int, nodes: int, limit_s: float = 30.0)
         time.sleep(0.1)
 
 
-def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, round_: int, min_ranks: int | None) -> int:
+@dataclasses.dataclass
+class RoundEnd:
+    """How a round ended on this node: the exit code :func:`supervise` computes, whether
+    the round was stopped (its stop key, or too few processes on one node), whether this
+    launcher was signalled (a notice, a service stop: it does not rejoin), and the warm
+    processes started for the next round."""
+
+    code: int
+    stopped: bool = False
+    signalled: bool = False
+    warm: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+
+
+def supervise(
+    procs: list[subprocess.Popen],
+    watch: dist.TCPStore,
+    round_: int,
+    min_ranks: int | None,
+    prepare: Callable[[], list[subprocess.Popen]] | None = None,
+    warm_after_s: float = WARM_AFTER_S,
+) -> RoundEnd:
     """Forward SIGTERM/SIGINT to this node's workers, stop them when the job cannot go on
     (its round's stop key, :mod:`.stores`; on one node also when fewer than ``min_ranks`` are left), and
-    return the job's exit code: the first nonzero code of a worker that was not killed
+    return how the round ended, with the job's exit code: the first nonzero code of a worker that was not killed
     by a signal (a killed rank is the failure the others recovered from), 1 when every
-    worker was killed, else 0."""
+    worker was killed, else 0. ``prepare`` starts the next round's warm processes,
+    ``warm_after_s`` after this round's started (they get the signals too)."""
+    end = RoundEnd(0)
+    started = time.monotonic()
 
-    def forward(signum, _frame):
-        for p in procs:
+    def forward(signum: int, to: list[subprocess.Popen]) -> None:
+        for p in to:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    stopped, deadline = False, None
+    def signalled(signum, _frame):  # a notice or a service stop: this node does not rejoin
+        end.signalled = True
+        forward(signum, [*procs, *end.warm])
+
+    signal.signal(signal.SIGTERM, signalled)
+    signal.signal(signal.SIGINT, signalled)
+    deadline = None
     while any(p.poll() is None for p in procs):
+        if prepare is not None and not end.signalled and time.monotonic() - started >= warm_after_s:
+            end.warm, prepare = prepare(), None
+            pids = " ".join(str(p.pid) for p in end.warm)
+            print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
         reason = None
         if min_ranks is not None:
             alive = sum(p.poll() is None for p in procs)
             done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
-            if alive + done < min_ranks:
+            if alive + done < min_ranks and not end.stopped:
                 reason = f"{alive} of {len(procs)} processes left, {min_ranks} needed"
-        if reason is None and not stopped:
+                with contextlib.suppress(RuntimeError):  # the round is over for the host too
+                    watch.set(round_key(round_, "stop"), reason)
+        if reason is None and not end.stopped:
             reason = stop_reason(watch, round_)
-        if reason and not stopped:
+        if reason and not end.stopped:
             # The wrapper would wait out its barrier timeout (120 s or more) before giving
-            # up. Stop now, so that whatever restarts this machine (systemd, the group, a
-            # drill) does it at once.
+            # up. Stop now, so that the next round (or whatever restarts this machine:
+            # systemd, the group, a drill) starts at once.
             print(f"ftfleet.inprocess: {reason}: stopping", file=sys.stderr, flush=True)
-            forward(signal.SIGTERM, None)
+            forward(signal.SIGTERM, procs)  # not the warm ones: they are the next round's
             # Not 10 s: a rank still in the failed attempt takes the SIGTERM for a notice
             # and waits on peers that are gone (chaos: a 14.7 s recovery); nothing it could
             # write now is a checkpoint (that needs every rank), the snapshots are kept.
-            stopped, deadline = True, time.monotonic() + 2
-        if stopped and deadline is not None and time.monotonic() > deadline:
-            forward(signal.SIGKILL, None)
+            end.stopped, deadline = True, time.monotonic() + 2
+        if end.stopped and deadline is not None and time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
             deadline = None  # once
         time.sleep(0.1)
     codes = [p.returncode for p in procs]
@@ -333,8 +465,8 @@ def supervise(procs: list[subprocess.Popen], watch: dist.TCPStore, round_: int, 
     except RuntimeError:  # the host is gone: nobody waits for this node
         pass
     clean = [c for c in codes if c >= 0]
-    if not clean:
-        return 1
-    if stopped and not any(clean):
-        return 1  # stopped before the end: the job did not finish
-    return next((c for c in clean if c != 0), 0)
+    if not clean or (end.stopped and not any(clean)):
+        end.code = 1  # every worker killed, or stopped before the end: the job did not finish
+    else:
+        end.code = next((c for c in clean if c != 0), 0)
+    return end

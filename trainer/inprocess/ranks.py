@@ -164,9 +164,12 @@ def _pick(
 class NodeFill:
     """The wrapper's rank assignment (an ``inprocess.RankAssignment``): :func:`reassign`
     over the job's :class:`Layout`, keeping the node of each current rank between
-    restarts. ``on_stop(reason)`` runs once, in each process, when a plan stops the job."""
+    restarts. ``on_stop(reason, lost_nodes)`` runs once, in each process, when a plan
+    stops the job; ``lost_nodes``: the nodes none of whose ranks is left (gone whole)."""
 
-    def __init__(self, layout: Layout, min_active: int | None = None, on_stop: Callable[[str], None] | None = None):
+    def __init__(
+        self, layout: Layout, min_active: int | None = None, on_stop: Callable[[str, int], None] | None = None
+    ):
         self.layout = layout
         self.nodes = [layout.node_of(r) for r in range(layout.world_size)]
         #: Ranks below this train (after the newest restart).
@@ -194,7 +197,7 @@ class NodeFill:
         if plan.stop and not self.stopped:
             self.stopped = True
             if self.on_stop is not None:
-                self.on_stop(plan.stop)
+                self.on_stop(plan.stop, lost_nodes(self.nodes, terminated))
         rank = plan.new_rank(state.rank)
         self.nodes = [self.nodes[r] for r in plan.order]
         self.active = plan.active
@@ -211,7 +214,15 @@ class NodeFill:
         return ctx
 
 
-def node_fill(layout: Layout, min_active: int | None = None, on_stop: Callable[[str], None] | None = None) -> Any:
+def lost_nodes(nodes: Sequence[int], terminated: Collection[int]) -> int:
+    """How many nodes have lost every rank they held (``nodes[r]``: the node of rank ``r``)."""
+    held: dict[int, bool] = {}
+    for rank, node in enumerate(nodes):
+        held[node] = held.get(node, False) or rank not in terminated
+    return sum(not alive for alive in held.values())
+
+
+def node_fill(layout: Layout, min_active: int | None = None, on_stop: Callable[[str, int], None] | None = None) -> Any:
     """A :class:`NodeFill` that nvidia-resiliency-ext's ``Wrapper`` accepts (it checks
     that its ``rank_assignment`` is one of its ``RankAssignment``)."""
     from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment

@@ -13,17 +13,19 @@ Two TCP stores, hosted by one process that must outlive every rank (the coordina
 
 A **round** is one wrapper world: every node of the layout, started together. It ends
 when the job cannot go on in place (:data:`stop key <round_key>` set by a worker, when
-no spare is left to take a lost rank); the launchers stop, the fleet starts them again,
-and they join the next round, which the host opens :data:`STOP_GRACE_S` after the stop.
-A round forms with the nodes there: its training nodes and the spare nodes that
-registered by then (:func:`join`). A node that registers after it formed (a
-replacement booted after the job started: the wrapper world cannot grow) waits for the
-next round.
+no spare is left to take a lost rank); the launchers stop their workers and join the
+next round (or exit, and the fleet starts them again), which the host opens once every
+node of the stopped round has either left it or was lost, and at most
+:data:`STOP_GRACE_S` after the stop. A round forms with the nodes there: its training
+nodes and the spare nodes that registered by then (:func:`join`). A node that registers
+after it formed (a replacement booted after the job started: the wrapper world cannot
+grow) waits for the next round.
 
 Keys, in the trainer's store: ``ftfleet/inprocess/round`` (a counter: the round open
 now), and per round ``r<R>/ready`` (its wrapper store is up), ``r<R>/nodes`` (node slots
 taken, a counter), ``r<R>/size`` (nodes in the round, once it formed), ``r<R>/stop``
-(why the job stops), ``r<R>/done`` (launchers ended).
+(why the job stops), ``r<R>/lost`` (nodes the stop found gone, every rank of theirs
+terminated: a counter), ``r<R>/done`` (launchers that left the round: a counter).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ import time
 import torch.distributed as dist
 
 ROUND_KEY = "ftfleet/inprocess/round"
-#: Seconds between a round's stop and the next round: the launchers stop their workers
-#: (SIGTERM, SIGKILL 2 s later) and leave the round before a new one opens.
+#: Seconds from a round's stop to the next round at most: the launchers stop their
+#: workers (SIGTERM, SIGKILL 2 s later) and leave the round before a new one opens; a
+#: node that is gone but was not counted lost (its launcher hung) is not waited for longer.
 STOP_GRACE_S = 5.0
 #: How long a launcher waits for the job's stores to answer (the coordinator may boot
 #: after the nodes).
@@ -46,6 +49,11 @@ STORE_WAIT_S = 120.0
 
 def round_key(round_: int, name: str) -> str:
     return f"ftfleet/inprocess/r{round_}/{name}"
+
+
+def sibling_key(key: str, name: str) -> str:
+    """The key ``name`` of the round that ``key`` (one of its keys) belongs to."""
+    return f"{key.rpartition('/')[0]}/{name}"
 
 
 def wrapper_port(port: int, round_: int) -> int:
@@ -81,18 +89,29 @@ class StoreHost:
         self._open()
         return self.round
 
-    def serve(self, stopping: list) -> int:
+    def serve(self, stopping: list, poll_s: float = 0.1) -> int:
         """Serve until ``stopping`` is non-empty (a signal handler appends to it), opening
-        the next round :data:`STOP_GRACE_S` after a round's stop."""
+        the next round once every node of a stopped round has left it or was lost, at
+        most :data:`STOP_GRACE_S` after the stop."""
         stopped_at = None
         while not stopping:
             if stopped_at is None and self.trainer.check([round_key(self.round, "stop")]):
                 stopped_at = time.monotonic()
-            if stopped_at is not None and time.monotonic() - stopped_at >= STOP_GRACE_S:
+            if stopped_at is not None and (time.monotonic() - stopped_at >= STOP_GRACE_S or self._all_left()):
                 print(f"ftfleet.inprocess: round {self.next_round()} open", file=sys.stderr, flush=True)
                 stopped_at = None
-            time.sleep(0.2)
+            time.sleep(poll_s)
         return 0
+
+    def _all_left(self) -> bool:
+        """Whether every node of the current round has left it (``done``) or was lost."""
+        size_key = round_key(self.round, "size")
+        if not self.trainer.check([size_key]):  # a static layout: no count to go by
+            return False
+        size = int(self.trainer.get(size_key))
+        done = int(self.trainer.add(round_key(self.round, "done"), 0))
+        lost = int(self.trainer.add(round_key(self.round, "lost"), 0))
+        return done + lost >= size
 
 
 def connect(addr: str, port: int, wait_s: float = STORE_WAIT_S) -> dist.TCPStore:
@@ -103,6 +122,9 @@ def connect(addr: str, port: int, wait_s: float = STORE_WAIT_S) -> dist.TCPStore
 #: Seconds a round waits, once its training nodes have registered, for spare nodes
 #: before it forms without the missing ones (they join the next round).
 SETTLE_S = 10.0
+#: The same after a stop (round 1 on): the nodes of the round before are up and come
+#: back within a second, and the job does not wait long for one that does not.
+RESETTLE_S = 2.0
 
 
 def join(
@@ -119,18 +141,23 @@ def join(
     register train, the next ones, up to ``spares``, wait as spare nodes. The round forms
     when all have registered, or ``settle_s`` after the last training node did, with the
     spare nodes there by then (the node that registered last of the training ones
-    decides, once, in the store: ``r<R>/size``). A node that finds the round full or
-    formed waits for the next round. With a ``node_rank`` (a static layout) the round
-    has every node."""
+    decides, once, in the store: ``r<R>/size``; after round 0, at most
+    :data:`RESETTLE_S` after it). A node that finds the round full or
+    formed waits for the next round, and so does one that finds the round stopped. With a
+    ``node_rank`` (a static layout) the round has every node."""
     announced = None
     most = training + spares
     while True:
         round_ = int(store.add(ROUND_KEY, 0))
         store.wait([round_key(round_, "ready")])
+        if store.check([round_key(round_, "stop")]):  # stopped: the host opens the next one soon
+            time.sleep(poll_s)
+            continue
         if node_rank is not None:
             return round_, node_rank, spares
         slot = int(store.add(round_key(round_, "nodes"), 1)) - 1
-        size = _formed(store, round_, slot, training, most, settle_s, poll_s) if slot < most else 0
+        settle = settle_s if round_ == 0 else min(settle_s, RESETTLE_S)
+        size = _formed(store, round_, slot, training, most, settle, poll_s) if slot < most else 0
         if slot < size:
             return round_, slot, size - training
         if announced != round_:
@@ -159,12 +186,16 @@ def _formed(
     return int(store.get(key))
 
 
-def request_stop(key: str, reason: str) -> None:
+def request_stop(key: str, reason: str, lost_nodes: int = 0) -> None:
     """Tell every node's launcher that the job cannot go on (a worker's call, with its
-    round's stop key; the stores' address is MASTER_ADDR:MASTER_PORT). Best effort: a
-    store out of reach means the launchers are ending anyway."""
+    round's stop key; the stores' address is MASTER_ADDR:MASTER_PORT), counting the
+    ``lost_nodes`` whose launchers will not leave the round (the round's ``lost``; every
+    rank that computes the same stop counts them once, compare-set). Best effort: a store
+    out of reach means the launchers are ending anyway."""
     try:
         store = connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), wait_s=10)
+        if lost_nodes:
+            store.compare_set(sibling_key(key, "lost"), "", str(lost_nodes))
         store.set(key, reason)
     except (RuntimeError, KeyError, ValueError) as exc:
         print(f"ftfleet.inprocess: could not ask the launchers to stop ({exc})", file=sys.stderr, flush=True)

@@ -15,8 +15,10 @@ that does not fit) is an exit code, not a restart: it would fail the same way ag
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
+import json
 import logging
 import os
 import sys
@@ -130,9 +132,9 @@ def build_wrapper(
 
     from ftfleet.trainer.inprocess import stores
 
-    def stop(reason: str) -> None:
+    def stop(reason: str, lost_nodes: int) -> None:
         log.warning("%s", reason)
-        stores.request_stop(stop_key or stores.round_key(0, "stop"), reason)
+        stores.request_stop(stop_key or stores.round_key(0, "stop"), reason, lost_nodes)
 
     class ClientStore(TCPStore):
         """The wrapper's store as a client in every rank: by default rank 0 would try to
@@ -268,6 +270,58 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     return 0
 
 
+def _log_as(rank: int | None) -> None:
+    """Log at INFO on rank 0, else at WARNING, each line tagged with the rank (``None``: a
+    warm process whose rank is not known yet, tagged ``warm``)."""
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        stream=sys.stderr,
+        format=f"%(asctime)s [{'warm' if rank is None else f'proc{rank}'}] %(name)s: %(message)s",
+        force=True,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """A warm process's place in a round (:mod:`.launch`): the variables a worker started
+    into the round would have had (RANK, WORLD_SIZE, the layout, ...), the round's wrapper
+    store port and its stop key."""
+
+    env: dict[str, str]
+    wrapper_port: int
+    stop_key: str
+
+
+def take_assignment(stream: Any) -> Assignment | None:
+    """Read this process's :class:`Assignment`: one JSON line on ``stream``,
+    ``{"env": {name: value}, "wrapper_port": int, "stop_key": str}``. None at end of input
+    (the launcher ended, or started no next round). Anything else is the launcher's bug:
+    ValueError naming what is wrong."""
+    line = stream.readline()
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"assignment: not JSON ({exc})") from None
+    env, port, key = (
+        (data.get(k) for k in ("env", "wrapper_port", "stop_key")) if isinstance(data, dict) else (None,) * 3
+    )
+    if not (
+        isinstance(env, dict)
+        and "RANK" in env
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        and isinstance(port, int)
+        and 0 < port < 65536
+        and isinstance(key, str)
+        and key
+    ):
+        raise ValueError(
+            f"assignment: expected env (strings, RANK among them), wrapper_port, stop_key; got {line[:200]!r}"
+        )
+    return Assignment(env, port, key)
+
+
 def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftfleet.trainer.inprocess.worker")
     parser.add_argument("--config", default=TrainerEnvironment().config_file)
@@ -285,16 +339,18 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         default=MAX_FAILED_STARTS,
         help="in-process attempts in a row that may fail before their first step (then exit non-zero)",
     )
+    parser.add_argument(
+        "--assign-from-stdin",
+        action="store_true",
+        help="start warm for the launcher's next round and read this process's place in it from stdin "
+        "(one JSON line, :func:`take_assignment`); at end of input, exit 0",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     if args.max_failed_starts < 1:
         parser.error(f"--max-failed-starts {args.max_failed_starts}: use 1 or more")
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        stream=sys.stderr,
-        format=f"%(asctime)s [proc{rank}] %(name)s: %(message)s",
-    )
+    _log_as(None if args.assign_from_stdin else rank)
     bind_to_launcher()  # a worker (a waiting spare too) whose launcher dies ends too (exit 78)
     try:
         if not args.config:
@@ -320,8 +376,6 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # imports lazily (warm_up), so that taking over does not pay for it. A spare node
     # waits anyway; a spare process starts beside the ranks that train, so it warms up
     # on a thread at the lowest CPU priority, not taking their start-up's CPU.
-    active = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
-    spare_process = rank >= active and not args.wait_for
     from ftfleet.trainer.checkpoint.tiers import reuse_clients
     from ftfleet.trainer.resilience.interval.prior import reuse_reads
     from ftfleet.trainer.train import train, warm_up
@@ -330,12 +384,26 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     # this process for 10 minutes (the schedule counts the run's own interruptions anyway).
     reuse_reads(PRIOR_REUSE_S)
     reuse_clients()  # and the S3 clients
+    if args.assign_from_stdin:
+        # Warm for a round that has not begun: what a spare process does while it waits,
+        # then this process's place in the round, once the launcher knows it.
+        _warm_up_niced(warm_up, freeze_what_is_loaded)
+        place = take_assignment(sys.stdin)
+        if place is None:  # the launcher ended, or needs no next round
+            return 0
+        os.environ.update(place.env)
+        args.wrapper_port, args.stop_key = place.wrapper_port, place.stop_key
+        rank = int(os.environ["RANK"])
+        _log_as(rank)
+    warmed = args.assign_from_stdin
+    active = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    spare_process = rank >= active and not args.wait_for
 
     attempted = threading.Event()  # set once this process trains
     freezing = threading.Lock()  # an attempt does not start while the warm-up freezes
     if args.wait_for:
         warm_up()
-    elif spare_process:
+    elif spare_process and not warmed:
 
         def then() -> None:
             with freezing:

@@ -129,6 +129,74 @@ def test_the_launcher_stops_the_rest_once_too_few_processes_are_left(tmp_path):
     assert proc.returncode == 1
 
 
+#: A worker for the launcher's own tests: started into a round it prints ``ready`` and
+#: sleeps; started warm (``--assign-from-stdin``) it reads its place, says it, and ends.
+FAKE_WORKER = """
+import json, sys, time
+if "--assign-from-stdin" in sys.argv:
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    place = json.loads(line)
+    print("assigned", place["env"]["RANK"], place["stop_key"], flush=True)
+    sys.exit(0)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_stopped_round_is_rejoined_by_the_launcher_with_its_warm_processes(tmp_path):
+    """--rejoin: once too few processes are left the launcher stops the round, stays, and
+    gives its places in the next round to the processes it started warm during the
+    first; the job ends when they do."""
+    (tmp_path / "fake.py").write_text(FAKE_WORKER)
+    cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=2", "--spares=0", "--worker=fake"]
+    cmd += ["--rejoin", "--warm-after=0", "--max-rounds=2"]
+    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    log = tmp_path / "launch.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "warm for the next round" in log.read_text(), timeout=60, interval=0.05, what=str(log))
+        wait_for(lambda: log.read_text().count("ready") == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
+        text = log.read_text()
+        pids = [int(line.split()[-1]) for line in text.splitlines() if " pid " in line]
+        warm = [int(p) for p in text.split("warm for the next round: pids ")[1].split("\n")[0].split()]
+        os.kill(pids[1], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    rest = log.read_text()
+    assert "round 0 stopped; this node joins the next one" in rest, rest
+    assert "assigned 0 ftfleet/inprocess/r1/stop" in rest and "assigned 1 ftfleet/inprocess/r1/stop" in rest, rest
+    round1 = [int(line.split()[-1]) for line in rest.split("round 1, node")[1].splitlines() if " pid " in line]
+    assert round1 == warm, rest
+
+
+def test_an_assignment_is_one_json_line_or_a_clear_error():
+    import io
+
+    from ftfleet.trainer.inprocess.worker import take_assignment
+
+    good = json.dumps({"env": {"RANK": "3", "WORLD_SIZE": "4"}, "wrapper_port": 29401, "stop_key": "r1/stop"})
+    place = take_assignment(io.StringIO(good + "\n"))
+    assert place is not None and place.env["RANK"] == "3" and place.wrapper_port == 29401
+    assert take_assignment(io.StringIO("")) is None  # end of input: not needed
+    for bad in (
+        "{",
+        "[]",
+        json.dumps({"env": {"RANK": 3}, "wrapper_port": 1, "stop_key": "k"}),
+        json.dumps({"env": {"RANK": "3"}, "wrapper_port": 0, "stop_key": "k"}),
+        json.dumps({"env": {}, "wrapper_port": 1, "stop_key": "k"}),
+    ):
+        with pytest.raises(ValueError) as exc:
+            take_assignment(io.StringIO(bad + "\n"))
+        assert str(exc.value).startswith("assignment:") and "\n" not in str(exc.value)
+
+
 def test_the_launcher_refuses_a_soft_timeout_the_wrapper_cannot_poll():
     from ftfleet.trainer.inprocess.launch import main
 
@@ -159,14 +227,17 @@ def test_the_world_is_all_ranks_or_none_unless_it_may_shrink(monkeypatch):
 
     monkeypatch.setenv("MASTER_PORT", "29999")  # the wrapper's store is not started here
     monkeypatch.setattr("ftfleet.trainer.inprocess.ranks.CURRENT", None)  # node_fill sets it: undone after
-    asked: list[str] = []
-    monkeypatch.setattr("ftfleet.trainer.inprocess.stores.request_stop", lambda key, reason: asked.append(reason))
+    asked: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        "ftfleet.trainer.inprocess.stores.request_stop", lambda key, reason, lost: asked.append((reason, lost))
+    )
     for min_active, mode in ((None, Mode.INACTIVE), (1, Mode.ACTIVE)):
         assign = worker.build_wrapper(Layout(1, 0, 2, 1), 30, min_active=min_active).rank_assignment
         state = State(rank=0, world_size=3, active_world_size=2, initial_rank=0, initial_world_size=3)
         ctx = assign(RankAssignmentCtx(state, None, {1, 2}))
         assert ctx.state.mode == mode, (min_active, ctx.state)
-    assert len(asked) == 1 and "1 of 2 ranks lost and no spare" in asked[0], asked
+    assert len(asked) == 1 and "1 of 2 ranks lost and no spare" in asked[0][0], asked
+    assert asked[0][1] == 0, "one node, its rank 0 alive: no node lost"
 
 
 @pytest.mark.timeout(240)

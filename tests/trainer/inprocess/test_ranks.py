@@ -97,3 +97,14 @@ def test_a_hand_off_needs_a_waiting_spare_node_for_each_node_leaving():
     plan = reassign(fill.nodes, 6, {2, 3})  # node 1 lost: node 3 takes its ranks
     fill.nodes, fill.active = [fill.nodes[r] for r in plan.order], plan.active
     assert fill.idle_nodes() == [] and handoff.node_of(2) == 3 and not handoff.possible({0})
+
+
+def test_a_node_is_lost_when_every_rank_it_held_is_gone():
+    from ftfleet.trainer.inprocess.ranks import lost_nodes
+
+    layout = Layout(2, 1, 2, 1)  # nodes 0, 1 train (0-3), node 2 waits (4, 5); spares 6, 7, 8
+    nodes = nodes_of(layout)
+    assert lost_nodes(nodes, {2, 3}) == 0  # node 1's spare process (7) is alive
+    assert lost_nodes(nodes, {2, 3, 7}) == 1
+    assert lost_nodes(nodes, {2, 3, 7, 4, 5, 8}) == 2
+    assert lost_nodes(nodes, set()) == 0

@@ -5,6 +5,7 @@ a late node joining the next round."""
 from __future__ import annotations
 
 import threading
+import time
 
 from ftfleet.trainer.inprocess import stores
 from ftfleet.trainer.inprocess.launch import free_port_pair
@@ -59,3 +60,50 @@ def test_a_stop_key_is_read_back_for_its_round_only():
     assert stores.stop_reason(client, 0) == "2 of 3 ranks lost"
     assert stores.stop_reason(client, 1) is None
     assert host.next_round() == 1 and stores.wrapper_port(port, 1) == port + 2
+
+
+def test_after_a_stop_the_next_round_opens_once_every_node_left_or_was_lost(monkeypatch):
+    """Two nodes in round 0, one lost with the stop: the survivor's leaving opens round 1
+    at once (not STOP_GRACE_S later); a launcher that joins meanwhile skips the stopped
+    round instead of taking a slot in it."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    port = free_port_pair()
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    host = stores.StoreHost(port)
+    results: dict = {}
+    kw = {"training": 2, "spares": 0, "node_rank": None, "settle_s": 5.0, "poll_s": 0.01}
+    for t in [_join_in_thread(port, results, n, **kw) for n in ("a", "b")]:
+        t.join(10)
+    stopping: list = []
+    serving = threading.Thread(target=host.serve, args=(stopping, 0.01), daemon=True)
+    serving.start()
+    stores.request_stop(stores.round_key(0, "stop"), "1 of 2 ranks lost", lost_nodes=1)
+    stores.request_stop(stores.round_key(0, "stop"), "1 of 2 ranks lost", lost_nodes=1)  # every rank says it
+    client = stores.connect("127.0.0.1", port, wait_s=10)
+    assert int(client.add(stores.round_key(0, "lost"), 0)) == 1, "counted once"
+    rejoined = _join_in_thread(port, results, "survivor", **kw)  # before round 1 opens
+    time.sleep(0.3)
+    assert host.round == 0, "a node of the round has not left it yet"
+    client.add(stores.round_key(0, "done"), 1)  # the survivor's launcher left round 0
+    replacement = _join_in_thread(port, results, "replacement", **kw)
+    rejoined.join(3)
+    replacement.join(3)
+    stopping.append(1)
+    assert host.round == 1 and int(client.add(stores.round_key(0, "nodes"), 0)) == 2, "round 0 took a third slot"
+    assert sorted((results["survivor"], results["replacement"])) == [(1, 0, 0), (1, 1, 0)], results
+
+
+def test_a_static_round_without_a_count_opens_after_the_grace(monkeypatch):
+    port = free_port_pair()
+    host = stores.StoreHost(port)
+    monkeypatch.setattr(stores, "STOP_GRACE_S", 0.2)
+    client = stores.connect("127.0.0.1", port, wait_s=10)
+    client.set(stores.round_key(0, "stop"), "stop")
+    stopping: list = []
+    serving = threading.Thread(target=host.serve, args=(stopping, 0.01), daemon=True)
+    serving.start()
+    deadline = time.monotonic() + 5
+    while host.round == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stopping.append(1)
+    assert host.round == 1
