@@ -50,7 +50,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ftfleet.contract import ContractError
+from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, ContractError
 from ftfleet.hostenv import host_memory_env
 from ftfleet.trainer.environment import (
     ACTIVE_WORLD_SIZE,
@@ -299,10 +299,14 @@ def main(argv: list[str] | None = None) -> int:
             prepare = (lambda: [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]) if again else None
             end = supervise(procs, watch, round_, min_ranks if nodes == 1 else None, prepare, args.warm_after)
             warm = end.warm
-            if not (again and end.stopped and not end.signalled):
+            why = rejoin_reason(end)
+            if not (again and why):
                 break
+            if why == EMERGENCY:  # every node's ranks stopped at once: the round is over
+                with contextlib.suppress(RuntimeError):
+                    watch.compare_set(round_key(round_, "stop"), "", why)
             print(
-                f"ftfleet.inprocess: round {round_} stopped; this node joins the next one", file=sys.stderr, flush=True
+                f"ftfleet.inprocess: round {round_}: {why}; this node joins the next one", file=sys.stderr, flush=True
             )
     finally:
         for proc in warm:  # end of input: a warm process that is not needed exits
@@ -396,6 +400,34 @@ class RoundEnd:
     stopped: bool = False
     signalled: bool = False
     warm: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+    codes: list[int] = dataclasses.field(default_factory=list)
+
+
+#: Why a launcher joins the next round after its workers left for a notice elsewhere.
+EMERGENCY = "the ranks stopped after an emergency checkpoint for another node's notice"
+
+
+def rejoin_reason(end: RoundEnd) -> str | None:
+    """Why this node, still up, joins the next round after ``end``, or None when it
+    exits instead (the job done, this launcher signalled, a failure a new round would
+    repeat):
+
+    * the round was stopped (no spare left to take a lost rank);
+    * every process of this node was killed by a signal (the OOM killer, an operator):
+      the job went on without them, or stops; either way this node waits for the next
+      round, as a node booted now would;
+    * its processes exited 75 while this launcher had no notice: the ranks stopped for
+      another node's notice, with no spare node to take its ranks (the emergency
+      checkpoint); the noticed node's own launcher got the signal and exits 75."""
+    if end.signalled or end.code == EXIT_OK and not end.stopped:
+        return None
+    if end.stopped:
+        return "stopped"
+    if end.codes and all(c < 0 for c in end.codes):
+        return "every process of this node was killed"
+    if end.codes and all(c in (EXIT_PREEMPTED, 0) for c in end.codes) and EXIT_PREEMPTED in end.codes:
+        return EMERGENCY
+    return None
 
 
 def supervise(
@@ -458,7 +490,7 @@ def supervise(
                     p.kill()
             deadline = None  # once
         time.sleep(0.1)
-    codes = [p.returncode for p in procs]
+    codes = end.codes = [p.returncode for p in procs]
     print(f"ftfleet.inprocess: exit codes {codes}", file=sys.stderr, flush=True)
     try:
         watch.add(round_key(round_, "done"), 1)

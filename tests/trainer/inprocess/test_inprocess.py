@@ -170,7 +170,7 @@ def test_a_stopped_round_is_rejoined_by_the_launcher_with_its_warm_processes(tmp
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     rest = log.read_text()
-    assert "round 0 stopped; this node joins the next one" in rest, rest
+    assert "round 0: stopped; this node joins the next one" in rest, rest
     assert "assigned 0 ftfleet/inprocess/r1/stop" in rest and "assigned 1 ftfleet/inprocess/r1/stop" in rest, rest
     round1 = [int(line.split()[-1]) for line in rest.split("round 1, node")[1].splitlines() if " pid " in line]
     assert round1 == warm, rest
@@ -391,3 +391,16 @@ def test_the_launcher_refuses_a_limit_of_no_attempts(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--nproc=1", "--max-failed-starts=0", "--", "--config", str(CONFIG)])
     assert exc.value.code == 2 and "--max-failed-starts 0: use 1 or more" in capsys.readouterr().err
+
+
+def test_a_launcher_rejoins_only_where_a_new_round_helps():
+    from ftfleet.trainer.inprocess.launch import EMERGENCY, RoundEnd, rejoin_reason
+
+    assert rejoin_reason(RoundEnd(0, codes=[0, 0])) is None  # the job is done
+    assert rejoin_reason(RoundEnd(1, stopped=True, codes=[-15])) == "stopped"
+    assert rejoin_reason(RoundEnd(1, stopped=True, signalled=True, codes=[-15])) is None  # told to go
+    assert rejoin_reason(RoundEnd(1, codes=[-9, -9])) == "every process of this node was killed"
+    assert rejoin_reason(RoundEnd(75, codes=[75, 75])) == EMERGENCY  # another node's notice
+    assert rejoin_reason(RoundEnd(75, signalled=True, codes=[75])) is None  # this node's own notice
+    for code in (1, 2, 77, 78):  # a crash or a refusal a new round would repeat
+        assert rejoin_reason(RoundEnd(code, codes=[code, -9])) is None
