@@ -270,6 +270,13 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     return 0
 
 
+def _import_and_warm_up() -> None:
+    """Import the trainer (torch with it) and what a build imports lazily."""
+    from ftfleet.trainer.train import warm_up
+
+    warm_up()
+
+
 def _log_as(rank: int | None) -> None:
     """Log at INFO on rank 0, else at WARNING, each line tagged with the rank (``None``: a
     warm process whose rank is not known yet, tagged ``warm``)."""
@@ -372,6 +379,11 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     from ftfleet.trainer.data.workers import start_for
 
     start_for(cfg)
+    if args.assign_from_stdin:
+        # Started while a round trains on the same CPUs: the imports and the warm-up run
+        # at the lowest priority (processes were started above, on this thread, at the
+        # normal one), and the trainer's processes keep the CPUs they need.
+        _warm_up_niced(_import_and_warm_up, freeze_what_is_loaded)
     # torch and the whole trainer are imported now; a spare also imports what a build
     # imports lazily (warm_up), so that taking over does not pay for it. A spare node
     # waits anyway; a spare process starts beside the ranks that train, so it warms up
@@ -385,9 +397,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     reuse_reads(PRIOR_REUSE_S)
     reuse_clients()  # and the S3 clients
     if args.assign_from_stdin:
-        # Warm for a round that has not begun: what a spare process does while it waits,
-        # then this process's place in the round, once the launcher knows it.
-        _warm_up_niced(warm_up, freeze_what_is_loaded)
+        # Warm for a round that has not begun: this process's place in the round, once
+        # the launcher knows it.
         place = take_assignment(sys.stdin)
         if place is None:  # the launcher ended, or needs no next round
             return 0
