@@ -53,12 +53,23 @@ class EventLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
 
-    def emit(self, event: str, **fields: Any) -> None:
-        if self._file is None:
+    def emit(self, event: str, every_rank: bool = False, **fields: Any) -> None:
+        """Append one event. ``every_rank``: on a rank whose log is off too, for what the
+        first rank to see it must say before the others are stopped (one ``O_APPEND``
+        write of the whole line, which does not interleave with rank 0's lines)."""
+        if self._file is None and not (every_rank and self.path.parent.is_dir()):
             return
         record = {"t": round(time.time(), 4), "event": event, "attempt": self._attempt, "pid": os.getpid(), **fields}
+        line = json.dumps(record, default=str) + "\n"
+        if self._file is None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+            return
         # One write per line, flushed: a killed process leaves whole lines behind.
-        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.write(line)
         self._file.flush()
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ _leaving = threading.Lock()
 
 
 class _Events(Protocol):
-    def emit(self, event: str, **fields: Any) -> None: ...
+    def emit(self, event: str, every_rank: bool = False, **fields: Any) -> None: ...
 
 
 _events: _Events | None = None
@@ -80,7 +80,9 @@ def leave(why: str, *, stop_agent: bool = False, from_signal: bool = False, **fi
     try:
         log.error("%s: this process leaves without committing anything more (exit %d)", why, EXIT_FENCED)
         if _events is not None:
-            _events.emit("fenced", why=why, **fields)
+            # Whichever local rank leaves first stops the agent, which stops the others:
+            # the event cannot wait for rank 0.
+            _events.emit("fenced", every_rank=True, why=why, **fields)
         if stop_agent:
             from ftfleet.trainer.agent import stop_agent as stop
 
