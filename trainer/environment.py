@@ -44,6 +44,10 @@ LAUNCHER_PID = "FTFLEET_LAUNCHER_PID"
 #: Set by the in-process launcher for its workers: the job's nodes and processes,
 #: ``training_nodes:spare_nodes:nproc:spares`` (:class:`ftfleet.trainer.inprocess.ranks.Layout`).
 INPROCESS_LAYOUT = "FTFLEET_INPROCESS_LAYOUT"
+#: Set by the in-process launcher for each worker: a file on the node where the worker
+#: notes the rank it trains at each attempt, so that the launcher asks for the same
+#: node slot in the next round (:func:`ftfleet.trainer.inprocess.stores.join`).
+INPROCESS_RANK_FILE = "FTFLEET_INPROCESS_RANK_FILE"
 
 #: The trainer's cloud values: the contract's clouds, or none (signals only).
 CLOUD_CHOICES = (*CLOUDS, "none")

@@ -40,10 +40,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +57,7 @@ from ftfleet.hostenv import host_memory_env
 from ftfleet.trainer.environment import (
     ACTIVE_WORLD_SIZE,
     INPROCESS_LAYOUT,
+    INPROCESS_RANK_FILE,
     LAUNCHER_PID,
     MIN_ACTIVE_WORLD_SIZE,
 )
@@ -278,15 +281,22 @@ def main(argv: list[str] | None = None) -> int:
     if stores is not None:  # the next round opens after a stop (a coordinator does this in serve)
         threading.Thread(target=stores.serve, args=([],), name="ftfleet-rounds", daemon=True).start()
     warm: list[subprocess.Popen] = []
+    noted = tempfile.mkdtemp(prefix="ftfleet-ranks-")  # each worker's rank, for the next round's slot
+    prefer = None
     try:
         for rounds in range(1, args.max_rounds + 1):
-            round_, node, spare_nodes = join(watch, args.nnodes, args.spare_nodes, node_rank, settle_s=args.settle)
+            round_, node, spare_nodes = join(
+                watch, args.nnodes, args.spare_nodes, node_rank, settle_s=args.settle, prefer=prefer
+            )
             layout = Layout(args.nnodes, spare_nodes, args.nproc, args.spares)  # the spare nodes this round has
             nodes = layout.nodes
             print(f"ftfleet.inprocess: round {round_}, node {node} of {nodes}", file=sys.stderr, flush=True)
             procs = []
             for local in range(per_node):
                 place = round_env(layout, node, local, args.nproc, min_ranks)
+                place[INPROCESS_RANK_FILE] = os.path.join(noted, f"local{local}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(place[INPROCESS_RANK_FILE])  # the round before's
                 wport, key = wrapper_port(port, round_), round_key(round_, "stop")
                 proc = hand_over(warm, place, wport, key) if warm else None
                 if proc is None:
@@ -299,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare = (lambda: [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]) if again else None
             end = supervise(procs, watch, round_, min_ranks if nodes == 1 else None, prepare, args.warm_after)
             warm = end.warm
+            prefer = held_slot(noted, per_node, args.nproc, layout.active)
             why = rejoin_reason(end)
             if not (again and why):
                 break
@@ -311,10 +322,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in warm:  # end of input: a warm process that is not needed exits
             _close(proc)
+        shutil.rmtree(noted, ignore_errors=True)
     if stores is not None:
         linger(watch, round_, nodes)
     del stores
     return end.code
+
+
+def held_slot(noted: str, per_node: int, nproc: int, active: int) -> int | None:
+    """The training slot whose ranks this node's processes trained last (each noted its
+    rank in ``noted``, :func:`~ftfleet.trainer.inprocess.worker.note_rank`): their
+    snapshots are in this node's shared memory, so the next round should give the node
+    that slot again. None when they trained nothing (a spare node's)."""
+    held = []
+    for local in range(per_node):
+        try:
+            with open(os.path.join(noted, f"local{local}"), encoding="ascii") as f:
+                held.append(int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    training = [r for r in held if 0 <= r < active]
+    return min(training) // nproc if training else None
 
 
 def round_env(layout: Layout, node: int, local: int, nproc: int, min_ranks: int) -> dict[str, str]:

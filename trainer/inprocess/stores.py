@@ -23,7 +23,9 @@ grow) waits for the next round.
 
 Keys, in the trainer's store: ``ftfleet/inprocess/round`` (a counter: the round open
 now), and per round ``r<R>/ready`` (its wrapper store is up), ``r<R>/nodes`` (node slots
-taken, a counter), ``r<R>/size`` (nodes in the round, once it formed), ``r<R>/stop``
+taken, a counter), ``r<R>/prefer/<i>`` and ``r<R>/slot/<i>`` (the slot the ``i``-th
+node to register asks for, and the one it got), ``r<R>/size`` (nodes in the round,
+once it formed), ``r<R>/stop``
 (why the job stops), ``r<R>/lost`` (nodes the stop found gone, every rank of theirs
 terminated: a counter), ``r<R>/done`` (launchers that left the round: a counter).
 """
@@ -134,6 +136,7 @@ def join(
     node_rank: int | None,
     settle_s: float = SETTLE_S,
     poll_s: float = 0.05,
+    prefer: int | None = None,
 ) -> tuple[int, int, int]:
     """Join the open round: ``(round, node slot, spare nodes in the round)``.
 
@@ -144,7 +147,12 @@ def join(
     decides, once, in the store: ``r<R>/size``; after round 0, at most
     :data:`RESETTLE_S` after it). A node that finds the round full or
     formed waits for the next round, and so does one that finds the round stopped. With a
-    ``node_rank`` (a static layout) the round has every node."""
+    ``node_rank`` (a static layout) the round has every node.
+
+    Slots: the deciding node gives each node of the round its slot
+    (:func:`assign_slots`): ``prefer`` (the training slot whose ranks this node trained in
+    the round before: its shared memory holds their snapshots) where no node before it
+    asked for the same, the others in the order they registered."""
     announced = None
     most = training + spares
     while True:
@@ -155,11 +163,12 @@ def join(
             continue
         if node_rank is not None:
             return round_, node_rank, spares
-        slot = int(store.add(round_key(round_, "nodes"), 1)) - 1
+        index = int(store.add(round_key(round_, "nodes"), 1)) - 1
+        store.set(round_key(round_, f"prefer/{index}"), str(-1 if prefer is None else prefer))
         settle = settle_s if round_ == 0 else min(settle_s, RESETTLE_S)
-        size = _formed(store, round_, slot, training, most, settle, poll_s) if slot < most else 0
-        if slot < size:
-            return round_, slot, size - training
+        size = _formed(store, round_, index, training, most, settle, poll_s) if index < most else 0
+        if index < size:
+            return round_, int(store.get(round_key(round_, f"slot/{index}"))), size - training
         if announced != round_:
             print(
                 f"ftfleet.inprocess: round {round_} formed without this node; waiting for the next round",
@@ -171,16 +180,43 @@ def join(
             time.sleep(0.2)
 
 
+def assign_slots(prefer: list[int], training: int) -> list[int]:
+    """The slot of each of a round's nodes, in the order they registered: the training
+    slot a node asks for (``prefer[i]``; -1: none) unless an earlier one has it, then
+    the slots left, lowest first, to the others in order. Every slot below
+    ``len(prefer)`` is taken once."""
+    count = len(prefer)
+    slots: list[int | None] = [None] * count
+    for i, want in enumerate(prefer):
+        if 0 <= want < min(training, count) and want not in slots:
+            slots[i] = want
+    free = iter([s for s in range(count) if s not in slots])
+    return [s if s is not None else next(free) for s in slots]
+
+
+#: Seconds the deciding node waits for a registered node's ``prefer`` key (set right
+#: after it registered; one that died in between gets no preference).
+PREFER_WAIT_S = 5.0
+
+
 def _formed(
-    store: dist.TCPStore, round_: int, slot: int, training: int, most: int, settle_s: float, poll_s: float
+    store: dist.TCPStore, round_: int, index: int, training: int, most: int, settle_s: float, poll_s: float
 ) -> int:
     """The round's number of nodes, once it has formed (see :func:`join`)."""
     key = round_key(round_, "size")
-    if slot == training - 1:  # the last training node to register: it forms the round
+    if index == training - 1:  # the last training node to register: it forms the round
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline and int(store.add(round_key(round_, "nodes"), 0)) < most:
             time.sleep(poll_s)
         count = min(int(store.add(round_key(round_, "nodes"), 0)), most)
+        prefer = []
+        for i in range(count):
+            wanted, until = round_key(round_, f"prefer/{i}"), time.monotonic() + PREFER_WAIT_S
+            while not store.check([wanted]) and time.monotonic() < until:
+                time.sleep(poll_s)
+            prefer.append(int(store.get(wanted)) if store.check([wanted]) else -1)
+        for i, slot in enumerate(assign_slots(prefer, training)):
+            store.set(round_key(round_, f"slot/{i}"), str(slot))
         store.compare_set(key, "", str(count))
     store.wait([key])
     return int(store.get(key))

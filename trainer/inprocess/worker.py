@@ -30,7 +30,7 @@ from typing import Any
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
-from ftfleet.trainer.environment import TrainerEnvironment
+from ftfleet.trainer.environment import INPROCESS_RANK_FILE, TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 from ftfleet.trainer.inprocess.ranks import Layout, node_fill
 from ftfleet.trainer.resilience.fencing import bind_to_launcher, retire
@@ -270,6 +270,20 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     return 0
 
 
+def note_rank(rank: int) -> None:
+    """Note the rank this process trains in the launcher's file for it
+    (FTFLEET_INPROCESS_RANK_FILE; nothing without one): whole, replaced at once."""
+    path = os.environ.get(INPROCESS_RANK_FILE)
+    if not path:
+        return
+    try:
+        with open(f"{path}.tmp", "w", encoding="ascii") as f:
+            f.write(f"{rank}\n")
+        os.replace(f"{path}.tmp", path)
+    except OSError as exc:  # the next round may restore from peers or disk instead
+        log.warning("cannot note this process's rank in %s: %s", path, exc)
+
+
 def _import_and_warm_up() -> None:
     """Import the trainer (torch with it) and what a build imports lazily."""
     from ftfleet.trainer.train import warm_up
@@ -450,6 +464,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         os.environ["TORCHELASTIC_RESTART_COUNT"] = str(call_wrapper.iteration)
         # The wrapper set RANK to the rank this process trains now.
         os.environ["LOCAL_RANK"] = str(device_slot(launch_local_rank, per_node, int(os.environ["RANK"])))
+        note_rank(int(os.environ["RANK"]))
         ping = Ping(call_wrapper)
         try:
             return int(train(cfg, [*extra, ping])["exit_code"])

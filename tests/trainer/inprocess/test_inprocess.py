@@ -404,3 +404,27 @@ def test_a_launcher_rejoins_only_where_a_new_round_helps():
     assert rejoin_reason(RoundEnd(75, signalled=True, codes=[75])) is None  # this node's own notice
     for code in (1, 2, 77, 78):  # a crash or a refusal a new round would repeat
         assert rejoin_reason(RoundEnd(code, codes=[code, -9])) is None
+
+
+def test_the_next_rounds_slot_is_the_one_whose_ranks_the_node_trained(tmp_path):
+    from ftfleet.trainer.inprocess.launch import held_slot
+
+    assert held_slot(str(tmp_path), per_node=3, nproc=2, active=6) is None  # nothing noted: no preference
+    (tmp_path / "local0").write_text("5\n")  # took node 2's ranks 4, 5 with a spare node's processes
+    (tmp_path / "local1").write_text("4\n")
+    (tmp_path / "local2").write_text("garbage")
+    assert held_slot(str(tmp_path), per_node=3, nproc=2, active=6) == 2
+    (tmp_path / "local0").write_text("7\n")  # a waiting rank: not a training slot
+    (tmp_path / "local1").write_text("6\n")
+    assert held_slot(str(tmp_path), per_node=3, nproc=2, active=6) is None
+
+
+def test_a_process_notes_the_rank_it_trains_for_its_launcher(tmp_path, monkeypatch):
+    from ftfleet.trainer.environment import INPROCESS_RANK_FILE
+    from ftfleet.trainer.inprocess.worker import note_rank
+
+    note_rank(3)  # no file asked for: nothing written, no error
+    monkeypatch.setenv(INPROCESS_RANK_FILE, str(tmp_path / "local0"))
+    note_rank(3)
+    note_rank(4)
+    assert (tmp_path / "local0").read_text() == "4\n" and not (tmp_path / "local0.tmp").exists()

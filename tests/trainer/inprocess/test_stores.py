@@ -107,3 +107,29 @@ def test_a_static_round_without_a_count_opens_after_the_grace(monkeypatch):
         time.sleep(0.01)
     stopping.append(1)
     assert host.round == 1
+
+
+def test_a_node_gets_back_the_slot_whose_ranks_it_trained_and_new_nodes_fill_the_rest():
+    assert stores.assign_slots([-1, 2, 0], training=3) == [1, 2, 0]
+    assert stores.assign_slots([1, 1, -1, -1], training=3) == [1, 0, 2, 3]  # a slot asked twice: the first
+    assert stores.assign_slots([3, -1, -1, -1], training=3) == [0, 1, 2, 3]  # only training slots are asked for
+    assert stores.assign_slots([-1, -1], training=2) == [0, 1]  # registration order, as before
+    assert stores.assign_slots([1, 0], training=1) == [1, 0]  # slot 1 is a spare's: not asked for
+
+
+def test_rejoining_nodes_take_their_slots_whatever_order_they_come_in():
+    """Round 1: the replacement comes first, then the survivors in reverse order; each
+    survivor gets the slot it trained in round 0, the replacement the one left."""
+    port = free_port_pair()
+    host = stores.StoreHost(port)
+    host.next_round()
+    results: dict = {}
+    kw = {"training": 3, "spares": 0, "node_rank": None, "settle_s": 5.0, "poll_s": 0.01}
+    threads = [_join_in_thread(port, results, "new", **kw)]
+    time.sleep(0.2)
+    for name, slot in (("had2", 2), ("had0", 0)):
+        threads.append(_join_in_thread(port, results, name, prefer=slot, **kw))
+        time.sleep(0.2)
+    for t in threads:
+        t.join(10)
+    assert results == {"new": (1, 1, 0), "had2": (1, 2, 0), "had0": (1, 0, 0)}, results
