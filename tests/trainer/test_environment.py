@@ -53,6 +53,7 @@ def test_every_variable_it_reads_is_the_contracts_or_the_in_process_launchers():
         environment.MIN_ACTIVE_WORLD_SIZE,
         environment.LAUNCHER_PID,
         environment.INPROCESS_LAYOUT,
+        environment.INPROCESS_RANK_FILE,
     }
     assert read - launcher <= ENV_NAMES, read - launcher - ENV_NAMES
     assert set(environment.CONFIG_OVERRIDES) <= ENV_NAMES
