@@ -75,8 +75,10 @@ from ftfleet.trainer.inprocess.stores import (
 )
 
 #: Seconds after a round's processes start before the launcher starts the next round's,
-#: warm: late enough not to slow the round's own start, which needs the same CPUs.
-WARM_AFTER_S = 10.0
+#: warm: past the round's own start (imports, process groups, the first snapshots and
+#: saves), which needs the same CPUs and, on a loaded machine, meets its collective
+#: timeouts only just.
+WARM_AFTER_S = 60.0
 
 
 def free_port_pair() -> int:
