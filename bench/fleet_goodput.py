@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import record  # noqa: E402
 from drill.bed import Bed  # noqa: E402
+from drill.cli import add_overrides_option  # noqa: E402
 from drill.fleet import SOURCE_ROOT, FleetJob, FleetOptions, child_env, free_port, trainer_overrides  # noqa: E402
 from ftfleet.trainer.events import read_events  # noqa: E402
 
@@ -263,14 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=20, help="torchrun's")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on a configuration after this")
     parser.add_argument("--configs", default="inprocess,torchrun")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a trainer override for both configurations, after the drill's (repeatable)",
-    )
+    add_overrides_option(parser, "a trainer override for both configurations, after the drill's (repeatable)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ftfleet-fleet-goodput"))
     record.add_arguments(parser)
     opts = parser.parse_args(argv)

@@ -35,6 +35,11 @@ examples:
 """
 
 
+def add_overrides_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE`` (repeatable): trainer overrides, collected in ``overrides``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from drill.scenario import FAULTS
 
@@ -123,14 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ten times the drill's step; the slowest collective of a real job sets it)",
     )
     parser.add_argument("--config", type=Path, help="trainer config (default: the package's tiny.yaml)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra trainer override, repeatable",
-    )
+    add_overrides_option(parser, "extra trainer override, repeatable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

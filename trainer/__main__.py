@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
 
         return int(train(cfg, extra)["exit_code"]), False
     except ConfigError as exc:  # bad input: nothing is written
-        if first_on_node(exc.exit_code):  # the same config on every rank: one line a node
+        if first_on_node(exc.exit_code, "bad configuration"):  # the same config on every rank: one line a node
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code, True
     except UserError as exc:

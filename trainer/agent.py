@@ -75,7 +75,7 @@ def stop_agent(exit_code: int, why: str, *, any_local_rank: bool = False, first:
     return pid
 
 
-def first_on_node(exit_code: int) -> bool:
+def first_on_node(exit_code: int, why: str) -> bool:
     """Whether this process is the first of its node to end with ``exit_code``, a code
     that every local rank reaches at once (a bad config): it leaves the code for the
     agent (:func:`stop_agent`) and says why, in one line for the node; the others end
@@ -84,11 +84,7 @@ def first_on_node(exit_code: int) -> bool:
     agent may stop before it speaks. Not under torchrun: local rank 0 is the first."""
     if torchrun_agent_pid() is None:
         return int(os.environ.get("LOCAL_RANK", "0") or 0) == 0
-    return stop_agent(exit_code, EXIT_REASON.get(exit_code, "exit"), any_local_rank=True, first=True) is not None
-
-
-#: Why a code that every rank reaches at once stops the agent (its log line).
-EXIT_REASON = {2: "bad configuration"}
+    return stop_agent(exit_code, why, any_local_rank=True, first=True) is not None
 
 
 def _leave_first(pid: int, exit_code: int) -> bool:

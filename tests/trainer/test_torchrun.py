@@ -101,9 +101,9 @@ def test_a_bad_config_is_said_by_the_first_local_rank_out_whichever_it_is(monkey
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert agent.first_on_node(2)
+    assert agent.first_on_node(2, "bad configuration")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert not agent.first_on_node(2)
+    assert not agent.first_on_node(2, "bad configuration")
     assert open(agent_exit_file(4242, str(tmp_path))).read() == "2\n"
     assert sent == ([] if restarts == "0" else [(4242, signal.SIGTERM)])
 
@@ -119,9 +119,9 @@ def test_an_exit_file_older_than_its_agent_is_an_earlier_agents_and_is_replaced(
         f.write("75\n")
     os.utime(path, (1000.0, 1000.0))
     monkeypatch.setattr(agent, "_started", lambda pid: 2000.0)
-    assert agent.first_on_node(2) and open(path).read() == "2\n"
+    assert agent.first_on_node(2, "bad configuration") and open(path).read() == "2\n"
     monkeypatch.setattr(agent, "_started", lambda pid: None)  # /proc cannot say: keep what is there
-    assert not agent.first_on_node(2)
+    assert not agent.first_on_node(2, "bad configuration")
 
 
 def test_a_process_start_time_is_read_from_proc():

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -73,6 +72,7 @@ from ftfleet.trainer.inprocess.stores import (
     stop_reason,
     wrapper_port,
 )
+from ftfleet.trainer.inprocess.worker import Assignment
 
 #: Seconds after a round's processes start before the launcher starts the next round's,
 #: warm: past the round's own start (imports, process groups, the first snapshots and
@@ -294,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
             nodes = layout.nodes
             print(f"ftfleet.inprocess: round {round_}, node {node} of {nodes}", file=sys.stderr, flush=True)
             procs = []
+            wport, key = wrapper_port(port, round_), round_key(round_, "stop")
             for local in range(per_node):
                 place = round_env(layout, node, local, args.nproc, min_ranks)
                 place[INPROCESS_RANK_FILE] = os.path.join(noted, f"local{local}")
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(place[INPROCESS_RANK_FILE])  # the round before's
-                wport, key = wrapper_port(port, round_), round_key(round_, "stop")
-                proc = hand_over(warm, place, wport, key) if warm else None
+                proc = hand_over(warm, Assignment(place, wport, key)) if warm else None
                 if proc is None:
                     cmd = [*base_cmd, "--wrapper-port", str(wport), "--stop-key", key, *rest]
                     proc = subprocess.Popen(cmd, env={**base_env, **place})
@@ -368,14 +368,14 @@ def warm_process(base_cmd: list[str], base_env: dict[str, str], rest: list[str])
     return subprocess.Popen([*base_cmd, "--assign-from-stdin", *rest], env=base_env, stdin=subprocess.PIPE, text=True)
 
 
-def hand_over(warm: list[subprocess.Popen], place: dict[str, str], wport: int, key: str) -> subprocess.Popen | None:
-    """Give the first warm process still alive its ``place`` in the round (one JSON line
-    on its stdin, closed after it); None when none is left (start a new one then)."""
+def hand_over(warm: list[subprocess.Popen], place: Assignment) -> subprocess.Popen | None:
+    """Give the first warm process still alive its ``place`` in the round (one line on
+    its stdin, closed after it); None when none is left (start a new one then)."""
     while warm:
         proc = warm.pop(0)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps({"env": place, "wrapper_port": wport, "stop_key": key}) + "\n")
+            proc.stdin.write(place.line())
             proc.stdin.close()
             return proc
         except (BrokenPipeError, OSError, ValueError):  # it died while warming up

@@ -312,6 +312,10 @@ class Assignment:
     wrapper_port: int
     stop_key: str
 
+    def line(self) -> str:
+        """The line :func:`take_assignment` reads."""
+        return json.dumps({"env": self.env, "wrapper_port": self.wrapper_port, "stop_key": self.stop_key}) + "\n"
+
 
 def take_assignment(stream: Any) -> Assignment | None:
     """Read this process's :class:`Assignment`: one JSON line on ``stream``,

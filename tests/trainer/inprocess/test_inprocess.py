@@ -184,6 +184,7 @@ def test_an_assignment_is_one_json_line_or_a_clear_error():
     good = json.dumps({"env": {"RANK": "3", "WORLD_SIZE": "4"}, "wrapper_port": 29401, "stop_key": "r1/stop"})
     place = take_assignment(io.StringIO(good + "\n"))
     assert place is not None and place.env["RANK"] == "3" and place.wrapper_port == 29401
+    assert take_assignment(io.StringIO(place.line())) == place  # what the launcher writes
     assert take_assignment(io.StringIO("")) is None  # end of input: not needed
     for bad in (
         "{",
