@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.multinode.bed import Bed
+from tests.trainer.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +39,8 @@ def test_nodes_reach_each_other_until_partitioned_and_teardown_removes_everythin
         bed.partition(1)
         assert subprocess.run(ask, capture_output=True, text=True).returncode != 0
         sleeper = b.popen(["sleep", "60"])
+        # `ip netns exec` enters the namespace, then execs: under load, a moment later.
+        wait_for(lambda: sleeper.pid in b.pids(), 10, 0.02, what=f"pid {sleeper.pid} in the node's namespace")
         assert b.shm.is_dir() and sleeper.pid in b.pids()
         bed.lose(1)
         assert not b.shm.exists() and not b.pids()
