@@ -144,7 +144,8 @@ def test_workers_are_gone_within_5s_of_their_launchers_sigkill_and_commit_nothin
     late = {p: t for p, t in manifests(run_dir / "checkpoints", shm).items() if t > killed_at}
     assert not late, f"written after the kill: {sorted(map(str, late))}"
     fenced = [e for e in read_events(run_dir) if e["event"] == "fenced"]
-    assert fenced and fenced[0]["launcher_pid"] == proc.pid, fenced
+    # Every rank that leaves says why (the first rank out may be one whose commit was refused).
+    assert any(e.get("launcher_pid") == proc.pid for e in fenced), fenced
     text = log_path.read_text()
     assert f"(pid {proc.pid}) is gone: this process leaves without committing anything more (exit {EXIT_FENCED})" in (
         text
