@@ -23,7 +23,7 @@ import yaml
 
 from ftfleet.errors import ConfigError, require_positive
 from ftfleet.trainer.checkpoint.config import CheckpointConfig
-from ftfleet.trainer.config_sections import DataConfig, LossConfig, ModelConfig, OptimConfig
+from ftfleet.trainer.config_sections import DataConfig, LossConfig, ModelConfig, OptimConfig, ValidationConfig
 from ftfleet.trainer.environment import CONFIG_OVERRIDES, TrainerEnvironment
 from ftfleet.trainer.factories import import_callable
 from ftfleet.trainer.resilience.config import ResilienceConfig
@@ -128,6 +128,7 @@ class JobConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     resilience: ResilienceConfig = dataclasses.field(default_factory=ResilienceConfig)
 
     def __post_init__(self) -> None:

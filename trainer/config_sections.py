@@ -1,4 +1,5 @@
-"""The factory sections of the trainer config: ``model``, ``data``, ``loss``, ``optim``.
+"""The factory sections of the trainer config: ``model``, ``data``, ``loss``, ``optim``,
+``validation``.
 
 Each names its factories (trainer/factories.py) and holds ftfleet's own keys; every
 other key of the section is the factories' (``args``), checked against what each
@@ -122,3 +123,60 @@ class OptimConfig:
         if self.grad_clip < 0:
             raise ConfigError(f"optim.grad_clip={self.grad_clip}: use 0 (off) or a positive norm")
         self.factories = bind_section(self, "optim", self.args)
+
+
+#: ``validation.milestones``: what retention keeps of the checkpoints saved as milestones.
+MILESTONE_POLICIES = ("best", "all", "none")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ValidationConfig:
+    """A held-out set evaluated every ``every`` steps on every rank, and the best
+    checkpoint by one of its metrics kept as a milestone (trainer/validation.py). Every
+    other key of the section is the factories' (the built-in ``synthetic``'s: vocab_size,
+    seq_len). Not part of the config hash: an evaluation does not change the trajectory."""
+
+    FACTORY_KEYS: ClassVar[tuple[str, ...]] = ("factory", "metrics")
+    every: int = 0
+    """Evaluate after every this many steps; 0: no validation."""
+    factory: str = "synthetic"
+    """The held-out set, a dataset factory as ``data.factory`` (`module:callable` or a
+    built-in): `synthetic` (samples of the training stream's chain that training never
+    reads), `token_shards` (`path`: a held-out split prepared like the training data)."""
+    metrics: str = "loss"
+    """`module:callable` called as metrics(cfg) -> fn(model, batch) -> a mapping of metric
+    name to a scalar tensor (the micro-batch's mean), or the built-in `loss` (the
+    ``loss.factory``'s loss, as `loss`)."""
+    batches: int = 4
+    """Batches of ``batch_size`` samples per evaluation; 0: the whole set (a sized one),
+    the last partial batch left out."""
+    batch_size: int = 0
+    """Samples per evaluation batch over all ranks (a multiple of the world size); 0:
+    ``train.global_batch_size``."""
+    metric: str = "loss"
+    """The metric that picks the milestone: one of the names the metrics function returns."""
+    mode: str = "min"
+    """`min` (a loss) or `max` (an accuracy): which way is better."""
+    milestones: str = "best"
+    """`best`: the checkpoint of the best evaluation so far is saved and kept by every
+    tier until a better one supersedes it. `all`: each checkpoint that was the best when
+    saved is kept by the durable tiers for good (the fast tier keeps the best). `none`:
+    evaluate and log only."""
+    args: dict[str, Any] = _factory_args()
+    factories: dict[str, Any] = _bound()
+
+    def __post_init__(self) -> None:
+        for key in ("every", "batches", "batch_size"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"validation.{key}={getattr(self, key)}: use 0 or more")
+        if self.mode not in ("min", "max"):
+            raise ConfigError(f"validation.mode={self.mode!r}: use min (lower is better) or max")
+        if self.milestones not in MILESTONE_POLICIES:
+            raise ConfigError(f"validation.milestones={self.milestones!r}: use best, all or none")
+        if not self.metric:
+            raise ConfigError("validation.metric is empty: name a metric, e.g. loss")
+        self.factories = bind_section(self, "validation", self.args)
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0

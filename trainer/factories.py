@@ -1,11 +1,13 @@
 """The user's code, named by the config: ``model.factory: "mypkg.model:build"``.
 
-A factory section (``model``, ``data``, ``loss``, ``optim``) holds ftfleet's own keys
+A factory section (``model``, ``data``, ``loss``, ``optim``, ``validation``) holds ftfleet's own keys
 (``factory``, ``init_from``, ``num_workers``...) and the keys of its factories. Each
 factory is a built-in name or an importable ``module:callable`` called as::
 
     model.factory(cfg)               -> torch.nn.Module
     data.factory(cfg)                -> a map-style dataset, or an IterableDataset
+    validation.factory(cfg)          -> the same, a held-out set
+    validation.metrics(cfg)          -> metrics(model, batch) -> {name: scalar tensor}
     loss.factory(cfg)                -> loss(model, batch) -> scalar tensor
     optim.factory(cfg, model)        -> torch.optim.Optimizer
     optim.scheduler(cfg, optimizer)  -> torch.optim.lr_scheduler.LRScheduler
@@ -54,6 +56,11 @@ BUILTINS: dict[str, dict[str, Builtin]] = {
         "synthetic": Builtin("ftfleet.trainer.data.synthetic:build", schemas.SyntheticConfig, True),
         "token_shards": Builtin("ftfleet.trainer.data.shards:build", schemas.TokenShardsConfig, True),
     },
+    "validation.factory": {
+        "synthetic": Builtin("ftfleet.trainer.data.synthetic:held_out", schemas.SyntheticConfig, True),
+        "token_shards": Builtin("ftfleet.trainer.data.shards:build", schemas.TokenShardsConfig, True),
+    },
+    "validation.metrics": {"loss": Builtin("ftfleet.trainer.validation:loss_metrics", schemas.NoKeys, True)},
     "loss.factory": {"next_token": Builtin("ftfleet.trainer.losses:next_token", schemas.NextTokenConfig)},
     "optim.factory": {"adamw": Builtin("ftfleet.trainer.optim:adamw", schemas.AdamWConfig)},
     "optim.scheduler": {
@@ -66,6 +73,8 @@ BUILTINS: dict[str, dict[str, Builtin]] = {
 CALLED_WITH: dict[str, tuple[str, ...]] = {
     "model.factory": (),
     "data.factory": (),
+    "validation.factory": (),
+    "validation.metrics": (),
     "loss.factory": (),
     "optim.factory": ("model",),
     "optim.scheduler": ("optimizer",),

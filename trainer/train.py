@@ -177,19 +177,26 @@ def _load_initial_weights(cfg: JobConfig, model: nn.Module) -> None:
 
 def build_dataset(cfg: JobConfig, model: nn.Module) -> Any:
     dataset = cfg.data.factories["factory"](job=cfg)
+    check_dataset(dataset, model, "data.factory", cfg.data.factory)
+    return dataset
+
+
+def check_dataset(dataset: Any, model: nn.Module, key: str, spec: str) -> None:
+    """What a dataset factory (``key`` = ``spec``) returned can be read, and its token ids
+    fit the model's embedding; ConfigError otherwise."""
     if not (callable(getattr(dataset, "__getitem__", None)) or isinstance(dataset, torch.utils.data.IterableDataset)):
         raise ConfigError(
-            f"data.factory={cfg.data.factory} returned {type(dataset).__name__}: return a map-style dataset "
+            f"{key}={spec} returned {type(dataset).__name__}: return a map-style dataset "
             "(__getitem__, and __len__ when sized) or a torch.utils.data.IterableDataset"
         )
     vocab = getattr(dataset, "vocab_size", None)
     embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
     if isinstance(vocab, int) and embedding is not None and vocab > embedding.num_embeddings:
+        section = key.split(".")[0]
         raise ConfigError(
-            f"data: token ids go up to {vocab - 1} but the model's embedding has {embedding.num_embeddings} rows: "
+            f"{section}: token ids go up to {vocab - 1} but the model's embedding has {embedding.num_embeddings} rows: "
             f"give the model a vocabulary of at least {vocab}"
         )
-    return dataset
 
 
 def warm_up() -> None:

@@ -80,3 +80,25 @@ def foreign_modules(model):
     import torch
 
     return [torch.nn.Linear(1, 1)]
+
+
+def token_accuracy(cfg, job):
+    """``validation.metrics``: next-token accuracy beside the loss."""
+    import torch
+
+    from ftfleet.trainer.losses import next_token_loss
+
+    def metrics(model, batch):
+        logits = model(batch[:, :-1])
+        accuracy = (logits.argmax(-1) == batch[:, 1:]).float().mean()
+        return {"loss": next_token_loss(model, batch), "accuracy": accuracy, "count": torch.tensor(batch.shape[0])}
+
+    return metrics
+
+
+def not_metrics(cfg):
+    return 3
+
+
+def list_metrics(cfg):
+    return lambda model, batch: [1.0]

@@ -13,6 +13,7 @@ names the bad file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -24,7 +25,7 @@ from typing import Any
 from ftfleet.contract import parse_step_dir, step_dir_name
 from ftfleet.errors import UserError
 from ftfleet.trainer.checkpoint import retention
-from ftfleet.trainer.checkpoint.manifest import Manifest, ManifestError, checksum_stream, verify_dir
+from ftfleet.trainer.checkpoint.manifest import Manifest, ManifestError, Milestone, checksum_stream, verify_dir
 from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
 
 
@@ -168,6 +169,8 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
             run_id=manifest.run_id,
             created=_when(manifest.created_at),
             created_at=manifest.created_at,
+            validation=manifest.validation,
+            milestone=dataclasses.asdict(manifest.milestone) if manifest.milestone else None,
         )
         rows.append(row)
     if not full:
@@ -196,12 +199,14 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
 
 
 def _kept_by(rows: list[dict[str, Any]], rules: list[str] | None) -> None:
-    """Set each committed row's ``kept_by``: the rule of the durable tiers' schedule that
-    keeps it (:func:`~ftfleet.trainer.checkpoint.retention.keep_reasons`), or None where
-    the schedule would delete it."""
+    """Set each committed row's ``kept_by``: what keeps it in a durable tier (the newest,
+    a milestone, or a rule of the schedule:
+    :func:`~ftfleet.trainer.checkpoint.retention.keep_reasons`), or None where the
+    schedule would delete it."""
     schedule = retention.parse_schedule(rules or retention.DEFAULT_SCHEDULE, key="--retention")
     created = {r["step"]: r["created_at"] for r in rows if "created_at" in r}
-    reasons = retention.keep_reasons(created, schedule)
+    marks = {r["step"]: Milestone(**r["milestone"]) for r in rows if r.get("milestone")}
+    reasons = retention.keep_reasons(created, schedule, milestones=retention.milestone_reasons(marks))
     for r in rows:
         if "created_at" in r:
             r["kept_by"] = reasons.get(r["step"])

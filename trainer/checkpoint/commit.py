@@ -19,6 +19,7 @@ loader counts; a crash after it leaves a complete, verified checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from ftfleet.contract import MANIFEST_NAME
 from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
     Manifest,
+    Milestone,
     checksum_files,
     write_manifest,
 )
@@ -36,6 +38,15 @@ from ftfleet.trainer.resilience import fencing
 log = logging.getLogger("ftfleet.ckpt")
 
 DCP_METADATA = ".metadata"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Notes:
+    """What a checkpoint's manifest records about its step beyond the files: the
+    evaluation's metrics, and whether it is a milestone (trainer/validation.py)."""
+
+    validation: dict[str, float] | None = None
+    milestone: Milestone | None = None
 
 
 class CommitError(RuntimeError):
@@ -103,13 +114,15 @@ def commit_step(
     torch_version: str,
     streamed: dict[str, FileEntry | str] | None = None,
     fence: fencing.Fence | None = None,
+    notes: Notes | None = None,
 ) -> Manifest:
     """Collective: returns the committed manifest on every rank, or raises CommitError on
     every rank. ``streamed``: this rank's writer's records (file name -> entry, or the
     reason there is none); without them this rank reads back the files of its prefix.
     ``fence``: the writer's generation, checked by rank 0 right before the manifest is
     written; a refusal is every rank's (:func:`~ftfleet.trainer.resilience.fencing.refuse`:
-    the process leaves, or a replaced attempt's commit raises CommitError)."""
+    the process leaves, or a replaced attempt's commit raises CommitError). ``notes``:
+    what the manifest records beside the files (rank 0's are used)."""
     entries: dict[str, FileEntry] = {}
     error = dcp_error
     shards: dict[str, int] = {}
@@ -150,6 +163,8 @@ def commit_step(
                 world_size=comm.world_size,
                 files=files,
                 torch_version=torch_version,
+                validation=notes.validation if notes else None,
+                milestone=notes.milestone if notes else None,
             )
             fenced = fencing.problem_of(fence)  # right before the write: one generation commits
             if fenced is not None:

@@ -47,7 +47,7 @@ from ftfleet.contract import memory_dir
 from ftfleet.errors import ConfigError, interrupt_in
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
-from ftfleet.trainer.checkpoint.commit import CommitError, commit_step
+from ftfleet.trainer.checkpoint.commit import CommitError, Notes, commit_step
 from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots, wait_in_slices
@@ -193,6 +193,10 @@ class CheckpointManager:
         #: None: nothing, or not looked): what a restore from memory leaves durable.
         self.newest_on_disk: int | None = None
         self._staging: Future[None] | None = None
+        #: What the manifest of a step to be saved records (:meth:`annotate`).
+        self._notes: dict[int, Notes] = {}
+        #: The fast tier keeps every milestone as marked only where it is the only tier.
+        self._local_milestones = retention.BEST_ONLY if "primary" in stores else retention.AS_MARKED
         self._memory_write: Future[Any] | None = None  # a save written from a snapshot
         self.uploader: Uploader | None = None
         if uploads:
@@ -401,6 +405,11 @@ class CheckpointManager:
             self.uploader.submit(found.manifest)
 
     # --- save ----------------------------------------------------------------
+    def annotate(self, step: int, notes: Notes) -> None:
+        """Record ``notes`` in the manifest of ``step`` if it is saved next (a later save
+        drops them)."""
+        self._notes = {step: notes}
+
     def save(self, step: int, *, blocking: bool = False, asynchronous: bool | None = None) -> Manifest | None:
         """Start saving the current state as ``step-N``. Collective. Non-blocking: returns
         once staging started (call :meth:`wait_for_staging` before changing the weights).
@@ -410,6 +419,7 @@ class CheckpointManager:
         (``async_save``). Every rank must pass the same."""
         t0 = time.monotonic()
         self.wait()
+        notes, self._notes = self._notes.get(step), {}
         step_dir = self.local.step_dir(step)
         if self.comm.rank == 0:
             # A directory of this step is debris of a crash, or of a run that rolled back
@@ -453,7 +463,7 @@ class CheckpointManager:
                 if (interrupt := interrupt_in(exc, self.comm.rank)) is not None:
                     raise interrupt from None
                 written.set_exception(exc)
-        self._inflight = self._commit_pool.submit(self._commit, step, written, writer, t0)
+        self._inflight = self._commit_pool.submit(self._commit, step, written, writer, t0, notes)
         self.last_saved_step = step
         self.stats.saves += 1
         self.stats.last_blocked_s = time.monotonic() - t0
@@ -517,7 +527,9 @@ class CheckpointManager:
             log.error("%s", exc)
             return None
 
-    def _commit(self, step: int, written: Future, writer: ChecksummingWriter, t0: float) -> Manifest:
+    def _commit(
+        self, step: int, written: Future, writer: ChecksummingWriter, t0: float, notes: Notes | None = None
+    ) -> Manifest:
         metadata, error = None, None
         try:
             metadata = written.result()
@@ -536,6 +548,7 @@ class CheckpointManager:
             torch_version=torch.__version__,
             streamed=writer.streamed(),
             fence=self.fence,
+            notes=notes,
         )
         self.stats.last_commit_s = time.monotonic() - t0
         self.committed.append(step)
@@ -548,7 +561,7 @@ class CheckpointManager:
                 self.stats.last_commit_s,
             )
             protected = {step} | (self.uploader.pending_steps() if self.uploader else set())
-            retention.prune(self.local, self.cfg.keep, self.cfg.pinned_steps, protected)
+            retention.prune(self.local, self.cfg.keep, self.cfg.pinned_steps, protected, self._local_milestones)
         if self.uploader is not None:
             self.uploader.submit(manifest)
         for callback in self.on_commit:

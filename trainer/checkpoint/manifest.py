@@ -11,6 +11,10 @@ CRC32C (hardware-accelerated through google-crc32c, the checksum GCS and S3 also
 detects bit flips and truncation at several GB/s; SHA-256 runs at ~0.4 GB/s on the CI
 machines and would dominate the commit time of a large checkpoint.
 
+A checkpoint saved at a validation step also records what the evaluation measured
+(``validation``), and one saved as a milestone says so (``milestone``), which is what
+retention keeps it by (trainer/checkpoint/retention.py). Both are absent otherwise.
+
 No torch import here: ``ftfleet ckpt list|verify`` runs without it.
 """
 
@@ -47,6 +51,45 @@ class FileEntry:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Milestone:
+    """A checkpoint that was the best of its run by ``metric`` when it was saved."""
+
+    metric: str
+    mode: str
+    """``min`` or ``max``: which way is better."""
+    value: float
+    keep: str
+    """``best``: kept until a better milestone of the same metric exists in the tier;
+    ``all``: kept for good."""
+
+    def better_than(self, other: Milestone) -> bool:
+        return self.value < other.value if self.mode == "min" else self.value > other.value
+
+    def describe(self) -> str:
+        return f"milestone ({self.metric} {self.value:.6g})"
+
+    @classmethod
+    def from_json(cls, data: object) -> Milestone:
+        if not isinstance(data, dict):
+            raise ManifestError(f"milestone is {type(data).__name__}, not an object")
+        metric, mode, value, keep = (data.get(k) for k in ("metric", "mode", "value", "keep"))
+        if not isinstance(metric, str) or not metric or mode not in ("min", "max") or keep not in ("best", "all"):
+            raise ManifestError(f"bad milestone {data!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ManifestError(f"milestone value {value!r}")
+        return cls(metric, mode, float(value), keep)
+
+
+def _metrics(data: object) -> dict[str, float]:
+    """A manifest's ``validation``: metric name -> a finite number."""
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) for k, v in data.items()
+    ):
+        raise ManifestError(f"validation is not a mapping of names to numbers: {str(data)[:200]}")
+    return {k: float(v) for k, v in data.items()}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Manifest:
     step: int
     run_id: str
@@ -58,6 +101,9 @@ class Manifest:
     created_at: float = dataclasses.field(default_factory=time.time)
     format: str = FORMAT
     checksum: str = CHECKSUM
+    validation: dict[str, float] | None = None
+    """The metrics of the evaluation at this step, when there was one."""
+    milestone: Milestone | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -66,6 +112,9 @@ class Manifest:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["files"] = {name: dataclasses.asdict(e) for name, e in sorted(self.files.items())}
+        for optional in ("validation", "milestone"):
+            if data[optional] is None:
+                del data[optional]
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -99,6 +148,8 @@ class Manifest:
                 torch_version=str(data["torch_version"]),
                 ftfleet_version=str(data["ftfleet_version"]),
                 created_at=float(data["created_at"]),
+                validation=_metrics(data["validation"]) if data.get("validation") is not None else None,
+                milestone=Milestone.from_json(data["milestone"]) if data.get("milestone") is not None else None,
             )
         # ValueError: a created_at that is no number; OverflowError: an integer past a float.
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:

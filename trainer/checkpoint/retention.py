@@ -13,6 +13,11 @@
   keeps its last weeks as they were. Beyond any rule: the newest committed checkpoint
   and every pinned step are always kept, and a checkpoint whose time cannot be read is
   kept (and logged), never guessed at.
+* Milestones (:func:`milestone_reasons`), the checkpoints saved as the best evaluation of
+  their run (trainer/validation.py), are kept beyond both policies by what their
+  manifests say: the best of each metric always; the others, marked ``keep: all``, by
+  the durable tiers for good. Nothing outside the tier is consulted, so a sweep of a
+  bucket whose run is gone keeps the same set.
 
 Runs on rank 0 after a commit (local tier) or an upload (object tier). Deletion removes
 the manifest first, so a checkpoint stops existing before it loses a file. Failures are
@@ -29,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ftfleet.errors import ConfigError
+from ftfleet.trainer.checkpoint.manifest import Milestone
 
 log = logging.getLogger("ftfleet.ckpt")
 
@@ -48,6 +54,8 @@ class DatedTier(Tier, Protocol):
 DEFAULT_SCHEDULE = ("all for 6h", "1d for 7d", "1w for 13w")
 #: Why a checkpoint is kept beyond the rules.
 NEWEST, PINNED, UNDATED = "newest", "pinned", "undated"
+#: Which milestones a tier keeps: each as its manifest says, or only the best of each metric.
+AS_MARKED, BEST_ONLY = "as marked", "best only"
 
 _UNITS = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _RULE = re.compile(r"^\s*(all|\d+[mhdw])\s+for\s+(\d+[mhdw])\s*$")
@@ -86,17 +94,41 @@ def _seconds(text: str) -> float:
     return int(text[:-1]) * _UNITS[text[-1]]
 
 
+def milestone_reasons(milestones: Mapping[int, Milestone | None], keep: str = AS_MARKED) -> dict[int, str]:
+    """step -> why it is kept, for the milestones among ``milestones`` (step -> the
+    manifest's milestone, or None) that are kept: of each metric (name and direction) the
+    best (ties: the newest), and with ``keep`` :data:`AS_MARKED` every one marked
+    ``keep: all``."""
+    best: dict[tuple[str, str], int] = {}
+    kept: set[int] = set()
+    for step in sorted(s for s, m in milestones.items() if m is not None):
+        mark = milestones[step]
+        group = (mark.metric, mark.mode)
+        if group not in best or not milestones[best[group]].better_than(mark):
+            best[group] = step
+        if keep == AS_MARKED and mark.keep == "all":
+            kept.add(step)
+    kept.update(best.values())
+    return {step: milestones[step].describe() for step in sorted(kept)}
+
+
 def keep_reasons(
-    created: Mapping[int, float | None], rules: Sequence[Rule], pinned: Iterable[int] = ()
+    created: Mapping[int, float | None],
+    rules: Sequence[Rule],
+    pinned: Iterable[int] = (),
+    milestones: Mapping[int, str] | None = None,
 ) -> dict[int, str]:
     """step -> why it is kept, for the committed checkpoints ``created`` (step -> commit
     time, None where unknown); a step absent from the result is not kept. The first reason
-    that applies is given: newest, pinned, undated, then the rules in order."""
+    that applies is given: a milestone (``milestones``: step -> reason,
+    :func:`milestone_reasons`), newest, pinned, undated, then the rules in order."""
     reasons: dict[int, str] = {}
     if not created:
         return reasons
-    newest = max(created)
-    reasons[newest] = NEWEST
+    for step, why in (milestones or {}).items():
+        if step in created:
+            reasons[step] = why
+    reasons.setdefault(max(created), NEWEST)
     for step in pinned:
         if step in created:
             reasons.setdefault(step, PINNED)
@@ -154,11 +186,20 @@ def _remove(tier: Tier, victims: Iterable[int]) -> list[int]:
     return deleted
 
 
-def prune(tier: Tier, keep: int, pinned: Iterable[int] = (), protected: Iterable[int] = ()) -> list[int]:
-    """Apply the policy to ``tier``; returns the steps deleted."""
+def prune(
+    tier: DatedTier,
+    keep: int,
+    pinned: Iterable[int] = (),
+    protected: Iterable[int] = (),
+    milestones: str = BEST_ONLY,
+) -> list[int]:
+    """Apply the policy to ``tier``: the newest ``keep``, ``pinned``, ``protected`` and its
+    milestones (``milestones``: :data:`BEST_ONLY`, or :data:`AS_MARKED` where the tier is
+    the run's only one); returns the steps deleted."""
     try:
         committed = tier.committed_steps()
-        victims = steps_to_delete(committed, keep, pinned, protected)
+        marked = milestone_reasons({s: _milestone(tier, s) for s in committed}, milestones)
+        victims = steps_to_delete(committed, keep, [*pinned, *marked], protected)
         victims += debris(tier.all_steps(), committed, protected)
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
@@ -174,8 +215,10 @@ def prune_by_schedule(
     deleted. ``protected`` steps (being uploaded, or just restored) are never deleted."""
     try:
         committed = tier.committed_steps()
-        created = {step: _created_at(tier, step) for step in committed}
-        kept = keep_reasons(created, rules, pinned)
+        manifests = {step: _manifest(tier, step) for step in committed}
+        created = {step: _created_at(m) for step, m in manifests.items()}
+        marked = milestone_reasons({s: getattr(m, "milestone", None) for s, m in manifests.items()})
+        kept = keep_reasons(created, rules, pinned, marked)
         keep = set(kept) | set(protected)
         victims = [s for s in committed if s not in keep]
         victims += debris(tier.all_steps(), committed, protected)
@@ -185,12 +228,25 @@ def prune_by_schedule(
     return _remove(tier, victims)
 
 
-def _created_at(tier: DatedTier, step: int) -> float | None:
-    """The manifest's commit time, or None (logged) when it cannot be read: kept, never guessed."""
+def _manifest(tier: DatedTier, step: int) -> object | None:
+    """The manifest, or None (logged) when it cannot be read: its checkpoint is then kept
+    by the schedule (undated), never guessed at."""
     try:
-        manifest = tier.read_manifest(step)
+        return tier.read_manifest(step)
     except Exception as exc:  # noqa: BLE001 - an unreadable manifest keeps its checkpoint
         log.warning("retention: step-%d of %s kept: its manifest does not read (%s)", step, tier.describe(), exc)
         return None
+
+
+def _created_at(manifest: object | None) -> float | None:
     created = getattr(manifest, "created_at", None)
     return float(created) if isinstance(created, int | float) else None
+
+
+def _milestone(tier: DatedTier, step: int) -> Milestone | None:
+    """The fast tier's view: a manifest that does not read marks no milestone (the
+    newest ``keep`` are kept regardless)."""
+    try:
+        return getattr(tier.read_manifest(step), "milestone", None)
+    except Exception:  # noqa: BLE001 - the loaders refuse such a checkpoint anyway
+        return None

@@ -37,6 +37,7 @@ from ftfleet.trainer.resilience.observability.monitor import StepMonitor
 from ftfleet.trainer.resilience.observability.node_metrics import NodeMetrics
 from ftfleet.trainer.resilience.preemption.boundary import Interruptions
 from ftfleet.trainer.resilience.preemption.sequence import Preemption
+from ftfleet.trainer.validation import Validation
 
 if TYPE_CHECKING:
     from ftfleet.trainer.train import Run
@@ -110,6 +111,9 @@ class Resilience:
             watchdog=self.watchdog, metrics=self.metrics, events=self.events, step_events=cfg.train.step_events
         )
         self.node_metrics = NodeMetrics.from_env(res.node_metrics, local_rank=run.env.local_rank, environ=environ)
+        self.validation = Validation.build(
+            run, self.schedule, events=self.events, metrics=self.metrics, watchdog=self.watchdog
+        )
 
     def callbacks(self, extra: Sequence[Callback] = ()) -> list[Callback]:
         """The loop's callbacks, in order. Stops that need no collective come before the
@@ -125,6 +129,7 @@ class Resilience:
             *([self.node_metrics] if self.node_metrics is not None else []),
             self.anomalies,
             LogProgress(train.log_every),
+            *([self.validation] if self.validation is not None else []),
             self.schedule,
         ]
 
@@ -170,6 +175,7 @@ class Resilience:
             **self.anomalies.summary(),
             "checkpoint_interval": self.schedule.reason,
             "restarts": int(self.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            **(self.validation.summary() if self.validation is not None else {}),
         }
 
     def close(self) -> None:

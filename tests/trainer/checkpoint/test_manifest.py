@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
 
 from ftfleet.trainer.checkpoint.manifest import (
+    FileEntry,
     Manifest,
     ManifestError,
+    Milestone,
     assign_files,
     checksum_file,
     read_manifest,
@@ -105,3 +108,36 @@ def test_retention_keeps_the_newest_k_plus_pinned_and_protected():
 
 def test_debris_is_uncommitted_steps_older_than_the_newest_commit():
     assert debris(all_steps=[5, 10, 15, 20, 25], committed=[10, 20]) == [5, 15]
+
+
+def test_a_milestone_and_its_metrics_round_trip_and_a_manifest_without_them_is_unchanged():
+    files = {"a": FileEntry(1, "00000000")}
+    plain = Manifest(3, "r", "c", 1, files, "t", created_at=1.0)
+    assert "milestone" not in plain.to_json() and "validation" not in plain.to_json()
+    assert Manifest.from_json(plain.to_json()) == plain
+    marked = dataclasses.replace(
+        plain, validation={"loss": 2.5, "acc": 0.25}, milestone=Milestone("loss", "min", 2.5, "best")
+    )
+    assert Manifest.from_json(marked.to_json()) == marked
+
+
+@pytest.mark.parametrize(
+    "milestone",
+    [
+        "best",
+        {"metric": "loss", "mode": "down", "value": 1.0, "keep": "best"},
+        {"metric": "", "mode": "min", "value": 1.0, "keep": "best"},
+        {"metric": "loss", "mode": "min", "value": "1", "keep": "best"},
+        {"metric": "loss", "mode": "min", "value": 1.0, "keep": "forever"},
+        {"metric": "loss", "mode": "min", "value": True, "keep": "best"},
+    ],
+)
+def test_a_malformed_milestone_makes_the_manifest_malformed(milestone):
+    data = json.loads(Manifest(3, "r", "c", 1, {"a": FileEntry(1, "00000000")}, "t").to_json())
+    data["milestone"] = milestone
+    with pytest.raises(ManifestError, match="milestone"):
+        Manifest.from_json(json.dumps(data))
+    data["milestone"] = None
+    data["validation"] = {"loss": "low"}
+    with pytest.raises(ManifestError, match="validation"):
+        Manifest.from_json(json.dumps(data))

@@ -12,6 +12,7 @@ import pytest
 
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint import retention
+from ftfleet.trainer.checkpoint.manifest import Milestone
 from ftfleet.trainer.checkpoint.retention import (
     DEFAULT_SCHEDULE,
     keep_reasons,
@@ -28,6 +29,7 @@ START = 1_767_571_200.0
 @dataclasses.dataclass
 class Dated:
     created_at: float
+    milestone: Milestone | None = None
 
 
 class StandInTier:
@@ -39,9 +41,12 @@ class StandInTier:
         self.uncommitted: set[int] = set()
         self.removed: list[int] = []
         self.unreadable: set[int] = set()
+        self.milestones: dict[int, Milestone] = {}
 
-    def commit(self, step: int, at: float) -> None:
+    def commit(self, step: int, at: float, milestone: Milestone | None = None) -> None:
         self.created[step] = at
+        if milestone is not None:
+            self.milestones[step] = milestone
 
     def committed_steps(self) -> list[int]:
         return sorted(self.created)
@@ -52,7 +57,7 @@ class StandInTier:
     def read_manifest(self, step: int) -> Dated | None:
         if step in self.unreadable:
             raise ValueError("malformed manifest")
-        return Dated(self.created[step]) if step in self.created else None
+        return Dated(self.created[step], self.milestones.get(step)) if step in self.created else None
 
     def remove_step(self, step: int) -> None:
         self.created.pop(step, None)
@@ -180,3 +185,76 @@ def test_ckpt_list_names_the_rule_that_keeps_each_checkpoint(tmp_path, capsys):
     assert {r["step"]: r["kept_by"] for r in rows} == {10: None, 20: "all for 2h", 30: "newest"}
     assert main(["ckpt", "list", str(tmp_path), "--retention", "daily"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: --retention[0]: 'daily' is not a rule")
+
+
+def loss(value: float, keep: str = "best") -> Milestone:
+    return Milestone("loss", "min", value, keep)
+
+
+def test_the_best_milestone_of_each_metric_is_kept_and_marked_ones_as_marked():
+    marks = {
+        10: loss(3.0),
+        20: loss(2.0),
+        30: None,
+        40: loss(2.0),  # a tie: the newer is the best
+        50: Milestone("acc", "max", 0.5, "all"),
+        60: Milestone("acc", "max", 0.7, "best"),
+        70: loss(2.5, "all"),
+    }
+    assert retention.milestone_reasons(marks) == {
+        40: "milestone (loss 2)",
+        50: "milestone (acc 0.5)",
+        60: "milestone (acc 0.7)",
+        70: "milestone (loss 2.5)",
+    }
+    assert set(retention.milestone_reasons(marks, retention.BEST_ONLY)) == {40, 60}
+    assert retention.milestone_reasons({}) == {}
+
+
+def test_a_surpassed_milestone_goes_from_a_bucket_one_kept_for_good_does_not_and_the_best_outlives_the_schedule():
+    tier, rules = StandInTier(), parse_schedule(["all for 1h"])
+    tier.commit(100, START, loss(3.0))
+    tier.commit(200, START + 1 * DAY, loss(2.0, "all"))
+    tier.commit(300, START + 2 * DAY, loss(1.5))
+    tier.commit(400, START + 3 * DAY, loss(1.8))  # saved as the best by a run that rolled back
+    tier.commit(500, START + 4 * DAY)
+    prune_by_schedule(tier, rules)
+    assert tier.committed_steps() == [200, 300, 500]
+    reasons = keep_reasons(
+        {s: tier.created[s] for s in tier.created}, rules, milestones=retention.milestone_reasons(tier.milestones)
+    )
+    assert reasons == {200: "milestone (loss 2)", 300: "milestone (loss 1.5)", 500: "newest"}
+
+
+def test_the_fast_tier_keeps_its_newest_and_the_best_milestone_and_all_as_marked_when_it_is_the_only_tier():
+    tier = StandInTier()
+    for step, value in ((1, 4.0), (2, 3.0), (3, 3.5), (4, None), (5, None), (6, None)):
+        tier.commit(step, START + step, loss(value, "all") if value is not None else None)
+    only = StandInTier()
+    only.created, only.milestones = dict(tier.created), dict(tier.milestones)
+    retention.prune(tier, 2, milestones=retention.BEST_ONLY)
+    assert tier.committed_steps() == [2, 5, 6]
+    retention.prune(only, 2, milestones=retention.AS_MARKED)
+    assert only.committed_steps() == [1, 2, 3, 5, 6]
+
+
+def test_random_milestone_histories_always_keep_the_best_of_each_metric():
+    rng = random.Random(11)
+    for _ in range(200):
+        tier = StandInTier()
+        steps = sorted(rng.sample(range(1, 5_000), rng.randint(1, 30)))
+        for s in steps:
+            mark = None
+            if rng.random() < 0.5:
+                metric, mode = rng.choice([("loss", "min"), ("acc", "max")])
+                mark = Milestone(metric, mode, rng.choice([1.0, 2.0, 3.0]), rng.choice(["best", "all"]))
+            tier.commit(s, START + rng.uniform(0, 60 * DAY), mark)
+        marks = dict(tier.milestones)
+        prune_by_schedule(tier, parse_schedule(rng.sample(["all for 2h", "1d for 7d"], rng.randint(0, 2))))
+        kept = set(tier.committed_steps())
+        for metric, mode in (("loss", "min"), ("acc", "max")):
+            group = {s: m for s, m in marks.items() if m.metric == metric}
+            if group:
+                best = (min if mode == "min" else max)(m.value for m in group.values())
+                assert max(s for s, m in group.items() if m.value == best) in kept
+        assert {s for s, m in marks.items() if m.keep == "all"} <= kept

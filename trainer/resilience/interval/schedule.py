@@ -135,6 +135,8 @@ class SaveSchedule(Callback):
         #: fixed_steps later (after every restart that was one more save than planned).
         self._replan_save: tuple[int, int] | None = None
         self._first_step_seen = False
+        #: A save asked for at a step's end beside the interval (:meth:`request`).
+        self._requested: tuple[int, str] | None = None
         self._saves_started = 0
         self._mode_why = ""
         ckpt.on_commit.append(self._on_commit)
@@ -177,7 +179,11 @@ class SaveSchedule(Callback):
             _, first = self._replan
             self._replan = None
             self.reschedule_snapshot(first)
-        save = self.due(info.step) and info.step < self.last_step
+        requested, self._requested = self._requested, None
+        reason = "interval"
+        if requested is not None and requested[0] == info.step and self.ckpt.cfg.enabled and not self.due(info.step):
+            reason = requested[1]
+        save = (self.due(info.step) or reason != "interval") and info.step < self.last_step
         snapshot = self.next_snapshot is not None and info.step >= self.next_snapshot and info.step < self.last_step
         # A background save written from memory (checkpoint.save_from_memory) writes the
         # snapshot of its step: taken here, it is a snapshot of the schedule's (measured,
@@ -185,7 +191,13 @@ class SaveSchedule(Callback):
         if snapshot or (save and self._saves_from_memory()):
             self.snapshot(info.step)
         if save:
-            self.save(info.step, "interval")
+            self.save(info.step, reason)
+
+    def request(self, step: int, reason: str) -> None:
+        """Save ``step`` at its end whether or not the interval is due (a milestone).
+        Every rank asks at the same step, before this callback runs; the final step is
+        saved anyway. The interval then runs from this save."""
+        self._requested = (step, reason)
 
     def _saves_from_memory(self) -> bool:
         """Whether the next interval save writes a snapshot: a background one (the auto

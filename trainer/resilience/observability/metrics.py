@@ -84,6 +84,12 @@ class Metrics:
         self.restarts = Gauge("ftfleet_restarts", "Restarts of the worker group so far.", _LABELS, registry=r).labels(
             *v
         )
+        self._validation = Gauge(
+            "ftfleet_validation",
+            "The last evaluation of the validation set, by metric.",
+            (*_LABELS, "metric"),
+            registry=r,
+        )
         self._server: Any = None
 
     @classmethod
@@ -103,6 +109,10 @@ class Metrics:
     def checkpoint_saved(self, blocked_s: float, persist_s: float) -> None:
         self.checkpoint_blocked_seconds.observe(blocked_s)
         self.checkpoint_persist_seconds.observe(persist_s)
+
+    def validated(self, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            self._validation.labels(*self._values, name).set(value)
 
     def notice(self, kind: NoticeKind | str) -> None:
         self._notices.labels(*self._values, NoticeKind(kind).value).inc()
