@@ -194,6 +194,7 @@ def test_a_run_with_validation_stopped_and_resumed_ends_where_the_reference_ends
     checkpoint, or its first evaluation would count as the best again."""
     import json
 
+    from ftfleet import retention
     from ftfleet.cli import main
     from tests.trainer.conftest import run_trainer
 
@@ -217,3 +218,4 @@ def test_a_run_with_validation_stopped_and_resumed_ends_where_the_reference_ends
     assert main(["ckpt", "list", str(ckpts), "--json"]) == 0
     rows = {r["step"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows[6]["kept_by"] == f"milestone (loss {losses[0]:.6g})" and rows[6]["validation"] == {"loss": losses[0]}
+    assert rows[24]["retention"] == {"rules": list(retention.DEFAULT_SCHEDULE), "pinned": []}  # every manifest

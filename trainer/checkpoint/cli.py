@@ -53,8 +53,9 @@ def register(subparsers: Any) -> None:
                 "--retention",
                 action="append",
                 metavar="RULE",
-                help="a rule of the run's checkpoint.retention, repeated in order (default: the default "
-                "schedule); the 'kept by' column names the rule that keeps each checkpoint in a durable tier",
+                help="a rule of checkpoint.retention, repeated in order (default: the schedule the newest "
+                "manifest records, else the default); the 'kept by' column names what keeps each checkpoint "
+                "in a durable tier",
             )
         if name == "inspect":
             p.add_argument(
@@ -171,6 +172,7 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
             created_at=manifest.created_at,
             validation=manifest.validation,
             milestone=dataclasses.asdict(manifest.milestone) if manifest.milestone else None,
+            retention=manifest.retention.to_json() if manifest.retention else None,
         )
         rows.append(row)
     if not full:
@@ -199,14 +201,17 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
 
 
 def _kept_by(rows: list[dict[str, Any]], rules: list[str] | None) -> None:
-    """Set each committed row's ``kept_by``: what keeps it in a durable tier (the newest,
-    a milestone, or a rule of the schedule:
+    """Set each committed row's ``kept_by``: what keeps it in a durable tier (a milestone,
+    the newest, a pinned step, or a rule of ``rules`` or else the schedule the newest
+    manifest records:
     :func:`~ftfleet.trainer.checkpoint.retention.keep_reasons`), or None where the
     schedule would delete it."""
-    schedule = retention.parse_schedule(rules or retention.DEFAULT_SCHEDULE, key="--retention")
+    written = [r["retention"] for r in sorted(rows, key=lambda r: r["step"]) if r.get("retention")]
+    policy = retention.Policy(**{k: tuple(v) for k, v in written[-1].items()}) if written else retention.Policy()
+    schedule = retention.parse_schedule(rules, key="--retention") if rules else policy.schedule()
     created = {r["step"]: r["created_at"] for r in rows if "created_at" in r}
     marks = {r["step"]: Milestone(**r["milestone"]) for r in rows if r.get("milestone")}
-    reasons = retention.keep_reasons(created, schedule, milestones=retention.milestone_reasons(marks))
+    reasons = retention.keep_reasons(created, schedule, policy.pinned, retention.milestone_reasons(marks))
     for r in rows:
         if "created_at" in r:
             r["kept_by"] = reasons.get(r["step"])

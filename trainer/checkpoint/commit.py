@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ftfleet.contract import MANIFEST_NAME
+from ftfleet.retention import Milestone, Policy
 from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
     Manifest,
-    Milestone,
     checksum_files,
     write_manifest,
 )
@@ -42,11 +42,12 @@ DCP_METADATA = ".metadata"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Notes:
-    """What a checkpoint's manifest records about its step beyond the files: the
-    evaluation's metrics, and whether it is a milestone (trainer/validation.py)."""
+    """What a checkpoint's manifest records beyond the files: the evaluation's metrics,
+    whether it is a milestone (trainer/validation.py), and the writer's retention policy."""
 
     validation: dict[str, float] | None = None
     milestone: Milestone | None = None
+    retention: Policy | None = None
 
 
 class CommitError(RuntimeError):
@@ -165,6 +166,7 @@ def commit_step(
                 torch_version=torch_version,
                 validation=notes.validation if notes else None,
                 milestone=notes.milestone if notes else None,
+                retention=notes.retention if notes else None,
             )
             fenced = fencing.problem_of(fence)  # right before the write: one generation commits
             if fenced is not None:

@@ -193,8 +193,10 @@ class CheckpointManager:
         #: None: nothing, or not looked): what a restore from memory leaves durable.
         self.newest_on_disk: int | None = None
         self._staging: Future[None] | None = None
-        #: What the manifest of a step to be saved records (:meth:`annotate`).
+        #: What the manifest of a step to be saved records (:meth:`annotate`), and the
+        #: retention policy every manifest records.
         self._notes: dict[int, Notes] = {}
+        self.policy = retention.Policy(tuple(cfg.retention), tuple(cfg.pinned_steps))
         #: The fast tier keeps every milestone as marked only where it is the only tier.
         self._local_milestones = retention.BEST_ONLY if "primary" in stores else retention.AS_MARKED
         self._memory_write: Future[Any] | None = None  # a save written from a snapshot
@@ -419,7 +421,8 @@ class CheckpointManager:
         (``async_save``). Every rank must pass the same."""
         t0 = time.monotonic()
         self.wait()
-        notes, self._notes = self._notes.get(step), {}
+        notes = dataclasses.replace(self._notes.get(step) or Notes(), retention=self.policy)
+        self._notes = {}
         step_dir = self.local.step_dir(step)
         if self.comm.rank == 0:
             # A directory of this step is debris of a crash, or of a run that rolled back

@@ -12,8 +12,9 @@ detects bit flips and truncation at several GB/s; SHA-256 runs at ~0.4 GB/s on t
 machines and would dominate the commit time of a large checkpoint.
 
 A checkpoint saved at a validation step also records what the evaluation measured
-(``validation``), and one saved as a milestone says so (``milestone``), which is what
-retention keeps it by (trainer/checkpoint/retention.py). Both are absent otherwise.
+(``validation``), one saved as a milestone says so (``milestone``), and the writer's
+retention policy for the buckets (``retention``) goes with every checkpoint the trainer
+writes: what retention keeps is decided from the manifests (ftfleet/retention.py).
 
 No torch import here: ``ftfleet ckpt list|verify`` runs without it.
 """
@@ -34,6 +35,7 @@ import google_crc32c
 
 from ftfleet import __version__ as FTFLEET_VERSION
 from ftfleet.contract import MANIFEST_NAME
+from ftfleet.retention import Milestone, Policy
 
 FORMAT = "ftfleet-checkpoint/1"
 CHECKSUM = "crc32c"
@@ -48,36 +50,6 @@ class ManifestError(ValueError):
 class FileEntry:
     size: int
     crc32c: str  # 8 hex digits
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Milestone:
-    """A checkpoint that was the best of its run by ``metric`` when it was saved."""
-
-    metric: str
-    mode: str
-    """``min`` or ``max``: which way is better."""
-    value: float
-    keep: str
-    """``best``: kept until a better milestone of the same metric exists in the tier;
-    ``all``: kept for good."""
-
-    def better_than(self, other: Milestone) -> bool:
-        return self.value < other.value if self.mode == "min" else self.value > other.value
-
-    def describe(self) -> str:
-        return f"milestone ({self.metric} {self.value:.6g})"
-
-    @classmethod
-    def from_json(cls, data: object) -> Milestone:
-        if not isinstance(data, dict):
-            raise ManifestError(f"milestone is {type(data).__name__}, not an object")
-        metric, mode, value, keep = (data.get(k) for k in ("metric", "mode", "value", "keep"))
-        if not isinstance(metric, str) or not metric or mode not in ("min", "max") or keep not in ("best", "all"):
-            raise ManifestError(f"bad milestone {data!r}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ManifestError(f"milestone value {value!r}")
-        return cls(metric, mode, float(value), keep)
 
 
 def _metrics(data: object) -> dict[str, float]:
@@ -104,6 +76,8 @@ class Manifest:
     validation: dict[str, float] | None = None
     """The metrics of the evaluation at this step, when there was one."""
     milestone: Milestone | None = None
+    retention: Policy | None = None
+    """The writer's retention policy for the durable tiers (what a sweep of a bucket applies)."""
 
     @property
     def total_bytes(self) -> int:
@@ -112,9 +86,11 @@ class Manifest:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["files"] = {name: dataclasses.asdict(e) for name, e in sorted(self.files.items())}
-        for optional in ("validation", "milestone"):
+        for optional in ("validation", "milestone", "retention"):
             if data[optional] is None:
                 del data[optional]
+        if self.retention is not None:
+            data["retention"] = self.retention.to_json()
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -150,6 +126,7 @@ class Manifest:
                 created_at=float(data["created_at"]),
                 validation=_metrics(data["validation"]) if data.get("validation") is not None else None,
                 milestone=Milestone.from_json(data["milestone"]) if data.get("milestone") is not None else None,
+                retention=Policy.from_json(data["retention"]) if data.get("retention") is not None else None,
             )
         # ValueError: a created_at that is no number; OverflowError: an integer past a float.
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:

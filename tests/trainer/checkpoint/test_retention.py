@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from ftfleet import retention as core
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.manifest import Milestone
@@ -258,3 +259,67 @@ def test_random_milestone_histories_always_keep_the_best_of_each_metric():
                 best = (min if mode == "min" else max)(m.value for m in group.values())
                 assert max(s for s, m in group.items() if m.value == best) in kept
         assert {s for s, m in marks.items() if m.keep == "all"} <= kept
+
+
+def test_a_policy_round_trips_and_a_bad_one_names_what_is_wrong():
+    policy = core.Policy(("all for 1h", "1d for 7d"), (5, 3))
+    assert core.Policy.from_json(policy.to_json()) == core.Policy(("all for 1h", "1d for 7d"), (3, 5))
+    for bad, words in (
+        ([], "not an object"),
+        ({"rules": "all for 1h"}, "must be lists"),
+        ({"rules": ["daily"]}, "'daily' is not a rule"),
+        ({"rules": [], "pinned": [-1]}, "integers >= 0"),
+        ({"rules": [], "pinned": [True]}, "integers >= 0"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            core.Policy.from_json(bad)
+
+
+def test_what_a_sweep_reads_in_a_manifest_and_refuses():
+    from ftfleet.trainer.checkpoint.manifest import FileEntry, Manifest
+
+    m = Manifest(
+        3, "r", "c", 1, {"a": FileEntry(1, "00000000")}, "t", created_at=START,
+        milestone=Milestone("loss", "min", 1.0, "all"), retention=core.Policy(("all for 1h",), (2,)),
+    )  # fmt: skip
+    assert core.Recorded.parse(m.to_json()) == core.Recorded(START, m.milestone, m.retention)
+    assert core.Recorded.parse(json.dumps({"created_at": 5})) == core.Recorded(5.0)
+    for bad in ("{", "[]", json.dumps({"created_at": "x"}), json.dumps({"created_at": 1, "milestone": {"metric": 1}})):
+        with pytest.raises(ValueError):
+            core.Recorded.parse(bad)
+
+
+def test_a_sweep_plan_applies_the_newest_recorded_policy_and_keeps_the_newest_complete_checkpoint():
+    rec = core.Recorded
+    recorded = {
+        1: rec(START, policy=core.Policy(("all for 30d",))),
+        2: rec(START + DAY),
+        3: None,  # does not read
+        4: rec(START + 2 * DAY, policy=core.Policy(("all for 1h",), (1,))),
+        5: rec(START + 3 * DAY),  # newest; its files not all there yet
+    }
+    plan = core.plan_sweep(recorded, complete={1, 2, 4}, uncommitted={0: 0.0, 9: 0.0}, now=START)
+    assert plan.policy == core.Policy(("all for 1h",), (1,))
+    assert plan.kept == {5: "newest", 1: "pinned", 3: "undated", 4: "newest"}
+    assert plan.delete == [2] and plan.debris == [0]  # 9 is newer than the newest checkpoint
+    young = core.plan_sweep(recorded, {4}, {0: START - 60}, now=START)
+    assert young.debris == []
+    fallback = core.plan_sweep({1: rec(START), 2: rec(START + DAY)}, {1, 2}, {}, START, core.Policy(()))
+    assert fallback.delete == [1] and fallback.policy == core.Policy(())
+
+
+def test_ckpt_list_applies_the_schedule_and_pins_the_newest_manifest_records(tmp_path, capsys):
+    from ftfleet.cli import main
+    from ftfleet.trainer.checkpoint.manifest import Manifest, checksum_file
+
+    policy = core.Policy(("all for 2h",), (10,))
+    for step, at in ((10, START), (20, START + 2 * DAY), (30, START + 2 * DAY + HOUR)):
+        d = tmp_path / f"step-{step}"
+        d.mkdir()
+        (d / "a.bin").write_bytes(b"x" * step)
+        files = {"a.bin": checksum_file(d / "a.bin")}
+        m = Manifest(step, "r", "c", 1, files, "t", created_at=at, retention=policy if step == 30 else None)
+        (d / "manifest.json").write_text(m.to_json())
+    assert main(["ckpt", "list", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["step"]: r["kept_by"] for r in rows} == {10: "pinned", 20: "all for 2h", 30: "newest"}
