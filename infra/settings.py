@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ftfleet import contract
+from ftfleet import contract, retention
 from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog, constraints
 
@@ -121,6 +121,9 @@ class RemediationSettings:
     storage_drift: bool
     replication_lag: bool
     replication_lag_alarm_seconds: int
+    retention_sweep: bool
+    checkpoint_retention: tuple[str, ...]
+    """The sweep's schedule where no manifest records one."""
     unhealthy_node_grace_seconds: int
     max_replacements_per_hour: int
     cloud_trail: str
@@ -318,6 +321,14 @@ def parse(
     )
 
 
+def _retention(r: _Reader) -> tuple[str, ...]:
+    rules = r.list("checkpointRetention")
+    if not rules:
+        raise _err("checkpointRetention", "is empty; give at least one rule, e.g. ['all for 6h']")
+    retention.parse_schedule(rules, key=f"{PROJECT}:checkpointRetention")  # a bad rule: one line naming it
+    return rules
+
+
 def _remediation(r: _Reader) -> RemediationSettings:
     trail = r.str("cloudTrail")
     if trail not in CLOUD_TRAIL_MODES:
@@ -333,6 +344,8 @@ def _remediation(r: _Reader) -> RemediationSettings:
         storage_drift=r.bool("remediationStorageDrift"),
         replication_lag=r.bool("remediationReplicationLag"),
         replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60, maximum=86400),
+        retention_sweep=r.bool("remediationRetentionSweep"),
+        checkpoint_retention=_retention(r),
         unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60, maximum=86400),
         max_replacements_per_hour=r.int("unhealthyNodeMaxReplacementsPerHour", minimum=1, maximum=100),
         cloud_trail=trail,

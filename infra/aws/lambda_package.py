@@ -1,7 +1,7 @@
 """Each remediation function's deployment package, straight from the source tree.
 
 A package holds the function's folder, ``lambdas/common/`` and the ``ftfleet`` modules
-the handlers import (``contract``, ``errors``), laid out under ``ftfleet/`` so that the
+the handlers import (``contract``, ``errors``, ``retention``), laid out under ``ftfleet/`` so that the
 handler imports the same names it does here. boto3 comes with Lambda's Python runtime.
 Files are listed one by one (sorted, ``*.py`` only), never whole folders, so that
 ``__pycache__`` does not change the archive's hash and redeploy the function.
@@ -17,8 +17,9 @@ import pulumi
 import ftfleet
 
 RUNTIME = "python3.13"
-#: The ftfleet modules every handler imports besides lambdas/ (no torch, no pulumi).
-CORE_MODULES = ("__init__.py", "contract.py", "errors.py")
+#: The ftfleet modules handlers import besides lambdas/ (no torch, no pulumi, no dependency
+#: beyond the standard library and boto3).
+CORE_MODULES = ("__init__.py", "contract.py", "errors.py", "retention.py")
 
 
 def _lambdas_dir() -> Path:

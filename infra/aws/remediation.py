@@ -27,6 +27,7 @@ from ftfleet.infra.settings import Settings
 from ftfleet.lambdas.common.config import FunctionConfig
 from ftfleet.lambdas.lifecycle_handoff.config import Config as HandoffConfig
 from ftfleet.lambdas.replication_watch.config import Config as WatchConfig
+from ftfleet.lambdas.retention_sweep.config import Config as SweepConfig
 from ftfleet.lambdas.spot_interruption.config import Config as SpotConfig
 from ftfleet.lambdas.storage_drift.config import DESIRED_FILE
 from ftfleet.lambdas.storage_drift.config import Config as DriftConfig
@@ -105,6 +106,11 @@ class Remediation(pulumi.ComponentResource):
             )
             fn = self._deploy("replication_watch", env, iam.replication_watch)
             self._parts.rule(fn, "replication-watch", schedule=patterns.rate(patterns.REPLICATION_WATCH_MINUTES))
+
+        if r.retention_sweep:
+            env = self._stack_env(SweepConfig, rules=r.checkpoint_retention)
+            fn = self._deploy("retention_sweep", env, iam.retention_sweep)
+            self._parts.rule(fn, "retention-sweep", schedule=patterns.rate(patterns.RETENTION_SWEEP_MINUTES))
 
         for deployed in self.deployed.values():
             self._parts.dead_letter_policy(deployed)

@@ -1,7 +1,8 @@
 """The remediation functions' alarms: one per function on its dead-letter queue and its
 errors, and one per condition a human must see (replication lag, S3 Replication Time
 Control's own metrics, withheld replacements, handoffs that hit the deadline, storage
-settings someone weakened). A switched-off function takes its alarms with it.
+settings someone weakened, checkpoints the retention sweep could not delete). A
+switched-off function takes its alarms with it.
 
 An alarm lives in the region whose CloudWatch holds its metric: S3 publishes
 ReplicationLatency (like BytesPendingReplication and OperationsPendingReplication) in
@@ -208,6 +209,20 @@ def declare(
                 "HandoffWaitSeconds",
                 {**stack, "Outcome": "deadline"},
                 "SampleCount",
+                1,
+                primary,
+            )
+        )
+    if "retention_sweep" in deployed:
+        out.append(
+            _alarm(
+                f"{name}-retention-failures",
+                f"{s.name}-retention-failures",
+                "retention_sweep could not delete checkpoints the schedule no longer keeps (see its log group)",
+                ns,
+                "RetentionFailures",
+                stack,
+                "Sum",
                 1,
                 primary,
             )

@@ -227,6 +227,21 @@ def replication_watch(s: Scope) -> dict[str, Any]:
     return _document(statements)
 
 
+def retention_sweep(s: Scope) -> dict[str, Any]:
+    """List and read the run's checkpoints and delete them, in the primary bucket only
+    (the replication rule carries delete markers to the replica); no other key."""
+    steps = f"{s.primary_bucket_arn}/{s.root}/{contract.STEP_DIR_PREFIX}*"
+    return _document(
+        [
+            *_base(s),
+            _list_prefix(s, s.primary_bucket_arn, f"{s.root}/*", "Primary"),
+            _statement("ReadAndDeleteCheckpoints", ["s3:GetObject", "s3:DeleteObject"], [steps]),
+            _use_key("DecryptManifests", s.key_arn, s.region, ["kms:Decrypt"]),
+            _metrics(),
+        ]
+    )
+
+
 def lambda_trust(account: str) -> dict[str, Any]:
     return {
         "Version": "2012-10-17",

@@ -18,6 +18,7 @@ from ftfleet.infra.aws import lambda_package, remediation_patterns
 from ftfleet.lambdas.common.config import FunctionConfig
 from ftfleet.lambdas.lifecycle_handoff.config import Config as HandoffConfig
 from ftfleet.lambdas.replication_watch.config import Config as WatchConfig
+from ftfleet.lambdas.retention_sweep.config import Config as SweepConfig
 from ftfleet.lambdas.spot_interruption.config import Config as SpotConfig
 from ftfleet.lambdas.storage_drift.config import DESIRED_FILE
 from ftfleet.lambdas.storage_drift.config import Config as DriftConfig
@@ -30,13 +31,21 @@ RULE = "aws:cloudwatch/eventRule:EventRule"
 TARGET = "aws:cloudwatch/eventTarget:EventTarget"
 PERMISSION = "aws:lambda/permission:Permission"
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
-FOLDERS = ("spot_interruption", "lifecycle_handoff", "unhealthy_node", "storage_drift", "replication_watch")
+FOLDERS = (
+    "spot_interruption",
+    "lifecycle_handoff",
+    "unhealthy_node",
+    "storage_drift",
+    "replication_watch",
+    "retention_sweep",
+)
 CONFIGS: dict[str, type[FunctionConfig]] = {
     "spot_interruption": SpotConfig,
     "lifecycle_handoff": HandoffConfig,
     "unhealthy_node": UnhealthyConfig,
     "storage_drift": DriftConfig,
     "replication_watch": WatchConfig,
+    "retention_sweep": SweepConfig,
 }
 #: Rules (by the end of their physical name) each function is triggered by.
 TRIGGERS = {
@@ -45,6 +54,7 @@ TRIGGERS = {
     "unhealthy_node": {"node-sweep"},
     "storage_drift": {"bucket-calls", "association-calls"},
     "replication_watch": {"replication-watch"},
+    "retention_sweep": {"retention-sweep"},
 }
 SWITCHES = {
     "remediationSpotInterruption": "spot_interruption",
@@ -52,6 +62,7 @@ SWITCHES = {
     "remediationUnhealthyNodes": "unhealthy_node",
     "remediationStorageDrift": "storage_drift",
     "remediationReplicationLag": "replication_watch",
+    "remediationRetentionSweep": "retention_sweep",
 }
 
 
@@ -301,6 +312,18 @@ def test_roles_reach_only_this_stack_s_groups_buckets_and_prefixes():
                     assert resource.startswith(f"arn:aws:s3:::{primary}/checkpoints/llm-prod/"), (name, resource)
     lifecycle = {st["Sid"]: st for st in policies["lifecycle-handoff"]["Statement"]}
     assert lifecycle["ReadMarkers"]["Resource"] == [f"arn:aws:s3:::{primary}/checkpoints/llm-prod/markers/*"]
+    # The sweep may delete only step directories of the run, in the primary bucket.
+    deletes = {
+        (name, resource)
+        for name, policy in policies.items()
+        for st in policy["Statement"]
+        if "s3:DeleteObject" in st["Action"]
+        for resource in st["Resource"]
+    }
+    assert deletes == {("retention-sweep", f"arn:aws:s3:::{primary}/checkpoints/llm-prod/{contract.STEP_DIR_PREFIX}*")}
+    sweep = {st["Sid"]: st for st in policies["retention-sweep"]["Statement"]}
+    assert sweep["ListPrimary"]["Condition"] == {"StringLike": {"s3:prefix": ["checkpoints/llm-prod/*"]}}
+    assert not any(rec.outputs["replica_bucket"] in json.dumps(st) for st in sweep.values())
 
 
 def test_the_dashboard_shows_progress_interruptions_handoffs_lag_and_checkpoint_age():

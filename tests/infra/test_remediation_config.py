@@ -28,6 +28,14 @@ BAD = {
         {"ftfleet:replicationLagAlarmSeconds": 10},
         "ftfleet:replicationLagAlarmSeconds is 10; it must be at least 60",
     ),
+    "retention rule that is not one": (
+        {"ftfleet:checkpointRetention": ["all for 6h", "daily"]},
+        "ftfleet:checkpointRetention[1]: 'daily' is not a rule",
+    ),
+    "no retention rule": (
+        {"ftfleet:checkpointRetention": []},
+        "ftfleet:checkpointRetention is empty; give at least one rule",
+    ),
     "switch not a boolean": (
         {"ftfleet:remediationLifecycleHandoff": "sometimes"},
         "ftfleet:remediationLifecycleHandoff must be true or false",

@@ -1,0 +1,156 @@
+"""Scheduled: the run's retention schedule applied to the primary checkpoint bucket.
+
+The trainer prunes the bucket after each of its uploads. Nobody does for checkpoints the
+fast tier exports itself (``FTFLEET_CKPT_UPLOAD=fsx-export``) or for a run that is gone;
+this function does, every hour, with the same decision (ftfleet/retention.py,
+:func:`~ftfleet.retention.plan_sweep`):
+
+* kept: what the newest readable manifest's recorded policy keeps (its rules and pinned
+  steps; ``checkpointRetention`` where no manifest records one), every milestone as its
+  manifest marks it, the newest committed checkpoint, the newest complete one, and every
+  checkpoint whose manifest does not read;
+* deleted: the other committed checkpoints, oldest first, each ``manifest.json`` first
+  so that it stops being a checkpoint before it loses a file; then step directories
+  without a manifest, older than the newest checkpoint, whose newest object is a day old
+  (debris of a crashed save or upload).
+
+Deletes replicate to the replica bucket as delete markers (the replication rule's
+delete-marker replication), so the replica follows without a sweep of its own; the
+bucket's versioning and lifecycle rules keep a deleted version for their noncurrent
+window. A step that fails to delete is logged and counted, and the sweep goes on; the
+sweep stops starting deletions when its invocation has little time left (the next
+hour's goes on). Published: ``RetentionDeleted``, ``RetentionKept`` and
+``RetentionFailures`` (dimension ``Stack``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftfleet import contract, retention
+from ftfleet.lambdas.common import aws, eventbridge, runtime
+from ftfleet.lambdas.common.log import DecisionLog
+from ftfleet.lambdas.retention_sweep.config import Config
+
+NAME = "retention_sweep"
+#: Seconds of the invocation kept for the last deletion and the metrics.
+RESERVE_S = 30.0
+#: Keys per DeleteObjects request (S3's limit).
+DELETE_BATCH = 1000
+
+clock = runtime.Clock()
+
+
+class Bucket:
+    """The run's step directories in one S3 bucket."""
+
+    def __init__(self, name: str, root: str):
+        self.name, self.root = name, root
+        self.s3 = aws.client("s3")
+
+    def step_prefix(self, step: int) -> str:
+        return f"{self.root}/{contract.step_dir_name(step)}/"
+
+    def steps(self) -> list[int]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.name, Prefix=f"{self.root}/", Delimiter="/"
+        )
+        names = [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", [])]
+        return sorted(s for s in (contract.parse_step_dir(n) for n in names) if s is not None)
+
+    def objects(self, step: int) -> dict[str, dict[str, Any]]:
+        """Object name under the step's directory -> its listing entry."""
+        prefix = self.step_prefix(step)
+        out = {}
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
+            for item in page.get("Contents", []):
+                out[item["Key"][len(prefix) :]] = item
+        return out
+
+    def read(self, key: str) -> bytes:
+        return self.s3.get_object(Bucket=self.name, Key=key)["Body"].read()
+
+    def remove(self, step: int, names: list[str]) -> None:
+        """The manifest first (alone, so that the step stops existing before it loses a
+        file), then the rest in batches. Raises on any key S3 did not delete."""
+        prefix = self.step_prefix(step)
+        keys = [f"{prefix}{n}" for n in names]
+        manifest = f"{prefix}{contract.MANIFEST_NAME}"
+        if manifest in keys:
+            self.s3.delete_object(Bucket=self.name, Key=manifest)
+            keys.remove(manifest)
+        for i in range(0, len(keys), DELETE_BATCH):
+            batch = [{"Key": k} for k in keys[i : i + DELETE_BATCH]]
+            answer = self.s3.delete_objects(Bucket=self.name, Delete={"Objects": batch, "Quiet": True})
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise RuntimeError(
+                    f"{len(answer['Errors'])} keys not deleted, first {first.get('Key')}: {first.get('Code')}"
+                )
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    return runtime.run(NAME, Config, decide, event, context)
+
+
+def survey(bucket: Bucket) -> tuple[dict[int, retention.Recorded | None], set[int], dict[int, float], dict]:
+    """(step -> what its manifest records or None, the complete steps, uncommitted step ->
+    its newest object's time, step -> its objects), from the bucket's listing."""
+    recorded: dict[int, retention.Recorded | None] = {}
+    complete: set[int] = set()
+    uncommitted: dict[int, float] = {}
+    objects: dict[int, dict[str, dict[str, Any]]] = {}
+    for step in bucket.steps():
+        have = objects[step] = bucket.objects(step)
+        if contract.MANIFEST_NAME not in have:
+            if have:
+                uncommitted[step] = max(item["LastModified"].timestamp() for item in have.values())
+            continue
+        try:
+            text = bucket.read(f"{bucket.step_prefix(step)}{contract.MANIFEST_NAME}")
+            recorded[step] = retention.Recorded.parse(text)
+            wanted = contract.manifest_file_sizes(text)
+        except (ValueError, contract.ContractError):
+            recorded[step] = None  # kept: never guessed at
+            continue
+        if all(name in have and have[name]["Size"] == size for name, size in wanted.items()):
+            complete.add(step)
+    return recorded, complete, uncommitted, objects
+
+
+def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
+    eventbridge.parse(event, (eventbridge.SCHEDULED,))
+    bucket = Bucket(cfg.bucket, cfg.root)
+    recorded, complete, uncommitted, objects = survey(bucket)
+    plan = retention.plan_sweep(recorded, complete, uncommitted, clock.now(), retention.Policy(tuple(cfg.rules)))
+    deleted, failed, left = [], [], []
+    for step in [*plan.delete, *plan.debris]:
+        if runtime.remaining_s(context) < RESERVE_S:
+            left.append(step)
+            continue
+        try:
+            bucket.remove(step, sorted(objects[step]))
+            deleted.append(step)
+        except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the sweep
+            failed.append(step)
+            log.decision("delete-failed", level="WARNING", step=step, error=f"{type(exc).__name__}: {exc}")
+    aws.put_metrics(
+        {"MetricName": name, "Dimensions": aws.dims(Stack=cfg.stack), "Value": float(value), "Unit": "Count"}
+        for name, value in (
+            ("RetentionDeleted", len(deleted)),
+            ("RetentionKept", len(plan.kept)),
+            ("RetentionFailures", len(failed)),
+        )
+    )
+    return log.decision(
+        "swept" if recorded else "no-checkpoint",
+        level="WARNING" if failed else "INFO",
+        deleted=deleted,
+        failed=failed,
+        left_for_next=left,
+        kept=len(plan.kept),
+        rules=list(plan.policy.rules),
+    )
+
+
+runtime.prime(Config)
