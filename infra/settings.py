@@ -323,8 +323,6 @@ def parse(
 
 def _retention(r: _Reader) -> tuple[str, ...]:
     rules = r.list("checkpointRetention")
-    if not rules:
-        raise _err("checkpointRetention", "is empty; give at least one rule, e.g. ['all for 6h']")
     retention.parse_schedule(rules, key=f"{PROJECT}:checkpointRetention")  # a bad rule: one line naming it
     return rules
 

@@ -12,8 +12,12 @@
   second bucket to compare with). Default replication (RPO DEFAULT, 12-hour target)
   publishes no minute-scale delay; its policy has only the second signal.
 * Silence: the replication watch writes ``replica_has_complete_checkpoint`` at every
-  run; a policy opens an incident when it has not arrived for SILENT_AFTER, so a watch
-  that stops (its scheduler, its function, its permissions) does not go unnoticed.
+  run, the retention sweep ``retention_kept_checkpoints``; a policy per function opens
+  an incident when its heartbeat has not arrived for several runs (SILENT_AFTER,
+  SWEEP_SILENT_AFTER), so a scheduled function that stops (its scheduler, its function,
+  its permissions) does not go unnoticed.
+* Retention failures: the sweep's ``retention_delete_failures`` above 0, a step
+  directory it could not delete.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pulumi_gcp as gcp
 from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.lambdas.common.gcp import Metric
 from ftfleet.lambdas.gcp_replication_watch import config as watch
+from ftfleet.lambdas.gcp_retention_sweep import config as sweep
 
 m = gcp.monitoring
 #: "storage.googleapis.com/replication/turbo_max_delay" (Google Cloud metrics, Cloud
@@ -31,6 +36,8 @@ m = gcp.monitoring
 TURBO_MAX_DELAY = "storage.googleapis.com/replication/turbo_max_delay"
 #: The watch runs every five minutes (functions.REPLICATION_SCHEDULE): four missed runs.
 SILENT_AFTER = "1200s"
+#: The sweep runs every hour (functions.RETENTION_SCHEDULE): three missed runs.
+SWEEP_SILENT_AFTER = "10800s"
 ALIGNMENT = "300s"
 
 
@@ -55,7 +62,8 @@ class Alerts(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         """``metrics``: every custom metric the stack's functions write. With the
-        replication watch among them, the lag and silence policies are declared too."""
+        replication watch among them, its lag and silence policies are declared too; with
+        the retention sweep, its failure and silence policies."""
         super().__init__("ftfleet:gcp:Alerts", name, None, opts)
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
         self._s = s
@@ -76,7 +84,28 @@ class Alerts(pulumi.ComponentResource):
         self.policies: dict[str, m.AlertPolicy] = {}
         if watch.HEARTBEAT.name in self.descriptors:
             self._lag(name, bucket)
-            self._silent(name)
+            self._silent(
+                f"{name}-watch-silent",
+                "silent",
+                "replication watch stopped reporting",
+                watch.HEARTBEAT,
+                SILENT_AFTER,
+                "The replication watch function has written nothing for several of its five-minute runs: "
+                "its Cloud Scheduler job, its push subscription (and dead-letter topic) or the function "
+                "itself needs a look. Replication is unwatched until it reports again.",
+            )
+        if sweep.HEARTBEAT.name in self.descriptors:
+            self._sweep_failures(name)
+            self._silent(
+                f"{name}-sweep-silent",
+                "sweep-silent",
+                "retention sweep stopped reporting",
+                sweep.HEARTBEAT,
+                SWEEP_SILENT_AFTER,
+                "The retention sweep function has written nothing for several of its hourly runs: its Cloud "
+                "Scheduler job, its push subscription (and dead-letter topic) or the function itself needs a "
+                "look. Checkpoints the schedule no longer keeps stay in the bucket until it runs again.",
+            )
         self.register_outputs({"descriptors": [d.type for d in self.descriptors.values()]})
 
     def _policy(self, name: str, key: str, display: str, conditions: list, text: str, metrics: list[Metric]) -> None:
@@ -141,19 +170,19 @@ class Alerts(pulumi.ComponentResource):
             [watch.LAG],
         )
 
-    def _silent(self, name: str) -> None:
-        s = self._s
-        beat = watch.HEARTBEAT
+    def _silent(self, name: str, key: str, display: str, beat: Metric, after: str, text: str) -> None:
+        """An incident when ``beat``, written at every run of a scheduled function, has
+        not arrived for ``after``."""
         self._policy(
-            f"{name}-watch-silent",
-            "silent",
-            "replication watch stopped reporting",
+            name,
+            key,
+            display,
             [
                 m.AlertPolicyConditionArgs(
-                    display_name=f"no {beat.name} for {SILENT_AFTER}",
+                    display_name=f"no {beat.name} for {after}",
                     condition_absent=m.AlertPolicyConditionConditionAbsentArgs(
-                        filter=condition_filter(beat.type, beat.resource_type, stack=s.stack),
-                        duration=SILENT_AFTER,
+                        filter=condition_filter(beat.type, beat.resource_type, stack=self._s.stack),
+                        duration=after,
                         aggregations=[
                             m.AlertPolicyConditionConditionAbsentAggregationArgs(
                                 alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
@@ -162,8 +191,34 @@ class Alerts(pulumi.ComponentResource):
                     ),
                 )
             ],
-            "The replication watch function has written nothing for several of its five-minute runs: "
-            "its Cloud Scheduler job, its push subscription (and dead-letter topic) or the function "
-            "itself needs a look. Replication is unwatched until it reports again.",
+            text,
             [beat],
+        )
+
+    def _sweep_failures(self, name: str) -> None:
+        failures = sweep.FAILURES
+        self._policy(
+            f"{name}-retention-failures",
+            "retention-failures",
+            "retention sweep could not delete checkpoints",
+            [
+                m.AlertPolicyConditionArgs(
+                    display_name=f"{failures.name} above 0",
+                    condition_threshold=m.AlertPolicyConditionConditionThresholdArgs(
+                        filter=condition_filter(failures.type, failures.resource_type, stack=self._s.stack),
+                        comparison="COMPARISON_GT",
+                        threshold_value=0,
+                        duration="0s",
+                        aggregations=[
+                            m.AlertPolicyConditionConditionThresholdAggregationArgs(
+                                alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
+                            )
+                        ],
+                    ),
+                )
+            ],
+            "The retention sweep could not delete step directories its schedule no longer keeps (or old "
+            "debris): its `delete-failed` decisions in Cloud Logging name each step and the error. The "
+            "sweep tries again every hour; a failure that persists is usually a permission.",
+            [failures],
         )

@@ -1,6 +1,6 @@
 """RemediationFunctions: the GCP stack's remediation functions (Cloud Functions 2nd gen).
 
-Three functions, each switched by its ``remediation*`` key (the code is in lambdas/):
+Four functions, each switched by its ``remediation*`` key (the code is in lambdas/):
 
 * ``gcp_preemption`` (remediationSpotInterruption): a project log sink routes the
   ``compute.instances.preempted`` system events of this stack's instances to a topic;
@@ -15,6 +15,11 @@ Three functions, each switched by its ``remediation*`` key (the code is in lambd
   may be from both regions and writes its metrics. The alert policies (infra/gcp/alerts.py)
   fire on Cloud Storage's own replication delay above replicationLagAlarmSeconds and
   when the watch stops reporting.
+* ``gcp_retention_sweep`` (remediationRetentionSweep): Cloud Scheduler publishes to a
+  topic every hour; the function deletes the run's committed checkpoints that its
+  retention schedule (the manifests' recorded policy, else checkpointRetention) no longer
+  keeps, and old debris, from the checkpoint bucket. The alert policies fire when a step
+  fails to delete and when the sweep stops reporting.
 
 remediationUnhealthyNodes has no function on GCP: the managed instance groups' health
 check already recreates a node that stops answering (infra/gcp/fleet.py).
@@ -52,6 +57,8 @@ from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
 from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
+from ftfleet.lambdas.gcp_retention_sweep import config as sweep_config
+from ftfleet.lambdas.gcp_retention_sweep.config import Config as SweepConfig
 from ftfleet.lambdas.gcp_storage_drift.config import WATCHED_METHODS
 from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
 
@@ -60,7 +67,17 @@ MAX_DELIVERY_ATTEMPTS = 5
 #: Redelivery backoff of a failed message (Pub/Sub allows 0 to 600 s).
 RETRY_BACKOFF = ("10s", "600s")
 DEAD_LETTER_RETENTION = "604800s"
+#: Cloud Scheduler's unix-cron format ("Cron job format and time zone",
+#: https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules), in Etc/UTC.
 REPLICATION_SCHEDULE = "*/5 * * * *"
+#: Every hour on the hour: the default schedule keeps every checkpoint of the last six
+#: hours, and what it lets go may wait an hour.
+RETENTION_SCHEDULE = "0 * * * *"
+#: The sweep's timeout. A push subscription's acknowledgement deadline is at most 600 s
+#: ("Push subscriptions", https://cloud.google.com/pubsub/docs/push): a longer run
+#: would be redelivered while it still runs. A backlog the sweep cannot finish in one
+#: run is the next hour's.
+SWEEP_TIMEOUT_S = 540
 #: APIs the functions need; left enabled on destroy (other stacks of the project use them).
 SERVICES = (
     "cloudfunctions.googleapis.com",
@@ -83,6 +100,9 @@ DRIFT_PERMISSIONS = (
     "storage.buckets.getIamPolicy",
     "storage.buckets.setIamPolicy",
 )
+#: Permissions of the retention sweep on the checkpoint bucket, and no more: list the
+#: run's objects, read its manifests, delete.
+SWEEP_PERMISSIONS = ("storage.objects.list", "storage.objects.get", "storage.objects.delete")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +200,18 @@ class RemediationFunctions(pulumi.ComponentResource):
                 ).to_env()
             )
             specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env, watch_config.METRICS))
+        if r.retention_sweep:
+            env = pulumi.Output.all(self._project_id, bucket.name).apply(
+                lambda a: SweepConfig(
+                    **common,
+                    project=a[0],
+                    bucket=a[1],
+                    root=root,
+                    rules=r.checkpoint_retention,
+                    timeout_s=float(SWEEP_TIMEOUT_S),
+                ).to_env()
+            )
+            specs.append(FunctionSpec("gcp_retention_sweep", "sweep", SWEEP_TIMEOUT_S, env, sweep_config.METRICS))
 
         self.functions: dict[str, gcp.cloudfunctionsv2.Function] = {}
         self.topics: dict[str, gcp.pubsub.Topic] = {}
@@ -274,19 +306,11 @@ class RemediationFunctions(pulumi.ComponentResource):
                     )
                 ),
             )
+        self.schedules: dict[str, gcp.cloudscheduler.Job] = {}
         if r.replication_lag:
-            self.schedule = gcp.cloudscheduler.Job(
-                f"{name}-replwatch",
-                region=s.region,
-                schedule=REPLICATION_SCHEDULE,
-                time_zone="Etc/UTC",
-                description=f"{s.name}: run the replication watch",
-                pubsub_target=gcp.cloudscheduler.JobPubsubTargetArgs(
-                    topic_name=self.topics["gcp_replication_watch"].id,
-                    data=base64.b64encode(json.dumps({"stack": s.stack}).encode()).decode(),
-                ),
-                opts=self._opts(depends_on=self.services),
-            )
+            self._schedule("replwatch", "gcp_replication_watch", REPLICATION_SCHEDULE, "run the replication watch")
+        if r.retention_sweep:
+            self._schedule("sweep", "gcp_retention_sweep", RETENTION_SCHEDULE, "run the retention sweep")
         self.register_outputs({"functions": {k: f.name for k, f in self.functions.items()}})
 
     # --- helpers ------------------------------------------------------------------------
@@ -402,21 +426,63 @@ class RemediationFunctions(pulumi.ComponentResource):
         self.topics[spec.function] = topic
         self.dead_letter_topics[spec.function] = dead
 
+    def _schedule(self, short: str, function: str, schedule: str, what: str) -> None:
+        """A Cloud Scheduler job that publishes a tick to the function's topic."""
+        s = self._s
+        self.schedules[function] = gcp.cloudscheduler.Job(
+            f"{self._name}-{short}",
+            region=s.region,
+            schedule=schedule,
+            time_zone="Etc/UTC",
+            description=f"{s.name}: {what}",
+            pubsub_target=gcp.cloudscheduler.JobPubsubTargetArgs(
+                topic_name=self.topics[function].id,
+                data=base64.b64encode(json.dumps({"stack": s.stack}).encode()).decode(),
+            ),
+            opts=self._opts(depends_on=self.services),
+        )
+
+    def _custom_role(self, n: str, kind: str, title: str, description: str, permissions: tuple[str, ...]):
+        """A project custom role of exactly ``permissions``; the caller grants it on the bucket only."""
+        return gcp.projects.IAMCustomRole(
+            f"{n}-role",
+            role_id=f"ftfleet{kind}{''.join(p.title() for p in self._s.stack.split('-'))}"[:64],
+            title=f"{self._s.name} {title}",
+            description=description,
+            permissions=list(permissions),
+            opts=self._o,
+        )
+
     def _grants(self, function: str, n: str, member: pulumi.Output[str], bucket: gcp.storage.Bucket) -> None:
-        """Least privilege, scoped to this stack's bucket where the role allows it."""
+        """Least privilege, scoped to this stack's bucket where the role allows it.
+
+        Bucket-level bindings without IAM conditions, as for every function and the
+        nodes (infra/gcp/iam.py): the bucket is this stack's, and each function keeps to
+        the run's root by its code (the handlers' tests check it). Scoping them to the
+        root would be a condition on the objects' ``resource.name``
+        (``projects/_/buckets/<bucket>/objects/<root>/``, "IAM Conditions" for Cloud
+        Storage), for every function at once."""
         grants: list[tuple[str, pulumi.Input[str]]] = []
         if function == "gcp_preemption":
             grants = [("prior", "roles/storage.objectUser")]
         elif function == "gcp_replication_watch":
             grants = [("read", "roles/storage.objectViewer")]
+        elif function == "gcp_retention_sweep":
+            role = self._custom_role(
+                n,
+                "Sweep",
+                "retention sweep",
+                "List and read the run's checkpoints and delete those its retention schedule no longer keeps",
+                SWEEP_PERMISSIONS,
+            )
+            grants = [("sweep", role.name)]
         elif function == "gcp_storage_drift":
-            role = gcp.projects.IAMCustomRole(
-                f"{n}-role",
-                role_id=f"ftfleetDrift{''.join(p.title() for p in self._s.stack.split('-'))}"[:64],
-                title=f"{self._s.name} storage drift repair",
-                description="Read and restore the checkpoint bucket's settings and IAM policy",
-                permissions=list(DRIFT_PERMISSIONS),
-                opts=self._o,
+            role = self._custom_role(
+                n,
+                "Drift",
+                "storage drift repair",
+                "Read and restore the checkpoint bucket's settings and IAM policy",
+                DRIFT_PERMISSIONS,
             )
             grants = [("repair", role.name)]
             # The desired state it reads at every event (infra/gcp/function_source.py).
@@ -425,7 +491,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             )
         for label, role in grants:
             gcp.storage.BucketIAMMember(f"{n}-{label}", bucket=bucket.name, role=role, member=member, opts=self._o)
-        if function == "gcp_replication_watch":
+        if function in ("gcp_replication_watch", "gcp_retention_sweep"):  # they write custom metrics
             gcp.projects.IAMMember(
                 f"{n}-metrics",
                 project=self._project_id,

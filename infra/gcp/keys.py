@@ -42,6 +42,8 @@ SHARED = frozenset(
         "remediationStorageDrift",
         "remediationReplicationLag",
         "replicationLagAlarmSeconds",
+        "remediationRetentionSweep",
+        "checkpointRetention",
         "unhealthyNodeGraceSeconds",
         "trainerImageTag",
         "trainerConfig",

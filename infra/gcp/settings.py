@@ -13,6 +13,7 @@ import difflib
 import ipaddress
 import re
 
+from ftfleet import retention
 from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog
 from ftfleet.infra.gcp import keys, locations
@@ -47,9 +48,18 @@ class GcpRemediationSettings:
     storage_drift: bool
     replication_lag: bool
     replication_lag_alarm_seconds: int
+    retention_sweep: bool
+    checkpoint_retention: tuple[str, ...]
+    """The retention sweep's schedule where no manifest records one."""
     unhealthy_node_grace_seconds: int
     alert_channels: tuple[str, ...] = ()
-    """Cloud Monitoring notification channels of the replication-lag alert policy."""
+    """Cloud Monitoring notification channels of the stack's alert policies."""
+
+    @property
+    def any_function(self) -> bool:
+        """Whether a remediation function is deployed (remediationUnhealthyNodes adds
+        none on GCP: the managed instance groups recreate unhealthy nodes)."""
+        return self.spot_interruption or self.storage_drift or self.replication_lag or self.retention_sweep
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +123,8 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
             storage_drift=r.bool("remediationStorageDrift"),
             replication_lag=r.bool("remediationReplicationLag"),
             replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60),
+            retention_sweep=r.bool("remediationRetentionSweep"),
+            checkpoint_retention=_retention(r),
             unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60),
             alert_channels=_alert_channels(r),
         ),
@@ -135,6 +147,14 @@ def _lustre_client_published(fleet: GcpFleetSettings, storage: GcpStorageSetting
         f"(lustre-client-modules-{kernel}); pin an image whose kernel has one (infra/catalog.json lists "
         f"{len(published)}: {', '.join(published[-3:])}{', ...' if len(published) > 3 else ''})",
     )
+
+
+def _retention(r: _Reader) -> tuple[str, ...]:
+    """checkpointRetention: rules as the trainer's checkpoint.retention takes them
+    (ftfleet/retention.py); a bad one is refused in one line naming it."""
+    rules = r.list("checkpointRetention")
+    retention.parse_schedule(rules, key=f"{PROJECT}:checkpointRetention")
+    return rules
 
 
 #: A notification channel's resource name, as `gcloud beta monitoring channels list` prints it.

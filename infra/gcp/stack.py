@@ -29,11 +29,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     network = Network(f"{s.name}-net", s, boot.HEALTH_PORT, provider)
     key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
     r = s.remediation
-    source = (
-        FunctionSource(f"{s.name}-remediation-source", s, provider)
-        if r.spot_interruption or r.storage_drift or r.replication_lag
-        else None
-    )
+    source = FunctionSource(f"{s.name}-remediation-source", s, provider) if r.any_function else None
     # The bucket waits for the drift function's desired state: a change the stack makes
     # to the bucket is desired before the bucket's audit entry reaches the function.
     buckets = ReplicatedBucket(

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Self
 
+from ftfleet import retention
 from ftfleet.errors import ConfigError
 
 _META = "ftfleet.env"
@@ -73,6 +74,22 @@ NAMES = Codec(_names, lambda v: json.dumps(list(v)), "a JSON list of names")
 SECONDS = Codec(_seconds, lambda v: f"{v:g}", "a positive number of seconds")
 COUNT = Codec(_count, str, "a whole number >= 1")
 DOCUMENT = Codec(_document, lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")), "a JSON object")
+
+
+def _rules(raw: str) -> tuple[str, ...]:
+    value = json.loads(raw)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("not a JSON list of strings")
+    try:
+        retention.parse_schedule(value, key="rule")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return tuple(value)
+
+
+#: A schedule (ftfleet/retention.py); an empty list is one (the newest, pinned steps and
+#: milestones only), which NAMES would refuse.
+RULES = Codec(_rules, lambda v: json.dumps(list(v)), "a JSON list of retention rules")
 
 
 def var(name: str, doc: str, codec: Codec = TEXT, default: Any = dataclasses.MISSING) -> Any:

@@ -418,11 +418,12 @@ def test_plan_json_of_gcp_prod_has_the_documented_shape(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"stack", "resources", "outputs", "estimate", "functions"}
     fns = {f["function"]: f for f in doc["functions"]}
-    assert set(fns) == {"gcp_preemption", "gcp_storage_drift", "gcp_replication_watch"}
+    assert set(fns) == {"gcp_preemption", "gcp_storage_drift", "gcp_replication_watch", "gcp_retention_sweep"}
     for f in fns.values():
         assert f["runtime"] == "python313" and f["timeout"] > 0 and f["retries"] == 4
         assert f["dead_letter_queue"].endswith("-dead-letters") and len(f["triggers"]) == 1
     assert fns["gcp_replication_watch"]["triggers"] == [{"schedule": "*/5 * * * *"}]
+    assert fns["gcp_retention_sweep"]["triggers"] == [{"schedule": "0 * * * *"}]
     assert "compute.instances.preempted" in fns["gcp_preemption"]["triggers"][0]["filter"]
     lustre = next(r for r in doc["resources"] if r["type"] == "gcp:lustre/instance:Instance")
     assert lustre["inputs"]["capacityGib"] == "36000" and lustre["parent"].endswith("-fs")

@@ -15,6 +15,8 @@ from ftfleet.lambdas.gcp_preemption.config import METRICS as PREEMPTION_METRICS
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
 from ftfleet.lambdas.gcp_replication_watch import config as watch_config
 from ftfleet.lambdas.gcp_replication_watch.config import Config as WatchConfig
+from ftfleet.lambdas.gcp_retention_sweep import config as sweep_config
+from ftfleet.lambdas.gcp_retention_sweep.config import Config as SweepConfig
 from ftfleet.lambdas.gcp_storage_drift.config import Config as DriftConfig
 from tests.infra.conftest import recording, res_view
 
@@ -22,11 +24,22 @@ FUNCTION = "gcp:cloudfunctionsv2/function:Function"
 SUBSCRIPTION = "gcp:pubsub/subscription:Subscription"
 ALERT = "gcp:monitoring/alertPolicy:AlertPolicy"
 DESCRIPTOR = "gcp:monitoring/metricDescriptor:MetricDescriptor"
-CONFIGS = {"gcp_preemption": PreemptionConfig, "gcp_storage_drift": DriftConfig, "gcp_replication_watch": WatchConfig}
+CONFIGS = {
+    "gcp_preemption": PreemptionConfig,
+    "gcp_storage_drift": DriftConfig,
+    "gcp_replication_watch": WatchConfig,
+    "gcp_retention_sweep": SweepConfig,
+}
 SWITCHES = {
     "remediationSpotInterruption": ("gcp_preemption", "gcp:logging/projectSink:ProjectSink"),
     "remediationStorageDrift": ("gcp_storage_drift", "gcp:logging/projectSink:ProjectSink"),
     "remediationReplicationLag": ("gcp_replication_watch", "gcp:cloudscheduler/job:Job"),
+    "remediationRetentionSweep": ("gcp_retention_sweep", "gcp:cloudscheduler/job:Job"),
+}
+#: Each scheduled function's metrics and alert policies, which go with it.
+ALERTED = {
+    "remediationReplicationLag": (watch_config.METRICS, {"replication-lag", "watch-silent"}),
+    "remediationRetentionSweep": (sweep_config.METRICS, {"retention-failures", "sweep-silent"}),
 }
 
 
@@ -49,7 +62,7 @@ def test_every_function_is_private_runs_as_its_own_account_and_reads_back_its_co
         assert fn.inputs["buildConfig"]["runtime"] == function_package.RUNTIME
         cfg = CONFIGS[name].from_env(service["environmentVariables"])  # what the cold start reads
         assert cfg.stack == stack
-    assert len(emails) == 3
+    assert len(emails) == len(CONFIGS)
 
 
 def test_each_push_subscription_authenticates_backs_off_and_dead_letters_into_a_kept_topic():
@@ -57,7 +70,7 @@ def test_each_push_subscription_authenticates_backs_off_and_dead_letters_into_a_
     urns = rec.by_urn()
     pusher = next(a for a in rec.of_type("gcp:serviceaccount/account:Account") if a.name.endswith("-push"))
     pushes = [s for s in rec.of_type(SUBSCRIPTION) if s.inputs.get("pushConfig")]
-    assert len(pushes) == 3
+    assert len(pushes) == len(CONFIGS)
     for sub in pushes:
         (fn,) = [urns[u] for u in sub.deps("pushConfig") if urns[u].type == FUNCTION]
         assert sub.inputs["pushConfig"]["oidcToken"]["serviceAccountEmail"] == pusher.outputs["email"]
@@ -86,7 +99,9 @@ def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
             if r.inputs.get("member") == member:
                 scope = scopes.get(r.inputs.get("bucket"), r.type.split(":")[1])
                 grants[name].add((scope, r.inputs["role"]))
-    (drift_role,) = rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    roles = {r.name.rsplit("-", 2)[-2]: r for r in rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    drift_role, sweep_role = roles.pop("drift"), roles.pop("sweep")
+    assert not roles
     assert grants == {
         "gcp_preemption": {("bucket", "roles/storage.objectUser")},  # it writes no metric: its logs are counted
         "gcp_storage_drift": {("bucket", drift_role.outputs["name"]), ("source", "roles/storage.objectViewer")},
@@ -94,8 +109,13 @@ def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
             ("bucket", "roles/storage.objectViewer"),
             ("projects/iAMMember", "roles/monitoring.metricWriter"),
         },
+        "gcp_retention_sweep": {
+            ("bucket", sweep_role.outputs["name"]),
+            ("projects/iAMMember", "roles/monitoring.metricWriter"),
+        },
     }
     assert sorted(drift_role.inputs["permissions"]) == sorted(functions.DRIFT_PERMISSIONS)
+    assert sorted(sweep_role.inputs["permissions"]) == sorted(functions.SWEEP_PERMISSIONS)
 
 
 def test_the_sinks_match_only_this_stack_and_their_writers_may_publish():
@@ -117,9 +137,10 @@ def test_each_switch_removes_its_function_with_what_feeds_it(gcp_variant, key):
     on, off = gcp_variant(), gcp_variant(**{key: False})
     assert function in by_function(on) and function not in by_function(off)
     assert len(list(off.of_type(feeder))) == len(list(on.of_type(feeder))) - 1
-    if key == "remediationReplicationLag":
-        assert not list(off.of_type(ALERT))
-        assert not off.of_type(DESCRIPTOR)
+    if key in ALERTED:
+        metrics, alerts_of = ALERTED[key]
+        assert alerts_of <= set(alert_policies(on)) and not alerts_of & set(alert_policies(off))
+        assert not {m.type for m in metrics} & {d.inputs["type"] for d in off.of_type(DESCRIPTOR)}
 
 
 def test_with_every_switch_off_nothing_of_the_functions_is_declared(gcp_variant):
@@ -136,7 +157,7 @@ def test_the_alerts_notify_the_configured_channels(gcp_variant):
     channel = "projects/my-project/notificationChannels/12345"
     rec = gcp_variant(gcpAlertNotificationChannels=[channel], replicationLagAlarmSeconds=1200)
     policies = alert_policies(rec)
-    assert set(policies) == {"replication-lag", "watch-silent"}
+    assert set(policies) == {"replication-lag", "watch-silent", "retention-failures", "sweep-silent"}
     for alert in policies.values():
         assert alert.inputs["notificationChannels"] == [channel]
     for condition in policies["replication-lag"].inputs["conditions"]:
@@ -147,14 +168,18 @@ def test_every_custom_metric_a_function_writes_has_a_descriptor_the_function_and
     rec = recording("gcp-prod")
     urns = rec.by_urn()
     descriptors = {d.inputs["type"]: d for d in rec.of_type(DESCRIPTOR)}
-    written = {m.type: m for m in (*PREEMPTION_METRICS, *watch_config.METRICS)}
+    written = {m.type: m for m in (*PREEMPTION_METRICS, *watch_config.METRICS, *sweep_config.METRICS)}
     assert set(descriptors) == set(written)
     for metric_type, d in descriptors.items():
         metric = written[metric_type]
         assert (d.inputs["metricKind"], d.inputs["valueType"]) == ("GAUGE", "DOUBLE")
         assert [label["key"] for label in d.inputs["labels"]] == list(metric.labels)
     fns = by_function(rec)
-    for name, metrics in (("gcp_preemption", PREEMPTION_METRICS), ("gcp_replication_watch", watch_config.METRICS)):
+    for name, metrics in (
+        ("gcp_preemption", PREEMPTION_METRICS),
+        ("gcp_replication_watch", watch_config.METRICS),
+        ("gcp_retention_sweep", sweep_config.METRICS),
+    ):
         waits = {urns[u].inputs.get("type") for u in fns[name].dependencies if urns[u].type == DESCRIPTOR}
         assert waits == {m.type for m in metrics}, name
     assert not [v for v in policies.evaluate(res_view(rec)) if v[0] == "gcp-alerts-know-their-metrics"]
@@ -296,7 +321,7 @@ def test_grants_to_pubsubs_agent_wait_for_the_service_identity_that_makes_it_exi
     assert pubsub_api.urn in agent.dependencies
     grants = [r for r in rec.resources if r.inputs.get("member") == agent.outputs["member"]]
     # the push identity's token creator, and per function: dead-letter publisher and subscriber
-    assert len(grants) == 1 + 2 * 3
+    assert len(grants) == 1 + 2 * len(CONFIGS)
     assert all(agent.urn in g.deps("member") for g in grants)
 
 

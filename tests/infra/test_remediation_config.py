@@ -32,10 +32,6 @@ BAD = {
         {"ftfleet:checkpointRetention": ["all for 6h", "daily"]},
         "ftfleet:checkpointRetention[1]: 'daily' is not a rule",
     ),
-    "no retention rule": (
-        {"ftfleet:checkpointRetention": []},
-        "ftfleet:checkpointRetention is empty; give at least one rule",
-    ),
     "switch not a boolean": (
         {"ftfleet:remediationLifecycleHandoff": "sometimes"},
         "ftfleet:remediationLifecycleHandoff must be true or false",
