@@ -79,6 +79,20 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "s3://ftfleet-prod-ckpt-usw2/checkpoints/aws-prod-llm",
     ),
     EnvVar(
+        "FTFLEET_LEASE_URI",
+        False,
+        "The run lease: one object (`s3://`, `gs://`) naming which holder may commit the "
+        "run's checkpoints, written only with conditional requests. A trainer that does not "
+        "hold it commits nothing (exit 78). Empty: no lease.",
+        "s3://ftfleet-prod-ckpt-use1/checkpoints/aws-prod-llm/lease.json",
+    ),
+    EnvVar(
+        "FTFLEET_LEASE_HOLDER",
+        False,
+        "Who this node's trainer is to the run lease: the stack and its region.",
+        "aws-prod/us-east-1",
+    ),
+    EnvVar(
         "FTFLEET_CKPT_UPLOAD",
         False,
         "`trainer`: the trainer uploads each committed checkpoint to FTFLEET_CKPT_URI. "
@@ -405,7 +419,8 @@ EXIT_UNRECOVERABLE = 77
 EXIT_CONFIG = 2
 #: This process no longer belongs to the newest generation of its run: its launcher
 #: (the torchrun agent, the in-process launcher) is gone, or a newer attempt registered
-#: in the run's store, or the store cannot be reached to tell. It committed nothing
+#: in the run's store, or the store cannot be reached to tell; or another holder (region)
+#: has the run lease, or this one's ran out (FTFLEET_LEASE_URI). It committed nothing
 #: after it found out (no checkpoint manifest, snapshot manifest or commit marker) and
 #: took its own child processes with it. Its agent must not restart it into the old
 #: generation; a new start of the node (a new agent, a new rendezvous) joins the newest.
@@ -426,7 +441,7 @@ EXIT_CODES = {
     EXIT_HUNG: "hang watchdog fired; restart the group",
     EXIT_UNRECOVERABLE: "repeated failure at the same step; needs a human",
     EXIT_FENCED: "fenced: a newer generation of the run registered, the run's store is out of reach, "
-    "or the process's launcher is gone; nothing was committed after that",
+    "the process's launcher is gone, or another holder has the run lease; nothing was committed after that",
 }
 
 #: The trainer and the image's entrypoint: on the node whose own termination notice

@@ -28,6 +28,7 @@ from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.agent import first_on_node, stop_agent
 from ftfleet.trainer.environment import LOG_FORMATS, TrainerEnvironment
 from ftfleet.trainer.resilience.fencing import bind_to_launcher
+from ftfleet.trainer.resilience.fencing.lease import LeaseError
 
 #: Builds extra callbacks for the loop from the overrides it claims (returning the rest),
 #: e.g. ``python -m drill.worker``'s injected faults. Runs inside the error handling, so
@@ -162,8 +163,9 @@ def _run(args: argparse.Namespace, rank: int, callbacks: CallbackFactory | None)
         from ftfleet.trainer.train import train  # torch is imported here, after the config is valid
 
         return int(train(cfg, extra)["exit_code"]), False
-    except ConfigError as exc:  # bad input: nothing is written
-        if first_on_node(exc.exit_code, "bad configuration"):  # the same config on every rank: one line a node
+    except (ConfigError, LeaseError) as exc:  # bad input, or another region's run: nothing is written
+        why = "bad configuration" if isinstance(exc, ConfigError) else "the run lease"
+        if first_on_node(exc.exit_code, why):  # the same answer on every rank: one line a node
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code, True
     except UserError as exc:

@@ -32,6 +32,8 @@ CONFIG_OVERRIDES = {
     "FTFLEET_CKPT_UPLOAD": "checkpoint.upload",
     "FTFLEET_SHM_DIR": "checkpoint.memory_root",
     "FTFLEET_PREEMPTION_NOTICE_S": "resilience.watcher.gcp_preemption_notice_s",
+    "FTFLEET_LEASE_URI": "checkpoint.lease_uri",
+    "FTFLEET_LEASE_HOLDER": "checkpoint.lease_holder",
 }
 
 #: Set by the in-process launcher for its workers: how many of them train (the rest

@@ -40,6 +40,7 @@ from ftfleet.trainer.hf import CONFIG_EXTRA, config_record
 from ftfleet.trainer.hostmem import active_allocator, use_huge_pages
 from ftfleet.trainer.preflight import preflight
 from ftfleet.trainer.resilience.anomaly.guard import AnomalyGuard
+from ftfleet.trainer.resilience.fencing import lease
 from ftfleet.trainer.resilience.reference import Resilience
 
 log = logging.getLogger("ftfleet.train")
@@ -231,14 +232,19 @@ def train(cfg: JobConfig, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     t_start = time.monotonic()
     start_for(cfg)  # the entry points started it already; a library caller's starts here
     run = build(cfg)
+    held = lease.hold(cfg, run.ckpt.comm)  # one region trains the run: refused here, before any work
     parts = Resilience(run)
+    completed = False
     try:
-        return _train(run, parts, parts.callbacks(callbacks), t_start)
+        result = _train(run, parts, parts.callbacks(callbacks), t_start)
+        completed = result["status"] == "completed"
+        return result
     except BaseException:
         run.data.abort()  # now, not when the loader is collected (an in-process restart)
         raise
     finally:
         parts.close()
+        lease.let_go(held, completed)
 
 
 def _train(run: Run, parts: Resilience, callbacks: list[Callback], t_start: float) -> dict[str, Any]:

@@ -58,6 +58,18 @@ class CheckpointConfig:
     """Multipart part size for object uploads, in MiB (S3 requires at least 5)."""
     transfer_workers: int = 8
     """Parallel object transfers per rank (files, and parts within a file)."""
+    lease_uri: str = ""
+    """The run lease (trainer/resilience/fencing/lease.py): the object that names which
+    holder may commit the run, `s3://bucket/prefix/lease.json`, `gs://...`, or a local
+    path. One object for the run wherever it trains (the home region's bucket). Empty: no
+    lease. Env: FTFLEET_LEASE_URI."""
+    lease_holder: str = ""
+    """Who this trainer is to the lease (the fleet sets its stack and region). Env:
+    FTFLEET_LEASE_HOLDER."""
+    lease_ttl_s: float = 60.0
+    """How long a renewal keeps the lease (renewed every quarter of it); another holder
+    takes it over 10 s after it runs out. A trainer cut off from the store stops
+    committing 10 s before that."""
     retries: int = 10
     """Attempts per object request (5xx, throttling and connection errors are retried)."""
     load: bool = True
@@ -108,6 +120,16 @@ class CheckpointConfig:
         return self.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
     def __post_init__(self) -> None:
+        if self.lease_uri and not self.lease_holder:
+            raise ConfigError(
+                f"checkpoint.lease_uri={self.lease_uri} needs checkpoint.lease_holder: name who trains the run "
+                "(the fleet sets FTFLEET_LEASE_HOLDER to its stack and region)"
+            )
+        if not 20.0 < self.lease_ttl_s <= 3600.0:
+            raise ConfigError(
+                f"checkpoint.lease_ttl_s={self.lease_ttl_s:g}: use more than 20 s (twice the allowed clock skew) "
+                "and at most 3600"
+            )
         if self.keep < 2:
             raise ConfigError(
                 f"checkpoint.keep={self.keep}: keep at least 2 checkpoints "

@@ -15,6 +15,11 @@ from ftfleet.contract import MANIFEST_NAME, parse_step_dir, step_dir_name
 from ftfleet.trainer.checkpoint.manifest import Manifest
 
 
+class VersionConflict(Exception):
+    """A conditional write found the object changed (or present, for a create) since the
+    version it was conditioned on: another writer got there first."""
+
+
 class TierUnavailable(Exception):
     """The tier cannot be reached or does not exist (missing bucket, no access, no
     network). Restore logs it and goes on to the next tier."""
@@ -60,6 +65,17 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def put_bytes(self, rel: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def read_versioned(self, rel: str) -> tuple[bytes | None, str | None]:
+        """The object's bytes and version (an opaque token: S3's ETag, GCS's generation),
+        or (None, None) when it does not exist."""
+
+    @abc.abstractmethod
+    def write_if(self, rel: str, data: bytes, version: str | None) -> str:
+        """Write ``data`` only if the object is still at ``version`` (None: only if it
+        does not exist), in one conditional request; returns the new version. Raises
+        :class:`VersionConflict` when the condition does not hold."""
 
     @abc.abstractmethod
     def upload_file(self, path: Path, rel: str) -> None: ...

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable
+from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable, VersionConflict
 
 #: Backoff of a retried request: first wait, growth factor, longest wait (seconds).
 RETRY_INITIAL_S = 1.0
@@ -137,6 +137,46 @@ class GCSStore(ObjectStore):
             raise ConcurrentWrite(
                 f"{self.uri}: {rel} changed since generation {generation} was read; not overwritten"
             ) from None
+
+    def read_versioned(self, rel: str) -> tuple[bytes | None, str | None]:
+        from google.api_core import exceptions as gexc
+
+        for _ in range(5):
+            blob = self._blob(rel)
+            try:
+                self._call(blob.reload, retry=self._retry)
+                generation = int(blob.generation)
+                # The bytes of that generation: a newer one in between is read again.
+                data = self._call(
+                    blob.download_as_bytes, checksum="crc32c", if_generation_match=generation, retry=self._retry
+                )
+            except gexc.NotFound:
+                return None, None
+            except gexc.PreconditionFailed:
+                continue
+            return data, str(generation)
+        raise VersionConflict(f"{self.uri}/{rel}: changed under five reads in a row")
+
+    def write_if(self, rel: str, data: bytes, version: str | None) -> str:
+        """A write under a generation precondition ("Request preconditions",
+        https://cloud.google.com/storage/docs/request-preconditions):
+        ``ifGenerationMatch=0`` to create, the generation read to replace; 412 is a
+        lost race. Conditional, so the client's retries are safe."""
+        from google.api_core import exceptions as gexc
+
+        blob = self._blob(rel)
+        try:
+            self._call(
+                blob.upload_from_string,
+                data,
+                checksum="crc32c",
+                if_generation_match=0 if version is None else int(version),
+                retry=self._retry,
+                missing_bucket_on_404=True,
+            )
+        except gexc.PreconditionFailed:
+            raise VersionConflict(f"{self.uri}/{rel}: generation is not {version or 0}") from None
+        return str(blob.generation)
 
     def upload_file(self, path: Path, rel: str) -> None:
         # Re-uploading the same bytes under the same name is idempotent, so retrying an

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable
+from ftfleet.trainer.checkpoint.tiers.base import ObjectStore, TierUnavailable, VersionConflict
 
 _MISSING = ("NoSuchKey", "404", "NotFound")
 _UNAVAILABLE = (
@@ -99,6 +99,36 @@ class S3Store(ObjectStore):
 
     def put_bytes(self, rel: str, data: bytes) -> None:
         self._call(self.client.put_object, Bucket=self.bucket, Key=self.key(rel), Body=data)
+
+    def read_versioned(self, rel: str) -> tuple[bytes | None, str | None]:
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self.key(rel))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _MISSING:
+                return None, None
+            raise
+        return resp["Body"].read(), resp["ETag"]
+
+    def write_if(self, rel: str, data: bytes, version: str | None) -> str:
+        """S3 conditional writes (Amazon S3 User Guide, "How to prevent object
+        overwrites with conditional writes"): ``If-None-Match: *`` to create,
+        ``If-Match: <ETag>`` to replace. 412 PreconditionFailed, and 409
+        ConditionalRequestConflict (a concurrent conditional write of the same key), are
+        a lost race."""
+        from botocore.exceptions import ClientError
+
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            resp = self._call(self.client.put_object, Bucket=self.bucket, Key=self.key(rel), Body=data, **condition)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                raise VersionConflict(f"{self.uri}/{rel}: {code or status}") from None
+            raise
+        return resp["ETag"]
 
     def upload_file(self, path: Path, rel: str) -> None:
         self._call(self.client.upload_file, str(path), self.bucket, self.key(rel), Config=self.transfer)

@@ -6,6 +6,9 @@ generation of its run commits nothing more and leaves.
 * ``fence.py``: each attempt of the run registers a generation in the run's store;
   a commit of an older generation, or of one that cannot reach the store to tell, is
   refused;
+* ``lease.py``: one region trains a run: a lease in an object store, written with
+  conditional requests, names the holder that may commit; a process whose lease ran
+  out or was taken over commits nothing more;
 * ``leave.py``: how a process leaves: one log line, a ``fenced`` event, exit
   :data:`~ftfleet.contract.EXIT_FENCED`.
 

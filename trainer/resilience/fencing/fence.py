@@ -40,6 +40,7 @@ import threading
 import uuid
 from typing import Any, NoReturn
 
+from ftfleet.trainer.resilience.fencing import lease
 from ftfleet.trainer.resilience.fencing.launcher import bound_launcher, launcher_alive
 from ftfleet.trainer.resilience.fencing.leave import leave
 
@@ -176,8 +177,12 @@ def retire() -> None:
 
 
 def problem_of(fence: Fence | None) -> str | None:
-    """Why a process holding ``fence`` may not commit now (None: it may); without a
-    fence, only its launcher is asked."""
+    """Why a process holding ``fence`` may not commit now (None: it may): its run lease
+    (:mod:`.lease`, where it holds one), then its generation; without a fence, only its
+    launcher is asked."""
+    held = lease.problem()
+    if held is not None:
+        return held
     if fence is not None:
         return fence.problem()
     return None if launcher_alive() else f"the launcher (pid {bound_launcher()}) is gone"
