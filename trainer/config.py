@@ -77,6 +77,17 @@ class ParallelConfig:
     mixed_precision: str = "none"
     """`bf16`: FSDP2 computes with bf16 parameters and reduces gradients in fp32; the
     sharded parameters, the optimizer and the checkpoint stay fp32. `none`: fp32."""
+    replicas: int = 1
+    """Hybrid sharding (HSDP, FSDP2 on a two-dimensional mesh): the ranks form ``replicas``
+    groups of world_size / replicas consecutive ranks; each group shards the model and
+    optimizer state over its ranks (keep a group within a node or a few), and the groups
+    hold copies of one another's shards, kept equal by an all-reduce of the gradient
+    shards across groups each step. Every shard then lives on ``replicas`` ranks. Cost
+    against 1 (plain FSDP over all ranks): per rank ``replicas`` times the parameter,
+    gradient and optimizer memory, and each step also moves 2 (replicas - 1) / replicas
+    of a gradient shard (the full model's gradients over world_size / replicas ranks)
+    per rank across groups. Checkpoints are written once per shard and restore at any
+    ``replicas`` and world size. FSDP only; must divide the world size."""
     collective_timeout_s: float | None = None
     """Seconds a collective of the training group waits for a peer before it fails; null:
     torch's default (30 min gloo, 10 min NCCL). Under in-process restart this is how the
@@ -93,6 +104,12 @@ class ParallelConfig:
             )
         if self.mode not in ("fsdp", "ddp"):
             raise ConfigError(f"parallel.mode={self.mode!r}: use fsdp or ddp")
+        if self.replicas < 1:
+            raise ConfigError(f"parallel.replicas={self.replicas}: use 1 (plain FSDP) or more replica groups")
+        if self.replicas > 1 and self.mode != "fsdp":
+            raise ConfigError(
+                f"parallel.replicas={self.replicas} needs parallel.mode=fsdp (DDP replicates everything already)"
+            )
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"parallel.backend={self.backend!r}: use auto, gloo or nccl")
         if self.mixed_precision not in ("none", "bf16"):

@@ -1,5 +1,9 @@
-"""How the model is spread over the ranks: FSDP2 units, mixed precision, meta-device
-initialisation (or DDP).
+"""How the model is spread over the ranks: FSDP2 units, hybrid sharding, mixed
+precision, meta-device initialisation (or DDP).
+
+* ``parallel.replicas`` R > 1 is HSDP: FSDP2 on a (replicate, shard) mesh of R groups of
+  consecutive ranks; each group shards the state over its ranks and the groups hold the
+  same shards (:func:`device_mesh`).
 
 * ``parallel.wrap`` picks the submodules FSDP2 shards as units (then the root):
   ``auto`` takes a Hugging Face model's ``_no_split_modules`` classes, else the blocks
@@ -125,12 +129,11 @@ def parallelize(
     it; buffers that were not on meta keep theirs)."""
     name = type(model).__name__  # fully_shard changes the class to FSDP<name>
     if cfg.mode == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         if not on_meta:
             model.to(env.device)
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        mesh = device_mesh(cfg, env)
         policy = mixed_precision_policy(cfg)
         units = {id(m) for m in shard_units(model, cfg.wrap)}
         for m in reversed(list(model.modules())):  # FSDP2 wants children before parents
@@ -138,7 +141,9 @@ def parallelize(
                 fully_shard(m, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         if on_meta and init:
-            materialize(model, env.device, seed, env.rank if env.device.type == "cpu" else 0, name)
+            # The replicas of a shard (HSDP) must start equal: salted by the shard's index.
+            shard = env.rank % (env.world_size // cfg.replicas)
+            materialize(model, env.device, seed, shard if env.device.type == "cpu" else 0, name)
         elif on_meta:
             allocate(model, env.device)
         return model
@@ -151,6 +156,23 @@ def parallelize(
     else:
         model.to(env.device)
     return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+
+
+def device_mesh(cfg: ParallelConfig, env: Any) -> Any:
+    """FSDP2's mesh: one dimension over every rank, or with ``parallel.replicas`` R > 1
+    (HSDP) R replica groups of world_size / R consecutive ranks (``("replicate",
+    "shard")``: FSDP2 shards over the second dimension and replicates over the first)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.replicas == 1:
+        return init_device_mesh(env.device.type, (env.world_size,))
+    if env.world_size % cfg.replicas:
+        raise ConfigError(
+            f"parallel.replicas={cfg.replicas} does not divide the world size {env.world_size}: "
+            f"use a divisor of {env.world_size}, or 1"
+        )
+    shape = (cfg.replicas, env.world_size // cfg.replicas)
+    return init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: int, name: str = "") -> str:
