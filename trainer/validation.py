@@ -11,8 +11,9 @@ What holds:
   is the same.
 * **The same samples every time, on any world size.** The set is read as training data
   is, by global position, unshuffled: batch ``b`` of an evaluation is positions
-  ``[b*B, (b+1)*B)``, rank ``r`` reading its ``r``-th slice. A metric is the mean over
-  the evaluation's samples: each rank's micro-batch means weighted by its samples,
+  ``[b*B, (b+1)*B)``, rank ``r`` reading its ``r``-th slice (an IterableDataset is read
+  from its start at each evaluation, as training would read it). A metric is the mean
+  over the evaluation's samples: each rank's micro-batch means weighted by its samples,
   summed over the ranks in one collective.
 * **Milestones live in the checkpoints.** An evaluation strictly better by
   ``validation.metric`` than every earlier one of the run (the best so far is part of
@@ -204,9 +205,8 @@ class Validation(Callback):
                         ) from None
                     values = self.measure(model, batch.data)
                     names, row = _row(values, names, device)
-                    weighted = torch.cat(
-                        [row * self.reader.micro_batch_size, row.new_ones(1) * self.reader.micro_batch_size]
-                    )
+                    count = _samples(batch.data, self.reader.micro_batch_size)
+                    weighted = torch.cat([row * count, row.new_ones(1) * count])
                     sums = weighted if sums is None else sums + weighted
                     if self.watchdog is not None:
                         self.watchdog.beat(step)  # each batch is progress
@@ -250,6 +250,19 @@ def _batches(cfg: ValidationConfig, dataset: Any, batch: int) -> int:
             f"{length}: use validation.batches={length // batch} or 0 (all of it)"
         )
     return cfg.batches
+
+
+def _samples(data: Any, default: int) -> int:
+    """Samples in a batch: the first dimension of its first tensor (an iterable set's last
+    batch may be short), else ``default``."""
+    if isinstance(data, torch.Tensor):
+        return int(data.shape[0]) if data.dim() else default
+    items = data.values() if isinstance(data, Mapping) else data if isinstance(data, list | tuple) else ()
+    for item in items:
+        found = _samples(item, -1)
+        if found >= 0:
+            return found
+    return default
 
 
 def _row(values: Any, names: list[str] | None, device: torch.device) -> tuple[list[str], torch.Tensor]:

@@ -219,3 +219,25 @@ def test_a_run_with_validation_stopped_and_resumed_ends_where_the_reference_ends
     rows = {r["step"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows[6]["kept_by"] == f"milestone (loss {losses[0]:.6g})" and rows[6]["validation"] == {"loss": losses[0]}
     assert rows[24]["retention"] == {"rules": list(retention.DEFAULT_SCHEDULE), "pinned": []}  # every manifest
+
+
+def test_an_iterable_set_is_read_from_its_start_at_every_evaluation_and_running_out_is_one_line():
+    run, rec = make_run("validation.factory=tests.trainer.userpkg:short_stream")
+    v = validation(run, rec)
+    first = v.evaluate(run, 2)
+    assert v.evaluate(run, 4) == first  # from the start again: the same samples
+    mapped, _ = make_run()
+    assert first == pytest.approx(validation(mapped, Recorder()).evaluate(mapped, 2), rel=1e-6)  # the same 12 samples
+    # 15 samples: two batches of 6 and a short one of 3, each sample weighing the same.
+    run, rec = make_run("validation.factory=tests.trainer.userpkg:short_stream", "validation.batches=3")
+    three = validation(run, rec).evaluate(run, 2)
+    held_out = mapped.cfg.validation.factories["factory"](job=mapped.cfg)  # the stream's samples, by index
+    run.model.eval()
+    with torch.no_grad():
+        losses = [next_token_loss(run.model, torch.from_numpy(np.stack([held_out[i]]))) for i in range(15)]
+    run.model.train()
+    assert three["loss"] == pytest.approx(float(sum(losses)) / 15, rel=1e-5)
+    run, rec = make_run("validation.factory=tests.trainer.userpkg:short_stream", "validation.batches=4")
+    with pytest.raises(ConfigError) as exc:
+        validation(run, rec).evaluate(run, 2)
+    assert "ran out after 3 of validation.batches=4" in str(exc.value) and "\n" not in str(exc.value)

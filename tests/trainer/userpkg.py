@@ -102,3 +102,19 @@ def not_metrics(cfg):
 
 def list_metrics(cfg):
     return lambda model, batch: [1.0]
+
+
+def short_stream(cfg, job):
+    """``validation.factory``: an IterableDataset of 15 samples of the synthetic chain."""
+    import torch
+
+    from ftfleet.trainer.data.synthetic import held_out
+    from ftfleet.trainer.schemas import SyntheticConfig
+
+    source = held_out(SyntheticConfig(), job)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return (torch.from_numpy(source[i]) for i in range(15))
+
+    return Stream()
