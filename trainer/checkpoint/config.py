@@ -66,10 +66,10 @@ class CheckpointConfig:
     lease_holder: str = ""
     """Who this trainer is to the lease (the fleet sets its stack and region). Env:
     FTFLEET_LEASE_HOLDER."""
-    lease_ttl_s: float = 60.0
-    """How long a renewal keeps the lease (renewed every quarter of it); another holder
-    takes it over 10 s after it runs out. A trainer cut off from the store stops
-    committing 10 s before that."""
+    lease_ttl_s: float = 120.0
+    """How long a renewal keeps the lease (renewed every quarter of it); another job takes
+    it over 10 s after it runs out. A trainer cut off from the store stops committing
+    40 s before it runs out (10 s of clock skew, 30 s for a commit's write)."""
     retries: int = 10
     """Attempts per object request (5xx, throttling and connection errors are retried)."""
     load: bool = True
@@ -125,10 +125,10 @@ class CheckpointConfig:
                 f"checkpoint.lease_uri={self.lease_uri} needs checkpoint.lease_holder: name who trains the run "
                 "(the fleet sets FTFLEET_LEASE_HOLDER to its stack and region)"
             )
-        if not 20.0 < self.lease_ttl_s <= 3600.0:
+        if not 60.0 <= self.lease_ttl_s <= 3600.0:
             raise ConfigError(
-                f"checkpoint.lease_ttl_s={self.lease_ttl_s:g}: use more than 20 s (twice the allowed clock skew) "
-                "and at most 3600"
+                f"checkpoint.lease_ttl_s={self.lease_ttl_s:g}: use 60 to 3600 s (a renewal every quarter of it "
+                "must leave room for 10 s of clock skew and 30 s for a commit's write)"
             )
         if self.keep < 2:
             raise ConfigError(

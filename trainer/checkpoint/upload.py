@@ -170,6 +170,10 @@ class Uploader:
                 manifest.total_bytes / 1e6,
                 time.monotonic() - t0,
             )
-            retention.prune_by_schedule(self.store, self.schedule, self.pinned, protected=[step])
+            held = fencing.problem_of(self.fence)  # deleting is writing: one generation, the lease's holder
+            if held is None:
+                retention.prune_by_schedule(self.store, self.schedule, self.pinned, protected=[step])
+            else:
+                log.warning("retention of %s skipped: %s", self.store.uri, held)
         if self.on_durable is not None:
             self.on_durable(step)

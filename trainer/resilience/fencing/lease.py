@@ -1,30 +1,35 @@
 """One region trains a run: the run lease, an object in an object store written only with
-conditional requests, names the holder (a stack, a region) that may commit the run's
-checkpoints.
+conditional requests, names the holder (a stack, a region) and the job that may commit
+the run's checkpoints.
 
-The lease is one small JSON document (``format``, ``run_id``, ``holder``, ``epoch``,
-``expires_at``, ``ttl_s``). Every write is conditional on the version just read (S3's
-``If-Match`` / ``If-None-Match: *``, a GCS generation precondition; a local file under a
-lock for one machine), so two writers never both succeed from the same state:
+The lease is one small JSON document (``format``, ``run_id``, ``holder``, ``job``,
+``epoch``, ``expires_at``, ``ttl_s``). ``job`` names the job within the holder: the
+store its ranks share (``host:port``), else the process, so that a relaunch beside a
+job still running (two stores, one region) is a different job. Every write is
+conditional on the version just read (S3's ``If-Match`` / ``If-None-Match: *``, a GCS
+generation precondition; a local file under a lock for one machine), so two writers
+never both succeed from the same state:
 
 * **acquire** (:meth:`RunLease.acquire`, at the start of a run): absent, it is created;
-  this holder's own, it is renewed; another holder's that expired more than ``skew_s``
-  ago by this machine's clock, it is taken over with the next ``epoch``; another
-  holder's still current: refused (:class:`LeaseHeld`, one line naming the holder and
-  when it expires).
+  this job's own, it is renewed; another job's (of any holder) that expired more than
+  ``skew_s`` ago by this machine's clock, it is taken over with the next ``epoch``;
+  another job's still current: refused (:class:`LeaseHeld`, one line naming the holder
+  and when it expires). A whole job started again on a new store therefore waits for its
+  predecessor's lease to run out.
 * **renew** (a thread, every ``ttl_s / 4``): the same conditional write of a new
-  ``expires_at``, only while the document still names this holder and epoch. A lease
-  taken over meanwhile is lost for good.
+  ``expires_at``, only while the document still names this job and epoch. A lease taken
+  over meanwhile is lost for good.
 * **the commit check** (:meth:`RunLease.problem`, from :func:`~.fence.problem_of`, right
   before every commit): no network, only what the renewals established. The holder
-  counts its lease valid until ``ttl_s - skew_s`` after the start of its last
-  successful write; a taker waits until ``skew_s`` after ``expires_at`` (``ttl_s`` after
-  that same start, by the holder's clock). So two regions never commit inside one
-  lease's life while their clocks disagree by less than ``skew_s`` and a commit's write
-  lands within ``skew_s`` of its check; a holder cut off from the store stops
-  committing when its last renewal runs out, whatever the network does.
+  counts its lease valid until ``ttl_s - skew_s -`` :data:`WRITE_MARGIN_S` after the
+  start of its last successful write; a taker waits until ``skew_s`` after
+  ``expires_at`` (``ttl_s`` after that same start, by the holder's clock). So two jobs
+  never commit inside one lease's life while their clocks disagree by less than
+  ``skew_s`` and a commit's write lands within ``WRITE_MARGIN_S + skew_s`` of its check;
+  a holder cut off from the store stops committing when its last renewal runs out,
+  whatever the network does.
 * **release** (:meth:`RunLease.release`, when the run completes): ``expires_at`` set to
-  0, so that another region may take it at once.
+  0, so that another job may take it at once.
 
 A commit refused for the lease leaves the process like a fenced one
 (:data:`~ftfleet.contract.EXIT_FENCED`).
@@ -51,6 +56,9 @@ log = logging.getLogger("ftfleet.fencing")
 FORMAT = "ftfleet-lease/1"
 #: Conditional writes retried after a lost race before giving up on one attempt.
 ATTEMPTS = 5
+#: How long a commit's write may take after its check (a manifest PUT with its retries):
+#: the holder stops committing this long before the taker may start.
+WRITE_MARGIN_S = 30.0
 
 
 class LeaseError(UserError):
@@ -125,19 +133,22 @@ class RunLease:
         *,
         run_id: str,
         holder: str,
-        ttl_s: float = 60.0,
+        job: str = "",
+        ttl_s: float = 120.0,
         skew_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not holder:
             raise UserError("checkpoint.lease_holder is empty: name who trains the run (e.g. its stack and region)")
-        if not 0 < 2 * skew_s < ttl_s:
+        if not 0 < skew_s + WRITE_MARGIN_S + ttl_s / 4 < ttl_s:
             raise UserError(
-                f"checkpoint.lease_ttl_s={ttl_s:g}: use more than twice the clock skew allowed ({skew_s:g} s)"
+                f"checkpoint.lease_ttl_s={ttl_s:g}: use more than {4 * (skew_s + WRITE_MARGIN_S) / 3:.0f} s "
+                "(the clock skew and a commit's write, between renewals)"
             )
         self.store, self.name = store, name
         self.run_id, self.holder = run_id, holder
+        self.job = job or f"pid {os.getpid()} on {os.uname().nodename}"
         self.ttl_s, self.skew_s = ttl_s, skew_s
         self.clock, self.monotonic = clock, monotonic
         self.epoch: int | None = None
@@ -178,6 +189,7 @@ class RunLease:
             "format": FORMAT,
             "run_id": self.run_id,
             "holder": self.holder,
+            "job": self.job,
             "epoch": epoch,
             "ttl_s": self.ttl_s,
             "expires_at": started + self.ttl_s if expires_at is None else expires_at,
@@ -196,23 +208,25 @@ class RunLease:
             doc, version = self._read()
             if doc is None:
                 epoch, why = 1, "created"
-            elif doc["holder"] == self.holder:
+            elif self._mine(doc):
                 epoch, why = int(doc["epoch"]), "renewed"
             elif started_wall > float(doc["expires_at"]) + self.skew_s:
                 epoch, why = int(doc["epoch"]) + 1, f"taken over from {doc['holder']} (expired)"
             else:
                 left = float(doc["expires_at"]) - started_wall
                 raise LeaseHeld(
-                    f"run {self.run_id} is held by {doc['holder']} (lease epoch {doc['epoch']}, "
+                    f"run {self.run_id} is held by {doc['holder']} ({doc.get('job') or 'a job'}, "
+                    f"lease epoch {doc['epoch']}, "
                     f"{max(0.0, left):.0f} s left, renewed while it trains): this holder ({self.holder}) "
-                    "may not write it; stop the run there, or start here once its lease has run out"
+                    "may not write it; stop the run there, or start here once its lease has run out "
+                    f"({self.ttl_s + self.skew_s:.0f} s after its last renewal)"
                 )
             try:
                 self._write(epoch, version, started_wall)
             except VersionConflict:
                 continue
             self.epoch, self._lost = epoch, None
-            self._valid_until = started + self.ttl_s - self.skew_s
+            self._valid_until = started + self._validity()
             log.info("run lease of %s %s: epoch %d, holder %s", self.run_id, why, epoch, self.holder)
             return
         raise LeaseHeld(f"run {self.run_id}: the lease kept changing under {ATTEMPTS} attempts; start again")
@@ -228,11 +242,16 @@ class RunLease:
             started_wall, started = self.clock(), self.monotonic()
             try:
                 doc, version = self._read()
-                if doc is None or doc["holder"] != self.holder or int(doc["epoch"]) != self.epoch:
-                    who = "nobody" if doc is None else f"{doc['holder']} (epoch {doc['epoch']})"
-                    self._lost = f"the run lease was taken over: it names {who}, not {self.holder} (epoch {self.epoch})"
+                if doc is None or not self._mine(doc) or int(doc["epoch"]) != self.epoch:
+                    who = "nobody" if doc is None else f"{doc['holder']}, {doc.get('job')} (epoch {doc['epoch']})"
+                    self._lost = (
+                        f"the run lease was taken over: it names {who}, not {self.holder}, {self.job} "
+                        f"(epoch {self.epoch})"
+                    )
                     log.error("%s", self._lost)
                     return
+                if self._stop.is_set():
+                    return  # stopping: a release may follow, which this write must not undo
                 self._write(self.epoch, version, started_wall)
             except VersionConflict:
                 continue
@@ -240,9 +259,16 @@ class RunLease:
                 self._last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("run lease not renewed: %s", self._last_error)
                 return
-            self._valid_until = started + self.ttl_s - self.skew_s
+            self._valid_until = started + self._validity()
             self._last_error = None
             return
+
+    def _mine(self, doc: dict[str, Any]) -> bool:
+        return doc["holder"] == self.holder and doc.get("job") == self.job
+
+    def _validity(self) -> float:
+        """How long after the start of a successful write this job may commit."""
+        return self.ttl_s - self.skew_s - WRITE_MARGIN_S
 
     def problem(self) -> str | None:
         """Why this holder may not commit now (None: it may). No network."""
@@ -252,7 +278,7 @@ class RunLease:
             return f"the run lease of {self.run_id} is not held"
         if self.monotonic() >= self._valid_until:
             why = f" (last attempt: {self._last_error})" if self._last_error else ""
-            return f"the run lease of {self.run_id} ran out: not renewed for {self.ttl_s - self.skew_s:.0f} s{why}"
+            return f"the run lease of {self.run_id} ran out: not renewed for {self._validity():.0f} s{why}"
         return None
 
     def release(self) -> None:
@@ -262,7 +288,7 @@ class RunLease:
             return
         try:
             doc, version = self._read()
-            if doc is not None and doc["holder"] == self.holder and int(doc["epoch"]) == self.epoch:
+            if doc is not None and self._mine(doc) and int(doc["epoch"]) == self.epoch:
                 self._write(self.epoch, version, self.clock(), expires_at=0.0)
                 log.info("run lease of %s released", self.run_id)
         except Exception as exc:  # noqa: BLE001 - it then runs out by itself
@@ -279,7 +305,7 @@ class RunLease:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join()
 
     def _renewing(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
@@ -314,7 +340,11 @@ def hold(cfg: Any, comm: Any) -> RunLease | None:
     if comm.rank == 0:
         try:
             store, name = open_lease_store(ckpt.lease_uri, endpoint_url=ckpt.s3_endpoint_url or None)
-            lease = RunLease(store, name, run_id=cfg.run_id, holder=ckpt.lease_holder, ttl_s=ckpt.lease_ttl_s)
+            from ftfleet.trainer.resilience.fencing.fence import current
+
+            fence = current()
+            job = f"store {fence.host}:{fence.port}" if fence is not None else ""
+            lease = RunLease(store, name, run_id=cfg.run_id, holder=ckpt.lease_holder, job=job, ttl_s=ckpt.lease_ttl_s)
             lease.acquire()
         except LeaseError as exc:
             refusal = (type(exc) is LeaseHeld, exc.exit_code, str(exc))

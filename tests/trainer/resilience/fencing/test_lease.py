@@ -34,7 +34,7 @@ class Clocks:
             name,
             run_id="llm",
             holder=holder,
-            ttl_s=60.0,
+            ttl_s=120.0,
             skew_s=10.0,
             clock=lambda: self.t + offset,
             monotonic=lambda: self.t,
@@ -54,18 +54,19 @@ def semantics(store, clocks: Clocks) -> None:
     line = str(held.value)
     assert "held by aws-prod/us-east-1" in line and "\n" not in line and held.value.exit_code == EXIT_FENCED
     clocks.advance(45)
-    east.renew()  # valid for east until 45 + 60 - 10; taken by another after 45 + 60 + 10
-    clocks.advance(45)
+    east.renew()  # east commits until 45 + 120 - 10 - 30; another job takes it after 45 + 120 + 10
+    clocks.advance(75)
     assert east.problem() is None
     clocks.advance(10)
     assert "ran out" in east.problem()  # cut off (no renewal since): it stops committing first
+    clocks.advance(40)
     with pytest.raises(LeaseHeld):
         west.acquire()  # expired 5 s ago: not yet past the skew allowed
-    clocks.advance(16)
+    clocks.advance(6)
     west.acquire()  # 11 s past expiry: taken over
     assert west.epoch == 2
     east.renew()
-    assert "taken over: it names aws-prod-standby/us-west-2 (epoch 2)" in east.problem()
+    assert "taken over: it names aws-prod-standby/us-west-2" in east.problem() and "(epoch 2)" in east.problem()
     east.renew()  # lost for good: a renewal does not bring it back
     assert east.problem().startswith("the run lease was taken over")
     west.release()
@@ -75,6 +76,24 @@ def semantics(store, clocks: Clocks) -> None:
 
 def test_the_lease_on_a_local_file(tmp_path):
     semantics(LocalObject(tmp_path), Clocks())
+
+
+def test_a_second_job_of_the_same_holder_is_refused_while_the_first_renews(tmp_path):
+    """A relaunch beside a job that still runs (another store, the same stack and region)."""
+    clocks = Clocks()
+    first = clocks.lease(LocalObject(tmp_path), job="store 10.0.0.1:29400")
+    again = clocks.lease(LocalObject(tmp_path), job="store 10.0.0.1:29400")  # the same job's next attempt
+    second = clocks.lease(LocalObject(tmp_path), job="store 10.0.0.9:29400")
+    first.acquire()
+    again.acquire()
+    assert again.epoch == 1
+    with pytest.raises(LeaseHeld, match="held by aws-prod/us-east-1 .store 10.0.0.1:29400"):
+        second.acquire()
+    clocks.advance(131)  # the first job stopped renewing: past expiry and skew
+    second.acquire()
+    assert second.epoch == 2
+    first.renew()
+    assert "taken over" in first.problem()
 
 
 def test_the_lease_on_s3_with_conditional_writes(s3, bucket, moto_url):
@@ -128,7 +147,7 @@ def test_a_commit_without_the_lease_is_refused_through_the_fence(tmp_path, monke
     lease_mod.install(mine)
     try:
         assert fencing.problem_of(None) is None
-        clocks.advance(51)
+        clocks.advance(81)  # past 120 - 10 - 30
         assert "ran out" in fencing.problem_of(None)
     finally:
         lease_mod.install(None)
@@ -160,8 +179,8 @@ def test_bad_lease_settings_are_one_line():
 
     with pytest.raises(ConfigError, match="needs checkpoint.lease_holder"):
         CheckpointConfig(lease_uri="s3://b/run/lease.json")
-    with pytest.raises(ConfigError, match="lease_ttl_s=10"):
-        CheckpointConfig(lease_ttl_s=10)
+    with pytest.raises(ConfigError, match="lease_ttl_s=30"):
+        CheckpointConfig(lease_ttl_s=30)
     with pytest.raises(UserError, match="name the lease object"):
         open_lease_store("s3://bucket")
 
