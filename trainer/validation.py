@@ -3,7 +3,8 @@ and the best checkpoint by one of its metrics kept as a milestone.
 
 What holds:
 
-* **An evaluation does not change the run.** The model runs in eval mode under
+* **An evaluation does not change the run.** The factories are called with every RNG
+  put back afterwards (a user's factory may draw from them). The model runs in eval mode under
   ``no_grad``; torch's CPU generator, the current CUDA device's, numpy's and Python's
   RNGs are seeded for the evaluation and afterwards as they were; the training reader is
   not touched (the set has a reader of its own, in the training process). A run with
@@ -30,6 +31,7 @@ as ``ftfleet_validation{metric=...}``, and the last one and the best are in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -121,7 +123,14 @@ class Validation(Callback):
             raise ConfigError(
                 f"validation.batch_size={batch} is not divisible by the world size {world}: use a multiple of {world}"
             )
-        dataset = cfg.factories["factory"](job=run.cfg)
+        cuda = [torch.cuda.current_device()] if run.env.device.type == "cuda" else []
+        # The RNGs are seeded for training already: what the factories draw must not move them.
+        keep_rngs = contextlib.ExitStack()
+        keep_rngs.enter_context(torch.random.fork_rng(devices=cuda))
+        keep_rngs.enter_context(seeded(seed_of(self.seed, _EPOCH, 0)))
+        with keep_rngs:
+            dataset = cfg.factories["factory"](job=run.cfg)
+            measure = cfg.factories["metrics"](job=run.cfg)
         from ftfleet.trainer.train import check_dataset
 
         check_dataset(dataset, run.model, "validation.factory", cfg.factory)
@@ -130,7 +139,7 @@ class Validation(Callback):
         self.reader = GlobalBatches(
             dataset, batch, run.env.rank, world, run.env.device, seed=run.cfg.seed, shuffle=False
         )
-        self.measure: MetricsFn = cfg.factories["metrics"](job=run.cfg)
+        self.measure: MetricsFn = measure
         if not callable(self.measure):
             raise ConfigError(
                 f"validation.metrics returned {type(self.measure).__name__}: return a callable "
@@ -197,12 +206,20 @@ class Validation(Callback):
             try:
                 for b in range(self.batches):
                     try:
-                        batch = self.reader.get(b * self.batch_size, b)
+                        batch, have = self.reader.get(b * self.batch_size, b), 1
                     except StopIteration:
+                        batch, have = None, 0
+                    if self.reader.iterable and dist.is_available() and dist.is_initialized():
+                        # Each rank reads its own stream: they agree on its end, or the ranks
+                        # with data would wait in the forward for one that has none.
+                        flag = torch.tensor([have], device=device)
+                        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                        have = int(flag.item())
+                    if not have or batch is None:
                         raise ConfigError(
                             f"validation: validation.factory's set ran out after {b} of validation.batches="
                             f"{self.batches}: set validation.batches to at most {b}"
-                        ) from None
+                        )
                     values = self.measure(model, batch.data)
                     names, row = _row(values, names, device)
                     count = _samples(batch.data, self.reader.micro_batch_size)

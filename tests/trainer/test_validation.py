@@ -241,3 +241,11 @@ def test_an_iterable_set_is_read_from_its_start_at_every_evaluation_and_running_
     with pytest.raises(ConfigError) as exc:
         validation(run, rec).evaluate(run, 2)
     assert "ran out after 3 of validation.batches=4" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_building_the_validation_leaves_the_rngs_as_they_were_whatever_its_factories_draw():
+    run, rec = make_run("validation.factory=tests.trainer.userpkg:drawing_set")
+    before = rng_states()
+    validation(run, rec)
+    after = rng_states()
+    assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
