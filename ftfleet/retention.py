@@ -204,6 +204,10 @@ def keep_reasons(
 DEBRIS_AGE_S = 86400.0
 
 
+#: A manifest dated further ahead of the sweep's clock than this is kept as undated.
+FUTURE_S = 3600.0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Recorded:
     """What retention reads in a manifest: when it was committed, whether it is a
@@ -253,14 +257,18 @@ def plan_sweep(
     """What a sweep of a bucket deletes. ``recorded``: each step with a manifest -> what
     it records, or None when it does not read (kept: undated); ``complete``: the steps
     whose every listed file is there; ``uncommitted``: each step directory without a
-    manifest -> the time of its newest object. Kept: everything :func:`keep_reasons`
-    keeps under the newest readable manifest's policy (``fallback`` where none records
+    manifest -> the time of its newest object. A manifest dated more than
+    :data:`FUTURE_S` ahead of ``now`` counts as undated. Kept: everything
+    :func:`keep_reasons` keeps under the newest readable manifest's policy (``fallback`` where none records
     one), with the milestones as marked, and the newest complete checkpoint (the newest
     committed one may still be missing files where a bucket receives objects one by one)."""
     readable = {s: r for s, r in recorded.items() if r is not None}
     with_policy = [s for s in sorted(readable) if readable[s].policy is not None]
     policy = readable[with_policy[-1]].policy if with_policy else fallback
-    created = {s: (r.created_at if r is not None else None) for s, r in recorded.items()}
+    # A time ahead of the clock (a skewed writer) would move every window past the rest.
+    created = {
+        s: (r.created_at if r is not None and r.created_at <= now + FUTURE_S else None) for s, r in recorded.items()
+    }
     marks = milestone_reasons({s: r.milestone for s, r in readable.items()})
     kept = keep_reasons(created, policy.schedule(), policy.pinned, marks)
     newest_complete = max((s for s in complete if s in recorded), default=None)

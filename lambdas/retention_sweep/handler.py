@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from ftfleet import contract, retention
 from ftfleet.lambdas.common import aws, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
@@ -108,6 +110,12 @@ def survey(bucket: Bucket) -> tuple[dict[int, retention.Recorded | None], set[in
             continue
         try:
             text = bucket.read(f"{bucket.step_prefix(step)}{contract.MANIFEST_NAME}")
+        except ClientError as exc:
+            if aws.error_code(exc) in ("NoSuchKey", "404"):
+                continue  # deleted since the listing (the trainer pruned it): not a checkpoint any more
+            recorded[step] = None  # cannot be read now: kept
+            continue
+        try:
             recorded[step] = retention.Recorded.parse(text)
             wanted = contract.manifest_file_sizes(text)
         except (ValueError, contract.ContractError):

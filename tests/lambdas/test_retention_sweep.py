@@ -173,3 +173,22 @@ def test_it_lists_only_under_its_root_and_touches_nothing_else(swept, capsys):
     assert refused == []
     assert {"checkpoints/other-run/step-1/manifest.json", f"{ROOT}/not-a-step/x"} <= set(keys())
     assert decisions(capsys)[-1]["decision"] == "swept"
+
+
+def test_a_manifest_gone_or_unreadable_when_read_does_not_stop_the_sweep(swept, monkeypatch):
+    from tests.lambdas.conftest import client_error
+
+    for i in range(5):
+        checkpoint(i, START + i * DAY)
+    real = sweep.Bucket.read
+
+    def read(self, key):
+        if "/step-1/" in key:
+            raise client_error("NoSuchKey", "gone", "GetObject")  # pruned since the listing
+        if "/step-2/" in key:
+            raise client_error("AccessDenied", "denied", "GetObject")
+        return real(self, key)
+
+    monkeypatch.setattr(sweep.Bucket, "read", read)
+    result = swept()
+    assert result["deleted"] == [0, 3] and committed() == [1, 2, 4]  # 2 kept: it could not be read

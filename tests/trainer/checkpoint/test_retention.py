@@ -298,12 +298,17 @@ def test_a_sweep_plan_applies_the_newest_recorded_policy_and_keeps_the_newest_co
         4: rec(START + 2 * DAY, policy=core.Policy(("all for 1h",), (1,))),
         5: rec(START + 3 * DAY),  # newest; its files not all there yet
     }
-    plan = core.plan_sweep(recorded, complete={1, 2, 4}, uncommitted={0: 0.0, 9: 0.0}, now=START)
+    now = START + 3 * DAY
+    plan = core.plan_sweep(recorded, complete={1, 2, 4}, uncommitted={0: 0.0, 9: 0.0}, now=now)
     assert plan.policy == core.Policy(("all for 1h",), (1,))
     assert plan.kept == {5: "newest", 1: "pinned", 3: "undated", 4: "newest"}
     assert plan.delete == [2] and plan.debris == [0]  # 9 is newer than the newest checkpoint
-    young = core.plan_sweep(recorded, {4}, {0: START - 60}, now=START)
+    young = core.plan_sweep(recorded, {4}, {0: now - 60}, now=now)
     assert young.debris == []
+    # A manifest dated a year ahead (a skewed clock) is kept as undated, and moves no window.
+    ahead = {**recorded, 6: core.Recorded(START + 365 * DAY)}
+    skewed = core.plan_sweep(ahead, {1, 2, 4, 6}, {}, now=now)
+    assert skewed.kept[6] == "newest" and skewed.kept[5] == "all for 1h" and skewed.delete == [2, 4]
     fallback = core.plan_sweep({1: rec(START), 2: rec(START + DAY)}, {1, 2}, {}, START, core.Policy(()))
     assert fallback.delete == [1] and fallback.policy == core.Policy(())
 
