@@ -9,7 +9,9 @@ root, when a manifest arrived, an object's bytes, and the sizes under a prefix.
 
 from __future__ import annotations
 
-from ftfleet import contract
+from collections.abc import Mapping
+
+from ftfleet import contract, retention
 
 #: Step directories examined per bucket and sweep (newest first).
 SCAN_LIMIT = 100
@@ -64,3 +66,15 @@ class CheckpointListing:
 
     def newest_complete(self, steps: list[int]) -> int | None:
         return next((s for s in steps if self.complete(s)), None)
+
+
+def recorded(text: bytes, sizes: Mapping[str, int]) -> tuple[retention.Recorded | None, bool]:
+    """What a step's manifest records for retention (None: it does not read, or its file
+    list does not: the step is kept, never guessed at), and whether every file it lists
+    is there with its size (``sizes``: object name under the step -> size)."""
+    try:
+        record = retention.Recorded.parse(text)
+        wanted = contract.manifest_file_sizes(text)
+    except (ValueError, contract.ContractError):
+        return None, False
+    return record, all(sizes.get(name) == size for name, size in wanted.items())

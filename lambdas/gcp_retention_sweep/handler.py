@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftfleet import contract, retention
-from ftfleet.lambdas.common import gcp, runtime
+from ftfleet.lambdas.common import checkpoints, gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.gcp_retention_sweep.config import DELETED, FAILURES, KEPT, Config
 
@@ -100,13 +100,8 @@ def survey(listing: Listing, now: float) -> tuple[dict[int, retention.Recorded |
             text = manifest.download_as_bytes()
         except exceptions.NotFound:
             continue  # deleted since the listing: not a checkpoint any more
-        try:
-            recorded[step] = retention.Recorded.parse(text)
-            wanted = contract.manifest_file_sizes(text)
-        except (ValueError, contract.ContractError):
-            recorded[step] = None  # kept: never guessed at
-            continue
-        if all(name in objects and int(objects[name].size or 0) == size for name, size in wanted.items()):
+        recorded[step], whole = checkpoints.recorded(text, {name: int(b.size or 0) for name, b in objects.items()})
+        if whole:
             complete.add(step)
     return recorded, complete, uncommitted
 

@@ -30,7 +30,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from ftfleet import contract, retention
-from ftfleet.lambdas.common import aws, eventbridge, runtime
+from ftfleet.lambdas.common import aws, checkpoints, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.retention_sweep.config import Config
 
@@ -115,13 +115,8 @@ def survey(bucket: Bucket) -> tuple[dict[int, retention.Recorded | None], set[in
                 continue  # deleted since the listing (the trainer pruned it): not a checkpoint any more
             recorded[step] = None  # cannot be read now: kept
             continue
-        try:
-            recorded[step] = retention.Recorded.parse(text)
-            wanted = contract.manifest_file_sizes(text)
-        except (ValueError, contract.ContractError):
-            recorded[step] = None  # kept: never guessed at
-            continue
-        if all(name in have and have[name]["Size"] == size for name, size in wanted.items()):
+        recorded[step], whole = checkpoints.recorded(text, {name: item["Size"] for name, item in have.items()})
+        if whole:
             complete.add(step)
     return recorded, complete, uncommitted, objects
 
