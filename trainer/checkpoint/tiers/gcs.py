@@ -46,8 +46,9 @@ class ConcurrentWrite(RuntimeError):
 class GCSStore(ObjectStore):
     name = "gcs"
 
-    def __init__(self, uri: str, *, retries: int = 10, chunk_mb: int = 64):
+    def __init__(self, uri: str, *, retries: int = 10, chunk_mb: int = 64, timeout_s: float = 60.0):
         super().__init__(uri)
+        self.timeout_s = timeout_s  # per request of read_versioned / write_if
         self._client: Any = None  # built on first use: a node without credentials fails there, as unavailable
         self.chunk_size = chunk_mb << 20  # a multiple of 256 KiB, as GCS requires
         self.retry_budget_s = retry_budget_s(retries)
@@ -144,11 +145,15 @@ class GCSStore(ObjectStore):
         for _ in range(5):
             blob = self._blob(rel)
             try:
-                self._call(blob.reload, retry=self._retry)
+                self._call(blob.reload, retry=self._retry, timeout=self.timeout_s)
                 generation = int(blob.generation)
                 # The bytes of that generation: a newer one in between is read again.
                 data = self._call(
-                    blob.download_as_bytes, checksum="crc32c", if_generation_match=generation, retry=self._retry
+                    blob.download_as_bytes,
+                    checksum="crc32c",
+                    if_generation_match=generation,
+                    retry=self._retry,
+                    timeout=self.timeout_s,
                 )
             except gexc.NotFound:
                 return None, None
@@ -172,6 +177,7 @@ class GCSStore(ObjectStore):
                 checksum="crc32c",
                 if_generation_match=0 if version is None else int(version),
                 retry=self._retry,
+                timeout=self.timeout_s,
                 missing_bucket_on_404=True,
             )
         except gexc.PreconditionFailed:

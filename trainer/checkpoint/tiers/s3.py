@@ -21,15 +21,16 @@ _UNAVAILABLE = (
 )
 
 
-def make_client(endpoint_url: str | None, retries: int) -> Any:
-    """The one place an S3 client is built (the seam tests use)."""
+def make_client(endpoint_url: str | None, retries: int, timeout_s: float = 60.0) -> Any:
+    """The one place an S3 client is built (the seam tests use). ``timeout_s``: how long
+    a request waits for an answer (its connection at most 10 s of it)."""
     import boto3
     from botocore.config import Config
 
     config = Config(
         retries={"mode": "standard", "max_attempts": retries},
-        connect_timeout=10,
-        read_timeout=60,
+        connect_timeout=min(10.0, timeout_s),
+        read_timeout=timeout_s,
         # an endpoint given as host:port has no bucket subdomains
         s3={"addressing_style": "path"} if endpoint_url else None,
         max_pool_connections=32,

@@ -59,6 +59,8 @@ ATTEMPTS = 5
 #: How long a commit's write may take after its check (a manifest PUT with its retries):
 #: the holder stops committing this long before the taker may start.
 WRITE_MARGIN_S = 30.0
+#: How long one request to the lease's store may wait for its answer.
+REQUEST_TIMEOUT_S = 5.0
 
 
 class LeaseError(UserError):
@@ -115,12 +117,20 @@ def open_lease_store(uri: str, *, endpoint_url: str | None = None) -> tuple[Vers
     if "://" not in uri:
         path = Path(uri)
         return LocalObject(path.parent), path.name
-    from ftfleet.trainer.checkpoint.tiers import open_store
+    from ftfleet.trainer.checkpoint.tiers.base import parse_uri
 
     parent, _, name = uri.rstrip("/").rpartition("/")
     if not name or parent.endswith(":/"):
         raise UserError(f"checkpoint.lease_uri={uri!r}: name the lease object, e.g. s3://bucket/run/lease.json")
-    return open_store(parent, endpoint_url=endpoint_url, retries=3), name
+    # Short requests, few attempts: one stalled connection must not outlast a renewal
+    # interval (a 60 s read would let the lease run out while the store is fine).
+    if parse_uri(parent)[0] == "s3":
+        from ftfleet.trainer.checkpoint.tiers.s3 import S3Store, make_client
+
+        return S3Store(parent, client=make_client(endpoint_url, 3, timeout_s=REQUEST_TIMEOUT_S)), name
+    from ftfleet.trainer.checkpoint.tiers.gcs import GCSStore
+
+    return GCSStore(parent, retries=3, timeout_s=REQUEST_TIMEOUT_S), name
 
 
 class RunLease:
