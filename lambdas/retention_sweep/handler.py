@@ -72,17 +72,20 @@ class Bucket:
     def read(self, key: str) -> bytes:
         return self.s3.get_object(Bucket=self.name, Key=key)["Body"].read()
 
-    def remove(self, step: int, names: list[str]) -> None:
-        """The manifest first (alone, so that the step stops existing before it loses a
-        file), then the rest in batches. Raises on any key S3 did not delete."""
+    def remove(self, step: int, listed: dict[str, dict[str, Any]]) -> None:
+        """Delete the step's objects as listed: the manifest first (alone, so that the step
+        stops existing before it loses a file), then the rest in batches. Each delete is
+        conditional on the ETag listed (Amazon S3 User Guide, "How to perform conditional
+        deletes"): an object written since the listing (an upload of the step starting
+        again) is left alone. Raises on any key S3 did not delete."""
         prefix = self.step_prefix(step)
-        keys = [f"{prefix}{n}" for n in names]
-        manifest = f"{prefix}{contract.MANIFEST_NAME}"
-        if manifest in keys:
-            self.s3.delete_object(Bucket=self.name, Key=manifest)
-            keys.remove(manifest)
-        for i in range(0, len(keys), DELETE_BATCH):
-            batch = [{"Key": k} for k in keys[i : i + DELETE_BATCH]]
+        rest = dict(listed)
+        manifest = rest.pop(contract.MANIFEST_NAME, None)
+        if manifest is not None:
+            self.s3.delete_object(Bucket=self.name, Key=f"{prefix}{contract.MANIFEST_NAME}", IfMatch=manifest["ETag"])
+        names = sorted(rest)
+        for i in range(0, len(names), DELETE_BATCH):
+            batch = [{"Key": f"{prefix}{n}", "ETag": rest[n]["ETag"]} for n in names[i : i + DELETE_BATCH]]
             answer = self.s3.delete_objects(Bucket=self.name, Delete={"Objects": batch, "Quiet": True})
             if answer.get("Errors"):
                 first = answer["Errors"][0]
@@ -132,7 +135,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
             left.append(step)
             continue
         try:
-            bucket.remove(step, sorted(objects[step]))
+            bucket.remove(step, objects[step])
             deleted.append(step)
         except Exception as exc:  # noqa: BLE001 - one step's failure must not stop the sweep
             failed.append(step)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import boto3
+import botocore.exceptions
 import pytest
 
 from ftfleet import contract, retention
@@ -144,10 +145,10 @@ def test_a_step_that_does_not_delete_is_counted_and_the_others_go(swept, monkeyp
         checkpoint(i, START + i * DAY)
     real = sweep.Bucket.remove
 
-    def remove(self, step, names):
+    def remove(self, step, listed):
         if step == 1:
             raise RuntimeError("AccessDenied")
-        real(self, step, names)
+        real(self, step, listed)
 
     monkeypatch.setattr(sweep.Bucket, "remove", remove)
     result = swept()
@@ -192,3 +193,32 @@ def test_a_manifest_gone_or_unreadable_when_read_does_not_stop_the_sweep(swept, 
     monkeypatch.setattr(sweep.Bucket, "read", read)
     result = swept()
     assert result["deleted"] == [0, 3] and committed() == [1, 2, 4]  # 2 kept: it could not be read
+
+
+def test_an_object_written_since_the_listing_is_not_deleted(swept, monkeypatch):
+    """S3 refuses a delete whose If-Match (DeleteObject) or ETag (DeleteObjects) no longer
+    holds. moto enforces the first and ignores the second: the stand-in below refuses a
+    DeleteObjects entry whose ETag is not the object's, as S3 documents."""
+    for i in range(3):
+        checkpoint(i, START + i * DAY)
+    real = sweep.Bucket.remove
+
+    def remove(self, step, listed):
+        if step == 0:  # the step's upload starts again between the listing and the delete
+            checkpoint(0, START + 1)  # a new manifest (another time), the same shard
+        real(self, step, listed)
+
+    s3 = aws.client("s3")
+
+    def enforce(params, **kwargs):
+        for entry in params["Delete"]["Objects"]:
+            current = s3.head_object(Bucket=params["Bucket"], Key=entry["Key"])["ETag"]
+            if entry.get("ETag") != current:
+                raise botocore.exceptions.ClientError(
+                    {"Error": {"Code": "PreconditionFailed", "Message": "ETag"}}, "DeleteObjects"
+                )
+
+    s3.meta.events.register("provide-client-params.s3.DeleteObjects", enforce)
+    monkeypatch.setattr(sweep.Bucket, "remove", remove)
+    result = swept()
+    assert 0 in result["failed"] and 0 in committed()
