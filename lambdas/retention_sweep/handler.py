@@ -17,9 +17,11 @@ this function does, every hour, with the same decision (ftfleet/retention.py,
 Deletes replicate to the replica bucket as delete markers (the replication rule's
 delete-marker replication), so the replica follows without a sweep of its own; the
 bucket's versioning and lifecycle rules keep a deleted version for their noncurrent
-window. A step that fails to delete is logged and counted, and the sweep goes on; the
-sweep stops starting deletions when its invocation has little time left (the next
-hour's goes on). Published: ``RetentionDeleted``, ``RetentionKept`` and
+window. The bucket is listed once (``<root>/step-``, a call per thousand objects) and
+each manifest read once; a survey that cannot finish in the invocation decides nothing
+(counted as a failure, which is alarmed). A step that fails to delete is logged and
+counted, and the sweep goes on; the sweep stops starting deletions when its invocation
+has little time left (the next hour's goes on). Published: ``RetentionDeleted``, ``RetentionKept`` and
 ``RetentionFailures`` (dimension ``Stack``).
 """
 
@@ -53,20 +55,20 @@ class Bucket:
     def step_prefix(self, step: int) -> str:
         return f"{self.root}/{contract.step_dir_name(step)}/"
 
-    def steps(self) -> list[int]:
+    def listing(self) -> dict[int, dict[str, dict[str, Any]]]:
+        """step -> (object name under its directory -> its listing entry), from one
+        paginated listing of ``<root>/step-`` (a call per thousand objects, not per step)."""
+        base = f"{self.root}/"
+        out: dict[int, dict[str, dict[str, Any]]] = {}
         pages = self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.name, Prefix=f"{self.root}/", Delimiter="/"
+            Bucket=self.name, Prefix=f"{base}{contract.STEP_DIR_PREFIX}"
         )
-        names = [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", [])]
-        return sorted(s for s in (contract.parse_step_dir(n) for n in names) if s is not None)
-
-    def objects(self, step: int) -> dict[str, dict[str, Any]]:
-        """Object name under the step's directory -> its listing entry."""
-        prefix = self.step_prefix(step)
-        out = {}
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
+        for page in pages:
             for item in page.get("Contents", []):
-                out[item["Key"][len(prefix) :]] = item
+                top, _, name = item["Key"][len(base) :].partition("/")
+                step = contract.parse_step_dir(top)
+                if step is not None and name:
+                    out.setdefault(step, {})[name] = item
         return out
 
     def read(self, key: str) -> bytes:
@@ -98,19 +100,26 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     return runtime.run(NAME, Config, decide, event, context)
 
 
-def survey(bucket: Bucket) -> tuple[dict[int, retention.Recorded | None], set[int], dict[int, float], dict]:
+class OutOfTime(Exception):
+    """The survey did not finish within the invocation: nothing is decided on part of it."""
+
+
+def survey(
+    bucket: Bucket, context: Any
+) -> tuple[dict[int, retention.Recorded | None], set[int], dict[int, float], dict]:
     """(step -> what its manifest records or None, the complete steps, uncommitted step ->
-    its newest object's time, step -> its objects), from the bucket's listing."""
+    its newest object's time, step -> its objects), from the bucket's listing and one
+    read per manifest. Raises :class:`OutOfTime` when the invocation runs short first."""
     recorded: dict[int, retention.Recorded | None] = {}
     complete: set[int] = set()
     uncommitted: dict[int, float] = {}
-    objects: dict[int, dict[str, dict[str, Any]]] = {}
-    for step in bucket.steps():
-        have = objects[step] = bucket.objects(step)
+    objects = bucket.listing()
+    for step, have in sorted(objects.items()):
         if contract.MANIFEST_NAME not in have:
-            if have:
-                uncommitted[step] = max(item["LastModified"].timestamp() for item in have.values())
+            uncommitted[step] = max(item["LastModified"].timestamp() for item in have.values())
             continue
+        if runtime.remaining_s(context) < RESERVE_S:
+            raise OutOfTime(f"{len(recorded)} of the manifests read")
         try:
             text = bucket.read(f"{bucket.step_prefix(step)}{contract.MANIFEST_NAME}")
         except ClientError as exc:
@@ -127,7 +136,20 @@ def survey(bucket: Bucket) -> tuple[dict[int, retention.Recorded | None], set[in
 def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
     eventbridge.parse(event, (eventbridge.SCHEDULED,))
     bucket = Bucket(cfg.bucket, cfg.root)
-    recorded, complete, uncommitted, objects = survey(bucket)
+    try:
+        recorded, complete, uncommitted, objects = survey(bucket, context)
+    except OutOfTime as exc:
+        aws.put_metrics(
+            [
+                {
+                    "MetricName": "RetentionFailures",
+                    "Dimensions": aws.dims(Stack=cfg.stack),
+                    "Value": 1.0,
+                    "Unit": "Count",
+                }
+            ]
+        )
+        return log.decision("survey-incomplete", level="WARNING", reason=str(exc))
     plan = retention.plan_sweep(recorded, complete, uncommitted, clock.now(), retention.Policy(tuple(cfg.rules)))
     deleted, failed, left = [], [], []
     for step in [*plan.delete, *plan.debris]:

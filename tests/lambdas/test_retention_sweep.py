@@ -157,10 +157,16 @@ def test_a_step_that_does_not_delete_is_counted_and_the_others_go(swept, monkeyp
     assert metric_sum("RetentionFailures", {"Stack": STACK}) == 1
 
 
-def test_a_sweep_short_of_time_starts_no_deletion(swept):
+def test_a_sweep_short_of_time_decides_nothing_on_part_of_the_bucket(swept, monkeypatch):
     for i in range(3):
         checkpoint(i, START + i * DAY)
     result = swept(context=Context(remaining_s=sweep.RESERVE_S - 1))
+    assert result["decision"] == "survey-incomplete" and committed() == [0, 1, 2]
+    assert metric_sum("RetentionFailures", {"Stack": STACK}) == 1
+    # Surveyed in time, then short of it: the deletions left for the next hour.
+    times = iter([900.0] * 3 + [sweep.RESERVE_S - 1] * 10)  # one look per manifest read
+    monkeypatch.setattr(sweep.runtime, "remaining_s", lambda context: next(times))
+    result = swept()
     assert result["deleted"] == [] and result["left_for_next"] == [0, 1] and committed() == [0, 1, 2]
 
 
