@@ -146,7 +146,9 @@ class ValidationConfig:
     metrics: str = "loss"
     """`module:callable` called as metrics(cfg) -> fn(model, batch) -> a mapping of metric
     name to a scalar tensor (the micro-batch's mean), or the built-in `loss` (the
-    ``loss.factory``'s loss, as `loss`)."""
+    ``loss.factory``'s loss, as `loss`). Each batch's value is weighted by its samples
+    (the first dimension of its first tensor), not by tokens: a loss averaged over
+    tokens with padding or ignored positions gets a per-sample weighting."""
     batches: int = 4
     """Batches of ``batch_size`` samples per evaluation; 0: the whole set (a sized one),
     the last partial batch left out."""

@@ -147,7 +147,7 @@ class RunLease:
         ttl_s: float = 120.0,
         skew_s: float = 10.0,
         clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
     ) -> None:
         if not holder:
             raise UserError("checkpoint.lease_holder is empty: name who trains the run (e.g. its stack and region)")
@@ -162,7 +162,9 @@ class RunLease:
         self.ttl_s, self.skew_s = ttl_s, skew_s
         self.clock, self.monotonic = clock, monotonic
         self.epoch: int | None = None
-        self._valid_until = -float("inf")  # monotonic
+        # On CLOCK_BOOTTIME, which (unlike CLOCK_MONOTONIC) counts a suspended machine's
+        # time: a hibernated holder must find its lease run out when it resumes.
+        self._valid_until = -float("inf")
         self._lost: str | None = None
         self._last_error: str | None = None
         self._stop = threading.Event()
