@@ -321,7 +321,8 @@ def parse(
     )
 
 
-def _retention(r: _Reader) -> tuple[str, ...]:
+def checkpoint_retention(r: _Reader) -> tuple[str, ...]:
+    """``checkpointRetention``: the retention sweep's fallback schedule (both clouds)."""
     rules = r.list("checkpointRetention")
     retention.parse_schedule(rules, key=f"{PROJECT}:checkpointRetention")  # a bad rule: one line naming it
     return rules
@@ -343,7 +344,7 @@ def _remediation(r: _Reader) -> RemediationSettings:
         replication_lag=r.bool("remediationReplicationLag"),
         replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60, maximum=86400),
         retention_sweep=r.bool("remediationRetentionSweep"),
-        checkpoint_retention=_retention(r),
+        checkpoint_retention=checkpoint_retention(r),
         unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60, maximum=86400),
         max_replacements_per_hour=r.int("unhealthyNodeMaxReplacementsPerHour", minimum=1, maximum=100),
         cloud_trail=trail,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -123,12 +123,8 @@ class Validation(Callback):
             raise ConfigError(
                 f"validation.batch_size={batch} is not divisible by the world size {world}: use a multiple of {world}"
             )
-        cuda = [torch.cuda.current_device()] if run.env.device.type == "cuda" else []
         # The RNGs are seeded for training already: what the factories draw must not move them.
-        keep_rngs = contextlib.ExitStack()
-        keep_rngs.enter_context(torch.random.fork_rng(devices=cuda))
-        keep_rngs.enter_context(seeded(seed_of(self.seed, _EPOCH, 0)))
-        with keep_rngs:
+        with _own_rngs(seed_of(self.seed, _EPOCH, 0), run.env.device):
             dataset = cfg.factories["factory"](job=run.cfg)
             measure = cfg.factories["metrics"](job=run.cfg)
         from ftfleet.trainer.train import check_dataset
@@ -196,12 +192,9 @@ class Validation(Callback):
             # training forward does only at the next step: the module itself, then.
             model = model.module
         training = model.training
-        cuda = [torch.cuda.current_device()] if device.type == "cuda" else []
         names: list[str] | None = None
         sums: torch.Tensor | None = None
-        with torch.random.fork_rng(devices=cuda), seeded(seed_of(self.seed, _EPOCH, step)), torch.no_grad():
-            if cuda:
-                torch.cuda.manual_seed(seed_of(self.seed, _EPOCH, step))
+        with _own_rngs(seed_of(self.seed, _EPOCH, step), device), torch.no_grad():
             model.eval()
             try:
                 for b in range(self.batches):
@@ -241,6 +234,17 @@ class Validation(Callback):
         if self.best.step is not None:
             best = {"step": self.best.step, "metric": self.cfg.metric, "value": self.best.value}
         return {"validation": last, "milestone": best}
+
+
+@contextlib.contextmanager
+def _own_rngs(seed: int, device: torch.device) -> Iterator[None]:
+    """Run the block with every RNG of this rank (torch's CPU generator and the current
+    CUDA device's, numpy's, Python's) seeded from ``seed``; afterwards each is as it was."""
+    cuda = [torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), seeded(seed):
+        if cuda:
+            torch.cuda.manual_seed(seed)
+        yield
 
 
 def _batches(cfg: ValidationConfig, dataset: Any, batch: int) -> int:

@@ -13,7 +13,6 @@ import difflib
 import ipaddress
 import re
 
-from ftfleet import retention
 from ftfleet.errors import ConfigError
 from ftfleet.infra import catalog
 from ftfleet.infra.gcp import keys, locations
@@ -22,7 +21,7 @@ from ftfleet.infra.gcp.storage_settings import GcpStorageSettings, GcsBucketSett
 
 # _Reader, _err and TrainerSettings are the shared parsing helpers of infra/settings.py;
 # importing them (not copying) keeps one behaviour for both clouds.
-from ftfleet.infra.settings import PROJECT, TrainerSettings, _err, _Reader, trainer_launcher
+from ftfleet.infra.settings import PROJECT, TrainerSettings, _err, _Reader, checkpoint_retention, trainer_launcher
 
 #: The subnet and the private services access range are /20 blocks of vpcCidr.
 BLOCK_PREFIX = 20
@@ -124,7 +123,7 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
             replication_lag=r.bool("remediationReplicationLag"),
             replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60),
             retention_sweep=r.bool("remediationRetentionSweep"),
-            checkpoint_retention=_retention(r),
+            checkpoint_retention=checkpoint_retention(r),
             unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60),
             alert_channels=_alert_channels(r),
         ),
@@ -147,14 +146,6 @@ def _lustre_client_published(fleet: GcpFleetSettings, storage: GcpStorageSetting
         f"(lustre-client-modules-{kernel}); pin an image whose kernel has one (infra/catalog.json lists "
         f"{len(published)}: {', '.join(published[-3:])}{', ...' if len(published) > 3 else ''})",
     )
-
-
-def _retention(r: _Reader) -> tuple[str, ...]:
-    """checkpointRetention: rules as the trainer's checkpoint.retention takes them
-    (ftfleet/retention.py); a bad one is refused in one line naming it."""
-    rules = r.list("checkpointRetention")
-    retention.parse_schedule(rules, key=f"{PROJECT}:checkpointRetention")
-    return rules
 
 
 #: A notification channel's resource name, as `gcloud beta monitoring channels list` prints it.

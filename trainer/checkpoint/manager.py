@@ -195,7 +195,7 @@ class CheckpointManager:
         self._staging: Future[None] | None = None
         #: What the manifest of a step to be saved records (:meth:`annotate`), and the
         #: retention policy every manifest records.
-        self._notes: dict[int, Notes] = {}
+        self._notes: tuple[int, Notes] | None = None
         self.policy = retention.Policy(tuple(cfg.retention), tuple(cfg.pinned_steps))
         #: The fast tier keeps every milestone as marked only where it is the only tier.
         self._local_milestones = retention.BEST_ONLY if "primary" in stores else retention.AS_MARKED
@@ -410,7 +410,7 @@ class CheckpointManager:
     def annotate(self, step: int, notes: Notes) -> None:
         """Record ``notes`` in the manifest of ``step`` if it is saved next (a later save
         drops them)."""
-        self._notes = {step: notes}
+        self._notes = (step, notes)
 
     def save(self, step: int, *, blocking: bool = False, asynchronous: bool | None = None) -> Manifest | None:
         """Start saving the current state as ``step-N``. Collective. Non-blocking: returns
@@ -421,8 +421,8 @@ class CheckpointManager:
         (``async_save``). Every rank must pass the same."""
         t0 = time.monotonic()
         self.wait()
-        notes = dataclasses.replace(self._notes.get(step) or Notes(), retention=self.policy)
-        self._notes = {}
+        noted = self._notes[1] if self._notes is not None and self._notes[0] == step else Notes()
+        notes, self._notes = dataclasses.replace(noted, retention=self.policy), None
         step_dir = self.local.step_dir(step)
         if self.comm.rank == 0:
             # A directory of this step is debris of a crash, or of a run that rolled back

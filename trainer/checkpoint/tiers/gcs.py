@@ -108,35 +108,26 @@ class GCSStore(ObjectStore):
             return None
 
     def put_bytes(self, rel: str, data: bytes) -> None:
-        """Write a small object (a manifest, a commit marker) under a generation
-        precondition: created with ifGenerationMatch=0 when absent, replaced only at the
-        generation read just before, never blindly ("Request preconditions",
-        https://cloud.google.com/storage/docs/request-preconditions). A conditional
-        write is idempotent, so the retries are safe: a retry that finds its own
-        earlier attempt landed (the same bytes) is done, and a stale writer cannot
+        """Write a small object (a manifest, a commit marker) conditionally
+        (:meth:`write_if`) on the generation read just before, never blindly. A
+        conditional write is idempotent, so the retries are safe: a retry that finds its
+        own earlier attempt landed (the same bytes) is done, and a stale writer cannot
         overwrite what another wrote meanwhile (ConcurrentWrite)."""
         from google.api_core import exceptions as gexc
 
         blob = self._blob(rel)
         try:
             self._call(blob.reload, retry=self._retry)
-            generation = int(blob.generation)
+            generation: str | None = str(blob.generation)
         except gexc.NotFound:
-            generation = 0
+            generation = None
         try:
-            self._call(
-                blob.upload_from_string,
-                data,
-                checksum="crc32c",
-                if_generation_match=generation,
-                retry=self._retry,
-                missing_bucket_on_404=True,
-            )
-        except gexc.PreconditionFailed:
+            self.write_if(rel, data, generation)
+        except VersionConflict:
             if self.get_bytes(rel) == data:
                 return
             raise ConcurrentWrite(
-                f"{self.uri}: {rel} changed since generation {generation} was read; not overwritten"
+                f"{self.uri}: {rel} changed since generation {generation or 0} was read; not overwritten"
             ) from None
 
     def read_versioned(self, rel: str) -> tuple[bytes | None, str | None]:
