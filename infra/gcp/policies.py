@@ -455,6 +455,26 @@ def dead_letters_can_be_forwarded(resources: list) -> list[tuple[str, str]]:
     return out
 
 
+def push_outlasts_its_function(resources: list) -> list[tuple[str, str]]:
+    """ "Subscription properties", https://cloud.google.com/pubsub/docs/subscription-properties:
+    a push subscription redelivers a message not acknowledged within its acknowledgement
+    deadline, and a push endpoint acknowledges by answering. A deadline shorter than the
+    function's timeout (``serviceConfig.timeoutSeconds``) lets a run still working be
+    delivered again: two sweeps, or two repairs, at once."""
+    functions = {r.urn: r for r in resources if r.type == FUNCTION}
+    out = []
+    for sub in (r for r in resources if r.type == SUBSCRIPTION and r.props.get("pushConfig")):
+        deadline = sub.props.get("ackDeadlineSeconds")
+        for urn in sub.deps("pushConfig"):
+            fn = functions.get(urn)
+            timeout = ((fn.props.get("serviceConfig") or {}) if fn is not None else {}).get("timeoutSeconds")
+            if isinstance(deadline, int | float) and isinstance(timeout, int | float) and deadline < timeout:
+                out.append(
+                    (sub.name, f"ackDeadlineSeconds {deadline:g} is shorter than {fn.name}'s timeout {timeout:g} s")
+                )
+    return out
+
+
 def sinks_can_publish(resources: list) -> list[tuple[str, str]]:
     """ "Route logs to supported destinations", https://cloud.google.com/logging/docs/export/configure_export_v2#dest-auth:
     a sink's writer identity needs the Publisher role on its Pub/Sub topic, or nothing
@@ -546,6 +566,12 @@ SPECS = (
         "gcp-dead-letters-forwarded",
         "Pub/Sub's agent may forward dead letters.",
         dead_letters_can_be_forwarded,
+        True,
+    ),
+    (
+        "gcp-push-outlasts-function",
+        "A push subscription's deadline is no shorter than its function's timeout.",
+        push_outlasts_its_function,
         True,
     ),
     ("gcp-sinks-can-publish", "Log sinks may publish to their topics.", sinks_can_publish, True),

@@ -419,3 +419,29 @@ def test_crossguard_pack_passes_the_recorded_gcp_stack_and_rejects_a_bad_resourc
         lambda msg, urn=None: reported.append(msg),
     )
     assert reported == ["Bucket is not protected"]
+
+
+@pytest.mark.parametrize("stack", GCP_STACKS)
+def test_a_push_subscription_whose_deadline_is_shorter_than_its_functions_timeout_is_caught(stack):
+    from ftfleet.infra.gcp.policies import FUNCTION
+
+    fn = res(FUNCTION, {"serviceConfig": {"timeoutSeconds": 540}}, name="sweep")
+    short = res(
+        SUBSCRIPTION,
+        {**GOOD_PUSH, "ackDeadlineSeconds": 90},
+        name="push",
+        property_dependencies={"pushConfig": [fn.urn]},
+    )
+    found = gcp_policies.push_outlasts_its_function([fn, short])
+    assert found == [("push", "ackDeadlineSeconds 90 is shorter than sweep's timeout 540 s")]
+    long = res(
+        SUBSCRIPTION,
+        {**GOOD_PUSH, "ackDeadlineSeconds": 570},
+        name="push",
+        property_dependencies={"pushConfig": [fn.urn]},
+    )
+    assert gcp_policies.push_outlasts_its_function([fn, long]) == []
+    # The recorded stack's subscriptions are linked to their functions and pass.
+    resources = res_view(recording(stack))
+    linked = [r for r in resources if r.type == SUBSCRIPTION and r.deps("pushConfig")]
+    assert linked and gcp_policies.push_outlasts_its_function(resources) == []
