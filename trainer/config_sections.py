@@ -44,6 +44,13 @@ class ModelConfig:
     """Build the model on the meta device, shard it, then allocate only this rank's shards
     and initialise them (the model's init_weights() or reset_parameters()): for models
     that do not fit on one device. Not part of the config hash."""
+    freeze: list[str] = dataclasses.field(default_factory=list)
+    """Parameters that do not train (fine-tuning with a frozen base): patterns
+    (fnmatch, e.g. ``model.layers.0.*``, ``*embed_tokens*``) of the names the factory's
+    module gives them (``named_parameters()``, before any sharding). Each pattern must
+    match a parameter. Their gradients are not computed and the optimizer holds no state
+    for them; with checkpoint.incremental a checkpoint references them instead of writing
+    them again."""
     args: dict[str, Any] = _factory_args()
     factories: dict[str, Any] = _bound()
 

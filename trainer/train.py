@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import json
 import logging
 import math
@@ -150,6 +151,7 @@ def build_model(
             with parallel.parameters_on_meta():
                 model = factory(job=cfg)
             _expect(model, nn.Module, "model.factory", "a torch.nn.Module")
+            freeze(model, cfg.model.freeze)
             if any(b.is_meta for b in model.buffers()):
                 raise parallel.NeedsValues("a buffer was computed from a parameter")
         except parallel.NeedsValues as exc:
@@ -161,7 +163,27 @@ def build_model(
     with torch.device("meta") if cfg.model.meta_init else contextlib.nullcontext():
         model = factory(job=cfg)
     _expect(model, nn.Module, "model.factory", "a torch.nn.Module")
+    freeze(model, cfg.model.freeze)
     return parallel.parallelize(model, cfg.parallel, env, on_meta=cfg.model.meta_init, seed=cfg.seed), None
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> None:
+    """``model.freeze``: the parameters whose names match a pattern stop requiring
+    gradients. ConfigError for a pattern that matches none (a typo would train them)."""
+    if not patterns:
+        return
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise ConfigError(
+                f"model.freeze: {pattern!r} matches no parameter; use names as named_parameters() "
+                f"gives them, e.g. {names[0]!r}"
+                if names
+                else f"model.freeze: {pattern!r}: the model has no parameters"
+            )
+    for name, param in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            param.requires_grad_(False)
 
 
 def _load_initial_weights(cfg: JobConfig, model: nn.Module) -> None:
