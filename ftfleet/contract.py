@@ -796,11 +796,18 @@ def parse_interruption_prior(text: str | bytes) -> InterruptionPrior:
 
 def manifest_file_sizes(text: str | bytes) -> dict[str, int]:
     """Names and sizes of the files a checkpoint's ``manifest.json`` lists (the part of the
-    trainer's manifest format that the replication watch reads to tell whether a copy
-    of a checkpoint is complete). ContractError when it lists none."""
+    trainer's manifest format that the replication watch and the retention sweep read to
+    tell whether a copy of a checkpoint is complete): its own files by name, and the files
+    of earlier checkpoints it references as ``../step-N/<name>`` (the key of step-N's
+    file relative to this checkpoint's directory). ContractError when it lists none."""
     try:
-        files = json.loads(text)["files"]
-        sizes = {str(name): int(entry["size"]) for name, entry in files.items()}
+        data = json.loads(text)
+        sizes = {str(name): int(entry["size"]) for name, entry in data["files"].items()}
+        for step, files in (data.get("references") or {}).items():
+            if parse_step_dir(step_dir_name(step)) is None:
+                raise ValueError(f"references step {step!r}")
+            for name, entry in files.items():
+                sizes[f"../{step_dir_name(step)}/{name}"] = int(entry["size"])
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise ContractError(f"malformed {MANIFEST_NAME}: {exc}") from None
     if not sizes:
@@ -808,6 +815,18 @@ def manifest_file_sizes(text: str | bytes) -> dict[str, int]:
     if any(size < 0 for size in sizes.values()):
         raise ContractError(f"malformed {MANIFEST_NAME}: a negative size")
     return sizes
+
+
+def split_manifest_path(path: str) -> tuple[int | None, str]:
+    """(None, name) for a checkpoint's own file; (step, name) for a file of checkpoint
+    ``step`` that :func:`manifest_file_sizes` lists as ``../step-N/<name>``."""
+    if not path.startswith("../"):
+        return None, path
+    directory, _, name = path[3:].partition("/")
+    step = parse_step_dir(directory)
+    if step is None or not name or "/" in name:
+        raise ContractError(f"malformed {MANIFEST_NAME}: illegal reference {path!r}")
+    return step, name
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised by the docs test

@@ -16,6 +16,11 @@ library only (a Lambda package carries it).
 * Milestones (:func:`milestone_reasons`), checkpoints saved as the best evaluation of
   their run, are kept by what their manifests say: the best of each metric always, the
   others marked ``keep: all`` by the durable tiers for good.
+* A checkpoint another one references (an incremental checkpoint's unchanged tensors
+  live in its files) is kept while any manifest in the tier names it, committed or not:
+  a sweep deletes the referencing checkpoint first (manifest first), the referenced one
+  in a later sweep, so no crash between deletions leaves a manifest naming a file that
+  is gone.
 * A manifest records the :class:`Policy` of the run that wrote it (its rules and pinned
   steps), so a sweep of a bucket applies the run's own schedule, also for a run that is
   gone.
@@ -34,7 +39,7 @@ from ftfleet.errors import ConfigError
 #: ``checkpoint.retention``'s default for the durable tiers.
 DEFAULT_SCHEDULE = ("all for 6h", "1d for 7d", "1w for 13w")
 #: Why a checkpoint is kept beyond the rules.
-NEWEST, PINNED, UNDATED = "newest", "pinned", "undated"
+NEWEST, PINNED, UNDATED, REFERENCED = "newest", "pinned", "undated", "referenced"
 #: Which milestones a tier keeps: each as its manifest says, or only the best of each metric.
 AS_MARKED, BEST_ONLY = "as marked", "best only"
 
@@ -211,11 +216,13 @@ FUTURE_S = 3600.0
 @dataclasses.dataclass(frozen=True, slots=True)
 class Recorded:
     """What retention reads in a manifest: when it was committed, whether it is a
-    milestone, and the writer's policy (None in a manifest written without one)."""
+    milestone, the writer's policy (None in a manifest written without one), and the
+    earlier steps whose files it references."""
 
     created_at: float
     milestone: Milestone | None = None
     policy: Policy | None = None
+    references: frozenset[int] = frozenset()
 
     @classmethod
     def parse(cls, text: bytes | str) -> Recorded:
@@ -232,7 +239,15 @@ class Recorded:
             raise ValueError(f"created_at {created!r}")
         milestone = Milestone.from_json(data["milestone"]) if data.get("milestone") is not None else None
         policy = Policy.from_json(data["retention"]) if data.get("retention") is not None else None
-        return cls(float(created), milestone, policy)
+        listed = data.get("references") or {}
+        if not isinstance(listed, dict) or not all(isinstance(k, str) and k.isascii() and k.isdigit() for k in listed):
+            raise ValueError(f"references {str(listed)[:100]!r}")
+        return cls(float(created), milestone, policy, frozenset(int(k) for k in listed))
+
+
+def referenced(recorded: Mapping[int, Recorded]) -> set[int]:
+    """The steps whose files some manifest of ``recorded`` references."""
+    return {step for r in recorded.values() for step in r.references}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -260,8 +275,10 @@ def plan_sweep(
     manifest -> the time of its newest object. A manifest dated more than
     :data:`FUTURE_S` ahead of ``now`` counts as undated. Kept: everything
     :func:`keep_reasons` keeps under the newest readable manifest's policy (``fallback`` where none records
-    one), with the milestones as marked, and the newest complete checkpoint (the newest
-    committed one may still be missing files where a bucket receives objects one by one)."""
+    one), with the milestones as marked, the newest complete checkpoint (the newest
+    committed one may still be missing files where a bucket receives objects one by one),
+    and every step a readable manifest references (:func:`referenced`), which is no debris
+    either."""
     readable = {s: r for s, r in recorded.items() if r is not None}
     with_policy = [s for s in sorted(readable) if readable[s].policy is not None]
     policy = readable[with_policy[-1]].policy if with_policy else fallback
@@ -274,6 +291,9 @@ def plan_sweep(
     newest_complete = max((s for s in complete if s in recorded), default=None)
     if newest_complete is not None:
         kept.setdefault(newest_complete, NEWEST)
+    needed = referenced(readable)
+    for step in sorted(needed & recorded.keys()):
+        kept.setdefault(step, REFERENCED)
     newest = max(recorded, default=-1)
-    debris = sorted(s for s, t in uncommitted.items() if s < newest and now - t >= DEBRIS_AGE_S)
+    debris = sorted(s for s, t in uncommitted.items() if s < newest and now - t >= DEBRIS_AGE_S and s not in needed)
     return SweepPlan(kept, sorted(s for s in recorded if s not in kept), debris, policy)

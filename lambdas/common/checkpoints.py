@@ -1,15 +1,16 @@
 """Which checkpoints of a run a bucket holds, whatever the bucket's service.
 
 A checkpoint counts in a bucket when its ``step-N/manifest.json`` is there and every
-file the manifest lists is there with its size (contract.manifest_file_sizes): objects
-arrive, or are replicated, one by one, so a manifest can be there before its shards.
+file the manifest lists is there with its size (contract.manifest_file_sizes), the files
+of earlier checkpoints it references included: objects arrive, or are replicated, one by
+one, so a manifest can be there before its shards.
 Subclasses read one service (S3, Cloud Storage): the child prefixes under the run's
 root, when a manifest arrived, an object's bytes, and the sizes under a prefix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ftfleet import contract, retention
 
@@ -59,22 +60,36 @@ class CheckpointListing:
             return False
         try:
             wanted = contract.manifest_file_sizes(self.read(self.manifest_key(step)))
+            return whole(wanted, lambda s: self.sizes(f"{self.root}/{contract.step_dir_name(s)}/"), step)
         except contract.ContractError:
             return False
-        have = self.sizes(f"{self.root}/{contract.step_dir_name(step)}/")
-        return all(have.get(name) == size for name, size in wanted.items())
 
     def newest_complete(self, steps: list[int]) -> int | None:
         return next((s for s in steps if self.complete(s)), None)
 
 
-def recorded(text: bytes, sizes: Mapping[str, int]) -> tuple[retention.Recorded | None, bool]:
+def whole(wanted: Mapping[str, int], sizes_of: Callable[[int], Mapping[str, int]], step: int) -> bool:
+    """Whether every file of ``wanted`` (contract.manifest_file_sizes of ``step``'s
+    manifest) is there with its size; ``sizes_of(s)``: object name under step ``s`` -> size."""
+    listed: dict[int, Mapping[str, int]] = {}
+    for path, size in wanted.items():
+        owner, name = contract.split_manifest_path(path)
+        owner = step if owner is None else owner
+        if owner not in listed:
+            listed[owner] = sizes_of(owner)
+        if listed[owner].get(name) != size:
+            return False
+    return True
+
+
+def recorded(text: bytes, step: int, sizes: Mapping[int, Mapping[str, int]]) -> tuple[retention.Recorded | None, bool]:
     """What a step's manifest records for retention (None: it does not read, or its file
     list does not: the step is kept, never guessed at), and whether every file it lists
-    is there with its size (``sizes``: object name under the step -> size)."""
+    is there with its size (``sizes``: step -> object name under it -> size, for the steps
+    listed; the referenced files of earlier steps are looked up there)."""
     try:
         record = retention.Recorded.parse(text)
         wanted = contract.manifest_file_sizes(text)
+        return record, whole(wanted, lambda s: sizes.get(s, {}), step)
     except (ValueError, contract.ContractError):
         return None, False
-    return record, all(sizes.get(name) == size for name, size in wanted.items())

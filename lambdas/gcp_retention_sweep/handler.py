@@ -91,6 +91,7 @@ def survey(listing: Listing, now: float) -> tuple[dict[int, retention.Recorded |
     recorded: dict[int, retention.Recorded | None] = {}
     complete: set[int] = set()
     uncommitted: dict[int, float] = {}
+    sizes = {step: {name: int(b.size or 0) for name, b in objects.items()} for step, objects in listing.items()}
     for step, objects in listing.items():
         manifest = objects.get(contract.MANIFEST_NAME)
         if manifest is None:
@@ -100,7 +101,7 @@ def survey(listing: Listing, now: float) -> tuple[dict[int, retention.Recorded |
             text = manifest.download_as_bytes()
         except exceptions.NotFound:
             continue  # deleted since the listing: not a checkpoint any more
-        recorded[step], whole = checkpoints.recorded(text, {name: int(b.size or 0) for name, b in objects.items()})
+        recorded[step], whole = checkpoints.recorded(text, step, sizes)
         if whole:
             complete.add(step)
     return recorded, complete, uncommitted

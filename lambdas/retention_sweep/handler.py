@@ -114,6 +114,7 @@ def survey(
     complete: set[int] = set()
     uncommitted: dict[int, float] = {}
     objects = bucket.listing()
+    sizes = {step: {name: item["Size"] for name, item in have.items()} for step, have in objects.items()}
     for step, have in sorted(objects.items()):
         if contract.MANIFEST_NAME not in have:
             uncommitted[step] = max(item["LastModified"].timestamp() for item in have.values())
@@ -127,7 +128,7 @@ def survey(
                 continue  # deleted since the listing (the trainer pruned it): not a checkpoint any more
             recorded[step] = None  # cannot be read now: kept
             continue
-        recorded[step], whole = checkpoints.recorded(text, {name: item["Size"] for name, item in have.items()})
+        recorded[step], whole = checkpoints.recorded(text, step, sizes)
         if whole:
             complete.add(step)
     return recorded, complete, uncommitted, objects

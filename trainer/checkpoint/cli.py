@@ -25,7 +25,15 @@ from typing import Any
 from ftfleet.contract import parse_step_dir, step_dir_name
 from ftfleet.errors import UserError
 from ftfleet.trainer.checkpoint import retention
-from ftfleet.trainer.checkpoint.manifest import Manifest, ManifestError, Milestone, checksum_stream, verify_dir
+from ftfleet.trainer.checkpoint.export import FORMATS
+from ftfleet.trainer.checkpoint.manifest import (
+    Manifest,
+    ManifestError,
+    Milestone,
+    checksum_stream,
+    object_key,
+    verify_dir,
+)
 from ftfleet.trainer.checkpoint.tiers import LocalTier, TierUnavailable, open_store
 
 
@@ -66,17 +74,24 @@ def register(subparsers: Any) -> None:
         p.set_defaults(func=fn)
     p = sub.add_parser(
         "export",
-        help="one checkpoint's model weights as a torch or safetensors file",
+        help="one checkpoint's model weights as a torch or safetensors file, or the whole checkpoint",
         description="Write the model weights of step STEP (a number, or latest) of TARGET, unsharded, "
         "for inference or another framework, read as model.load_state_dict(torch.load(FILE)) or "
         "(safetensors.torch.load_file(FILE)). A Hugging Face model's config.json is written beside "
-        "it: -o DIR/model.safetensors makes DIR loadable with from_pretrained(DIR). The files are "
-        "verified (size and CRC32C) first.",
+        "it: -o DIR/model.safetensors makes DIR loadable with from_pretrained(DIR). --to checkpoint "
+        "copies the whole checkpoint to DIR/step-STEP (-o DIR, default ./export), self-contained: the "
+        "files an incremental checkpoint references are copied in. The files are verified (size and "
+        "CRC32C) first.",
     )
     p.add_argument("target", metavar="TARGET", help="directory, step directory or bucket URI")
     p.add_argument("step", metavar="STEP", help="the step, or latest (the newest committed)")
-    p.add_argument("--to", dest="fmt", choices=("torch", "safetensors"), required=True, help="file format")
-    p.add_argument("-o", "--out", type=Path, help="output file (default: ./step-STEP.pt or .safetensors)")
+    p.add_argument("--to", dest="fmt", choices=FORMATS, required=True, help="output format")
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        help="output file (default: ./step-STEP.pt or .safetensors); for checkpoint, a directory (default: ./export)",
+    )
     p.add_argument(
         "--endpoint-url",
         default=os.environ.get("AWS_ENDPOINT_URL"),
@@ -123,18 +138,34 @@ class _Target:
     def problems(self, manifest: Manifest, full: bool) -> list[str]:
         if self.local:
             return verify_dir(self.tier.step_dir(manifest.step), manifest, full=full)
-        present = self.tier.step_objects(manifest.step)
         out = []
-        for name, entry in sorted(manifest.files.items()):
-            if name not in present:
+        listings: dict[str, dict[str, int]] = {}
+        for name, entry in sorted(manifest.every_file().items()):
+            key = object_key(manifest.step, name)
+            prefix = key.rpartition("/")[0]
+            if prefix not in listings:
+                listings[prefix] = self.tier.list(f"{prefix}/")
+            size = listings[prefix].get(key)
+            if size is None:
                 out.append(f"{name}: missing")
-            elif present[name] != entry.size:
-                out.append(f"{name}: size {present[name]} bytes, manifest says {entry.size}")
+            elif size != entry.size:
+                out.append(f"{name}: size {size} bytes, manifest says {entry.size}")
             elif full:
-                got = checksum_stream(self.tier.iter_object(f"{step_dir_name(manifest.step)}/{name}"))
+                got = checksum_stream(self.tier.iter_object(key))
                 if got.crc32c != entry.crc32c:
                     out.append(f"{name}: crc32c {got.crc32c}, manifest says {entry.crc32c} (corrupt)")
         return out
+
+    def local_copy(self, manifest: Manifest, tmp: Path) -> Path:
+        """The directory of checkpoint ``manifest``: in the tier when it is local, else a
+        copy under ``tmp`` (its referenced files beside it, as in a tier)."""
+        if self.local:
+            return self.tier.step_dir(manifest.step)
+        step_dir = tmp / step_dir_name(manifest.step)
+        for name in manifest.every_file():
+            (step_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            self.tier.download_file(object_key(manifest.step, name), step_dir / name)
+        return step_dir
 
     def describe(self, step: int) -> str:
         return f"{self.tier.describe()}/{step_dir_name(step)}"
@@ -173,6 +204,8 @@ def _check_all(args: argparse.Namespace, full: bool) -> int:
             validation=manifest.validation,
             milestone=dataclasses.asdict(manifest.milestone) if manifest.milestone else None,
             retention=manifest.retention.to_json() if manifest.retention else None,
+            references=sorted(manifest.references),
+            reused_bytes=manifest.reused_bytes,
         )
         rows.append(row)
     if not full:
@@ -204,14 +237,18 @@ def _kept_by(rows: list[dict[str, Any]], rules: list[str] | None) -> None:
     """Set each committed row's ``kept_by``: what keeps it in a durable tier (a milestone,
     the newest, a pinned step, or a rule of ``rules`` or else the schedule the newest
     manifest records:
-    :func:`~ftfleet.trainer.checkpoint.retention.keep_reasons`), or None where the
-    schedule would delete it."""
+    :func:`~ftfleet.trainer.checkpoint.retention.keep_reasons`; else a checkpoint that
+    references it), or None where the schedule would delete it."""
     written = [r["retention"] for r in sorted(rows, key=lambda r: r["step"]) if r.get("retention")]
     policy = retention.Policy(**{k: tuple(v) for k, v in written[-1].items()}) if written else retention.Policy()
     schedule = retention.parse_schedule(rules, key="--retention") if rules else policy.schedule()
     created = {r["step"]: r["created_at"] for r in rows if "created_at" in r}
     marks = {r["step"]: Milestone(**r["milestone"]) for r in rows if r.get("milestone")}
     reasons = retention.keep_reasons(created, schedule, policy.pinned, retention.milestone_reasons(marks))
+    for r in sorted(rows, key=lambda r: r["step"]):  # a step is kept while a checkpoint references it
+        for step in r.get("references", ()):
+            if step in created:
+                reasons.setdefault(step, f"{retention.REFERENCED} by step-{r['step']}")
     for r in rows:
         if "created_at" in r:
             r["kept_by"] = reasons.get(r["step"])
@@ -256,7 +293,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "ftfleet_version": manifest.ftfleet_version,
         "created": _when(manifest.created_at),
         "bytes": manifest.total_bytes,
-        "files": {n: {"size": e.size, "crc32c": e.crc32c} for n, e in sorted(manifest.files.items())},
+        "files": {n: {"size": e.size, "crc32c": e.crc32c} for n, e in sorted(manifest.every_file().items())},
         "verified": not problems,
         "problems": problems,
     }
@@ -284,7 +321,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ftfleet.trainer.checkpoint.export import HF_NAMES, SUFFIX, hf_config, model_weights, write_weights
+    from ftfleet.trainer.checkpoint.export import (
+        HF_NAMES,
+        SUFFIX,
+        hf_config,
+        model_weights,
+        write_checkpoint,
+        write_weights,
+    )
 
     wanted = None if args.step == "latest" else _step_number(args.step)
     target = _Target(args.target, args.endpoint_url, None)
@@ -306,18 +350,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     manifest = target.manifest(step)
     if manifest is None:
         raise UserError(f"step-{step} lost its manifest.json while being exported; run the command again")
-    out = args.out or Path(f"step-{step}{SUFFIX[args.fmt]}")
     with tempfile.TemporaryDirectory(prefix="ftfleet-export-") as tmp:
-        step_dir = target.tier.step_dir(step) if target.local else Path(tmp)
-        if not target.local:
-            for name in manifest.files:
-                target.tier.download_file(f"{step_dir_name(step)}/{name}", step_dir / name)
+        step_dir = target.local_copy(manifest, Path(tmp))
         problems = verify_dir(step_dir, manifest)
         if problems:
             for p in problems:
                 print(f"step-{step}: CORRUPT {p}", file=sys.stderr)
             return 1
+        if args.fmt == "checkpoint":
+            root = args.out or Path("export")
+            copy = write_checkpoint(step_dir, manifest, root)
+            where = root / step_dir_name(step)
+            print(f"exported step-{step}: {len(copy.files)} files, {_size(copy.total_bytes)} -> {where}")
+            return 0
         weights, config = model_weights(step_dir), hf_config(step_dir)
+    out = args.out or Path(f"step-{step}{SUFFIX[args.fmt]}")
     meta = {"step": str(step), "run_id": manifest.run_id, "config_hash": manifest.config_hash}
     beside = write_weights(weights, out, args.fmt, meta, config)
     size = sum(t.numel() * t.element_size() for t in weights.values())
@@ -340,13 +387,7 @@ def _tensors(target: _Target, manifest: Manifest) -> dict[str, Any]:
     from ftfleet.trainer.checkpoint.state import checkpoint_state, state_sha256
 
     with tempfile.TemporaryDirectory(prefix="ftfleet-inspect-") as tmp:
-        if target.local:
-            step_dir = target.tier.step_dir(manifest.step)
-        else:
-            step_dir = Path(tmp)
-            for name in manifest.files:
-                target.tier.download_file(f"{step_dir_name(manifest.step)}/{name}", step_dir / name)
-        state = load_offline(step_dir)
+        state = load_offline(target.local_copy(manifest, Path(tmp)))
     app = state.get("app", state)
     entries = {}
     _describe(app, "", entries)

@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ftfleet.contract import MANIFEST_NAME
+from ftfleet.contract import MANIFEST_NAME, split_manifest_path
 from ftfleet.retention import Milestone, Policy
 from ftfleet.trainer.checkpoint.manifest import (
     FileEntry,
@@ -54,17 +54,23 @@ class CommitError(RuntimeError):
     """The checkpoint was not committed; the message says why (same on every rank)."""
 
 
-def storage_files(metadata: Any, step_dir: Path | None = None) -> dict[str, int]:
-    """Shard file -> size, from DCP's global metadata (identical on every rank). Metadata
-    returned without its storage records is read from the ``.metadata`` file that DCP
-    wrote in ``step_dir`` before it returned."""
+def storage_records(metadata: Any, step_dir: Path | None = None) -> dict[Any, Any]:
+    """DCP's storage records of a save (item index -> where its bytes are), from its
+    global metadata (identical on every rank). Metadata returned without them is read
+    from the ``.metadata`` file that DCP wrote in ``step_dir`` before it returned."""
     storage = getattr(metadata, "storage_data", None)
     if storage is None and step_dir is not None:
         storage = read_metadata_file(Path(step_dir) / DCP_METADATA).storage_data
     if storage is None:
         raise CommitError("DCP returned no storage records and wrote no .metadata with them")
+    return dict(storage)
+
+
+def storage_files(metadata: Any, step_dir: Path | None = None) -> dict[str, int]:
+    """File -> size, from DCP's storage records: the shards written (by name) and the
+    files of earlier checkpoints referenced (``../step-N/<file>``)."""
     sizes: dict[str, int] = {}
-    for info in storage.values():
+    for info in storage_records(metadata, step_dir).values():
         end = info.offset + info.length
         sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), end)
     return sizes
@@ -116,6 +122,8 @@ def commit_step(
     streamed: dict[str, FileEntry | str] | None = None,
     fence: fencing.Fence | None = None,
     notes: Notes | None = None,
+    references: dict[str, FileEntry] | None = None,
+    reused_bytes: int = 0,
 ) -> Manifest:
     """Collective: returns the committed manifest on every rank, or raises CommitError on
     every rank. ``streamed``: this rank's writer's records (file name -> entry, or the
@@ -123,7 +131,10 @@ def commit_step(
     ``fence``: the writer's generation, checked by rank 0 right before the manifest is
     written; a refusal is every rank's (:func:`~ftfleet.trainer.resilience.fencing.refuse`:
     the process leaves, or a replaced attempt's commit raises CommitError). ``notes``:
-    what the manifest records beside the files (rank 0's are used)."""
+    what the manifest records beside the files (rank 0's are used). ``references``: the
+    files of earlier checkpoints this rank's records point at (``../step-N/<file>``), as
+    their manifests list them, and ``reused_bytes`` the bytes of its records there (an
+    incremental save: trainer/checkpoint/incremental.py)."""
     entries: dict[str, FileEntry] = {}
     error = dcp_error
     shards: dict[str, int] = {}
@@ -131,18 +142,19 @@ def commit_step(
         try:
             shards = storage_files(metadata, step_dir)
             entries = own_entries(step_dir, comm.rank, shards, streamed)
+            entries.update(references or {})
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, decided there
             error = f"{type(exc).__name__}: {exc}"
-    gathered = comm.gather((entries, error))
+    gathered = comm.gather((entries, error, reused_bytes))
 
     verdict: tuple[bool, str, bool] | None = None  # committed, manifest or problems, fenced
     if comm.rank == 0:
-        problems = [f"rank {r}: {err}" for r, (_, err) in enumerate(gathered) if err]
+        problems = [f"rank {r}: {err}" for r, (_, err, _) in enumerate(gathered) if err]
         files: dict[str, FileEntry] = {}
         reported_by: dict[str, int] = {}
-        for r, (part, _) in enumerate(gathered):
+        for r, (part, _, _) in enumerate(gathered):
             for name, entry in part.items():
-                if name in reported_by:
+                if name in reported_by and not (name.startswith("../") and files[name] == entry):
                     problems.append(f"{name} reported by ranks {reported_by[name]} and {r}")
                 reported_by[name] = r
                 files[name] = entry
@@ -157,6 +169,13 @@ def commit_step(
             extra = {p.name for p in step_dir.iterdir()} - set(files) - {MANIFEST_NAME}
             if extra:
                 log.warning("step-%d: ignoring files DCP did not report: %s", step, sorted(extra))
+            referenced: dict[int, dict[str, FileEntry]] = {}
+            for path in [p for p in files if p.startswith("../")]:
+                owner, name = split_manifest_path(path)
+                if owner is None or owner >= step:
+                    problems.append(f"{path}: not a file of an earlier checkpoint")
+                referenced.setdefault(owner or 0, {})[name] = files.pop(path)
+        if not problems:
             manifest = Manifest(
                 step=step,
                 run_id=run_id,
@@ -167,6 +186,8 @@ def commit_step(
                 validation=notes.validation if notes else None,
                 milestone=notes.milestone if notes else None,
                 retention=notes.retention if notes else None,
+                references=referenced,
+                reused_bytes=sum(reused for _, _, reused in gathered) if referenced else 0,
             )
             fenced = fencing.problem_of(fence)  # right before the write: one generation commits
             if fenced is not None:

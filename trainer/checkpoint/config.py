@@ -43,6 +43,17 @@ class CheckpointConfig:
     the page cache; buffered where the file system refuses it). A checkpoint is read
     again only after a failure: cached, it takes memory from training, and filling the
     cache with fresh pages can cost more than the write itself (``bench/writer_bench.py``)."""
+    incremental: bool = False
+    """Do not write a tensor again whose bytes did not change since the previous checkpoint
+    of this tier (frozen layers in fine-tuning, untouched buffers): the manifest references
+    the earlier checkpoint's file instead, and restore, verification, upload and retention
+    follow the references (trainer/checkpoint/incremental.py). Unchanged is decided by
+    comparing every byte with the stored record, never by a checksum alone. The cost: a
+    file may serve several checkpoints, and retention keeps a referenced checkpoint whole
+    while anything references it."""
+    incremental_full_every: int = 8
+    """With incremental: every this many-th save writes every tensor, so references reach
+    back at most this many saves (the checkpoints one lost file can take with it)."""
     uri: str = ""
     """Durable tier in the primary region, `s3://bucket/prefix` or `gs://bucket/prefix`.
     Env: FTFLEET_CKPT_URI."""
@@ -139,6 +150,11 @@ class CheckpointConfig:
         if any(s < 0 for s in self.pinned_steps):
             raise ConfigError(f"checkpoint.pinned_steps={self.pinned_steps}: steps are >= 0")
         require_positive("checkpoint.thread_count", self.thread_count)
+        if self.incremental_full_every < 2:
+            raise ConfigError(
+                f"checkpoint.incremental_full_every={self.incremental_full_every}: use 2 or more "
+                "(1 would write every tensor every time; set checkpoint.incremental=false for that)"
+            )
         if not self.memory_timeout_s > 0:
             raise ConfigError(f"checkpoint.memory_timeout_s={self.memory_timeout_s}: use seconds > 0")
         require_positive("checkpoint.transfer_workers", self.transfer_workers)

@@ -13,6 +13,11 @@ unpickle the metadata with plain ``pickle`` and write the optimizer state too.
   (``safetensors.torch.load_file(path)``), with ``format: pt`` (which Hugging Face's
   loaders require), the step, run id and config hash in its metadata.
 
+``checkpoint`` is the whole checkpoint instead, as a tier holds it (``OUT/step-N/``) but
+self-contained (:func:`write_checkpoint`): the files an incremental checkpoint
+references are copied into it, so it can be moved, archived or handed on alone, and a
+run (``checkpoint.dir=OUT``) or ``model.init_from`` reads it.
+
 A checkpoint of a Hugging Face model holds its config (:class:`~ftfleet.trainer.hf.ConfigRecord`):
 it is written as ``config.json`` beside the weights, so that a directory holding it and
 ``model.safetensors`` (or ``pytorch_model.bin``) loads with ``from_pretrained``.
@@ -20,10 +25,11 @@ it is written as ``config.json`` beside the weights, so that a directory holding
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-FORMATS = ("torch", "safetensors")
+FORMATS = ("torch", "safetensors", "checkpoint")
 SUFFIX = {"torch": ".pt", "safetensors": ".safetensors"}
 #: The weight file names Hugging Face's ``from_pretrained`` looks for in a directory.
 HF_NAMES = {"torch": "pytorch_model.bin", "safetensors": "model.safetensors"}
@@ -75,3 +81,53 @@ def write_weights(
     tmp.write_text(config)
     tmp.replace(beside)
     return beside
+
+
+def write_checkpoint(step_dir: Path, manifest: Any, root: Path) -> Any:
+    """Copy the verified checkpoint ``manifest`` of ``step_dir`` to ``root/step-N``, with
+    every file it references copied in as ``step-M.<name>`` and DCP's ``.metadata``
+    pointing there; its manifest lists them as its own. Atomic: the directory appears
+    complete under its final name or not at all. Returns the new manifest."""
+    import dataclasses
+    import pickle
+    import shutil
+
+    from ftfleet.contract import split_manifest_path, step_dir_name
+    from ftfleet.errors import UserError
+    from ftfleet.trainer.checkpoint.commit import DCP_METADATA
+    from ftfleet.trainer.checkpoint.manifest import checksum_files, fsync_dir, write_manifest
+    from ftfleet.trainer.checkpoint.safe_load import read_metadata_file
+
+    final = root / step_dir_name(manifest.step)
+    if final.exists():
+        raise UserError(f"{final} exists: pick another -o directory or remove it")
+    tmp = root / f".{final.name}.export.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        renamed: dict[str, str] = {}
+        for path in manifest.every_file():
+            owner, name = split_manifest_path(path)
+            here = name if owner is None else f"{step_dir_name(owner)}.{name}"
+            renamed[path] = here
+            if path != DCP_METADATA:
+                shutil.copyfile(step_dir / path, tmp / here)
+        metadata = read_metadata_file(step_dir / DCP_METADATA)
+        for index, info in list(metadata.storage_data.items()):
+            metadata.storage_data[index] = dataclasses.replace(info, relative_path=renamed[info.relative_path])
+        with open(tmp / DCP_METADATA, "wb") as f:
+            pickle.dump(metadata, f)
+            f.flush()
+            os.fsync(f.fileno())
+        files = checksum_files(tmp, sorted(renamed.values()))
+        for path, entry in manifest.every_file().items():
+            if path != DCP_METADATA and files[renamed[path]] != entry:
+                raise UserError(f"{path} changed while it was copied to {final}: run the export again")
+        copy = dataclasses.replace(manifest, files=files, references={}, reused_bytes=0)
+        write_manifest(tmp, copy)
+        tmp.rename(final)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return copy

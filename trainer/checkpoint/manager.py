@@ -47,7 +47,8 @@ from ftfleet.contract import memory_dir
 from ftfleet.errors import ConfigError, interrupt_in
 from ftfleet.trainer.checkpoint import retention
 from ftfleet.trainer.checkpoint.comm import DistComm, LocalComm
-from ftfleet.trainer.checkpoint.commit import CommitError, Notes, commit_step
+from ftfleet.trainer.checkpoint.commit import CommitError, Notes, commit_step, storage_records
+from ftfleet.trainer.checkpoint.incremental import Base, IncrementalWriter
 from ftfleet.trainer.checkpoint.manifest import Manifest
 from ftfleet.trainer.checkpoint.memory import MemoryTier, Ring
 from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots, wait_in_slices
@@ -64,7 +65,6 @@ from ftfleet.trainer.checkpoint.staging import OrderedStager
 from ftfleet.trainer.checkpoint.state import AppState, borrowed_buffers, optimizer_layout
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, open_store
 from ftfleet.trainer.checkpoint.upload import Uploader
-from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
 from ftfleet.trainer.config import CheckpointConfig
 from ftfleet.trainer.resilience import fencing
 
@@ -200,6 +200,9 @@ class CheckpointManager:
         #: The fast tier keeps every milestone as marked only where it is the only tier.
         self._local_milestones = retention.BEST_ONLY if "primary" in stores else retention.AS_MARKED
         self._memory_write: Future[Any] | None = None  # a save written from a snapshot
+        #: The newest checkpoint this process committed, as the next save's base
+        #: (checkpoint.incremental); None after a load: the state came from elsewhere.
+        self._base: Base | None = None
         self.uploader: Uploader | None = None
         if uploads:
             up_comm = DistComm(upload_group) if upload_group is not None else LocalComm()
@@ -333,7 +336,7 @@ class CheckpointManager:
                 {"app": self.app_state},
                 self.local.step_dir(found.step),
                 self.ckpt_group,
-                expected=found.manifest.files,
+                expected=found.manifest.every_file(),
                 blank=blank,
             )
         except CheckpointMismatch as exc:
@@ -362,6 +365,7 @@ class CheckpointManager:
             app.adopt_optimizer_state(layout)
 
     def _after_load(self, found: Restored, absent: list[str], t0: float) -> None:
+        self._base = None  # the next save may be of an earlier step than the last commit
         if absent and self.comm.rank == 0:
             log.info(
                 "restore: step-%d has no %s: kept as they are",
@@ -435,13 +439,15 @@ class CheckpointManager:
         use_async = self._stager is not None and (asynchronous is None or asynchronous)
         self.stats.last_async = use_async
         source = self._memory_source(step) if use_async and not blocking else None
-        writer = ChecksummingWriter(
+        writer = IncrementalWriter(
             step_dir,
             single_file_per_rank=True,
             sync_files=True,
             thread_count=self.cfg.thread_count,
             overwrite=True,
             direct_io=self.cfg.direct_io,
+            base=self._incremental_base(step),
+            track=self.cfg.incremental,
         )
         if source is not None:
             # The snapshot's bytes are the staged copy: nothing for training to wait for.
@@ -475,6 +481,16 @@ class CheckpointManager:
             self.wait_for_staging()
             return self.wait(raise_on_error=True)
         return None
+
+    def _incremental_base(self, step: int) -> Base | None:
+        """What the save of ``step`` may reference: the previous commit, unless the chain is
+        as long as ``incremental_full_every`` allows, or that checkpoint is gone or not older."""
+        base = self._base
+        if not self.cfg.incremental or base is None or base.chain + 1 >= self.cfg.incremental_full_every:
+            return None
+        if base.step >= step:
+            return None
+        return base if base.still_there(self.local.root) else None
 
     def _memory_source(self, step: int) -> Future[Any] | None:
         """The state of ``step`` for a background save, from its in-memory snapshot
@@ -531,7 +547,7 @@ class CheckpointManager:
             return None
 
     def _commit(
-        self, step: int, written: Future, writer: ChecksummingWriter, t0: float, notes: Notes | None = None
+        self, step: int, written: Future, writer: IncrementalWriter, t0: float, notes: Notes | None = None
     ) -> Manifest:
         metadata, error = None, None
         try:
@@ -552,15 +568,26 @@ class CheckpointManager:
             streamed=writer.streamed(),
             fence=self.fence,
             notes=notes,
+            references=writer.references,
+            reused_bytes=writer.reused_bytes,
         )
         self.stats.last_commit_s = time.monotonic() - t0
         self.committed.append(step)
+        if writer.track:
+            chain = writer.base.chain + 1 if writer.base is not None and writer.references else 0
+            try:
+                storage = storage_records(metadata, self.local.step_dir(step))
+                self._base = Base.of(manifest, storage, writer.prints, chain)
+            except Exception as exc:  # noqa: BLE001 - the next save writes every tensor
+                log.warning("step-%d: the next save writes every tensor (%s)", step, exc)
+                self._base = None
         if self.comm.rank == 0:
             log.info(
-                "committed step-%d: %d files, %.1f MB, %.2f s after save()",
+                "committed step-%d: %d files, %.1f MB written, %.1f MB of it referenced, %.2f s after save()",
                 step,
                 len(manifest.files),
                 manifest.total_bytes / 1e6,
+                manifest.reused_bytes / 1e6,
                 self.stats.last_commit_s,
             )
             protected = {step} | (self.uploader.pending_steps() if self.uploader else set())

@@ -11,6 +11,13 @@ CRC32C (hardware-accelerated through google-crc32c, the checksum GCS and S3 also
 detects bit flips and truncation at several GB/s; SHA-256 runs at ~0.4 GB/s on the CI
 machines and would dominate the commit time of a large checkpoint.
 
+An incremental checkpoint (``checkpoint.incremental``) also lists ``references``: files
+of earlier checkpoints of the same tier holding tensors it did not write again, each with
+the size and CRC32C it had when written, by step. DCP's ``.metadata`` names them as the
+relative paths ``../step-N/<file>`` (:func:`reference_path`), which is where a tier keeps
+them: beside the checkpoint's own directory. Verification, restore, upload and retention
+follow them (:meth:`Manifest.every_file`).
+
 A checkpoint saved at a validation step also records what the evaluation measured
 (``validation``), one saved as a milestone says so (``milestone``), and the writer's
 retention policy for the buckets (``retention``) goes with every checkpoint the trainer
@@ -34,10 +41,13 @@ from pathlib import Path
 import google_crc32c
 
 from ftfleet import __version__ as FTFLEET_VERSION
-from ftfleet.contract import MANIFEST_NAME
+from ftfleet.contract import MANIFEST_NAME, parse_step_dir, split_manifest_path, step_dir_name
 from ftfleet.retention import Milestone, Policy
 
 FORMAT = "ftfleet-checkpoint/1"
+#: The format of a manifest with references: a reader of FORMAT alone, which would take
+#: the own files for all of them, refuses it by its format instead.
+FORMAT_REFERENCES = "ftfleet-checkpoint/2"
 CHECKSUM = "crc32c"
 _CHUNK = 8 << 20
 
@@ -78,14 +88,38 @@ class Manifest:
     milestone: Milestone | None = None
     retention: Policy | None = None
     """The writer's retention policy for the durable tiers (what a sweep of a bucket applies)."""
+    references: dict[int, dict[str, FileEntry]] = dataclasses.field(default_factory=dict)
+    """Files of earlier checkpoints (step -> file name -> entry) that hold some of this
+    checkpoint's tensors; every step is lower than this one's."""
+    reused_bytes: int = 0
+    """The bytes of this checkpoint's records in referenced files: what the save did not
+    write again (the records it wrote add up to about ``total_bytes``)."""
 
     @property
     def total_bytes(self) -> int:
+        """The bytes of this checkpoint's own files (what its save wrote)."""
         return sum(f.size for f in self.files.values())
+
+    def every_file(self) -> dict[str, FileEntry]:
+        """Every file a restore reads, by its path relative to this checkpoint's directory:
+        the own files by name, the referenced ones as :func:`reference_path`."""
+        out = dict(self.files)
+        for step, files in self.references.items():
+            for name, entry in files.items():
+                out[reference_path(step, name)] = entry
+        return out
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["files"] = {name: dataclasses.asdict(e) for name, e in sorted(self.files.items())}
+        data["references"] = {
+            str(step): {n: dataclasses.asdict(e) for n, e in sorted(files.items())}
+            for step, files in sorted(self.references.items())
+        }
+        if self.references:
+            data["format"] = FORMAT_REFERENCES
+        else:
+            del data["references"], data["reused_bytes"]
         for optional in ("validation", "milestone", "retention"):
             if data[optional] is None:
                 del data[optional]
@@ -101,20 +135,21 @@ class Manifest:
             raise ManifestError(f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
         if not isinstance(data, dict):
             raise ManifestError("not a JSON object")
-        if data.get("format") != FORMAT:
-            raise ManifestError(f"format {data.get('format')!r}, expected {FORMAT!r}")
+        expected = FORMAT_REFERENCES if data.get("references") else FORMAT
+        if data.get("format") != expected:
+            raise ManifestError(f"format {data.get('format')!r}, expected {expected!r}")
         if data.get("checksum") != CHECKSUM:
             raise ManifestError(f"checksum {data.get('checksum')!r}, expected {CHECKSUM!r}")
         try:
-            files = {}
-            for name, entry in data["files"].items():
-                _check_name(name)
-                size, crc = entry["size"], entry["crc32c"]
-                if not isinstance(size, int) or size < 0 or not _is_crc(crc):
-                    raise ManifestError(f"bad entry for {name!r}: {entry!r}")
-                files[name] = FileEntry(size, crc)
+            files = _entries(data["files"])
             if not files:
                 raise ManifestError("lists no files")
+            references = {}
+            for key, listed in (data.get("references") or {}).items():
+                step = parse_step_dir(step_dir_name(key)) if isinstance(key, str) else None
+                if step is None or step >= _int(data["step"]):
+                    raise ManifestError(f"references step {key!r}: not an earlier step")
+                references[step] = _entries(listed)
             manifest = cls(
                 step=_int(data["step"]),
                 run_id=str(data["run_id"]),
@@ -127,6 +162,8 @@ class Manifest:
                 validation=_metrics(data["validation"]) if data.get("validation") is not None else None,
                 milestone=Milestone.from_json(data["milestone"]) if data.get("milestone") is not None else None,
                 retention=Policy.from_json(data["retention"]) if data.get("retention") is not None else None,
+                references=references,
+                reused_bytes=_int(data.get("reused_bytes", 0)),
             )
         # ValueError: a created_at that is no number; OverflowError: an integer past a float.
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:
@@ -138,6 +175,32 @@ class Manifest:
         if not math.isfinite(manifest.created_at):
             raise ManifestError(f"created_at {manifest.created_at}")
         return manifest
+
+
+def _entries(listed: object) -> dict[str, FileEntry]:
+    if not isinstance(listed, dict):
+        raise ManifestError(f"a file list that is no mapping: {str(listed)[:200]}")
+    files = {}
+    for name, entry in listed.items():
+        _check_name(name)
+        size, crc = entry["size"], entry["crc32c"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not _is_crc(crc):
+            raise ManifestError(f"bad entry for {name!r}: {entry!r}")
+        files[name] = FileEntry(size, crc)
+    return files
+
+
+def reference_path(step: int, name: str) -> str:
+    """Where DCP's metadata finds file ``name`` of checkpoint ``step`` from another
+    checkpoint's directory of the same tier."""
+    return f"../{step_dir_name(step)}/{name}"
+
+
+def object_key(step: int, path: str) -> str:
+    """The key (relative to a tier's root) of a path :meth:`Manifest.every_file` lists for
+    checkpoint ``step``."""
+    owner, name = split_manifest_path(path)
+    return f"{step_dir_name(step if owner is None else owner)}/{name}"
 
 
 def _int(value: object) -> int:
@@ -313,38 +376,43 @@ def read_manifest(step_dir: Path) -> Manifest | None:
 # ---------------------------------------------------------------------------
 
 
-def check_file(path: Path, expected: FileEntry, full: bool = True) -> str | None:
-    """None when ``path`` matches ``expected``, else a one-line problem."""
+def check_file(path: Path, expected: FileEntry, full: bool = True, label: str | None = None) -> str | None:
+    """None when ``path`` matches ``expected``, else a one-line problem naming the file
+    as ``label`` (default: its name)."""
+    label = label or path.name
     try:
         info = path.stat()
     except FileNotFoundError:
-        return f"{path.name}: missing"
+        return f"{label}: missing"
     except OSError as exc:
-        return f"{path.name}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})"
+        return f"{label}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})"
     if not stat.S_ISREG(info.st_mode):
-        return f"{path.name}: not a regular file"
+        return f"{label}: not a regular file"
     size = info.st_size
     if size != expected.size:
-        return f"{path.name}: size {size} bytes, manifest says {expected.size} (truncated or overwritten)"
+        return f"{label}: size {size} bytes, manifest says {expected.size} (truncated or overwritten)"
     if full:
         try:
             got = checksum_file(path)
         except OSError as exc:
-            return f"{path.name}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})"
+            return f"{label}: cannot read it ({type(exc).__name__}: {exc.strerror or exc})"
         if got.crc32c != expected.crc32c:
-            return f"{path.name}: crc32c {got.crc32c}, manifest says {expected.crc32c} (corrupt)"
+            return f"{label}: crc32c {got.crc32c}, manifest says {expected.crc32c} (corrupt)"
     return None
 
 
 def verify_dir(
     step_dir: Path, manifest: Manifest, names: Iterable[str] | None = None, full: bool = True, workers: int = 4
 ) -> list[str]:
-    """Problems with the files of ``manifest`` (or the subset ``names``) in ``step_dir``."""
-    names = sorted(manifest.files) if names is None else list(names)
+    """Problems with the files of ``manifest`` in ``step_dir``: every one it reads
+    (:meth:`Manifest.every_file`; the referenced ones in the sibling directories), or the
+    subset ``names``."""
+    listed = manifest.every_file()
+    names = sorted(listed) if names is None else list(names)
     if not names:
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
-        results = pool.map(lambda n: check_file(step_dir / n, manifest.files[n], full), names)
+        results = pool.map(lambda n: check_file(step_dir / n, listed[n], full, n), names)
         return [r for r in results if r]
 
 

@@ -32,13 +32,13 @@ from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
-from ftfleet.contract import step_dir_name
 from ftfleet.errors import UserError
 from ftfleet.trainer.checkpoint.manifest import (
     Manifest,
     ManifestError,
     assign_files,
     check_file,
+    object_key,
     write_manifest,
 )
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, TierUnavailable
@@ -229,17 +229,18 @@ def _fetch_and_check(
 ) -> list[str]:
     """This rank's share: check local files, or download then check. Problems found."""
     step_dir = local.step_dir(manifest.step)
-    mine = assign_files({n: e.size for n, e in manifest.files.items()}, comm.world_size)[comm.rank]
+    listed = manifest.every_file()
+    mine = assign_files({n: e.size for n, e in listed.items()}, comm.world_size)[comm.rank]
     if name == "local":
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine) or 1))) as pool:
-            return [p for p in pool.map(lambda n: check_file(step_dir / n, manifest.files[n], local_crc), mine) if p]
+            return [p for p in pool.map(lambda n: check_file(step_dir / n, listed[n], local_crc, n), mine) if p]
 
     if comm.rank == 0:  # replace whatever local copy of this step there is
         local.remove_step(manifest.step)
         step_dir.mkdir(parents=True, exist_ok=True)
     comm.barrier()
     problems: list[str] = []
-    total = sum(manifest.files[n].size for n in mine)
+    total = sum(listed[n].size for n in mine)
     from tqdm import tqdm
 
     bar = tqdm(
@@ -253,16 +254,22 @@ def _fetch_and_check(
     )
 
     def fetch(n: str) -> str | None:
+        path = step_dir / n
+        # A referenced file goes beside, into its own checkpoint's directory, where the
+        # fast tier may hold it already (then it is not fetched again).
+        if n.startswith("../") and check_file(path, listed[n]) is None:
+            return None
         try:
-            tier.download_file(f"{step_dir_name(manifest.step)}/{n}", step_dir / n)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tier.download_file(object_key(manifest.step, n), path)
         except Exception as exc:  # noqa: BLE001 - missing object, retries exhausted, ...
             return f"{n}: download failed ({type(exc).__name__}: {exc})"
-        return check_file(step_dir / n, manifest.files[n])
+        return check_file(path, listed[n], label=n)
 
     with bar, ThreadPoolExecutor(max_workers=max(1, min(workers, len(mine) or 1))) as pool:
         futures = {pool.submit(fetch, n): n for n in mine}
         for fut in as_completed(futures):
             if problem := fut.result():
                 problems.append(problem)
-            bar.update(manifest.files[futures[fut]].size)
+            bar.update(listed[futures[fut]].size)
     return problems

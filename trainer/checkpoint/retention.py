@@ -7,6 +7,8 @@ deleting the rest. What a schedule, a pin and a milestone keep is ftfleet/retent
   where it is the run's only tier.
 * The durable tiers keep what ``checkpoint.retention`` says (:func:`prune_by_schedule`),
   and every milestone as its manifest marks it.
+* Both keep every step whose files a manifest in the tier references (incremental
+  checkpoints), committed or not, until no manifest names it any more.
 
 Runs on rank 0 after a commit (local tier) or an upload (object tier). Deletion removes
 the manifest first, so a checkpoint stops existing before it loses a file. Failures are
@@ -25,6 +27,7 @@ from ftfleet.retention import (  # noqa: F401 - re-exported: the trainer's tiers
     DEFAULT_SCHEDULE,
     NEWEST,
     PINNED,
+    REFERENCED,
     UNDATED,
     Milestone,
     Policy,
@@ -93,9 +96,11 @@ def prune(
     the run's only one); returns the steps deleted."""
     try:
         committed = tier.committed_steps()
-        marked = milestone_reasons({s: _milestone(tier, s) for s in committed}, milestones)
-        victims = steps_to_delete(committed, keep, [*pinned, *marked], protected)
-        victims += debris(tier.all_steps(), committed, protected)
+        manifests = {step: _manifest(tier, step, quiet=True) for step in committed}
+        marked = milestone_reasons({s: getattr(m, "milestone", None) for s, m in manifests.items()}, milestones)
+        needed = _referenced(manifests)
+        victims = steps_to_delete(committed, keep, [*pinned, *marked, *needed], protected)
+        victims += debris(tier.all_steps(), committed, [*protected, *needed])
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
         return []
@@ -114,34 +119,33 @@ def prune_by_schedule(
         created = {step: _created_at(m) for step, m in manifests.items()}
         marked = milestone_reasons({s: getattr(m, "milestone", None) for s, m in manifests.items()})
         kept = keep_reasons(created, rules, pinned, marked)
-        keep = set(kept) | set(protected)
+        needed = _referenced(manifests)
+        keep = set(kept) | set(protected) | needed
         victims = [s for s in committed if s not in keep]
-        victims += debris(tier.all_steps(), committed, protected)
+        victims += debris(tier.all_steps(), committed, [*protected, *needed])
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
         return []
     return _remove(tier, victims)
 
 
-def _manifest(tier: DatedTier, step: int) -> object | None:
-    """The manifest, or None (logged) when it cannot be read: its checkpoint is then kept
-    by the schedule (undated), never guessed at."""
+def _manifest(tier: DatedTier, step: int, quiet: bool = False) -> object | None:
+    """The manifest, or None (logged unless ``quiet``) when it cannot be read: the
+    schedule then keeps its checkpoint (undated), never guessing; the fast tier's count
+    does not need it (the loaders refuse such a checkpoint anyway)."""
     try:
         return tier.read_manifest(step)
     except Exception as exc:  # noqa: BLE001 - an unreadable manifest keeps its checkpoint
-        log.warning("retention: step-%d of %s kept: its manifest does not read (%s)", step, tier.describe(), exc)
+        if not quiet:
+            log.warning("retention: step-%d of %s kept: its manifest does not read (%s)", step, tier.describe(), exc)
         return None
+
+
+def _referenced(manifests: dict[int, object | None]) -> set[int]:
+    """The steps whose files the readable ``manifests`` reference."""
+    return {step for m in manifests.values() for step in getattr(m, "references", None) or {}}
 
 
 def _created_at(manifest: object | None) -> float | None:
     created = getattr(manifest, "created_at", None)
     return float(created) if isinstance(created, int | float) else None
-
-
-def _milestone(tier: DatedTier, step: int) -> Milestone | None:
-    """The fast tier's view: a manifest that does not read marks no milestone (the
-    newest ``keep`` are kept regardless)."""
-    try:
-        return getattr(tier.read_manifest(step), "milestone", None)
-    except Exception:  # noqa: BLE001 - the loaders refuse such a checkpoint anyway
-        return None

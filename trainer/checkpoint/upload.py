@@ -5,7 +5,11 @@ local save. For each checkpoint:
 
 1. rank 0 picks the newest committed step still queued (older queued ones are skipped:
    a durable tier only needs the newest) and tells the other ranks;
-2. the files are split over ranks by size; each rank uploads its share in parallel;
+2. the files are split over ranks by size; each rank uploads its share in parallel (the
+   files of earlier checkpoints an incremental one references go under their own
+   checkpoint's prefix, skipped where the bucket holds them as committed there or as
+   this process uploaded them: a size alone does not tell a step's files from those of
+   another save of the same step);
 3. rank 0 gathers the results, lists the step's objects and checks every file is there
    with its size, and only then uploads ``manifest.json``, last, once its generation
    is still the newest (:mod:`~ftfleet.trainer.resilience.fencing`): an interrupted
@@ -23,9 +27,9 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ftfleet.contract import MANIFEST_NAME, step_dir_name
+from ftfleet.contract import MANIFEST_NAME, parse_step_dir, step_dir_name
 from ftfleet.trainer.checkpoint import retention
-from ftfleet.trainer.checkpoint.manifest import Manifest, assign_files
+from ftfleet.trainer.checkpoint.manifest import FileEntry, Manifest, assign_files, object_key
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore
 from ftfleet.trainer.resilience import fencing
 
@@ -55,6 +59,8 @@ class Uploader:
         #: The generation whose checkpoints these are: checked before each manifest.
         self.fence = fencing.current()
         self.durable_steps: list[int] = []
+        #: Object key -> entry, of the referenced files this rank uploaded.
+        self._sent: dict[str, FileEntry] = {}
         self._items: collections.deque[Manifest] = collections.deque()
         self._cv = threading.Condition()
         self._current: int | None = None
@@ -128,16 +134,45 @@ class Uploader:
                 with self._cv:
                     self._current = None
 
+    def _present(self, step: int, paths: Iterable[str]) -> dict[str, int]:
+        """Object key -> size, for the objects under the prefixes of ``paths`` (files
+        :meth:`Manifest.every_file` lists for ``step``)."""
+        out: dict[str, int] = {}
+        for prefix in sorted({object_key(step, p).rpartition("/")[0] for p in paths}):
+            out.update(self.store.list(f"{prefix}/"))
+        return out
+
+    def _held(self, step: int, path: str, entry: FileEntry) -> bool:
+        """Whether the bucket holds the referenced file ``path`` of ``step``'s manifest
+        with the bytes of ``entry``: this process uploaded it so, or the manifest of its
+        own checkpoint in the bucket lists it so."""
+        key = object_key(step, path)
+        if self._sent.get(key) == entry:
+            return True
+        owner = parse_step_dir(key.partition("/")[0])
+        try:
+            committed = self.store.read_manifest(owner)
+        except Exception:  # noqa: BLE001 - not readable: upload it again
+            return False
+        return committed is not None and committed.files.get(key.rpartition("/")[2]) == entry
+
     def _upload(self, manifest: Manifest) -> None:
         t0 = time.monotonic()
         step = manifest.step
         prefix = step_dir_name(step)
         src = self.local.step_dir(step)
-        mine = assign_files({n: e.size for n, e in manifest.files.items()}, self.comm.world_size)[self.comm.rank]
+        listed = manifest.every_file()
+        mine = assign_files({n: e.size for n, e in listed.items()}, self.comm.world_size)[self.comm.rank]
         error = None
         try:
-            with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(mine) or 1))) as pool:
-                list(pool.map(lambda n: self.store.upload_file(src / n, f"{prefix}/{n}"), mine))
+            todo = [n for n in mine if not n.startswith("../") or not self._held(step, n, listed[n])]
+
+            def send(name: str) -> None:
+                self.store.upload_file(src / name, object_key(step, name))
+                self._sent[object_key(step, name)] = listed[name]
+
+            with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(todo) or 1))) as pool:
+                list(pool.map(send, todo))
         except Exception as exc:  # noqa: BLE001 - reported to rank 0
             error = f"rank {self.comm.rank}: {type(exc).__name__}: {exc}"
         gathered = self.comm.gather(error)
@@ -147,10 +182,11 @@ class Uploader:
             problems = [e for e in gathered if e]
             if not problems:
                 try:
-                    present = self.store.step_objects(step)
-                    for name, entry in manifest.files.items():
-                        if present.get(name) != entry.size:
-                            problems.append(f"{name}: {present.get(name)} bytes in the bucket, expected {entry.size}")
+                    present = self._present(step, listed)
+                    for name, entry in listed.items():
+                        got = present.get(object_key(step, name))
+                        if got != entry.size:
+                            problems.append(f"{name}: {got} bytes in the bucket, expected {entry.size}")
                     if not problems:
                         fencing.check(self.fence, f"durable copy of step-{step}")
                         self.store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())

@@ -229,8 +229,8 @@ def snapshot_bytes_estimate(ckpt_dir: str, world_size: int) -> int | None:
         if manifest is None:
             continue
         per_rank: dict[int, int] = {}
-        for name, entry in manifest.files.items():
-            match = re.fullmatch(r"__(\d+)_\d+\.distcp", name)
+        for name, entry in manifest.every_file().items():
+            match = re.fullmatch(r"__(\d+)_\d+\.distcp", name.rpartition("/")[2])
             if match:
                 per_rank[int(match.group(1))] = per_rank.get(int(match.group(1)), 0) + entry.size
         if per_rank:

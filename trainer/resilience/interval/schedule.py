@@ -378,6 +378,8 @@ class SaveSchedule(Callback):
             step=manifest.step,
             blocked_s=round(stats.last_blocked_s, 4),
             commit_s=round(stats.last_commit_s, 4),
+            written_bytes=manifest.total_bytes,
+            reused_bytes=manifest.reused_bytes,
             **fields,
         )
 

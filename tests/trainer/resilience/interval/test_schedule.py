@@ -186,7 +186,7 @@ def test_the_first_save_comes_once_the_step_time_is_measured_and_daly_once_its_c
     # the first save is due there.
     assert ckpt.saves == [6] and s.reason.startswith("adaptive: no save measured yet")
     s.on_step_end(None, _step(7, 1.0))
-    s._on_commit(types.SimpleNamespace(step=6))  # its commit lands after step 7
+    s._on_commit(types.SimpleNamespace(step=6, total_bytes=0, reused_bytes=0))  # its commit lands after step 7
     s.on_step_end(None, _step(8, 1.0))  # the stopgap would save at 15; now Daly's
     expected, _ = s.interval.interval_steps(1.0)
     assert expected > 9 and s.next_save == 6 + expected and ckpt.saves == [6]
@@ -246,7 +246,7 @@ def test_auto_saves_each_way_once_then_the_cheaper_and_a_blocking_save_in_the_fo
         s.on_step_end(None, _step(step, 1.0))  # k not measured: 1, a background save costs its whole persist
         if ckpt.saves and ckpt.saves[-1] == step:
             ckpt.stats.last_blocked_s, ckpt.stats.last_commit_s = costs[ckpt.stats.last_async]
-            s._on_commit(types.SimpleNamespace(step=step))
+            s._on_commit(types.SimpleNamespace(step=step, total_bytes=0, reused_bytes=0))
     assert [a for _, _, a in ckpt.modes] == [True, False, False, False]
     assert s.interval.costs["async"].saves == 1 and s.interval.costs["sync"].saves == 3
     assert [f["mode"] for e, f in events if e == "save"] == ["async", "sync", "sync", "sync"]

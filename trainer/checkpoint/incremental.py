@@ -1,0 +1,197 @@
+"""Incremental checkpoints: a tensor whose bytes did not change since the previous
+checkpoint of the tier is not written again (``checkpoint.incremental``).
+
+The unit is DCP's write item (a tensor, or one rank's shard of one). Each save records a
+fingerprint of every tensor item it saw (:func:`fingerprint`: dtype, shape and a sample
+of its bytes, or all of them for a small tensor); the next save compares each item with
+the previous checkpoint's (the *base*, :class:`Base`):
+
+* a different fingerprint: the tensor changed, it is written (what full training meets
+  for every tensor, at the cost of the sample);
+* the same fingerprint: the bytes DCP stored for the base are read back and compared
+  with the tensor's, every byte (a sample, like a CRC, only says "probably the same";
+  the promise is a bit-identical restore). Equal: the item is not written, its storage
+  record is the base's, pointing at the base's file (``../step-N/<file>``, or the file
+  the base itself referenced: references always name the checkpoint that wrote the
+  bytes, never a chain). A tensor of at most :data:`WHOLE_BYTES` is fingerprinted whole,
+  so its equal fingerprint is the comparison.
+
+The checkpoint's manifest lists the files it references with the size and CRC32C they
+were committed with (manifest.py), so restore, verification and upload check them like
+its own files, and retention keeps every referenced checkpoint (ftfleet/retention.py).
+
+Every ``incremental_full_every``-th save writes every tensor: a chain of references
+never spans more saves than that, so one lost or corrupt file of the tier costs at most
+that many checkpoints, and retention can free a chain once none of it is kept. The first
+save of a process writes every tensor too (the fingerprints are the writing process's).
+Byte items (the loader's state, RNG states, the progress counters) are always written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ftfleet.contract import step_dir_name
+from ftfleet.trainer.checkpoint.manifest import FileEntry, Manifest, read_manifest
+from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
+
+#: A tensor of at most this many bytes is fingerprinted whole (no read-back needed).
+WHOLE_BYTES = 4096
+#: Bytes sampled from a larger tensor, evenly spread over it (first and last included).
+SAMPLES = 1024
+
+
+def fingerprint(tensor: torch.Tensor) -> bytes | None:
+    """dtype, shape and the bytes of ``tensor`` (a CPU tensor), all of them up to
+    :data:`WHOLE_BYTES`, else :data:`SAMPLES` of them; None for a tensor that cannot be
+    compared as raw bytes (not contiguous, not on the CPU): it is always written."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    raw = tensor.detach().reshape(-1).view(torch.uint8)
+    head = f"{tensor.dtype}|{tuple(tensor.shape)}|".encode()
+    if raw.numel() <= WHOLE_BYTES:
+        return head + raw.numpy().tobytes()
+    at = torch.linspace(0, raw.numel() - 1, SAMPLES, dtype=torch.float64).to(torch.int64)
+    return head + raw[at].numpy().tobytes()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Base:
+    """The checkpoint a save may reference: the newest committed one of the tier that this
+    process wrote, as this rank wrote it."""
+
+    step: int
+    created_at: float
+    """Its manifest's, to tell it from another commit of the same step."""
+    records: dict[MetadataIndex, tuple[_StorageInfo, bytes]]
+    """This rank's tensor items -> where their bytes are (a path relative to a sibling
+    checkpoint's directory: ``../step-N/<file>``) and their fingerprint."""
+    files: dict[str, FileEntry]
+    """Every file the base reads, by that relative path, as its manifest lists it."""
+    chain: int
+    """How many saves in a row, this one included, referenced an earlier one (0: it wrote
+    every tensor)."""
+
+    @classmethod
+    def of(
+        cls,
+        manifest: Manifest,
+        storage: dict[MetadataIndex, _StorageInfo],
+        prints: dict[MetadataIndex, bytes],
+        chain: int,
+    ) -> Base:
+        """The base that checkpoint ``manifest`` (committed, with DCP's ``storage``
+        records) is for the next save, from the fingerprints this rank took of it."""
+        here = f"../{step_dir_name(manifest.step)}/"
+
+        def sibling(path: str) -> str:
+            return path if path.startswith("../") else here + path
+
+        records = {
+            index: (dataclasses.replace(storage[index], relative_path=sibling(storage[index].relative_path)), fp)
+            for index, fp in prints.items()
+            if index in storage
+        }
+        files = {sibling(path): entry for path, entry in manifest.every_file().items()}
+        return cls(manifest.step, manifest.created_at, records, files, chain)
+
+    def still_there(self, tier_root: Path) -> bool:
+        """Its manifest is still the one it was committed with (not removed, not a later
+        save of the same step)."""
+        try:
+            manifest = read_manifest(tier_root / step_dir_name(self.step))
+        except (OSError, ValueError):
+            return False
+        return manifest is not None and manifest.created_at == self.created_at
+
+
+def same_bytes(step_dir: Path, info: _StorageInfo, tensor: torch.Tensor) -> bool:
+    """Whether the record DCP stored at ``info`` (relative to ``step_dir``) holds exactly
+    ``tensor``'s bytes, as a plain little-endian torch.save record of its dtype and shape."""
+    from ftfleet.trainer.checkpoint.reader import _NotPlain, raw_span
+
+    if info.transform_descriptors:
+        return False
+    buffer = bytearray(info.length)
+    try:
+        fd = os.open(step_dir / info.relative_path, os.O_RDONLY)
+        try:
+            view, done = memoryview(buffer), 0
+            while done < info.length:
+                n = os.preadv(fd, [view[done:]], info.offset + done)
+                if n <= 0:
+                    return False
+                done += n
+        finally:
+            os.close(fd)
+        start, nbytes = raw_span(memoryview(buffer), tensor)
+    except (OSError, _NotPlain, ValueError, KeyError):
+        return False
+    stored = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=start)
+    return torch.equal(stored, tensor.detach().reshape(-1).view(torch.uint8))
+
+
+class IncrementalWriter(ChecksummingWriter):
+    """A :class:`ChecksummingWriter` that, given a ``base``, does not write the tensor
+    items whose bytes the base holds; with ``track``, it fingerprints every tensor item it
+    saves (:attr:`prints`) for the next save's base. :attr:`references` names the base's
+    files this save's records point at, with their entries (for the manifest)."""
+
+    def __init__(self, *args: Any, base: Base | None = None, track: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.base = base
+        self.track = track or base is not None
+        self.prints: dict[MetadataIndex, bytes] = {}
+        self.references: dict[str, FileEntry] = {}
+        self.reused_bytes = 0
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.prints, self.references, self.reused_bytes = {}, {}, 0
+
+    def _reuse(self, item: WriteItem, tensor: Any) -> WriteResult | None:
+        """The base's record of ``item`` when it holds exactly ``tensor``, else None."""
+        fp = fingerprint(tensor) if isinstance(tensor, torch.Tensor) else None
+        if fp is None:
+            return None
+        self.prints[item.index] = fp
+        if self.base is None or (known := self.base.records.get(item.index)) is None:
+            return None
+        info, base_fp = known
+        if base_fp != fp or info.relative_path not in self.base.files:
+            return None
+        whole = tensor.numel() * tensor.element_size() <= WHOLE_BYTES
+        if not whole and not same_bytes(Path(self.path), info, tensor):
+            return None
+        self.references[info.relative_path] = self.base.files[info.relative_path]
+        self.reused_bytes += info.length
+        return WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        if not self.track:
+            return super().write_data(plan, planner)
+        reused: list[WriteResult] = []
+        rest: list[WriteItem] = []
+        for item in plan.items:
+            result = None if item.type == WriteItemType.BYTE_IO else self._reuse(item, planner.resolve_data(item))
+            if result is None:
+                rest.append(item)
+            else:
+                reused.append(result)
+        if rest:
+            written = super().write_data(dataclasses.replace(plan, items=rest), planner).wait()
+        else:
+            written = []  # every item is the base's: this rank writes no file
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(written + reused)
+        return done
