@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,10 @@ def same_bytes(step_dir: Path, info: _StorageInfo, tensor: torch.Tensor) -> bool
     except (OSError, _NotPlain, ValueError, KeyError):
         return False
     stored = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=start)
-    return torch.equal(stored, tensor.detach().reshape(-1).view(torch.uint8))
+    live = tensor.detach().reshape(-1).view(torch.uint8)
+    if nbytes % 8 == 0 and start % 8 == 0 and live.data_ptr() % 8 == 0:
+        stored, live = stored.view(torch.int64), live.view(torch.int64)  # compared 8 bytes at a time
+    return torch.equal(stored, live)
 
 
 class IncrementalWriter(ChecksummingWriter):
@@ -159,8 +163,9 @@ class IncrementalWriter(ChecksummingWriter):
         super().reset(checkpoint_id)
         self.prints, self.references, self.reused_bytes = {}, {}, 0
 
-    def _reuse(self, item: WriteItem, tensor: Any) -> WriteResult | None:
-        """The base's record of ``item`` when it holds exactly ``tensor``, else None."""
+    def _candidate(self, item: WriteItem, tensor: Any) -> tuple[_StorageInfo, bool] | None:
+        """The base's record of ``item`` when its fingerprint equals ``tensor``'s, and
+        whether that settles it (a tensor fingerprinted whole); None: write it."""
         fp = fingerprint(tensor) if isinstance(tensor, torch.Tensor) else None
         if fp is None:
             return None
@@ -170,24 +175,33 @@ class IncrementalWriter(ChecksummingWriter):
         info, base_fp = known
         if base_fp != fp or info.relative_path not in self.base.files:
             return None
-        whole = tensor.numel() * tensor.element_size() <= WHOLE_BYTES
-        if not whole and not same_bytes(Path(self.path), info, tensor):
-            return None
-        self.references[info.relative_path] = self.base.files[info.relative_path]
-        self.reused_bytes += info.length
-        return WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info)
+        return info, tensor.numel() * tensor.element_size() <= WHOLE_BYTES
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         if not self.track:
             return super().write_data(plan, planner)
-        reused: list[WriteResult] = []
         rest: list[WriteItem] = []
+        check: list[tuple[WriteItem, _StorageInfo, torch.Tensor]] = []
+        settled: list[tuple[WriteItem, _StorageInfo]] = []
         for item in plan.items:
-            result = None if item.type == WriteItemType.BYTE_IO else self._reuse(item, planner.resolve_data(item))
-            if result is None:
+            tensor = None if item.type == WriteItemType.BYTE_IO else planner.resolve_data(item)
+            found = None if tensor is None else self._candidate(item, tensor)
+            if found is None:
                 rest.append(item)
+            elif found[1]:
+                settled.append((item, found[0]))
             else:
-                reused.append(result)
+                check.append((item, found[0], tensor))
+        # Read back and compare on the writer's threads (the reads and the comparison leave the GIL).
+        with ThreadPoolExecutor(max_workers=max(1, min(self.thread_count, len(check)))) as pool:
+            same = list(pool.map(lambda c: same_bytes(Path(self.path), c[1], c[2]), check))
+        settled += [(item, info) for (item, info, _), equal in zip(check, same, strict=True) if equal]
+        rest += [item for (item, _, _), equal in zip(check, same, strict=True) if not equal]
+        reused = []
+        for item, info in settled:
+            self.references[info.relative_path] = self.base.files[info.relative_path]
+            self.reused_bytes += info.length
+            reused.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
         if rest:
             written = super().write_data(dataclasses.replace(plan, items=rest), planner).wait()
         else:
