@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--saves", type=int, default=8, help="saves per phase (the first writes everything)")
+    ap.add_argument("--saves", type=int, default=12, help="saves per phase (the first writes everything)")
     ap.add_argument("--steps-between", type=int, default=2, help="training steps between saves")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ftfleet-incremental-bench"))

@@ -48,22 +48,23 @@ from ftfleet.trainer.checkpoint.writer import ChecksummingWriter
 
 #: A tensor of at most this many bytes is fingerprinted whole (no read-back needed).
 WHOLE_BYTES = 4096
-#: Bytes sampled from a larger tensor, evenly spread over it (first and last included).
+#: Bytes sampled from a larger tensor, at an even stride from its first (and its last).
 SAMPLES = 1024
 
 
 def fingerprint(tensor: torch.Tensor) -> bytes | None:
     """dtype, shape and the bytes of ``tensor`` (a CPU tensor), all of them up to
-    :data:`WHOLE_BYTES`, else :data:`SAMPLES` of them; None for a tensor that cannot be
-    compared as raw bytes (not contiguous, not on the CPU): it is always written."""
+    :data:`WHOLE_BYTES`, else :data:`SAMPLES` of them at an even stride and the last
+    one; None for a tensor that cannot be compared as raw bytes (not contiguous, not on
+    the CPU): it is always written."""
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         return None
-    raw = tensor.detach().reshape(-1).view(torch.uint8)
+    raw = tensor.detach().reshape(-1).view(torch.uint8).numpy()
     head = f"{tensor.dtype}|{tuple(tensor.shape)}|".encode()
-    if raw.numel() <= WHOLE_BYTES:
-        return head + raw.numpy().tobytes()
-    at = torch.linspace(0, raw.numel() - 1, SAMPLES, dtype=torch.float64).to(torch.int64)
-    return head + raw[at].numpy().tobytes()
+    if raw.size <= WHOLE_BYTES:
+        return head + raw.tobytes()
+    stride = (raw.size - 1) // (SAMPLES - 1)
+    return head + raw[::stride][:SAMPLES].tobytes() + raw[-1:].tobytes()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
