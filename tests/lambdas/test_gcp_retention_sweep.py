@@ -75,9 +75,10 @@ def bucket_of(name: str):
     return _bucket(os.environ["STORAGE_EMULATOR_HOST"], name)
 
 
-def manifest(step: int, created_at: float, milestone=None, policy=None) -> str:
+def manifest(step: int, created_at: float, milestone=None, policy=None, references=()) -> str:
     files = {SHARD_NAME: FileEntry(len(SHARD), "00000000")}
     return Manifest(
+        references={r: dict(files) for r in references},
         step=step,
         run_id=RUN,
         config_hash="h",
@@ -177,6 +178,16 @@ def test_without_a_recorded_policy_the_stacks_checkpoint_retention_applies(swept
         checkpoint(gcs_bucket, day, START + day * DAY)
     out = swept(rules=("1d for 2d",))
     assert committed(gcs_bucket) == [3, 4] and out["rules"] == ["1d for 2d"]
+
+
+def test_a_referenced_checkpoint_stays_until_no_manifest_names_it(swept, gcs_bucket):
+    checkpoint(gcs_bucket, 1, START)
+    checkpoint(gcs_bucket, 2, START + DAY, text=manifest(2, START + DAY, references=[1]))
+    checkpoint(gcs_bucket, 3, START + 2 * DAY)
+    swept(now=START + 2 * DAY)
+    assert committed(gcs_bucket) == [1, 3]  # step-2 named step-1 when the sweep looked
+    swept(now=START + 2 * DAY)
+    assert committed(gcs_bucket) == [3] and step_dirs(gcs_bucket) == {3}
 
 
 def test_each_deleted_checkpoint_loses_its_manifest_before_any_other_object(swept, gcs_bucket, deletes):

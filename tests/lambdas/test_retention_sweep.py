@@ -50,15 +50,18 @@ def swept(moto, monkeypatch):
     return run
 
 
-def checkpoint(step, created_at, *, manifest=True, milestone=None, policy=None, files=True, text=None):
-    """A checkpoint as the trainer uploads it: its shard, then the manifest listing it."""
+def checkpoint(step, created_at, *, manifest=True, milestone=None, policy=None, files=True, text=None, references=()):
+    """A checkpoint as the trainer uploads it: its shard, then the manifest listing it
+    (and ``references``: the steps whose shard it references)."""
     prefix = f"{ROOT}/{contract.step_dir_name(step)}"
     if files:
         s3_put(PRIMARY, f"{prefix}/__0_0.distcp", SHARD)
     if manifest:
+        entry = FileEntry(len(SHARD), "00000000")
         m = Manifest(
-            step, RUN, "h", 1, {"__0_0.distcp": FileEntry(len(SHARD), "00000000")}, "2.13.0",
+            step, RUN, "h", 1, {"__0_0.distcp": entry}, "2.13.0",
             created_at=created_at, milestone=milestone, retention=policy,
+            references={r: {"__0_0.distcp": entry} for r in references},
         )  # fmt: skip
         s3_put(PRIMARY, f"{prefix}/{contract.MANIFEST_NAME}", text if text is not None else m.to_json())
 
@@ -98,6 +101,18 @@ def test_the_newest_manifests_policy_wins_and_pins_and_milestones_are_kept(swept
     checkpoint(10, START + 10 * DAY, policy=retention.Policy(("all for 2d",), (2,)))
     swept()
     assert committed() == [2, 5, 9, 10]  # pinned, the best milestone, "all for 2d"
+
+
+def test_a_referenced_checkpoint_stays_until_no_manifest_names_it(swept):
+    checkpoint(1, START)
+    checkpoint(2, START + DAY, references=[1])  # incremental: step-1's shard holds some of it
+    checkpoint(3, START + 2 * DAY, files=False, references=[1])  # its own shard is missing
+    checkpoint(4, START + 3 * DAY)
+    swept(now=START + 3 * DAY)
+    # 4: newest; 1: referenced by manifests that were there; 2, 3 go (3 was never complete).
+    assert committed() == [1, 4]
+    swept(now=START + 3 * DAY)
+    assert committed() == [4] and step_dirs() == {4}
 
 
 def test_each_deleted_checkpoint_loses_its_manifest_before_any_other_object(swept):
