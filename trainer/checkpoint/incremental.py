@@ -24,7 +24,10 @@ Every ``incremental_full_every``-th save writes every tensor: a chain of referen
 never spans more saves than that, so one lost or corrupt file of the tier costs at most
 that many checkpoints, and retention can free a chain once none of it is kept. The first
 save of a process writes every tensor too (the fingerprints are the writing process's).
-Byte items (the loader's state, RNG states, the progress counters) are always written.
+Byte items (the loader's state, RNG states, the progress counters) are always written,
+and so is a tensor that reaches the writer still on a device (a synchronous save of GPU
+state: DCP copies it to the host while it writes); an asynchronous save hands the writer
+its staged host copies.
 """
 
 from __future__ import annotations
