@@ -84,7 +84,7 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "The run lease: one object (`s3://`, `gs://`) naming which holder may commit the "
         "run's checkpoints, written only with conditional requests. A trainer that does not "
         "hold it commits nothing (exit 78). Empty: no lease.",
-        "s3://ftfleet-prod-ckpt-use1/checkpoints/aws-prod-llm/lease.json",
+        "s3://ftfleet-prod-ckpt-use1/ftfleet-leases/aws-prod-llm.json",
     ),
     EnvVar(
         "FTFLEET_LEASE_HOLDER",
@@ -474,6 +474,21 @@ def agent_exit_file(agent_pid: int, tmpdir: str | None = None) -> str:
 REPLACEMENTS_PREFIX = "ftfleet-replacements/"
 REPLACEMENT_BUDGET = 3
 REPLACEMENT_WINDOW_S = 3600
+
+
+#: Where a fleet keeps each run's lease (FTFLEET_LEASE_URI) in the home region's bucket:
+#: outside the checkpoints' prefix, so the fast tier's association never imports the
+#: object it rewrites every quarter of the lease's TTL, and no checkpoint rule ages it.
+LEASE_PREFIX = "ftfleet-leases/"
+
+
+def lease_key(run_id: str) -> str:
+    return f"{LEASE_PREFIX}{run_id}.json"
+
+
+def lease_holder(stack: str, region: str) -> str:
+    """FTFLEET_LEASE_HOLDER of a fleet's nodes: the stack and the region it trains in."""
+    return f"{stack}/{region}"
 
 
 def replacement_key(run_id: str, role: str, unix_seconds: int, instance_id: str) -> str:

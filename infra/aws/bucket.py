@@ -14,6 +14,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra.aws import names
 from ftfleet.infra.settings import BucketSettings, Settings
 
@@ -43,7 +44,8 @@ def tls_only_policy(bucket_arn: str) -> str:
 
 def lifecycle_rules(b: BucketSettings) -> list[s3.BucketLifecycleConfigurationRuleArgs]:
     """Rules for both buckets. Only `checkpoint_prefix` ages; `pinned_prefix` has no rule
-    that transitions or expires anything, current or noncurrent."""
+    that transitions or expires anything, current or noncurrent; the run leases
+    (contract.LEASE_PREFIX) lose their noncurrent versions after a day."""
     ckpt = s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=b.checkpoint_prefix)
     transitions = [
         s3.BucketLifecycleConfigurationRuleTransitionArgs(days=days, storage_class=cls)
@@ -85,6 +87,17 @@ def lifecycle_rules(b: BucketSettings) -> list[s3.BucketLifecycleConfigurationRu
                 expiration=s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True),
             )
         )
+    # The run lease is rewritten every quarter of its TTL: its old versions go after a day.
+    rules.append(
+        s3.BucketLifecycleConfigurationRuleArgs(
+            id="lease-versions",
+            status="Enabled",
+            filter=s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=contract.LEASE_PREFIX),
+            noncurrent_version_expiration=s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                noncurrent_days=1
+            ),
+        )
+    )
     return rules
 
 

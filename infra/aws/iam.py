@@ -45,6 +45,8 @@ class NodeGrants:
     `arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:*:autoScalingGroupName/ftfleet-dev-*`."""
     stack: str
     """Value of the groups' `ftfleet:stack` tag."""
+    lease_key: str = ""
+    """Key of the run's lease in the primary bucket (contract.lease_key); empty: none."""
 
 
 def node_policy(g: NodeGrants) -> dict:
@@ -71,6 +73,7 @@ def node_policy(g: NodeGrants) -> dict:
                 ],
                 "Resource": [f"{g.primary_bucket_arn}/{prefix}*"],
             },
+            *lease_statements(g),
             {
                 "Sid": "ReadReplicaCheckpoints",
                 "Effect": "Allow",
@@ -117,6 +120,30 @@ def node_policy(g: NodeGrants) -> dict:
             lifecycle_statement(g),
         ],
     }
+
+
+def lease_statements(g: NodeGrants) -> list[dict]:
+    """Read and conditionally write the run lease, and list its one key: without
+    s3:ListBucket, S3 answers a GET of a missing object with 403 instead of 404, and the
+    first holder could never tell "no lease yet" from "no access" (S3 user guide,
+    GetObject permissions)."""
+    if not g.lease_key:
+        return []
+    return [
+        {
+            "Sid": "HoldRunLease",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject"],
+            "Resource": [f"{g.primary_bucket_arn}/{g.lease_key}"],
+        },
+        {
+            "Sid": "FindRunLease",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": [g.primary_bucket_arn],
+            "Condition": {"StringEquals": {"s3:prefix": [g.lease_key]}},
+        },
+    ]
 
 
 def self_replacement_statements(g: NodeGrants) -> list[dict]:

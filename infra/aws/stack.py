@@ -62,6 +62,7 @@ def build(s: Settings) -> None:
             replacements_prefix=f"{contract.REPLACEMENTS_PREFIX}{s.trainer.run_id}/",
             group_arn_pattern=f"arn:aws:autoscaling:{s.region}:{a[5]}:autoScalingGroup:*:autoScalingGroupName/{s.name}-*",
             stack=s.stack,
+            lease_key=contract.lease_key(s.trainer.run_id),
         )
     )
     nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn, coordinator_name.fqdn, provider=primary)

@@ -89,6 +89,8 @@ def trainer_env(s: Settings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_CKPT_REPLICA_URI": f"s3://{ctx.replica_bucket}/{root}",
         # The FSx association exports every committed file to FTFLEET_CKPT_URI.
         "FTFLEET_CKPT_UPLOAD": "fsx-export",
+        "FTFLEET_LEASE_URI": f"s3://{ctx.primary_bucket}/{contract.lease_key(s.trainer.run_id)}",
+        "FTFLEET_LEASE_HOLDER": contract.lease_holder(s.stack, s.region),
         **launcher_env(s.trainer.launcher, s.fleet),
         "FTFLEET_NPROC_PER_NODE": str(s.fleet.gpus_per_node),
         "FTFLEET_RDZV_ENDPOINT": f"{ctx.coordinator_host}:{contract.RDZV_PORT}",

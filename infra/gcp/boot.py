@@ -89,6 +89,8 @@ def trainer_env(s: GcpSettings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_CKPT_DIR": f"{s.storage.mount_point}/{root}",
         "FTFLEET_CKPT_URI": f"gs://{ctx.bucket}/{root}",
         "FTFLEET_CKPT_UPLOAD": "trainer",
+        "FTFLEET_LEASE_URI": f"gs://{ctx.bucket}/{contract.lease_key(s.trainer.run_id)}",
+        "FTFLEET_LEASE_HOLDER": contract.lease_holder(s.stack, s.region),
         **launcher_env(s.trainer.launcher, f),
         "FTFLEET_NPROC_PER_NODE": str(f.gpus_per_node),
         "FTFLEET_RDZV_ENDPOINT": f"{ctx.coordinator_ip}:{RDZV_PORT}",

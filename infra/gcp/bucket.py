@@ -15,6 +15,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
+from ftfleet import contract
 from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.infra.gcp.storage_settings import GcsBucketSettings
 
@@ -51,6 +52,15 @@ def lifecycle_rules(b: GcsBucketSettings) -> list[st.BucketLifecycleRuleArgs]:
             {"type": "Delete"},
             days_since_noncurrent_time=b.noncurrent_version_expiry_days,
             matches_prefixes=ckpt,
+            with_state="ARCHIVED",
+        )
+    )
+    # The run lease is rewritten every quarter of its TTL: its old versions go after a day.
+    rules.append(
+        rule(
+            {"type": "Delete"},
+            days_since_noncurrent_time=1,
+            matches_prefixes=[contract.LEASE_PREFIX],
             with_state="ARCHIVED",
         )
     )

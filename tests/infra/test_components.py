@@ -72,6 +72,9 @@ def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
         assert age["filter"]["prefix"] == "checkpoints/"
         assert [t["storageClass"] for t in age["transitions"]] == ["STANDARD_IA", "GLACIER_IR"]
         assert age["noncurrentVersionExpiration"]["noncurrentDays"] == 30
+        lease = rules["lease-versions"]  # the run lease, rewritten every quarter of its TTL
+        assert lease["filter"]["prefix"] == "ftfleet-leases/"
+        assert lease["noncurrentVersionExpiration"]["noncurrentDays"] == 1
         for rule in rules.values():
             prefix = rule["filter"]["prefix"]
             if rule.get("expiration") or rule.get("transitions") or rule.get("noncurrentVersionExpiration"):
@@ -115,6 +118,14 @@ def test_node_role_reaches_only_the_run_checkpoint_prefix():
     statements = {s["Sid"]: s for s in policy["Statement"]}
     for resource in statements["ReadWriteCheckpoints"]["Resource"]:
         assert resource.endswith("/checkpoints/llm-prod/*")
+    # The run lease: its one key, readable, writable (conditionally: S3 has no separate
+    # action) and listable, so that a missing lease reads as missing.
+    primary = statements["ReadWriteCheckpoints"]["Resource"][0].split("/")[0]  # the bucket's ARN
+    assert statements["HoldRunLease"]["Resource"] == [f"{primary}/ftfleet-leases/llm-prod.json"]
+    assert statements["HoldRunLease"]["Action"] == ["s3:GetObject", "s3:PutObject"]
+    listed = statements["FindRunLease"]
+    assert listed["Action"] == ["s3:ListBucket"] and listed["Resource"] == [primary]
+    assert listed["Condition"] == {"StringEquals": {"s3:prefix": ["ftfleet-leases/llm-prod.json"]}}
     assert statements["PutTrainerMetrics"]["Condition"]["StringEquals"]["cloudwatch:namespace"] == "ftfleet"
     assert not rec.of_type("aws:iam/rolePolicy:RolePolicy") or all(
         "route53" not in r.inputs["policy"]
@@ -180,6 +191,9 @@ def test_user_data_gives_the_trainer_the_whole_contract():
         contract.check_env({**env, **node_env})  # raises if anything required is missing or invalid
         assert set(env) | set(node_env) <= contract.ENV_NAMES
         assert env["FTFLEET_CKPT_URI"] == rec.outputs["checkpoint_uri"]
+        bucket = rec.outputs["checkpoint_uri"].removeprefix("s3://").split("/")[0]
+        assert env["FTFLEET_LEASE_URI"] == f"s3://{bucket}/ftfleet-leases/llm-prod.json"
+        assert env["FTFLEET_LEASE_HOLDER"] == "aws-prod/us-east-1"
         assert env["FTFLEET_CKPT_DIR"] == values["CKPT_DIR"] == "/fsx/checkpoints/llm-prod"
         assert values["RUN_ROOT"] == "/fsx/runs/llm-prod"
         # The in-process launcher (the default): 16 workers and the coordinator train, no spare node.

@@ -204,6 +204,8 @@ def test_the_trainer_gets_the_whole_contract_with_the_nodes_own_name(stubs):
     assert env["FTFLEET_NODE_ID"] == NODE
     assert env["FTFLEET_CLOUD"] == "gcp" and env["FTFLEET_CKPT_UPLOAD"] == "trainer"
     assert env["FTFLEET_CKPT_URI"] == f"gs://{CTX.bucket}/checkpoints/gcp-dev"
+    assert env["FTFLEET_LEASE_URI"] == f"gs://{CTX.bucket}/ftfleet-leases/gcp-dev.json"
+    assert env["FTFLEET_LEASE_HOLDER"].startswith("gcp-dev/")
     assert env["FTFLEET_CKPT_DIR"] == "/ckpt/checkpoints/gcp-dev"
     assert env["FTFLEET_RDZV_ENDPOINT"] == "10.40.0.10:29400"
     assert env["FTFLEET_NNODES"] == "3" and env["FTFLEET_NPROC_PER_NODE"] == "1"

@@ -322,6 +322,7 @@ def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
         ("SetStorageClass", "NEARLINE"),
         ("SetStorageClass", "COLDLINE"),
         ("Delete", None),
+        ("Delete", None),
     ]
     assert rules[0]["condition"] == {"age": 2}
     assert [r["condition"].get("age") for r in rules[1:3]] == [30, 90]
@@ -330,8 +331,14 @@ def test_lifecycle_ages_checkpoints_but_never_the_pinned_prefix():
         "matchesPrefixes": ["checkpoints/"],
         "withState": "ARCHIVED",
     }
-    for rule in rules[1:]:
+    for rule in rules[1:4]:
         assert rule["condition"]["matchesPrefixes"] == ["checkpoints/"]
+    # The run lease's old versions (it is rewritten every quarter of its TTL).
+    assert rules[4]["condition"] == {
+        "daysSinceNoncurrentTime": 1,
+        "matchesPrefixes": ["ftfleet-leases/"],
+        "withState": "ARCHIVED",
+    }
     assert "pinned/" not in json.dumps(rules)
 
 

@@ -104,13 +104,29 @@ class S3Store(ObjectStore):
     def read_versioned(self, rel: str) -> tuple[bytes | None, str | None]:
         from botocore.exceptions import ClientError
 
-        try:
-            resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self.key(rel))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _MISSING:
-                return None, None
-            raise
+        def get() -> Any:
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=self.key(rel))
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code in _MISSING or (code == "AccessDenied" and not self._listed(rel)):
+                    return None
+                raise
+
+        resp = self._call(get)
+        if resp is None:
+            return None, None
         return resp["Body"].read(), resp["ETag"]
+
+    def _listed(self, rel: str) -> bool:
+        """Whether the object exists, by a listing of its own key. S3 answers a GET of a
+        missing object with 403 where the caller may not list the bucket (Amazon S3 API
+        Reference, GetObject: "If you don't have the s3:ListBucket permission, Amazon S3
+        returns an HTTP status code 403"); a role that may list only this key (the
+        fleet's nodes and the lease) tells the two apart this way."""
+        key = self.key(rel)
+        resp = self._call(self.client.list_objects_v2, Bucket=self.bucket, Prefix=key, MaxKeys=1)
+        return any(obj.get("Key") == key for obj in resp.get("Contents", []))
 
     def write_if(self, rel: str, data: bytes, version: str | None) -> str:
         """S3 conditional writes (Amazon S3 User Guide, "How to prevent object

@@ -12,7 +12,7 @@ import pytest
 
 from ftfleet.contract import EXIT_FENCED
 from ftfleet.errors import UserError
-from ftfleet.trainer.checkpoint.tiers.base import VersionConflict
+from ftfleet.trainer.checkpoint.tiers.base import TierUnavailable, VersionConflict
 from ftfleet.trainer.resilience import fencing
 from ftfleet.trainer.resilience.fencing import lease as lease_mod
 from ftfleet.trainer.resilience.fencing.lease import LeaseError, LeaseHeld, LocalObject, RunLease, open_lease_store
@@ -209,3 +209,36 @@ def test_a_trainer_refuses_a_run_another_region_holds_and_releases_its_own_when_
     assert done["status"] == "completed" and done["committed"]
     doc = json.loads(lease_file.read_text())
     assert (doc["holder"], doc["epoch"], doc["expires_at"]) == ("aws-prod/us-east-1", 5, 0.0)
+
+
+def test_a_missing_lease_is_missing_where_s3_answers_403_to_a_role_that_lists_only_its_key(s3, bucket, moto_url):
+    """Moto answers a GET of a missing key with 404 whatever the caller may do; AWS answers
+    403 to a caller without s3:ListBucket (GetObject, API Reference), which is the
+    fleet's node role: it may list the lease's key only. A stand-in that answers as AWS
+    does: the first holder still finds no lease and creates it, and a real 403 (the
+    listing shows the object) still raises."""
+    from botocore.exceptions import ClientError
+
+    store, name = open_lease_store(f"s3://{bucket}/ftfleet-leases/llm.json", endpoint_url=moto_url)
+    real_get = store.client.get_object
+
+    def get_as_aws(**kwargs):
+        try:
+            return real_get(**kwargs)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "NoSuchKey":
+                raise
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject") from None
+
+    store.client.get_object = get_as_aws
+    clocks = Clocks()
+    first = clocks.lease(store, name)
+    first.acquire()
+    assert json.loads(s3.get_object(Bucket=bucket, Key="ftfleet-leases/llm.json")["Body"].read())["epoch"] == 1
+
+    def denied(**kwargs):
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+
+    store.client.get_object = denied  # the object is there, the role may not read it
+    with pytest.raises(TierUnavailable, match="AccessDenied"):
+        store.read_versioned(name)
