@@ -69,3 +69,25 @@ def test_every_raw_result_says_what_ran_where_when_and_on_which_commit():
         for key in ("bench", "command", "started_utc", "commit", "machine", "figures"):
             assert doc.get(key), f"{path.name}: no {key}"
         assert path.name.startswith(f"{doc['bench']}-{doc['started_utc'][:10]}-{doc['commit']['short']}"), path.name
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation other than hyphens
+    and underscores dropped, spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_to_a_section_names_a_heading_that_exists():
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    anchors = {
+        p.resolve(): {_slug(m) for m in re.findall(r"^#{1,6} (.+)$", p.read_text(), re.MULTILINE)} for p in pages
+    }
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+            if target.startswith("http"):
+                continue
+            linked = (page.parent / target).resolve() if target else page.resolve()
+            if linked in anchors and anchor not in anchors[linked]:
+                broken.append(f"{page.name}: {target}#{anchor}")
+    assert not broken, broken
