@@ -18,7 +18,7 @@ logged and the run goes on: retention must never cost training.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from ftfleet.retention import (  # noqa: F401 - re-exported: the trainer's tiers apply them
@@ -69,11 +69,16 @@ def debris(all_steps: Iterable[int], committed: Iterable[int], protected: Iterab
     return [s for s in sorted(set(all_steps)) if s < newest and s not in skip]
 
 
-def _remove(tier: Tier, victims: Iterable[int]) -> list[int]:
+def _remove(tier: Tier, victims: Iterable[int], guard: Callable[[], str | None] | None = None) -> list[int]:
     """Delete ``victims`` from ``tier``, each on its own (a failure is logged, the rest go
-    on); returns the steps deleted."""
+    on); returns the steps deleted. ``guard``: asked before each step, why deleting must
+    stop now (the run lease was lost), or None."""
     deleted = []
     for step in sorted(set(victims)):
+        stop = guard() if guard is not None else None
+        if stop is not None:
+            log.warning("retention of %s stopped: %s", tier.describe(), stop)
+            break
         try:
             tier.remove_step(step)
             deleted.append(step)
@@ -108,11 +113,16 @@ def prune(
 
 
 def prune_by_schedule(
-    tier: DatedTier, rules: Sequence[Rule], pinned: Iterable[int] = (), protected: Iterable[int] = ()
+    tier: DatedTier,
+    rules: Sequence[Rule],
+    pinned: Iterable[int] = (),
+    protected: Iterable[int] = (),
+    guard: Callable[[], str | None] | None = None,
 ) -> list[int]:
     """Apply ``rules`` (:func:`keep_reasons`) to ``tier``, whose manifests date its
     checkpoints, and remove leftovers of crashed saves (:func:`debris`); returns the steps
-    deleted. ``protected`` steps (being uploaded, or just restored) are never deleted."""
+    deleted. ``protected`` steps (being uploaded, or just restored) are never deleted;
+    ``guard`` is asked before each step is deleted (:func:`_remove`)."""
     try:
         committed = tier.committed_steps()
         manifests = {step: _manifest(tier, step) for step in committed}
@@ -126,7 +136,7 @@ def prune_by_schedule(
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
         return []
-    return _remove(tier, victims)
+    return _remove(tier, victims, guard)
 
 
 def _manifest(tier: DatedTier, step: int, quiet: bool = False) -> object | None:

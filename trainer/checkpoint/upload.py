@@ -15,6 +15,12 @@ local save. For each checkpoint:
    is still the newest (:mod:`~ftfleet.trainer.resilience.fencing`): an interrupted
    upload leaves objects without a manifest, which no restore counts;
 4. rank 0 applies retention to the bucket and broadcasts the outcome.
+
+The writes made after a check of the run lease (the manifest, retention's deletions) go
+through the store's bounded view (:data:`FENCED_REQUEST_S`, one attempt per request, the
+check made again before each attempt and each step deleted), so that each lands within
+the lease's write margin of its check or not at all: the store's own retries could land
+a manifest minutes after the lease was lost.
 """
 
 from __future__ import annotations
@@ -34,6 +40,13 @@ from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore
 from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger("ftfleet.ckpt")
+
+#: How long one request of a write made after a lease check may take (a GCS manifest is
+#: two requests: the generation read, then the conditional write). Within the lease's
+#: WRITE_MARGIN_S (trainer/resilience/fencing/lease.py) with room for the connection.
+FENCED_REQUEST_S = 6.0
+#: Attempts at a manifest's upload, each after its own check of the lease.
+MANIFEST_ATTEMPTS = 3
 
 
 class Uploader:
@@ -59,6 +72,8 @@ class Uploader:
         #: The generation whose checkpoints these are: checked before each manifest.
         self.fence = fencing.current()
         self.durable_steps: list[int] = []
+        #: The same bucket, one bounded attempt per request: for writes after a lease check.
+        self.fenced_store = store.bounded(FENCED_REQUEST_S)
         #: Object key -> entry, of the referenced files this rank uploaded.
         self._sent: dict[str, FileEntry] = {}
         self._items: collections.deque[Manifest] = collections.deque()
@@ -156,10 +171,23 @@ class Uploader:
             return False
         return committed is not None and committed.files.get(key.rpartition("/")[2]) == entry
 
+    def _put_manifest(self, manifest: Manifest) -> None:
+        """Upload ``manifest.json`` last, each attempt right after a check of the lease and
+        bounded by :data:`FENCED_REQUEST_S`; the last attempt's error is raised."""
+        key = f"{step_dir_name(manifest.step)}/{MANIFEST_NAME}"
+        for attempt in range(1, MANIFEST_ATTEMPTS + 1):
+            fencing.check(self.fence, f"durable copy of step-{manifest.step}")
+            try:
+                self.fenced_store.put_bytes(key, manifest.to_json().encode())
+                return
+            except Exception as exc:  # noqa: BLE001 - checked again, then tried again
+                if attempt == MANIFEST_ATTEMPTS:
+                    raise
+                log.warning("step-%d: manifest upload attempt %d failed (%s); again", manifest.step, attempt, exc)
+
     def _upload(self, manifest: Manifest) -> None:
         t0 = time.monotonic()
         step = manifest.step
-        prefix = step_dir_name(step)
         src = self.local.step_dir(step)
         listed = manifest.every_file()
         mine = assign_files({n: e.size for n, e in listed.items()}, self.comm.world_size)[self.comm.rank]
@@ -188,8 +216,7 @@ class Uploader:
                         if got != entry.size:
                             problems.append(f"{name}: {got} bytes in the bucket, expected {entry.size}")
                     if not problems:
-                        fencing.check(self.fence, f"durable copy of step-{step}")
-                        self.store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json().encode())
+                        self._put_manifest(manifest)
                 except Exception as exc:  # noqa: BLE001
                     problems.append(f"{type(exc).__name__}: {exc}")
             outcome = "; ".join(problems)
@@ -208,7 +235,13 @@ class Uploader:
             )
             held = fencing.problem_of(self.fence)  # deleting is writing: one generation, the lease's holder
             if held is None:
-                retention.prune_by_schedule(self.store, self.schedule, self.pinned, protected=[step])
+                retention.prune_by_schedule(
+                    self.fenced_store,
+                    self.schedule,
+                    self.pinned,
+                    protected=[step],
+                    guard=lambda: fencing.problem_of(self.fence),
+                )
             else:
                 log.warning("retention of %s skipped: %s", self.store.uri, held)
         if self.on_durable is not None:

@@ -90,6 +90,12 @@ class ObjectStore(abc.ABC):
     def delete(self, rels: list[str]) -> None: ...
 
     # --- the checkpoint layout, shared --------------------------------------
+    def bounded(self, timeout_s: float) -> ObjectStore:
+        """This store (the same objects) with one attempt per request, each waiting at
+        most about ``timeout_s``: for a write that must land soon after a check of the
+        run lease, or not at all. Stores without network requests return themselves."""
+        return self
+
     def committed_steps(self) -> list[int]:
         steps = set()
         for rel in self.list("step-"):

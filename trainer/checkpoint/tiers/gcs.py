@@ -48,7 +48,7 @@ class GCSStore(ObjectStore):
 
     def __init__(self, uri: str, *, retries: int = 10, chunk_mb: int = 64, timeout_s: float = 60.0):
         super().__init__(uri)
-        self.timeout_s = timeout_s  # per request of read_versioned / write_if
+        self.timeout_s = timeout_s  # per request, except the shards' transfers
         self._client: Any = None  # built on first use: a node without credentials fails there, as unavailable
         self.chunk_size = chunk_mb << 20  # a multiple of 256 KiB, as GCS requires
         self.retry_budget_s = retry_budget_s(retries)
@@ -57,6 +57,9 @@ class GCSStore(ObjectStore):
         self._retry = DEFAULT_RETRY.with_delay(
             initial=RETRY_INITIAL_S, multiplier=RETRY_MULTIPLIER, maximum=RETRY_MAX_WAIT_S
         ).with_timeout(self.retry_budget_s)
+
+    def bounded(self, timeout_s: float) -> GCSStore:
+        return GCSStore(self.uri, retries=1, timeout_s=timeout_s)
 
     @property
     def client(self) -> Any:
@@ -94,7 +97,11 @@ class GCSStore(ObjectStore):
 
     def list(self, rel_prefix: str) -> dict[str, int]:
         blobs = self._call(
-            lambda: list(self.client.list_blobs(self.bucket, prefix=self.key(rel_prefix), retry=self._retry)),
+            lambda: list(
+                self.client.list_blobs(
+                    self.bucket, prefix=self.key(rel_prefix), retry=self._retry, timeout=self.timeout_s
+                )
+            ),
             missing_bucket_on_404=True,
         )
         return {self.rel(b.name): int(b.size) for b in blobs}
@@ -103,7 +110,9 @@ class GCSStore(ObjectStore):
         from google.api_core import exceptions as gexc
 
         try:
-            return self._call(self._blob(rel).download_as_bytes, checksum="crc32c", retry=self._retry)
+            return self._call(
+                self._blob(rel).download_as_bytes, checksum="crc32c", retry=self._retry, timeout=self.timeout_s
+            )
         except gexc.NotFound:
             return None
 
@@ -117,7 +126,7 @@ class GCSStore(ObjectStore):
 
         blob = self._blob(rel)
         try:
-            self._call(blob.reload, retry=self._retry)
+            self._call(blob.reload, retry=self._retry, timeout=self.timeout_s)
             generation: str | None = str(blob.generation)
         except gexc.NotFound:
             generation = None
@@ -201,6 +210,6 @@ class GCSStore(ObjectStore):
 
         for rel in rels:
             try:
-                self._call(self._blob(rel).delete, retry=self._retry)
+                self._call(self._blob(rel).delete, retry=self._retry, timeout=self.timeout_s)
             except gexc.NotFound:
                 pass

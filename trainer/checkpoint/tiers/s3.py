@@ -28,7 +28,8 @@ def make_client(endpoint_url: str | None, retries: int, timeout_s: float = 60.0)
     from botocore.config import Config
 
     config = Config(
-        retries={"mode": "standard", "max_attempts": retries},
+        # total_max_attempts counts the first attempt; botocore reads max_attempts as retries.
+        retries={"mode": "standard", "total_max_attempts": max(1, retries)},
         connect_timeout=min(10.0, timeout_s),
         read_timeout=timeout_s,
         # an endpoint given as host:port has no bucket subdomains
@@ -52,6 +53,7 @@ class S3Store(ObjectStore):
         client: Any = None,
     ):
         super().__init__(uri)
+        self.endpoint_url = endpoint_url
         self.client = client or make_client(endpoint_url, retries)
         from boto3.s3.transfer import TransferConfig
 
@@ -61,6 +63,9 @@ class S3Store(ObjectStore):
             max_concurrency=workers,
             use_threads=True,
         )
+
+    def bounded(self, timeout_s: float) -> S3Store:
+        return S3Store(self.uri, endpoint_url=self.endpoint_url, client=make_client(self.endpoint_url, 1, timeout_s))
 
     def _call(self, fn, *args, **kwargs):
         from botocore.exceptions import BotoCoreError, ClientError
