@@ -28,15 +28,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench import record  # noqa: E402
+from bench.build_bench import slowest  # noqa: E402  (the slower rank's seconds)
 from ftfleet.trainer import distributed  # noqa: E402
 from ftfleet.trainer.config import load_config  # noqa: E402
 from ftfleet.trainer.train import build_model, warm_up  # noqa: E402
-
-
-def slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
 
 
 def local_bytes(tensors) -> int:
