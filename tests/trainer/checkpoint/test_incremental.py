@@ -341,3 +341,18 @@ def test_a_gcs_bucket_restores_through_references_too(tmp_path, gcs_bucket):
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["step-1", "step-3"]
     assert not (tmp_path / "b" / "step-1" / "manifest.json").exists()  # only the files step-3 reads
     again.close(wait_for_upload=False)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_saves_written_from_the_in_memory_snapshots_reference_too(tmp_path):
+    """checkpoint.save_from_memory: the writer gets the snapshot's tensors, not a staged
+    copy of its own; they are compared and referenced the same way."""
+    from tests.trainer.conftest import MEMORY, run_trainer
+
+    flags = [*FROZEN, *MEMORY, "resilience.interval.mode=fixed", "checkpoint.incremental=true", "train.steps=24"]
+    run_trainer(2, tmp_path / "run", *flags, env={"FTFLEET_SHM_DIR": str(tmp_path / "shm")})
+    ckpts = tmp_path / "run" / "checkpoints"
+    newest = read_manifest(max(ckpts.glob("step-*"), key=lambda p: int(p.name[5:])))
+    assert newest.references and newest.reused_bytes > 0
+    assert ftfleet(["ckpt", "verify", str(ckpts)]) == 0
