@@ -40,6 +40,9 @@ CONFIG_OVERRIDES = {
 #: are spares), and how few may train on after a loss without a spare.
 ACTIVE_WORLD_SIZE = "FTFLEET_ACTIVE_WORLD_SIZE"
 MIN_ACTIVE_WORLD_SIZE = "FTFLEET_MIN_ACTIVE_WORLD_SIZE"
+#: Set by the in-process launcher (``--group-size``): a smaller world drops whole blocks
+#: of this many consecutive ranks (HSDP's replica groups).
+GROUP_SIZE = "FTFLEET_GROUP_SIZE"
 #: Set by the in-process launcher for its workers: its own pid, the process whose death
 #: ends them (:mod:`ftfleet.trainer.resilience.fencing.launcher`).
 LAUNCHER_PID = "FTFLEET_LAUNCHER_PID"
@@ -136,6 +139,11 @@ class TrainerEnvironment:
     def min_active_world_size(self) -> int | None:
         """FTFLEET_MIN_ACTIVE_WORLD_SIZE (in-process workers); None when unset."""
         return self._count(MIN_ACTIVE_WORLD_SIZE)
+
+    @property
+    def group_size(self) -> int:
+        """FTFLEET_GROUP_SIZE (in-process workers); 1 when unset."""
+        return self._count(GROUP_SIZE) or 1
 
     @property
     def launcher_pid(self) -> int | None:

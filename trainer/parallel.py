@@ -36,6 +36,7 @@ from torch import nn
 
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.config import ParallelConfig
+from ftfleet.trainer.environment import TrainerEnvironment
 from ftfleet.trainer.factories import import_callable
 
 log = logging.getLogger("ftfleet.parallel")
@@ -142,7 +143,7 @@ def parallelize(
         fully_shard(model, mesh=mesh, mp_policy=policy)
         if on_meta and init:
             # The replicas of a shard (HSDP) must start equal: salted by the shard's index.
-            shard = env.rank % (env.world_size // cfg.replicas)
+            shard = env.rank % hsdp_shape(cfg.replicas, env.world_size)[1]
             materialize(model, env.device, seed, shard if env.device.type == "cpu" else 0, name)
         elif on_meta:
             allocate(model, env.device)
@@ -158,20 +159,47 @@ def parallelize(
     return DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
 
 
+def hsdp_shape(replicas: int, world_size: int, launched: int | None = None) -> tuple[int, int]:
+    """(replica groups, ranks per group) of HSDP on ``world_size`` ranks: ``replicas``
+    groups of ``world_size / replicas``. On a world the in-process launcher shrank by
+    whole groups (``--group-size``; ``launched``: its training ranks at the start, by
+    default FTFLEET_ACTIVE_WORLD_SIZE) the groups keep their size and fewer of them
+    train. ConfigError when neither fits."""
+    if replicas == 1:
+        return 1, world_size
+    if launched is None:
+        launched = TrainerEnvironment().active_world_size
+    if launched and launched != world_size and launched % replicas == 0:
+        size = launched // replicas
+        if world_size % size == 0 and world_size > 0:
+            return world_size // size, size
+    if world_size % replicas:
+        raise ConfigError(
+            f"parallel.replicas={replicas} does not divide the world size {world_size}: "
+            f"use a divisor of {world_size}, or 1 (a shrinking world keeps whole replica groups with the "
+            "in-process launcher's --group-size)"
+        )
+    return replicas, world_size // replicas
+
+
 def device_mesh(cfg: ParallelConfig, env: Any) -> Any:
     """FSDP2's mesh: one dimension over every rank, or with ``parallel.replicas`` R > 1
-    (HSDP) R replica groups of world_size / R consecutive ranks (``("replicate",
+    (HSDP) replica groups of consecutive ranks (:func:`hsdp_shape`; ``("replicate",
     "shard")``: FSDP2 shards over the second dimension and replicates over the first)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if cfg.replicas == 1:
         return init_device_mesh(env.device.type, (env.world_size,))
-    if env.world_size % cfg.replicas:
-        raise ConfigError(
-            f"parallel.replicas={cfg.replicas} does not divide the world size {env.world_size}: "
-            f"use a divisor of {env.world_size}, or 1"
+    shape = hsdp_shape(cfg.replicas, env.world_size)
+    if shape[0] != cfg.replicas:
+        log.warning(
+            "HSDP on %d of parallel.replicas=%d replica groups of %d ranks: the world shrank by whole groups",
+            shape[0],
+            cfg.replicas,
+            shape[1],
         )
-    shape = (cfg.replicas, env.world_size // cfg.replicas)
+    if shape[0] == 1:
+        return init_device_mesh(env.device.type, (env.world_size,))
     return init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
 
 

@@ -51,6 +51,7 @@ def test_every_variable_it_reads_is_the_contracts_or_the_in_process_launchers():
     launcher = {
         environment.ACTIVE_WORLD_SIZE,
         environment.MIN_ACTIVE_WORLD_SIZE,
+        environment.GROUP_SIZE,
         environment.LAUNCHER_PID,
         environment.INPROCESS_LAYOUT,
         environment.INPROCESS_RANK_FILE,

@@ -67,3 +67,15 @@ def test_an_hsdp_run_resumes_exactly_and_its_checkpoints_restore_at_another_shap
     four = copy_steps(tmp_path / "plain" / "checkpoints", tmp_path / "four" / "checkpoints", [8])
     back = run_trainer(4, tmp_path / "four", *HSDP, f"checkpoint.dir={four}")
     assert back["resumed_from"]["step"] == 8 and back["state_sha256"] == plain["state_sha256"]
+
+
+def test_a_world_shrunk_by_whole_groups_keeps_the_group_size():
+    from ftfleet.errors import ConfigError
+    from ftfleet.trainer.parallel import hsdp_shape
+
+    assert hsdp_shape(2, 4, launched=4) == (2, 2)
+    assert hsdp_shape(2, 2, launched=4) == (1, 2)  # one replica group left
+    assert hsdp_shape(3, 4, launched=6) == (2, 2)
+    assert hsdp_shape(1, 3, launched=4) == (1, 3)
+    with pytest.raises(ConfigError, match="does not divide the world size 3"):
+        hsdp_shape(2, 3, launched=4)

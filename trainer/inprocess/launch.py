@@ -55,6 +55,7 @@ from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, ContractError
 from ftfleet.hostenv import host_memory_env
 from ftfleet.trainer.environment import (
     ACTIVE_WORLD_SIZE,
+    GROUP_SIZE,
     INPROCESS_LAYOUT,
     INPROCESS_RANK_FILE,
     LAUNCHER_PID,
@@ -176,6 +177,14 @@ def _parser() -> argparse.ArgumentParser:
         "node's ranks, the world never shrinks: the same trajectory as an uninterrupted run)",
     )
     parser.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        help="with --min-ranks: the world shrinks by whole blocks of this many consecutive ranks, the "
+        "survivors of a broken block waiting as spares (HSDP: world / parallel.replicas, so that the "
+        "replica groups left stay whole)",
+    )
+    parser.add_argument(
         "--rejoin",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -244,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         min_ranks = layout.active if args.min_ranks is None else args.min_ranks
         if not 1 <= min_ranks <= layout.active:
             parser.error(f"--min-ranks {args.min_ranks}: use 1 to {layout.active} (every training node's ranks)")
+        if args.group_size < 1 or layout.active % args.group_size or min_ranks % args.group_size:
+            parser.error(
+                f"--group-size {args.group_size}: use a divisor of the training ranks ({layout.active}) and of "
+                f"--min-ranks ({min_ranks})"
+            )
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     try:  # the workers' host allocator (FTFLEET_HOST_ALLOCATOR) and glibc tunables, set when they start
         host_memory = host_memory_env()
@@ -296,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             procs = []
             wport, key = wrapper_port(port, round_), round_key(round_, "stop")
             for local in range(per_node):
-                place = round_env(layout, node, local, args.nproc, min_ranks)
+                place = round_env(layout, node, local, args.nproc, min_ranks, args.group_size)
                 place[INPROCESS_RANK_FILE] = os.path.join(noted, f"local{local}")
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(place[INPROCESS_RANK_FILE])  # the round before's
@@ -347,7 +361,7 @@ def held_slot(noted: str, per_node: int, nproc: int, active: int) -> int | None:
     return min(training) // nproc if training else None
 
 
-def round_env(layout: Layout, node: int, local: int, nproc: int, min_ranks: int) -> dict[str, str]:
+def round_env(layout: Layout, node: int, local: int, nproc: int, min_ranks: int, group: int = 1) -> dict[str, str]:
     """What a worker needs to know of its place in a round: its rank in the layout, the
     world, its node and the layout itself."""
     return {
@@ -358,6 +372,7 @@ def round_env(layout: Layout, node: int, local: int, nproc: int, min_ranks: int)
         "GROUP_RANK": str(node),
         ACTIVE_WORLD_SIZE: str(layout.active),
         MIN_ACTIVE_WORLD_SIZE: str(min_ranks),
+        GROUP_SIZE: str(group),
         INPROCESS_LAYOUT: layout.encode(),
     }
 

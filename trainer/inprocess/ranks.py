@@ -22,7 +22,9 @@ node of each current rank, the terminated ranks), :func:`reassign`:
 * otherwise by any waiting process, the lowest rank first.
 
 A hole nobody can fill either shrinks the world (survivors renumbered in order, at least
-``min_active`` ranks: another trajectory) or, by default, stops the job: every process
+``min_active`` ranks: another trajectory; with ``group`` G > 1, by whole blocks of G
+consecutive ranks, HSDP's replica groups, so that the groups left stay whole and the
+survivors of a broken one wait as spares) or, by default, stops the job: every process
 goes inactive and :attr:`Plan.stop` says why; the worker tells the launchers, which end
 the job so that the fleet starts it again (with the snapshots, the peers' copies and the
 disk tiers to restore from).
@@ -102,12 +104,17 @@ class Plan:
         return self.order.index(rank)
 
 
-def reassign(nodes: Sequence[int], target: int, terminated: Collection[int], min_active: int | None = None) -> Plan:
+def reassign(
+    nodes: Sequence[int], target: int, terminated: Collection[int], min_active: int | None = None, group: int = 1
+) -> Plan:
     """The numbering after ``terminated`` ranks are gone (see the module's rules).
 
     ``nodes[r]`` is the node of current rank ``r``; ``target`` ranks should train;
     ``min_active`` (default ``target``) is the fewest that may train on when holes
-    cannot be filled. Pure: every process computes the same plan."""
+    cannot be filled. ``group``: the ranks go and stay in blocks of this many
+    consecutive ranks (HSDP's replica groups): a smaller world drops every block with
+    a hole no spare fills, its survivors wait with the spares. Pure: every process
+    computes the same plan."""
     world = len(nodes)
     gone = set(terminated)
     min_active = target if min_active is None else min_active
@@ -125,10 +132,12 @@ def reassign(nodes: Sequence[int], target: int, terminated: Collection[int], min
     owners = [fill.get(s, s if s < world and s not in gone else None) for s in range(target)]
     if None not in owners:
         return Plan(tuple(owners) + tuple(pool), target)
-    kept = [r for r in owners if r is not None]
+    blocks = [owners[i : i + group] for i in range(0, target, group)]
+    kept = [r for block in blocks if None not in block for r in block]
+    idle = [r for block in blocks if None in block for r in block if r is not None]
     missing = target - len(kept)
-    if len(kept) >= min_active and min_active < target:
-        return Plan(tuple(kept) + tuple(pool), len(kept))
+    if len(kept) >= min_active and min_active < target and kept:
+        return Plan(tuple(kept) + tuple(sorted(idle + pool)), len(kept))
     reason = (
         f"{missing} of {target} ranks lost and no spare to take them: the job stops so that the fleet "
         f"starts it again (spare nodes or --min-ranks let it go on in place)"
@@ -168,9 +177,14 @@ class NodeFill:
     stops the job; ``lost_nodes``: the nodes none of whose ranks is left (gone whole)."""
 
     def __init__(
-        self, layout: Layout, min_active: int | None = None, on_stop: Callable[[str, int], None] | None = None
+        self,
+        layout: Layout,
+        min_active: int | None = None,
+        on_stop: Callable[[str, int], None] | None = None,
+        group: int = 1,
     ):
         self.layout = layout
+        self.group = group
         self.nodes = [layout.node_of(r) for r in range(layout.world_size)]
         #: Ranks below this train (after the newest restart).
         self.active = layout.active
@@ -193,7 +207,7 @@ class NodeFill:
         terminated = set(ctx.terminated_ranks)
         if state.rank in terminated:
             raise RankDiscarded(f"rank {state.rank} terminated: {sorted(terminated)}")
-        plan = reassign(self.nodes, self.layout.active, terminated, self.min_active)
+        plan = reassign(self.nodes, self.layout.active, terminated, self.min_active, self.group)
         if plan.stop and not self.stopped:
             self.stopped = True
             if self.on_stop is not None:
@@ -222,7 +236,12 @@ def lost_nodes(nodes: Sequence[int], terminated: Collection[int]) -> int:
     return sum(not alive for alive in held.values())
 
 
-def node_fill(layout: Layout, min_active: int | None = None, on_stop: Callable[[str, int], None] | None = None) -> Any:
+def node_fill(
+    layout: Layout,
+    min_active: int | None = None,
+    on_stop: Callable[[str, int], None] | None = None,
+    group: int = 1,
+) -> Any:
     """A :class:`NodeFill` that nvidia-resiliency-ext's ``Wrapper`` accepts (it checks
     that its ``rank_assignment`` is one of its ``RankAssignment``)."""
     from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment
@@ -231,7 +250,7 @@ def node_fill(layout: Layout, min_active: int | None = None, on_stop: Callable[[
         pass
 
     global CURRENT
-    CURRENT = WrapperNodeFill(layout, min_active, on_stop)
+    CURRENT = WrapperNodeFill(layout, min_active, on_stop, group)
     return CURRENT
 
 

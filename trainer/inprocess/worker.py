@@ -105,6 +105,7 @@ def build_wrapper(
     heartbeat_timeout_s: float | None = None,
     store_port: int | None = None,
     stop_key: str | None = None,
+    group: int = 1,
 ) -> Any:
     """The wrapper over the job's :class:`~ftfleet.trainer.inprocess.ranks.Layout`: survivors
     keep their ranks; a dead rank is taken by a spare process of its node, a lost node's
@@ -121,7 +122,8 @@ def build_wrapper(
     bounds the time from a node's loss to the restart. ``store_port`` (default
     MASTER_PORT + 1) is the round's wrapper store, on MASTER_ADDR; no rank hosts it (its
     host outlives them all, :mod:`~ftfleet.trainer.inprocess.stores`). ``stop_key`` is the
-    round's stop key (default round 0's)."""
+    round's stop key (default round 0's). ``group``: a smaller world keeps whole blocks of
+    this many consecutive ranks (:func:`~ftfleet.trainer.inprocess.ranks.reassign`)."""
     import nvidia_resiliency_ext.inprocess as inprocess
 
     from ftfleet.trainer.inprocess import nvrx_fixes
@@ -145,7 +147,7 @@ def build_wrapper(
     return inprocess.Wrapper(
         store_factory=ClientStore,
         store_kwargs={"port": store_port or int(os.environ["MASTER_PORT"]) + 1, "timeout": _seconds(120)},
-        rank_assignment=node_fill(layout, min_active, on_stop=stop),
+        rank_assignment=node_fill(layout, min_active, on_stop=stop, group=group),
         abort=retiring_abort(),
         health_check=None,  # its only check is CUDA's
         # The monitor thread waits in the store for the "a rank was interrupted" key, one
@@ -493,6 +495,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         heartbeat_timeout_s=args.heartbeat_timeout,
         store_port=args.wrapper_port,
         stop_key=args.stop_key,
+        group=env.group_size,
     )
     if not args.wait_for:  # a spare node froze before its wait
         freeze_what_is_loaded()  # a spare process's warm-up freezes again once it is done

@@ -429,3 +429,69 @@ def test_a_process_notes_the_rank_it_trains_for_its_launcher(tmp_path, monkeypat
     note_rank(3)
     note_rank(4)
     assert (tmp_path / "local0").read_text() == "4\n" and not (tmp_path / "local0.tmp").exists()
+
+
+def _final_trace(run_dir, resumed: int) -> dict[int, list[tuple[int, int]]]:
+    """The samples behind the final state of an in-process run restarted once: every
+    rank's trace up to the step the restart resumed from, then what each rank traced
+    after it (a survivor's file goes on after a step lower than its last: the restart)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for f in sorted((run_dir / "samples").glob("*.txt")):
+        lines = [tuple(map(int, line.split())) for line in f.read_text().splitlines() if line.strip()]
+        cut = next((i for i in range(1, len(lines)) if lines[i][0] <= lines[i - 1][0]), len(lines))
+        for step, first, last in lines[:cut]:
+            if step <= resumed:
+                out.setdefault(step, []).append((first, last))
+        for step, first, last in lines[cut:]:
+            out.setdefault(step, []).append((first, last))
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_hsdp_shrinks_by_a_whole_replica_group_and_sees_every_sample_once(tmp_path):
+    """4 ranks as 2 replica groups of 2 (HSDP), no spare, --group-size 2 --min-ranks 2:
+    rank 3 is SIGKILLed; its group is dropped (rank 2 waits, like a spare), ranks 0 and 1
+    go on as one group of 2 with the same global batch, from the fast tier (the
+    snapshots are of another world), and every sample is consumed exactly once."""
+    from tests.trainer.conftest import assert_each_sample_once
+
+    run_dir, shm = tmp_path / "run", tmp_path / "shm"
+    trainer = [
+        "--config",
+        str(CONFIG),
+        *ARGS,
+        "parallel.replicas=2",
+        # A rank waiting on the dead one in a collective or a peer copy is stuck there
+        # until its timeout: kept short, below the wrapper's heartbeat timeout.
+        "parallel.collective_timeout_s=2",
+        "checkpoint.memory_timeout_s=3",
+        "train.global_batch_size=8",
+        "data.trace_samples=true",
+        f"run_dir={run_dir}",
+    ]
+    launcher = ["--nproc=4", "--spares=0", "--min-ranks=2", "--group-size=2", "--soft-timeout=30"]
+    launcher += ["--worker=drill.inprocess_worker"]
+    cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", *launcher, "--", *trainer]
+    log = tmp_path / "launch.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=child_env({"FTFLEET_SHM_DIR": str(shm)}), stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(lambda: any(e["event"] == "step" and e["step"] >= 10 for e in _events(run_dir)), 150, what="step 10")
+        pids = {}
+        for line in log.read_text().splitlines():
+            if line.startswith("ftfleet.inprocess: process "):
+                _, _, rank, _, pid = line.split()
+                pids[int(rank)] = int(pid)
+        os.kill(pids[3], signal.SIGKILL)
+        assert proc.wait(timeout=180) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["resumed_from"]["tier"] == "local", summary["resumed_from"]  # resharded from the fast tier
+    assert summary["samples_seen"] == summary["step"] * 8
+    assert_each_sample_once(_final_trace(run_dir, summary["resumed_from"]["step"]), summary["step"], 8)

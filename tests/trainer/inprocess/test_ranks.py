@@ -108,3 +108,23 @@ def test_a_node_is_lost_when_every_rank_it_held_is_gone():
     assert lost_nodes(nodes, {2, 3, 7}) == 1
     assert lost_nodes(nodes, {2, 3, 7, 4, 5, 8}) == 2
     assert lost_nodes(nodes, set()) == 0
+
+
+def test_a_world_shrinks_by_whole_groups_and_the_broken_groups_survivors_wait():
+    layout = Layout(1, 0, 6)  # one node, 6 ranks: HSDP 3 x 2, blocks {0,1} {2,3} {4,5}
+    nodes = nodes_of(layout)
+    plan = reassign(nodes, layout.active, {3}, min_active=2, group=2)
+    assert plan.stop is None and plan.active == 4
+    assert plan.order[:4] == (0, 1, 4, 5) and plan.order[4:] == (2,)  # 2 waits, like a spare
+    # Two blocks broken: one left, at the minimum; below it the job stops.
+    assert reassign(nodes, layout.active, {1, 3}, min_active=2, group=2).order[:2] == (4, 5)
+    assert reassign(nodes, layout.active, {1, 3, 5}, min_active=2, group=2).stop
+    # A spare fills a hole before any block is dropped.
+    spare = Layout(1, 0, 6, 1)
+    filled = reassign(nodes_of(spare), spare.active, {3}, min_active=2, group=2)
+    assert filled.active == 6 and filled.order[3] == 6
+
+
+def test_blocks_of_one_shrink_as_before():
+    layout = Layout(3, 0, 1)
+    assert reassign(nodes_of(layout), 3, {1}, min_active=2, group=1) == reassign(nodes_of(layout), 3, {1}, 2)
