@@ -276,7 +276,11 @@ def _train(run: Run, parts: Resilience, callbacks: list[Callback], t_start: floa
     pids = [os.getpid()] * run.env.world_size
     if run.env.world_size > 1:
         dist.all_gather_object(pids, os.getpid(), group=run.env.ckpt_group)
-    parts.events.emit("start", world_size=run.env.world_size, pids=pids)
+    shape = {}
+    if run.cfg.parallel.replicas > 1:  # HSDP: how many replica groups of how many ranks train now
+        groups, size = parallel.hsdp_shape(run.cfg.parallel.replicas, run.env.world_size)
+        shape = {"replica_groups": groups, "group_size": size}
+    parts.events.emit("start", world_size=run.env.world_size, pids=pids, **shape)
     parts.start()
     # A model built for a restore holds no values yet: each file is checked as it is copied.
     run.restored = ckpt.restore(blank=run.deferred_init is not None)

@@ -494,4 +494,6 @@ def test_hsdp_shrinks_by_a_whole_replica_group_and_sees_every_sample_once(tmp_pa
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert summary["resumed_from"]["tier"] == "local", summary["resumed_from"]  # resharded from the fast tier
     assert summary["samples_seen"] == summary["step"] * 8
+    starts = [e for e in _events(run_dir) if e["event"] == "start"]
+    assert [(e["world_size"], e["replica_groups"], e["group_size"]) for e in starts] == [(4, 2, 2), (2, 1, 2)]
     assert_each_sample_once(_final_trace(run_dir, summary["resumed_from"]["step"]), summary["step"], 8)
