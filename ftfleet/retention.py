@@ -20,7 +20,8 @@ library only (a Lambda package carries it).
   live in its files) is kept while any manifest in the tier names it, committed or not:
   a sweep deletes the referencing checkpoint first (manifest first), the referenced one
   in a later sweep, so no crash between deletions leaves a manifest naming a file that
-  is gone.
+  is gone. A manifest that does not read may name any earlier step: every earlier step
+  stays while it is there (:func:`referenced`).
 * A manifest records the :class:`Policy` of the run that wrote it (its rules and pinned
   steps), so a sweep of a bucket applies the run's own schedule, also for a run that is
   gone.
@@ -40,6 +41,8 @@ from ftfleet.errors import ConfigError
 DEFAULT_SCHEDULE = ("all for 6h", "1d for 7d", "1w for 13w")
 #: Why a checkpoint is kept beyond the rules.
 NEWEST, PINNED, UNDATED, REFERENCED = "newest", "pinned", "undated", "referenced"
+#: Why a step below a manifest that does not read is kept (it may reference the step).
+BELOW_UNREADABLE = "below an unreadable manifest"
 #: Which milestones a tier keeps: each as its manifest says, or only the best of each metric.
 AS_MARKED, BEST_ONLY = "as marked", "best only"
 
@@ -245,9 +248,21 @@ class Recorded:
         return cls(float(created), milestone, policy, frozenset(int(k) for k in listed))
 
 
-def referenced(recorded: Mapping[int, Recorded]) -> set[int]:
-    """The steps whose files some manifest of ``recorded`` references."""
-    return {step for r in recorded.values() for step in r.references}
+def referenced(recorded: Mapping[int, Recorded | None], steps: Iterable[int] = ()) -> dict[int, str]:
+    """step -> why it is referenced, of ``steps`` (every step of the tier, committed or
+    not) and the steps ``recorded`` names: those whose files a readable manifest
+    references, and every step below a manifest that does not read (None), which may
+    reference any of them."""
+    out: dict[int, str] = {}
+    for owner, r in sorted(recorded.items()):
+        if r is None:
+            for step in sorted({*steps, *recorded}):
+                if step < owner:
+                    out.setdefault(step, BELOW_UNREADABLE)
+        else:
+            for step in r.references:
+                out.setdefault(step, REFERENCED)
+    return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -291,9 +306,9 @@ def plan_sweep(
     newest_complete = max((s for s in complete if s in recorded), default=None)
     if newest_complete is not None:
         kept.setdefault(newest_complete, NEWEST)
-    needed = referenced(readable)
-    for step in sorted(needed & recorded.keys()):
-        kept.setdefault(step, REFERENCED)
+    needed = referenced(recorded, uncommitted)
+    for step in sorted(needed.keys() & recorded.keys()):
+        kept.setdefault(step, needed[step])
     newest = max(recorded, default=-1)
     debris = sorted(s for s, t in uncommitted.items() if s < newest and now - t >= DEBRIS_AGE_S and s not in needed)
     return SweepPlan(kept, sorted(s for s in recorded if s not in kept), debris, policy)

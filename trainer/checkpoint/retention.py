@@ -8,7 +8,8 @@ deleting the rest. What a schedule, a pin and a milestone keep is ftfleet/retent
 * The durable tiers keep what ``checkpoint.retention`` says (:func:`prune_by_schedule`),
   and every milestone as its manifest marks it.
 * Both keep every step whose files a manifest in the tier references (incremental
-  checkpoints), committed or not, until no manifest names it any more.
+  checkpoints), committed or not, until no manifest names it any more, and every step
+  below a manifest that does not read (it may name any of them).
 
 Runs on rank 0 after a commit (local tier) or an upload (object tier). Deletion removes
 the manifest first, so a checkpoint stops existing before it loses a file. Failures are
@@ -23,6 +24,7 @@ from typing import Protocol
 
 from ftfleet.retention import (  # noqa: F401 - re-exported: the trainer's tiers apply them
     AS_MARKED,
+    BELOW_UNREADABLE,
     BEST_ONLY,
     DEFAULT_SCHEDULE,
     NEWEST,
@@ -31,11 +33,13 @@ from ftfleet.retention import (  # noqa: F401 - re-exported: the trainer's tiers
     UNDATED,
     Milestone,
     Policy,
+    Recorded,
     Rule,
     keep_reasons,
     milestone_reasons,
     parse_rule,
     parse_schedule,
+    referenced,
 )
 
 log = logging.getLogger("ftfleet.ckpt")
@@ -103,9 +107,10 @@ def prune(
         committed = tier.committed_steps()
         manifests = {step: _manifest(tier, step, quiet=True) for step in committed}
         marked = milestone_reasons({s: getattr(m, "milestone", None) for s, m in manifests.items()}, milestones)
-        needed = _referenced(manifests)
+        every = tier.all_steps()
+        needed = _referenced(manifests, every)
         victims = steps_to_delete(committed, keep, [*pinned, *marked, *needed], protected)
-        victims += debris(tier.all_steps(), committed, [*protected, *needed])
+        victims += debris(every, committed, [*protected, *needed])
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
         return []
@@ -118,25 +123,28 @@ def prune_by_schedule(
     pinned: Iterable[int] = (),
     protected: Iterable[int] = (),
     guard: Callable[[], str | None] | None = None,
+    writer: Tier | None = None,
 ) -> list[int]:
     """Apply ``rules`` (:func:`keep_reasons`) to ``tier``, whose manifests date its
     checkpoints, and remove leftovers of crashed saves (:func:`debris`); returns the steps
     deleted. ``protected`` steps (being uploaded, or just restored) are never deleted;
-    ``guard`` is asked before each step is deleted (:func:`_remove`)."""
+    ``guard`` is asked before each step is deleted (:func:`_remove`); ``writer``: the view
+    of ``tier`` that deletes (the uploader's bounded one), where reading should retry."""
     try:
         committed = tier.committed_steps()
         manifests = {step: _manifest(tier, step) for step in committed}
         created = {step: _created_at(m) for step, m in manifests.items()}
         marked = milestone_reasons({s: getattr(m, "milestone", None) for s, m in manifests.items()})
         kept = keep_reasons(created, rules, pinned, marked)
-        needed = _referenced(manifests)
-        keep = set(kept) | set(protected) | needed
+        every = tier.all_steps()
+        needed = _referenced(manifests, every)
+        keep = set(kept) | set(protected) | set(needed)
         victims = [s for s in committed if s not in keep]
-        victims += debris(tier.all_steps(), committed, [*protected, *needed])
+        victims += debris(every, committed, [*protected, *needed])
     except Exception as exc:  # noqa: BLE001 - retention logs and keeps going
         log.warning("retention: cannot list %s: %s", tier.describe(), exc)
         return []
-    return _remove(tier, victims, guard)
+    return _remove(writer or tier, victims, guard)
 
 
 def _manifest(tier: DatedTier, step: int, quiet: bool = False) -> object | None:
@@ -151,9 +159,14 @@ def _manifest(tier: DatedTier, step: int, quiet: bool = False) -> object | None:
         return None
 
 
-def _referenced(manifests: dict[int, object | None]) -> set[int]:
-    """The steps whose files the readable ``manifests`` reference."""
-    return {step for m in manifests.values() for step in getattr(m, "references", None) or {}}
+def _referenced(manifests: dict[int, object | None], steps: Iterable[int]) -> dict[int, str]:
+    """:func:`ftfleet.retention.referenced` of the tier's ``manifests`` (None: does not
+    read) over its ``steps``."""
+    recorded = {
+        s: None if m is None else Recorded(0.0, references=frozenset(getattr(m, "references", None) or {}))
+        for s, m in manifests.items()
+    }
+    return referenced(recorded, steps)
 
 
 def _created_at(manifest: object | None) -> float | None:

@@ -236,11 +236,12 @@ class Uploader:
             held = fencing.problem_of(self.fence)  # deleting is writing: one generation, the lease's holder
             if held is None:
                 retention.prune_by_schedule(
-                    self.fenced_store,
+                    self.store,  # read with the store's retries: a manifest missed is a step unprotected
                     self.schedule,
                     self.pinned,
                     protected=[step],
                     guard=lambda: fencing.problem_of(self.fence),
+                    writer=self.fenced_store,
                 )
             else:
                 log.warning("retention of %s skipped: %s", self.store.uri, held)

@@ -166,8 +166,13 @@ def test_a_bucket_holds_each_file_once_and_restores_through_references(tmp_path,
         for s in durable
         for n, e in read_manifest(tmp_path / "a" / f"step-{s}").files.items()
     }
-    # Step-1's files are there once: as step-1's, or for step-3 when step-1 was not uploaded.
-    referenced = {f"run/step-1/{n}": e.size for n, e in read_manifest(tmp_path / "a" / "step-3").references[1].items()}
+    # Each referenced file is there once: as its own step's, or for step-3 when that step
+    # was not uploaded (the upload skips to the newest commit).
+    referenced = {
+        f"run/step-{r}/{n}": e.size
+        for r, files in read_manifest(tmp_path / "a" / "step-3").references.items()
+        for n, e in files.items()
+    }
     assert {k: v for k, v in keys.items() if not k.endswith("manifest.json")} == {**referenced, **own}
     assert ftfleet(["ckpt", "verify", uri, "--endpoint-url", moto_url]) == 0
 
@@ -338,8 +343,11 @@ def test_a_gcs_bucket_restores_through_references_too(tmp_path, gcs_bucket):
     assert ftfleet(["ckpt", "verify", uri]) == 0
     again = fresh(tmp_path / "b", f"checkpoint.uri={uri}")
     assert again.restore().step == 3 and sha(again) == expected
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["step-1", "step-3"]
-    assert not (tmp_path / "b" / "step-1" / "manifest.json").exists()  # only the files step-3 reads
+    references = read_manifest(tmp_path / "b" / "step-3").references
+    assert 1 in references
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(["step-3", *(f"step-{r}" for r in references)])
+    for r, files in references.items():  # only the files step-3 reads, no checkpoint of their own
+        assert sorted(p.name for p in (tmp_path / "b" / f"step-{r}").iterdir()) == sorted(files)
     again.close(wait_for_upload=False)
 
 

@@ -138,12 +138,19 @@ def test_pinned_protected_and_undatable_checkpoints_survive_and_debris_goes():
     tier = StandInTier()
     for hour in range(48):
         tier.commit(hour + 1, START + hour * HOUR * 30)
-    tier.unreadable.add(5)
+    tier.unreadable.add(1)  # kept (undated); it could name no earlier step here
     tier.uncommitted |= {3000, 2}  # a crashed save older than the newest, one still being written
     tier.created.pop(2)
     prune_by_schedule(tier, parse_schedule(["all for 1h"]), pinned=[7], protected=[9])
-    assert set(tier.committed_steps()) == {5, 7, 9, 48}
+    assert set(tier.committed_steps()) == {1, 7, 9, 48}
     assert 2 in tier.removed and 3000 not in tier.removed
+    # A manifest that does not read may reference any earlier step: they all stay.
+    tier = StandInTier()
+    for day in range(5):
+        tier.commit(day + 1, START + day * DAY)
+    tier.unreadable.add(4)
+    prune_by_schedule(tier, parse_schedule(["all for 1h"]))
+    assert set(tier.committed_steps()) == {1, 2, 3, 4, 5}
 
 
 def test_a_failing_listing_deletes_nothing_and_does_not_raise(caplog):
@@ -301,14 +308,17 @@ def test_a_sweep_plan_applies_the_newest_recorded_policy_and_keeps_the_newest_co
     now = START + 3 * DAY
     plan = core.plan_sweep(recorded, complete={1, 2, 4}, uncommitted={0: 0.0, 9: 0.0}, now=now)
     assert plan.policy == core.Policy(("all for 1h",), (1,))
-    assert plan.kept == {5: "newest", 1: "pinned", 3: "undated", 4: "newest"}
-    assert plan.delete == [2] and plan.debris == [0]  # 9 is newer than the newest checkpoint
+    # 3 does not read: it may reference 2 (and the debris at 0), which stay with it.
+    assert plan.kept == {5: "newest", 1: "pinned", 3: "undated", 4: "newest", 2: core.BELOW_UNREADABLE}
+    assert plan.delete == [] and plan.debris == []  # 9 is newer than the newest checkpoint
+    readable = core.plan_sweep({**recorded, 3: rec(START + DAY)}, {1, 2, 3, 4}, {0: 0.0, 9: 0.0}, now=now)
+    assert readable.delete == [2, 3] and readable.debris == [0]
     young = core.plan_sweep(recorded, {4}, {0: now - 60}, now=now)
     assert young.debris == []
     # A manifest dated a year ahead (a skewed clock) is kept as undated, and moves no window.
     ahead = {**recorded, 6: core.Recorded(START + 365 * DAY)}
     skewed = core.plan_sweep(ahead, {1, 2, 4, 6}, {}, now=now)
-    assert skewed.kept[6] == "newest" and skewed.kept[5] == "all for 1h" and skewed.delete == [2, 4]
+    assert skewed.kept[6] == "newest" and skewed.kept[5] == "all for 1h" and skewed.delete == [4]
     fallback = core.plan_sweep({1: rec(START), 2: rec(START + DAY)}, {1, 2}, {}, START, core.Policy(()))
     assert fallback.delete == [1] and fallback.policy == core.Policy(())
 
