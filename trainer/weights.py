@@ -218,8 +218,32 @@ def _load_dcp(model: nn.Module, model_sd: dict[str, Any], path: Path, prefix: st
     state: dict[str, Any] = model_sd
     for part in reversed([p for p in prefix.split(".") if p]):
         state = {part: state}
-    load_into(state, path)
+    load_into(state, path, expected=_checked_files(path))
     set_model_state_dict(model, model_sd)
+
+
+def _checked_files(path: Path) -> dict[str, Any] | None:
+    """What an ftfleet checkpoint's manifest lists (every file read is then checked
+    against it, those it references in the sibling directories too); None for a DCP
+    directory without one. A checkpoint that references files of others but whose
+    manifest does not say with which bytes is refused: what sits beside it may be
+    another checkpoint's."""
+    from ftfleet.trainer.checkpoint.manifest import ManifestError, read_manifest
+    from ftfleet.trainer.checkpoint.safe_load import read_metadata_file
+
+    try:
+        manifest = read_manifest(path)
+    except ManifestError as exc:
+        raise ConfigError(f"model.init_from={path}: its manifest.json does not read ({exc})") from None
+    if manifest is not None:
+        return manifest.every_file()
+    storage = getattr(read_metadata_file(path / ".metadata"), "storage_data", None) or {}
+    if any(str(info.relative_path).startswith("../") for info in storage.values()):
+        raise ConfigError(
+            f"model.init_from={path}: it reads files of other checkpoints and has no manifest to check them "
+            "against; use a copy from `ftfleet ckpt export DIR STEP --to checkpoint`"
+        )
+    return None
 
 
 def _broadcast(obj: Any, group: Any) -> Any:

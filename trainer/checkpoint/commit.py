@@ -142,7 +142,16 @@ def commit_step(
         try:
             shards = storage_files(metadata, step_dir)
             entries = own_entries(step_dir, comm.rank, shards, streamed)
-            entries.update(references or {})
+            for path, entry in (references or {}).items():
+                # The base was checked when it was chosen; a file removed or rewritten
+                # since (by hand, by another process) would be committed as missing.
+                try:
+                    size = (step_dir / path).stat().st_size
+                except OSError:
+                    size = None
+                if size != entry.size:
+                    raise CommitError(f"{path}: referenced with {entry.size} bytes, {size} on disk")
+                entries[path] = entry
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, decided there
             error = f"{type(exc).__name__}: {exc}"
     gathered = comm.gather((entries, error, reused_bytes))

@@ -112,6 +112,8 @@ def write_checkpoint(step_dir: Path, manifest: Any, root: Path) -> Any:
             renamed[path] = here
             if path != DCP_METADATA:
                 shutil.copyfile(step_dir / path, tmp / here)
+                with open(tmp / here, "rb") as copied:  # durable before the rename names them
+                    os.fsync(copied.fileno())
         metadata = read_metadata_file(step_dir / DCP_METADATA)
         for index, info in list(metadata.storage_data.items()):
             metadata.storage_data[index] = dataclasses.replace(info, relative_path=renamed[info.relative_path])
@@ -124,7 +126,7 @@ def write_checkpoint(step_dir: Path, manifest: Any, root: Path) -> Any:
             if path != DCP_METADATA and files[renamed[path]] != entry:
                 raise UserError(f"{path} changed while it was copied to {final}: run the export again")
         copy = dataclasses.replace(manifest, files=files, references={}, reused_bytes=0)
-        write_manifest(tmp, copy)
+        write_manifest(tmp, copy)  # fsyncs the manifest and the directory
         tmp.rename(final)
         fsync_dir(root)
     except BaseException:

@@ -33,6 +33,7 @@ its staged host copies.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -122,31 +123,42 @@ class Base:
 
 def same_bytes(step_dir: Path, info: _StorageInfo, tensor: torch.Tensor) -> bool:
     """Whether the record DCP stored at ``info`` (relative to ``step_dir``) holds exactly
-    ``tensor``'s bytes, as a plain little-endian torch.save record of its dtype and shape."""
+    ``tensor``'s bytes, as a plain little-endian torch.save record of its dtype and shape.
+    The file is mapped (copy on write: writable for torch, never written), not read into
+    a buffer: a record of gigabytes (a frozen embedding) costs page cache the kernel can
+    take back, not memory of the process."""
     from ftfleet.trainer.checkpoint.reader import _NotPlain, raw_span
 
     if info.transform_descriptors:
         return False
-    buffer = bytearray(info.length)
     try:
-        fd = os.open(step_dir / info.relative_path, os.O_RDONLY)
-        try:
-            view, done = memoryview(buffer), 0
-            while done < info.length:
-                n = os.preadv(fd, [view[done:]], info.offset + done)
-                if n <= 0:
-                    return False
-                done += n
-        finally:
-            os.close(fd)
-        start, nbytes = raw_span(memoryview(buffer), tensor)
-    except (OSError, _NotPlain, ValueError, KeyError):
+        with open(step_dir / info.relative_path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < info.offset + info.length:
+                return False
+            start_page = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(
+                f.fileno(), info.offset + info.length - start_page, access=mmap.ACCESS_COPY, offset=start_page
+            )
+    except (OSError, ValueError):
         return False
-    stored = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=start)
-    live = tensor.detach().reshape(-1).view(torch.uint8)
-    if nbytes % 8 == 0 and start % 8 == 0 and live.data_ptr() % 8 == 0:
-        stored, live = stored.view(torch.int64), live.view(torch.int64)  # compared 8 bytes at a time
-    return torch.equal(stored, live)
+    try:
+        record = memoryview(mapped)[info.offset - start_page :]
+        try:
+            start, nbytes = raw_span(record, tensor)
+        except (_NotPlain, ValueError, KeyError):
+            return False
+        stored = torch.frombuffer(record, dtype=torch.uint8, count=nbytes, offset=start)
+        live = tensor.detach().reshape(-1).view(torch.uint8)
+        if nbytes % 8 == 0 and (info.offset + start) % 8 == 0 and live.data_ptr() % 8 == 0:
+            stored, live = stored.view(torch.int64), live.view(torch.int64)  # compared 8 bytes at a time
+        equal = torch.equal(stored, live)
+        del stored, record
+        return equal
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # a view still alive (an exception's frame): unmapped when it goes
+            pass
 
 
 class IncrementalWriter(ChecksummingWriter):

@@ -556,21 +556,25 @@ class CheckpointManager:
             error = f"DCP save failed: {type(exc).__name__}: {exc}"
         # DCP's writes (all its writer threads) are done once ``written`` is: the
         # writer's records are complete.
-        manifest = commit_step(
-            self.comm,
-            self.local.step_dir(step),
-            step,
-            metadata,
-            error,
-            run_id=self.identity.run_id,
-            config_hash=self.identity.config_hash,
-            torch_version=torch.__version__,
-            streamed=writer.streamed(),
-            fence=self.fence,
-            notes=notes,
-            references=writer.references,
-            reused_bytes=writer.reused_bytes,
-        )
+        try:
+            manifest = commit_step(
+                self.comm,
+                self.local.step_dir(step),
+                step,
+                metadata,
+                error,
+                run_id=self.identity.run_id,
+                config_hash=self.identity.config_hash,
+                torch_version=torch.__version__,
+                streamed=writer.streamed(),
+                fence=self.fence,
+                notes=notes,
+                references=writer.references,
+                reused_bytes=writer.reused_bytes,
+            )
+        except CommitError:
+            self._base = None  # the next save writes every tensor, whatever failed here
+            raise
         self.stats.last_commit_s = time.monotonic() - t0
         self.committed.append(step)
         if writer.track:

@@ -30,15 +30,18 @@ import logging
 import sys
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 from typing import Any
 
 from ftfleet.errors import UserError
 from ftfleet.trainer.checkpoint.manifest import (
+    FileEntry,
     Manifest,
     ManifestError,
     assign_files,
     check_file,
     object_key,
+    read_manifest,
     write_manifest,
 )
 from ftfleet.trainer.checkpoint.tiers import LocalTier, ObjectStore, TierUnavailable
@@ -224,6 +227,22 @@ def _next_candidate(
     return ("none",)
 
 
+def _sibling_clash(path: Path, entry: FileEntry) -> str | None:
+    """Why the referenced file ``path`` may not be written where it goes: the fast tier
+    holds a committed checkpoint there whose manifest lists other bytes under its name
+    (another save of that step). None: nothing committed there says otherwise."""
+    try:
+        manifest = read_manifest(path.parent)
+    except ManifestError:
+        return None  # no checkpoint a loader would take: the file may go
+    if manifest is None or manifest.files.get(path.name) in (None, entry):
+        return None
+    return (
+        f"../{path.parent.name}/{path.name}: the fast tier's {path.parent.name} is another save of that "
+        "step; not overwritten"
+    )
+
+
 def _fetch_and_check(
     comm: Any, local: LocalTier, name: str, tier: Any, manifest: Manifest, workers: int, local_crc: bool = True
 ) -> list[str]:
@@ -256,9 +275,13 @@ def _fetch_and_check(
     def fetch(n: str) -> str | None:
         path = step_dir / n
         # A referenced file goes beside, into its own checkpoint's directory, where the
-        # fast tier may hold it already (then it is not fetched again).
-        if n.startswith("../") and check_file(path, listed[n]) is None:
-            return None
+        # fast tier may hold it already (then it is not fetched again); never over a
+        # committed checkpoint there that lists other bytes under that name.
+        if n.startswith("../"):
+            if check_file(path, listed[n]) is None:
+                return None
+            if (clash := _sibling_clash(path, listed[n])) is not None:
+                return clash
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tier.download_file(object_key(manifest.step, n), path)

@@ -49,6 +49,10 @@ FENCED_REQUEST_S = 6.0
 MANIFEST_ATTEMPTS = 3
 
 
+class ReferenceClash(RuntimeError):
+    """A referenced file the bucket holds as part of another save of its step."""
+
+
 class Uploader:
     def __init__(
         self,
@@ -157,19 +161,35 @@ class Uploader:
             out.update(self.store.list(f"{prefix}/"))
         return out
 
-    def _held(self, step: int, path: str, entry: FileEntry) -> bool:
+    def _held(self, step: int, path: str, entry: FileEntry, present: dict[str, int]) -> bool:
         """Whether the bucket holds the referenced file ``path`` of ``step``'s manifest
-        with the bytes of ``entry``: this process uploaded it so, or the manifest of its
-        own checkpoint in the bucket lists it so."""
+        with the bytes of ``entry``: it is there with its size (``present``), and this
+        process uploaded it so or the manifest of its own checkpoint in the bucket lists
+        it so. ReferenceClash where that manifest lists other bytes under the name (the
+        bucket's step is another save of it: not overwritten)."""
         key = object_key(step, path)
+        if present.get(key) != entry.size:
+            self._sent.pop(key, None)  # gone since (a sweep, an expiry): send it again
+            committed = self._committed_entry(key)
+            if committed not in (None, entry):
+                raise ReferenceClash(f"{key}: the bucket's step lists other bytes under that name; not overwritten")
+            return False
         if self._sent.get(key) == entry:
             return True
+        committed = self._committed_entry(key)
+        if committed is not None and committed != entry:
+            raise ReferenceClash(f"{key}: the bucket's step lists other bytes under that name; not overwritten")
+        return committed == entry
+
+    def _committed_entry(self, key: str) -> FileEntry | None:
+        """The entry the bucket's manifest of the key's step lists for it (None: no
+        manifest there, or none that reads, or no such file in it)."""
         owner = parse_step_dir(key.partition("/")[0])
         try:
-            committed = self.store.read_manifest(owner)
-        except Exception:  # noqa: BLE001 - not readable: upload it again
-            return False
-        return committed is not None and committed.files.get(key.rpartition("/")[2]) == entry
+            committed = self.store.read_manifest(owner) if owner is not None else None
+        except Exception:  # noqa: BLE001 - not readable: no claim either way
+            return None
+        return None if committed is None else committed.files.get(key.rpartition("/")[2])
 
     def _put_manifest(self, manifest: Manifest) -> None:
         """Upload ``manifest.json`` last, each attempt right after a check of the lease and
@@ -193,7 +213,8 @@ class Uploader:
         mine = assign_files({n: e.size for n, e in listed.items()}, self.comm.world_size)[self.comm.rank]
         error = None
         try:
-            todo = [n for n in mine if not n.startswith("../") or not self._held(step, n, listed[n])]
+            present = self._present(step, [n for n in mine if n.startswith("../")])
+            todo = [n for n in mine if not n.startswith("../") or not self._held(step, n, listed[n], present)]
 
             def send(name: str) -> None:
                 self.store.upload_file(src / name, object_key(step, name))

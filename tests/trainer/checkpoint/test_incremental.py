@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 
 import pytest
 import torch
@@ -364,3 +365,105 @@ def test_saves_written_from_the_in_memory_snapshots_reference_too(tmp_path):
     newest = read_manifest(max(ckpts.glob("step-*"), key=lambda p: int(p.name[5:])))
     assert newest.references and newest.reused_bytes > 0
     assert ftfleet(["ckpt", "verify", str(ckpts)]) == 0
+
+
+# --- another save of a referenced step is never overwritten -------------------------------
+
+
+def test_a_restore_does_not_write_a_referenced_file_over_another_save_of_its_step(tmp_path, moto_url, bucket):
+    from ftfleet.trainer.checkpoint.manifest import checksum_file
+
+    extra = (f"checkpoint.uri=s3://{bucket}/run", f"checkpoint.s3_endpoint_url={moto_url}")
+    mgr = fresh(tmp_path / "a", *extra)
+    train_and_save(mgr, [1, 2, 3], list(mgr.app_state.model.parameters())[-2:])
+    assert mgr.close(wait_for_upload=True)
+    # Another machine whose fast tier holds its own save of step 1 (other weights).
+    other = fresh(tmp_path / "b", "checkpoint.keep=10")
+    with torch.no_grad():
+        for p in other.app_state.model.parameters():
+            p.add_(1.0)
+    train_and_save(other, [1], list(other.app_state.model.parameters())[-2:])
+    other.close()
+    before = {p.name: checksum_file(p) for p in (tmp_path / "b" / "step-1").iterdir()}
+    again = fresh(tmp_path / "b", *extra)
+    restored = again.restore()
+    again.close(wait_for_upload=False)
+    assert restored is None or restored.step != 3  # step-3 from the bucket needs step-1's other bytes
+    assert {p.name: checksum_file(p) for p in (tmp_path / "b" / "step-1").iterdir()} == before
+
+
+def test_an_upload_does_not_write_a_referenced_file_over_another_save_of_its_step(tmp_path, moto_url, bucket, s3):
+    from ftfleet.trainer.checkpoint.comm import LocalComm
+    from ftfleet.trainer.checkpoint.tiers import LocalTier
+    from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
+    from ftfleet.trainer.checkpoint.upload import Uploader
+
+    store = S3Store(f"s3://{bucket}/run", endpoint_url=moto_url)
+    first = fresh(tmp_path / "a", f"checkpoint.uri=s3://{bucket}/run", f"checkpoint.s3_endpoint_url={moto_url}")
+    train_and_save(first, [1], list(first.app_state.model.parameters())[-2:])
+    assert first.close(wait_for_upload=True)  # the bucket's step-1
+    listed = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/step-1/")["Contents"]}
+
+    second = fresh(tmp_path / "b")  # another save of step 1, then 2 referencing it
+    with torch.no_grad():
+        for p in second.app_state.model.parameters():
+            p.add_(1.0)
+    train_and_save(second, [1, 2], list(second.app_state.model.parameters())[-2:])
+    second.close()
+    up = Uploader(store, LocalTier(tmp_path / "b"), LocalComm(), workers=2)
+    up.submit(read_manifest(tmp_path / "b" / "step-2"))  # step-1's own upload skipped
+    up.close(wait=True, timeout=60)
+    assert up.durable_steps == []
+    assert {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/step-1/")["Contents"]} == listed
+
+
+def test_a_referenced_object_gone_from_the_bucket_is_sent_again(tmp_path, moto_url, bucket, s3):
+    from ftfleet.trainer.checkpoint.comm import LocalComm
+    from ftfleet.trainer.checkpoint.tiers import LocalTier
+    from ftfleet.trainer.checkpoint.tiers.s3 import S3Store
+    from ftfleet.trainer.checkpoint.upload import Uploader
+
+    mgr = fresh(tmp_path / "c", "checkpoint.keep=10")
+    train_and_save(mgr, [1, 2, 3], list(mgr.app_state.model.parameters())[-2:])
+    mgr.close()
+    store = S3Store(f"s3://{bucket}/run", endpoint_url=moto_url)
+    up = Uploader(store, LocalTier(tmp_path / "c"), LocalComm(), workers=2)
+    up.submit(read_manifest(tmp_path / "c" / "step-2"))  # and step-1's referenced files, for it
+    while not up.idle():
+        time.sleep(0.01)
+    gone = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/step-1/")["Contents"]]
+    assert gone
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in gone]})  # a sweep, an expiry
+    up.submit(read_manifest(tmp_path / "c" / "step-3"))
+    assert up.close(wait=True, timeout=60) and up.durable_steps == [2, 3]
+    back = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="run/step-1/")["Contents"]]
+    assert set(gone) <= set(back)
+
+
+def test_init_from_refuses_a_copy_whose_references_nothing_checks(tmp_path):
+    from ftfleet.errors import ConfigError
+    from ftfleet.trainer.weights import _checked_files
+
+    mgr = fresh(tmp_path / "ckpt")
+    train_and_save(mgr, [1, 2], list(mgr.app_state.model.parameters())[-2:])
+    mgr.close()
+    assert "../step-1/__0_0.distcp" in _checked_files(tmp_path / "ckpt" / "step-2")
+    bare = tmp_path / "copy" / "step-2"
+    shutil.copytree(tmp_path / "ckpt" / "step-2", bare)
+    (bare / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match="export DIR STEP --to checkpoint"):
+        _checked_files(bare)
+
+
+def test_a_save_whose_base_lost_a_file_fails_and_the_next_writes_everything(tmp_path):
+    root = tmp_path / "ckpt"
+    mgr = fresh(root, "checkpoint.keep=10")
+    trainable = list(mgr.app_state.model.parameters())[-2:]
+    train_and_save(mgr, [1], trainable)
+    for f in (root / "step-1").glob("__*.distcp"):
+        f.write_bytes(f.read_bytes() + b"x")  # rewritten behind the trainer's back
+    with pytest.raises(Exception, match="referenced with"):
+        train_and_save(mgr, [2], trainable)
+    (m,) = train_and_save(mgr, [3], trainable)
+    mgr.close()
+    assert not m.references
