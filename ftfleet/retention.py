@@ -248,20 +248,17 @@ class Recorded:
         return cls(float(created), milestone, policy, frozenset(int(k) for k in listed))
 
 
-def referenced(recorded: Mapping[int, Recorded | None], steps: Iterable[int] = ()) -> dict[int, str]:
+def referenced(references: Mapping[int, Iterable[int] | None], steps: Iterable[int] = ()) -> dict[int, str]:
     """step -> why it is referenced, of ``steps`` (every step of the tier, committed or
-    not) and the steps ``recorded`` names: those whose files a readable manifest
-    references, and every step below a manifest that does not read (None), which may
-    reference any of them."""
+    not) and those ``references`` names: each committed step -> the steps its manifest
+    references, or None where it does not read, which may reference any earlier step."""
     out: dict[int, str] = {}
-    for owner, r in sorted(recorded.items()):
-        if r is None:
-            for step in sorted({*steps, *recorded}):
-                if step < owner:
-                    out.setdefault(step, BELOW_UNREADABLE)
+    every = sorted({*steps, *references})
+    for owner, named in sorted(references.items()):
+        if named is None:
+            out.update({s: BELOW_UNREADABLE for s in every if s < owner and s not in out})
         else:
-            for step in r.references:
-                out.setdefault(step, REFERENCED)
+            out.update({s: REFERENCED for s in named if s not in out})
     return out
 
 
@@ -306,7 +303,7 @@ def plan_sweep(
     newest_complete = max((s for s in complete if s in recorded), default=None)
     if newest_complete is not None:
         kept.setdefault(newest_complete, NEWEST)
-    needed = referenced(recorded, uncommitted)
+    needed = referenced({s: None if r is None else r.references for s, r in recorded.items()}, uncommitted)
     for step in sorted(needed.keys() & recorded.keys()):
         kept.setdefault(step, needed[step])
     newest = max(recorded, default=-1)

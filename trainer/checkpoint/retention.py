@@ -33,7 +33,6 @@ from ftfleet.retention import (  # noqa: F401 - re-exported: the trainer's tiers
     UNDATED,
     Milestone,
     Policy,
-    Recorded,
     Rule,
     keep_reasons,
     milestone_reasons,
@@ -162,11 +161,7 @@ def _manifest(tier: DatedTier, step: int, quiet: bool = False) -> object | None:
 def _referenced(manifests: dict[int, object | None], steps: Iterable[int]) -> dict[int, str]:
     """:func:`ftfleet.retention.referenced` of the tier's ``manifests`` (None: does not
     read) over its ``steps``."""
-    recorded = {
-        s: None if m is None else Recorded(0.0, references=frozenset(getattr(m, "references", None) or {}))
-        for s, m in manifests.items()
-    }
-    return referenced(recorded, steps)
+    return referenced({s: None if m is None else getattr(m, "references", {}) for s, m in manifests.items()}, steps)
 
 
 def _created_at(manifest: object | None) -> float | None:

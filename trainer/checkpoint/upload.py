@@ -78,6 +78,8 @@ class Uploader:
         self.durable_steps: list[int] = []
         #: The same bucket, one bounded attempt per request: for writes after a lease check.
         self.fenced_store = store.bounded(FENCED_REQUEST_S)
+        #: The bucket's manifests of referenced steps, read during the current upload.
+        self._manifests: dict[int | None, Manifest | None] = {}
         #: Object key -> entry, of the referenced files this rank uploaded.
         self._sent: dict[str, FileEntry] = {}
         self._items: collections.deque[Manifest] = collections.deque()
@@ -168,28 +170,27 @@ class Uploader:
         it so. ReferenceClash where that manifest lists other bytes under the name (the
         bucket's step is another save of it: not overwritten)."""
         key = object_key(step, path)
-        if present.get(key) != entry.size:
+        there = present.get(key) == entry.size
+        if not there:
             self._sent.pop(key, None)  # gone since (a sweep, an expiry): send it again
-            committed = self._committed_entry(key)
-            if committed not in (None, entry):
-                raise ReferenceClash(f"{key}: the bucket's step lists other bytes under that name; not overwritten")
-            return False
-        if self._sent.get(key) == entry:
+        elif self._sent.get(key) == entry:
             return True
-        committed = self._committed_entry(key)
-        if committed is not None and committed != entry:
+        owner, name = key.split("/", 1)
+        committed = self._bucket_manifest(parse_step_dir(owner))
+        listed = None if committed is None else committed.files.get(name)
+        if listed not in (None, entry):
             raise ReferenceClash(f"{key}: the bucket's step lists other bytes under that name; not overwritten")
-        return committed == entry
+        return there and listed == entry
 
-    def _committed_entry(self, key: str) -> FileEntry | None:
-        """The entry the bucket's manifest of the key's step lists for it (None: no
-        manifest there, or none that reads, or no such file in it)."""
-        owner = parse_step_dir(key.partition("/")[0])
-        try:
-            committed = self.store.read_manifest(owner) if owner is not None else None
-        except Exception:  # noqa: BLE001 - not readable: no claim either way
-            return None
-        return None if committed is None else committed.files.get(key.rpartition("/")[2])
+    def _bucket_manifest(self, step: int | None) -> Manifest | None:
+        """The bucket's manifest of ``step``, read once per upload (None: none there, or
+        none that reads)."""
+        if step not in self._manifests:
+            try:
+                self._manifests[step] = self.store.read_manifest(step) if step is not None else None
+            except Exception:  # noqa: BLE001 - not readable: no claim either way
+                self._manifests[step] = None
+        return self._manifests[step]
 
     def _put_manifest(self, manifest: Manifest) -> None:
         """Upload ``manifest.json`` last, each attempt right after a check of the lease and
@@ -210,6 +211,7 @@ class Uploader:
         step = manifest.step
         src = self.local.step_dir(step)
         listed = manifest.every_file()
+        self._manifests.clear()
         mine = assign_files({n: e.size for n, e in listed.items()}, self.comm.world_size)[self.comm.rank]
         error = None
         try:
