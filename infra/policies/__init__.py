@@ -53,6 +53,7 @@ from ftfleet.infra.policies.deployable import (
 from ftfleet.infra.policies.model import FSX_THROUGHPUTS, WORLD, Policy, Res
 from ftfleet.infra.policies.names import names_within_limits
 from ftfleet.infra.policies.nodes import (
+    conditional_objects_findable,
     metadata_tag_keys_valid,
     node_image_pinned,
     route53_changes_scoped,
@@ -110,6 +111,7 @@ __all__ = [
     "replacement_within_aws_bounds",
     "replication_cross_region",
     "route53_changes_scoped",
+    "conditional_objects_findable",
     "spot_diversified",
     "sse_c_blocked",
     "stateful_protected",
@@ -159,6 +161,11 @@ POLICIES: tuple[Policy, ...] = (
         "route53-changes-scoped",
         "Grants to change Route 53 records name the record and the type.",
         route53_changes_scoped,
+    ),
+    Policy(
+        "s3-conditional-objects-findable",
+        "An object a role reads and writes by its exact key may also be listed by it (a missing one answers 404).",
+        conditional_objects_findable,
     ),
     Policy("iam-kms-via-service", "Identity policies grant KMS only through a named service.", kms_via_service),
     Policy(

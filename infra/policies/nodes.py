@@ -112,3 +112,51 @@ def metadata_tag_keys_valid(resources: list[Res]) -> list[tuple[str, str]]:
             tags = (default or {}).get("tags") if isinstance(default, dict) else None
             keys += [(r.name, k) for k in (tags if isinstance(tags, dict) else {})]
     return [(name, f"tag key {key!r}: {problem}") for name, key in keys if (problem := imds_tag_key_problem(key))]
+
+
+def _lists_key(statements_: list[dict], bucket_arn: str, key: str) -> bool:
+    """Whether a statement allows s3:ListBucket on ``bucket_arn`` for a listing of
+    ``key`` (unconditioned, or an s3:prefix condition that matches it)."""
+    import fnmatch
+
+    for s in statements_:
+        actions = [a for a in as_list(s.get("Action", [])) if isinstance(a, str)]
+        if s.get("Effect") != "Allow" or not {"s3:ListBucket", "s3:*"} & set(actions):
+            continue
+        if bucket_arn not in as_list(s.get("Resource", [])):
+            continue
+        condition = s.get("Condition") or {}
+        if not condition:
+            return True
+        exact = as_list((condition.get("StringEquals") or {}).get("s3:prefix", []))
+        like = as_list((condition.get("StringLike") or {}).get("s3:prefix", []))
+        if key in exact or any(isinstance(p, str) and fnmatch.fnmatchcase(key, p) for p in like):
+            return True
+    return False
+
+
+def conditional_objects_findable(r: Res) -> list[str]:
+    """An object a role reads and writes by its exact key (a read-modify-write under a
+    condition, such as the run lease) must be findable missing: "If you don't have the
+    s3:ListBucket permission, Amazon S3 returns an HTTP status code 403 Access Denied
+    error" for an object that does not exist (Amazon S3 API Reference, GetObject,
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html), so without a
+    listing of its key the first writer cannot tell "not there yet" from "no access"."""
+    if r.type not in IAM_DOCS:
+        return []
+    found = statements(r.props.get(IAM_DOCS[r.type]))
+    out = []
+    for s in found:
+        actions = {a for a in as_list(s.get("Action", [])) if isinstance(a, str)}
+        if s.get("Effect") != "Allow" or not {"s3:GetObject", "s3:PutObject"} <= actions:
+            continue
+        for resource in as_list(s.get("Resource", [])):
+            if not isinstance(resource, str) or "*" in resource or "/" not in resource:
+                continue
+            bucket_arn, _, key = resource.partition("/")
+            if not _lists_key(found, bucket_arn, key):
+                out.append(
+                    f"statement {s.get('Sid', '?')!r} reads and writes {key} but may not list it: a missing "
+                    "object answers 403; allow s3:ListBucket with s3:prefix equal to the key"
+                )
+    return out

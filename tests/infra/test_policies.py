@@ -260,3 +260,34 @@ def test_an_instance_tag_key_metadata_cannot_serve_is_caught():
     assert "'cost center'" in found[0][1] and "reserved in instance metadata" in found[1][1]
     off = res("aws:ec2/launchTemplate:LaunchTemplate", {"metadataOptions": {"instanceMetadataTags": "disabled"}})
     assert [v for v in policies.evaluate([off, group, provider]) if v[0] == "ec2-metadata-tag-keys"] == []
+
+
+def test_an_object_read_and_written_by_its_key_must_be_listable_by_it():
+    """The run lease: without a listing of its key a missing object answers 403, and the
+    first holder cannot create it (GetObject, Amazon S3 API Reference)."""
+    hold = {
+        "Sid": "HoldRunLease",
+        "Effect": "Allow",
+        "Action": ["s3:GetObject", "s3:PutObject"],
+        "Resource": ["arn:aws:s3:::b/ftfleet-leases/r.json"],
+    }
+    find = {
+        "Sid": "FindRunLease",
+        "Effect": "Allow",
+        "Action": ["s3:ListBucket"],
+        "Resource": ["arn:aws:s3:::b"],
+        "Condition": {"StringEquals": {"s3:prefix": ["ftfleet-leases/r.json"]}},
+    }
+
+    def found(*statements):
+        doc = json.dumps({"Version": "2012-10-17", "Statement": list(statements)})
+        r = res("aws:iam/rolePolicy:RolePolicy", {"policy": doc})
+        return [m for p, _, m in policies.evaluate([r]) if p == "s3-conditional-objects-findable"]
+
+    (problem,) = found(hold)
+    assert "HoldRunLease" in problem and "ftfleet-leases/r.json" in problem
+    assert found(hold, find) == []
+    elsewhere = {**find, "Condition": {"StringEquals": {"s3:prefix": ["ftfleet-leases/other.json"]}}}
+    assert len(found(hold, elsewhere)) == 1
+    # Grants on prefixes, or reads alone, are not such objects.
+    assert found({**hold, "Resource": ["arn:aws:s3:::b/checkpoints/r/*"]}, {**hold, "Action": ["s3:GetObject"]}) == []
