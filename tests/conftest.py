@@ -48,6 +48,16 @@ def _one_botocore_loader() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _quiet_emulators() -> None:
+    """The moto and fake-gcs servers log every request at INFO on their own threads, and a
+    request a test's proxy held can land during a later test: at WARNING they stay out of
+    the records a test counts with caplog."""
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def children_tmpdir(tmp_path_factory) -> Iterator[Path]:
     """The processes the tests start keep their temporary files (torchrun's run logs,
     multiprocessing's socket directories, a stopped agent's exit file) in this

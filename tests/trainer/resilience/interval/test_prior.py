@@ -69,7 +69,7 @@ def test_a_missing_malformed_or_thin_prior_is_one_line_and_the_configured_prior_
     with caplog.at_level(logging.DEBUG, logger="ftfleet.prior"):  # "none": for debugging only
         cfg = with_fleet_prior(CONFIGURED, store, None, now=NOW)
     assert cfg.mtbf_s == CONFIGURED.mtbf_s
-    (line,) = [r.getMessage() for r in caplog.records]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ftfleet.prior"]
     assert says in line and "14400" in line
 
 
@@ -83,7 +83,7 @@ def test_an_unreachable_bucket_is_one_warning_and_the_configured_prior_stays(cap
     with caplog.at_level(logging.INFO, logger="ftfleet.prior"):
         cfg = with_fleet_prior(CONFIGURED, Broken(), None, now=NOW)  # type: ignore[arg-type]
     assert cfg is CONFIGURED
-    (record,) = caplog.records
+    (record,) = [r for r in caplog.records if r.name == "ftfleet.prior"]
     assert record.levelno == logging.WARNING and "unreadable" in record.getMessage()
 
 

@@ -69,7 +69,7 @@ def test_without_a_group_the_node_calls_nothing_and_says_so_once(aws_env, instan
         outcome = LifecycleRelease.from_env(env(imds.url, instance_id)).complete()
     assert outcome["result"] == "no-group"
     assert aws_env.calls == []
-    assert len(caplog.records) == 1
+    assert len([r for r in caplog.records if r.name == "ftfleet.lifecycle"]) == 1
 
 
 def test_a_refused_completion_is_one_log_line_and_never_raises(aws_env, caplog):
@@ -77,7 +77,8 @@ def test_a_refused_completion_is_one_log_line_and_never_raises(aws_env, caplog):
     with caplog.at_level(logging.WARNING, "ftfleet.lifecycle"):
         outcome = release.complete()
     assert outcome["result"] == "no-action", outcome
-    assert len(caplog.records) == 1 and "lifecycle_handoff completes it" in caplog.records[0].getMessage()
+    (record,) = [r for r in caplog.records if r.name == "ftfleet.lifecycle"]
+    assert "lifecycle_handoff completes it" in record.getMessage()
 
 
 def test_an_unreachable_endpoint_fails_within_the_retry_bound_without_raising(monkeypatch, instance_id):
