@@ -77,6 +77,19 @@ def estimate(s: Settings) -> dict:
     per_tib = GIB_PER_TIB * (2 * prices["s3_standard_gib_month"])  # primary + replica, before tiering
     net = catalog.network_prices(s.cloud)
     nat = 0.0 if s.network.adopt else net.get("nat_gateway_hourly", 0.0) * HOURS_PER_MONTH
+    fsx = round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2)
+    standby = None
+    if s.standby:
+        # Groups at 0 until a failover; the buckets are the home stack's (priced there).
+        per_tib = 0.0
+        kept = s.standby.fast_tier == "kept"
+        standby = {
+            "home": s.standby.home,
+            "fast_tier": s.standby.fast_tier,
+            "active": s.standby.active,
+            "standing_by_usd_per_month": round((fsx if kept else 0.0) + nat, 2),
+            "fleet_after_failover_usd_per_hour": round(mixed, 2),
+        }
     return {
         "label": (
             f"ESTIMATE from list prices recorded {catalog.prices_as_of()} for "
@@ -106,8 +119,9 @@ def estimate(s: Settings) -> dict:
             "root_volumes": volumes,
             "spare_nodes": round(mixed - without_spares[2], 2),
         },
+        "standby": standby,
         "storage_usd_per_month": {
-            "fsx": round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2),
+            "fsx": fsx,
             "buckets_per_tib_stored": round(per_tib, 2),
         },
         "replication_usd_per_tib_written": replication_per_tib(s),

@@ -26,6 +26,7 @@ from ftfleet.errors import ConfigError
 from ftfleet.infra import settings as ftsettings
 from ftfleet.infra.gcp import mocks as gcp_mocks
 from ftfleet.infra.stackfile import StackFile
+from ftfleet.infra.stackfile import load as load_stackfile
 
 PROGRAM = Path(__file__).with_name("__main__.py")
 MOCK_ACCOUNT = "123456789012"
@@ -194,10 +195,14 @@ class _Mocks(pulumi.runtime.Mocks):
         default_region: str,
         previous_outputs: dict[str, Any] | None = None,
         registry_tags: tuple[str, ...] = (),
+        stack: str = "",
+        other_stacks: dict[str, dict[str, Any]] | None = None,
     ):
         self._region_of_provider = region_of_provider
         self._default_region = default_region
         self._previous_outputs = previous_outputs or {}
+        self._stack = stack
+        self._other_stacks = other_stacks or {}
         self._registry_tags = registry_tags
         self.invokes: list[tuple[str, dict[str, Any], str]] = []
 
@@ -206,16 +211,24 @@ class _Mocks(pulumi.runtime.Mocks):
         if args.typ.startswith("pulumi:providers:"):
             return f"{args.name}-provider-id", outs
         if args.typ == "pulumi:pulumi:StackReference":
+            referenced = str(outs.get("name") or "").rsplit("/", 1)[-1]
+            if not self._stack or referenced == self._stack:
+                outputs = self._previous_outputs
+            else:
+                outputs = self._other_stacks.get(referenced, {})
             return args.resource_id or args.name, {
                 "name": outs.get("name"),
-                "outputs": dict(self._previous_outputs),
+                "outputs": dict(outputs),
                 "secretOutputNames": [],
             }
         provider_urn = (args.provider or "").split("::id")[0].rsplit("::", 1)[0]
         region = outs.get("region") or self._region_of_provider.get(provider_urn, self._default_region)
         if args.typ.startswith("gcp:"):
             return gcp_mocks.new_resource(args.typ, args.name, outs, region, self.gcp_project)
-        physical = outs.get("name") if isinstance(outs.get("name"), str) else _physical(args.name)
+        if args.resource_id and args.typ in NAME_IS_ID:  # a read of an existing resource, by name
+            physical = args.resource_id
+        else:
+            physical = outs.get("name") if isinstance(outs.get("name"), str) else _physical(args.name)
         if args.typ in ID_PREFIXES:
             rid = ID_PREFIXES[args.typ] + _hex(args.name)
         elif args.typ in NAME_IS_ID:
@@ -348,6 +361,7 @@ def run(
     validate_first: bool = True,
     previous_outputs: dict[str, Any] | None = None,
     registry_tags: tuple[str, ...] | None = None,
+    other_stacks: dict[str, dict[str, Any]] | None = None,
 ) -> Recording:
     """Validate the stack's config, then run the program under mocks and record it.
 
@@ -357,6 +371,9 @@ def run(
     stack output --json` prints them); without them the stack counts as never deployed.
     ``registry_tags``: the image tags the mocked registry holds (default: the stack's
     trainerImageTag, i.e. the image has been pushed).
+    ``other_stacks``: the outputs of other stacks, by name, as a StackReference to them
+    reads them; a standby whose home is not among them runs its home's stack file (in
+    the same folder) first and reads the outputs that run exports.
     """
     if validate_first:
         stack.settings()  # fail fast, with the same validation the program applies
@@ -365,6 +382,16 @@ def run(
             registry_tags = (stack.settings().trainer.image_tag,)
         except ConfigError:
             registry_tags = ()
+    other_stacks = dict(other_stacks or {})
+    home = str(stack.project_config().get("standbyOf") or "")
+    if home and home not in other_stacks and home != stack.name:
+        home_file = stack.path.with_name(f"Pulumi.{home}.yaml")
+        if not home_file.is_file():
+            raise ConfigError(
+                f"{stack.path}: ftfleet:standbyOf {home} names no stack file {home_file}; "
+                "put the home stack's file beside it"
+            )
+        other_stacks[home] = run(load_stackfile(str(home_file))).outputs
     config = stack.as_pulumi_strings()
     region = stack.region() or ""
     provider_regions: dict[str, str] = {}
@@ -372,7 +399,7 @@ def run(
     # Pulumi's runtime keeps per-run state in context variables and the event loop.
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
-    mocks = _Mocks(provider_regions, region, previous_outputs, registry_tags)
+    mocks = _Mocks(provider_regions, region, previous_outputs, registry_tags, stack.name, other_stacks)
     mocks.gcp_project = stack.config.get("gcp:project")
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)

@@ -34,6 +34,8 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)
 FSX_COMPRESSIONS = ("LZ4", "NONE")
 CLOUDS = contract.CLOUDS
 CLOUD_TRAIL_MODES = ("create", "existing")
+IMAGE_REPLICATION_MODES = ("create", "existing")
+STANDBY_FAST_TIERS = ("kept", "on-failover")
 #: An AWS stack's name: every physical name derives from it, and S3 and ECR take only
 #: lowercase letters, digits and hyphens, CloudTrail no two hyphens in a row. Pulumi
 #: allows up to 100 characters; infra/aws/names.py fits each name to its service.
@@ -142,6 +144,27 @@ class TrainerSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class StandbySettings:
+    """A standby environment: the home stack's replica region is this stack's region,
+    the home's region is this stack's replica region, and the home's buckets, keys and
+    run lease are shared (docs/FAILOVER.md)."""
+
+    home: str
+    """The home stack's name (``standbyOf``)."""
+    image_replication: str
+    """``create``: this stack owns the home registry's replication configuration."""
+    fast_tier: str = "kept"
+    """``kept``: the file system exists while standing by; ``on-failover``: only while
+    :attr:`active`."""
+    active: bool = False
+    """The job has moved here (``standbyActive``)."""
+
+    @property
+    def has_fast_tier(self) -> bool:
+        return self.fast_tier == "kept" or self.active
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
     stack: str
     cloud: str
@@ -155,6 +178,8 @@ class Settings:
     trainer: TrainerSettings
     tags: dict[str, str]
     """Applied to every taggable resource, after ftfleet's own tags."""
+    standby: StandbySettings | None = None
+    """Set when this stack stands by for another (``standbyOf``)."""
 
     @property
     def name(self) -> str:
@@ -306,6 +331,9 @@ def parse(
     )
     if not trainer.config.startswith("/"):
         raise _err("trainerConfig", f"is {trainer.config!r}; give an absolute path inside the image")
+    standby = standby_of(r, stack)
+    if standby is not None:  # the home stack's storage_drift guards the shared buckets
+        remediation = dataclasses.replace(remediation, storage_drift=False)
     return Settings(
         stack=stack,
         cloud=cloud,
@@ -318,7 +346,42 @@ def parse(
         remediation=remediation,
         trainer=trainer,
         tags=_tags(r),
+        standby=standby,
     )
+
+
+def standby_of(r: _Reader, stack: str) -> StandbySettings | None:
+    """``standbyOf`` and ``standbyImageReplication``; None for a stack of its own."""
+    home = r.str("standbyOf")
+    if not home:
+        for key in ("standbyImageReplication", "standbyFastTier", "standbyActive"):
+            if key in r.raw:
+                raise _err(key, "is set on a stack that stands by for none; set standbyOf or remove the key")
+        return None
+    if len(home) > STACK_NAME_MAX or not STACK_NAME.fullmatch(home):
+        raise _err("standbyOf", f"is {home!r}; give the home stack's name (aws-prod)")
+    if home == stack:
+        raise _err("standbyOf", f"names this stack ({stack}); name the stack this one stands by for")
+    if r.raw.get("remediationStorageDrift") in (True, "true"):
+        raise _err(
+            "remediationStorageDrift",
+            f"is true on a standby: the buckets are {home}'s, and its storage_drift restores them; remove the key",
+        )
+    mode = r.str("standbyImageReplication")
+    if mode not in IMAGE_REPLICATION_MODES:
+        raise _err(
+            "standbyImageReplication",
+            f"is {mode!r}; use create (this stack replicates the home registry here) or existing "
+            "(the account already does)",
+        )
+    fast_tier = r.str("standbyFastTier")
+    if fast_tier not in STANDBY_FAST_TIERS:
+        raise _err(
+            "standbyFastTier",
+            f"is {fast_tier!r}; use kept (the file system stands by too) "
+            "or on-failover (created when standbyActive is set)",
+        )
+    return StandbySettings(home=home, image_replication=mode, fast_tier=fast_tier, active=r.bool("standbyActive"))
 
 
 def checkpoint_retention(r: _Reader) -> tuple[str, ...]:

@@ -80,19 +80,30 @@ class GpuFleet(pulumi.ComponentResource):
         image_id: pulumi.Input[str],
         launch: pulumi.Input[bool] = True,
         depends_on: Sequence[pulumi.Resource] = (),
+        standby: bool = False,
+        closed: bool = False,
         opts: pulumi.ResourceOptions | None = None,
     ):
         """``image_id``: the AMI every node of this deployment boots (resolved once per
         `pulumi up`). ``launch``: false holds both groups at 0 nodes (the trainer image
         is not in the registry yet). ``depends_on``: what a booting node needs to exist
         already (the FSx data repository association, the node role's policies); the
-        launch templates wait for it, so no node boots into a half-built stack."""
+        launch templates wait for it, so no node boots into a half-built stack.
+        ``standby``: both groups are created at 0 nodes and their sizes belong to the
+        failover from then on (a later `pulumi up` leaves min and desired as they are).
+        ``closed``: both groups' maximum is 0, so no size set outside the program can
+        boot a node (a standby whose file system is created on failover, before it)."""
         super().__init__("ftfleet:aws:GpuFleet", name, None, opts)
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
         self._depends_on = list(depends_on)
         self._settings = settings
         self._image_id = image_id
-        launch = pulumi.Output.from_input(launch)
+        launch = pulumi.Output.from_input(False if standby else launch)
+        group_o = self._o
+        if standby:
+            group_o = pulumi.ResourceOptions.merge(
+                self._o, pulumi.ResourceOptions(ignore_changes=["minSize", "desiredCapacity"])
+            )
 
         def held(size: int) -> pulumi.Output[int]:
             return launch.apply(lambda on: size if on else 0)
@@ -121,7 +132,7 @@ class GpuFleet(pulumi.ComponentResource):
         self.coordinator = aws.autoscaling.Group(
             f"{name}-coordinator",
             min_size=held(1),
-            max_size=1,
+            max_size=0 if closed else 1,
             desired_capacity=held(1),
             vpc_zone_identifiers=subnet_ids,
             placement_group=self.placement_group.id if self.placement_group else None,
@@ -130,7 +141,7 @@ class GpuFleet(pulumi.ComponentResource):
                 id=coordinator_lt.id, version=coordinator_lt.latest_version.apply(str)
             ),
             **self._common(f"{name}-coordinator", "coordinator", COORDINATOR_REPLACEMENT),
-            opts=self._o,
+            opts=group_o,
         )
 
         def spec(lt: aws.ec2.LaunchTemplate):
@@ -142,7 +153,7 @@ class GpuFleet(pulumi.ComponentResource):
         self.workers = aws.autoscaling.Group(
             f"{name}-workers",
             min_size=held(f.worker_min_size),
-            max_size=f.worker_max_size,
+            max_size=0 if closed else f.worker_max_size,
             # spareNodes are extra desired capacity, not a warm pool: PutWarmPool refuses
             # a group with a mixed instances policy or spot ("Warm pools for Amazon EC2
             # Auto Scaling", https://docs.aws.amazon.com/autoscaling/ec2/userguide/
@@ -172,7 +183,7 @@ class GpuFleet(pulumi.ComponentResource):
                 ),
             ),
             **self._common(f"{name}-workers", "worker", WORKER_REPLACEMENT),
-            opts=self._o,
+            opts=group_o,
         )
         self.hooks = [
             self._termination_hook(f"{name}-coordinator", self.coordinator),

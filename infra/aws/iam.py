@@ -46,7 +46,14 @@ class NodeGrants:
     stack: str
     """Value of the groups' `ftfleet:stack` tag."""
     lease_key: str = ""
-    """Key of the run's lease in the primary bucket (contract.lease_key); empty: none."""
+    """Key of the run's lease (contract.lease_key); empty: none."""
+    lease_in_replica: bool = False
+    """The lease lives in the replica bucket (a standby: the home stack's primary bucket,
+    where both regions contend for it), not in the primary."""
+
+    @property
+    def lease_bucket_arn(self) -> str:
+        return self.replica_bucket_arn if self.lease_in_replica else self.primary_bucket_arn
 
 
 def node_policy(g: NodeGrants) -> dict:
@@ -129,21 +136,34 @@ def lease_statements(g: NodeGrants) -> list[dict]:
     GetObject permissions)."""
     if not g.lease_key:
         return []
-    return [
+    statements = [
         {
             "Sid": "HoldRunLease",
             "Effect": "Allow",
             "Action": ["s3:GetObject", "s3:PutObject"],
-            "Resource": [f"{g.primary_bucket_arn}/{g.lease_key}"],
+            "Resource": [f"{g.lease_bucket_arn}/{g.lease_key}"],
         },
         {
             "Sid": "FindRunLease",
             "Effect": "Allow",
             "Action": ["s3:ListBucket"],
-            "Resource": [g.primary_bucket_arn],
+            "Resource": [g.lease_bucket_arn],
             "Condition": {"StringEquals": {"s3:prefix": [g.lease_key]}},
         },
     ]
+    if g.lease_in_replica:
+        # The replica bucket is read-only otherwise: writing the lease there needs a data
+        # key of that bucket's key, through S3 in its region.
+        statements.append(
+            {
+                "Sid": "WriteRunLeaseKey",
+                "Effect": "Allow",
+                "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+                "Resource": [g.replica_key_arn],
+                "Condition": {"StringEquals": {"kms:ViaService": f"s3.{g.replica_region}.amazonaws.com"}},
+            }
+        )
+    return statements
 
 
 def self_replacement_statements(g: NodeGrants) -> list[dict]:

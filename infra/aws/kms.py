@@ -1,8 +1,9 @@
 """StackKey: the stack's multi-region KMS key and its replica in the replica region.
 
 One key family encrypts the buckets (primary with the key, replica with the replica
-key, so replication re-encrypts in-region) and the FSx file system. The primary key's
-policy also lets FSx's S3-access role use it, through S3, for the exports.
+key, so replication re-encrypts in-region) and the FSx file system. Both keys' policies
+also let FSx's S3-access role use them, through S3 in their region, for the exports: the
+home's file system exports to the primary bucket, a standby's to the replica.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class StackKey(pulumi.ComponentResource):
             description=f"{settings.name}: checkpoint replica",
             primary_key_arn=self.key.arn,
             deletion_window_in_days=30,
-            policy=account.apply(key_policy),
+            # A standby stack's file system exports to the replica bucket after a failover.
+            policy=account.apply(lambda a: key_policy(a, settings.replica_region)),
             opts=pulumi.ResourceOptions.merge(pulumi.ResourceOptions(parent=self, provider=replica), keep),
         )
         for key, provider, suffix in ((self.key, primary, "alias"), (self.replica, replica, "replica-alias")):

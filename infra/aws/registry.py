@@ -36,15 +36,27 @@ EXPIRE_UNTAGGED = json.dumps(
 )
 
 
+def repository_of(stack_prefix: str) -> str:
+    """The trainer repository's name for the stack whose names start ``stack_prefix``."""
+    return f"{stack_prefix}/trainer"
+
+
 class Registry(pulumi.ComponentResource):
     def __init__(
-        self, name: str, settings: Settings, provider: aws.Provider, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        settings: Settings,
+        provider: aws.Provider,
+        repository_name: str | None = None,
+        opts: pulumi.ResourceOptions | None = None,
     ):
+        """``repository_name``: default ``<settings.name>/trainer``; a standby names its
+        home's, which is the name ECR's replication writes to in this region."""
         super().__init__("ftfleet:aws:Registry", name, None, opts)
         o = pulumi.ResourceOptions(parent=self, provider=provider)
         self.repository = aws.ecr.Repository(
             f"{name}-trainer",
-            name=f"{settings.name}/trainer",
+            name=repository_name or repository_of(settings.name),
             # A tag always names the same image: nodes replaced mid-run pull what the
             # others run.
             image_tag_mutability="IMMUTABLE",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -31,13 +32,15 @@ class Targets:
 
     account_id: pulumi.Output[str]
     groups: list[aws.autoscaling.Group]
-    primary_bucket: aws.s3.Bucket
-    replica_bucket: aws.s3.Bucket
+    primary_bucket: Any
+    """An aws.s3.Bucket, or a standby's BucketRef: its ``bucket`` and ``arn`` are read."""
+    replica_bucket: Any
     key_arn: pulumi.Output[str]
     replica_key_arn: pulumi.Output[str]
     replication: aws.s3.BucketReplicationConfig
-    file_system: aws.fsx.LustreFileSystem
-    association: aws.fsx.DataRepositoryAssociation
+    file_system: aws.fsx.LustreFileSystem | None
+    """None: a standby whose file system comes with a failover."""
+    association: aws.fsx.DataRepositoryAssociation | None
 
 
 @dataclass(frozen=True)
@@ -155,8 +158,8 @@ class Parts:
             t.key_arn,
             t.replica_key_arn,
             t.replication.role,
-            t.file_system.arn,
-            t.file_system.id,
+            t.file_system.arn if t.file_system else "",
+            t.file_system.id if t.file_system else "",
         ).apply(
             lambda a: iam.Scope(
                 region=s.region,

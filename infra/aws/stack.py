@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_aws as aws
 
 from ftfleet import contract
 from ftfleet.infra import creation
-from ftfleet.infra.aws import userdata
+from ftfleet.infra.aws import standby, userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
 from ftfleet.infra.aws.dns import CoordinatorName
@@ -16,9 +18,22 @@ from ftfleet.infra.aws.guard import creation_guard
 from ftfleet.infra.aws.iam import NodeGrants, NodeIdentity
 from ftfleet.infra.aws.kms import StackKey
 from ftfleet.infra.aws.network import Network
-from ftfleet.infra.aws.registry import Registry
+from ftfleet.infra.aws.registry import Registry, repository_of
 from ftfleet.infra.aws.remediation import Remediation, Targets
 from ftfleet.infra.settings import Settings
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The checkpoint buckets and keys the nodes use: the stack's own, or for a standby
+    its home's (the home's replica bucket is the standby's primary)."""
+
+    primary: aws.s3.Bucket | standby.BucketRef
+    replica: aws.s3.Bucket | standby.BucketRef
+    key_arn: pulumi.Output[str]
+    replica_key_arn: pulumi.Output[str]
+    replication: aws.s3.BucketReplicationConfig
+    """What replicates ``primary`` into ``replica``."""
 
 
 def build(s: Settings) -> None:
@@ -30,27 +45,45 @@ def build(s: Settings) -> None:
     replica = aws.Provider("replica", region=s.replica_region, default_tags=tags)
     identity = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=primary))
 
-    key = StackKey(f"{s.name}-kms", s, identity.account_id, primary, replica)
     network = Network(f"{s.name}-net", s, primary)
-    buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)
-    registry = Registry(f"{s.name}-registry", s, primary)
-    store = CheckpointStore(
-        f"{s.name}-fsx",
-        s,
-        network.subnet_ids[0],
-        network.fsx_sg.id,
-        key.key.arn,
-        buckets.primary.bucket,
-        primary,
-        security_group_rules=network.fsx_rules,
-    )
+    if s.standby:
+        # The home stack's buckets and keys, in swapped roles (infra/aws/standby.py).
+        links = standby.StandbyLinks(
+            f"{s.name}-standby", s, standby.home_of(s, userdata.checkpoint_root(s)), primary, replica
+        )
+        shared = Shared(links.primary, links.replica, links.key_arn, links.replica_key_arn, links.replication)
+        registry = Registry(
+            f"{s.name}-registry", s, primary, repository_name=repository_of(f"ftfleet-{s.standby.home}")
+        )
+    else:
+        key = StackKey(f"{s.name}-kms", s, identity.account_id, primary, replica)
+        buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)
+        shared = Shared(buckets.primary, buckets.replica, key.key.arn, key.replica.arn, buckets.replication)
+        registry = Registry(f"{s.name}-registry", s, primary)
+    store = None
+    if s.standby is None or s.standby.has_fast_tier:
+        store = CheckpointStore(
+            f"{s.name}-fsx",
+            s,
+            network.subnet_ids[0],
+            network.fsx_sg.id,
+            shared.key_arn,
+            shared.primary.bucket,
+            primary,
+            security_group_rules=network.fsx_rules,
+        )
+    # A standby without its file system yet renders its nodes' user data with none:
+    # its groups are closed (maximum 0) until the file system exists.
+    no_store = pulumi.Output.from_input("")
+    fsx_dns_name = store.file_system.dns_name if store else no_store
+    fsx_mount_name = store.file_system.mount_name if store else no_store
 
     coordinator_name = CoordinatorName(f"{s.name}-coordinator-dns", network.zone, primary)
     grants = pulumi.Output.all(
-        buckets.primary.arn,
-        buckets.replica.arn,
-        key.key.arn,
-        key.replica.arn,
+        shared.primary.arn,
+        shared.replica.arn,
+        shared.key_arn,
+        shared.replica_key_arn,
         registry.repository.arn,
         identity.account_id,
     ).apply(
@@ -63,6 +96,7 @@ def build(s: Settings) -> None:
             group_arn_pattern=f"arn:aws:autoscaling:{s.region}:{a[5]}:autoScalingGroup:*:autoScalingGroupName/{s.name}-*",
             stack=s.stack,
             lease_key=contract.lease_key(s.trainer.run_id),
+            lease_in_replica=s.standby is not None,
         )
     )
     nodes = NodeIdentity(f"{s.name}-nodes", s, grants, network.zone.arn, coordinator_name.fqdn, provider=primary)
@@ -80,10 +114,10 @@ def build(s: Settings) -> None:
         return pulumi.Output.all(
             registry.image_uri,
             registry.repository.repository_url,
-            store.file_system.dns_name,
-            store.file_system.mount_name,
-            buckets.primary.bucket,
-            buckets.replica.bucket,
+            fsx_dns_name,
+            fsx_mount_name,
+            shared.primary.bucket,
+            shared.replica.bucket,
             network.zone.zone_id,
             network.zone.name,
         ).apply(
@@ -113,7 +147,9 @@ def build(s: Settings) -> None:
         primary,
         image_id=node_image,
         launch=registry.image_pushed,
-        depends_on=[store.association, *nodes.policies],
+        depends_on=[*([store.association] if store else []), *nodes.policies],
+        standby=s.standby is not None,
+        closed=store is None,
     )
 
     remediation = Remediation(
@@ -122,30 +158,45 @@ def build(s: Settings) -> None:
         Targets(
             account_id=identity.account_id,
             groups=[fleet.coordinator, fleet.workers],
-            primary_bucket=buckets.primary,
-            replica_bucket=buckets.replica,
-            key_arn=key.key.arn,
-            replica_key_arn=key.replica.arn,
-            replication=buckets.replication,
-            file_system=store.file_system,
-            association=store.association,
+            primary_bucket=shared.primary,
+            replica_bucket=shared.replica,
+            key_arn=shared.key_arn,
+            replica_key_arn=shared.replica_key_arn,
+            replication=shared.replication,
+            file_system=store.file_system if store else None,
+            association=store.association if store else None,
         ),
         primary,
         replica,
     )
 
     pulumi.export(creation.OUTPUT, checked)
-    pulumi.export("primary_bucket", buckets.primary.bucket)
-    pulumi.export("replica_bucket", buckets.replica.bucket)
+    pulumi.export("primary_bucket", shared.primary.bucket)
+    pulumi.export("replica_bucket", shared.replica.bucket)
+    if s.standby:
+        pulumi.export("standby_of", s.standby.home)
+    else:
+        pulumi.export(
+            standby.OUTPUT,
+            standby.source_of(
+                s,
+                userdata.checkpoint_root(s),
+                primary_bucket=shared.primary.bucket,
+                replica_bucket=shared.replica.bucket,
+                key_arn=shared.key_arn,
+                replica_key_arn=shared.replica_key_arn,
+                repository_name=registry.repository.name,
+            ),
+        )
     pulumi.export(
-        "checkpoint_uri", pulumi.Output.concat("s3://", buckets.primary.bucket, "/", userdata.checkpoint_root(s))
+        "checkpoint_uri", pulumi.Output.concat("s3://", shared.primary.bucket, "/", userdata.checkpoint_root(s))
     )
     pulumi.export(
         "replica_checkpoint_uri",
-        pulumi.Output.concat("s3://", buckets.replica.bucket, "/", userdata.checkpoint_root(s)),
+        pulumi.Output.concat("s3://", shared.replica.bucket, "/", userdata.checkpoint_root(s)),
     )
-    pulumi.export("fsx_dns_name", store.file_system.dns_name)
-    pulumi.export("fsx_mount_name", store.file_system.mount_name)
+    pulumi.export("fsx_dns_name", fsx_dns_name)
+    pulumi.export("fsx_mount_name", fsx_mount_name)
     pulumi.export("coordinator_group", fleet.coordinator.name)
     pulumi.export("worker_group", fleet.workers.name)
     pulumi.export("registry_url", registry.repository.repository_url)
@@ -154,7 +205,8 @@ def build(s: Settings) -> None:
     pulumi.export("alarm_topics", {region: t.arn for region, t in remediation.topics.items()})
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_image", node_image)
-    pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri).apply(fleet_status))
+    status = standby_status if s.standby else fleet_status
+    pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri).apply(status))
     pulumi.export(
         "coordinator_address",
         pulumi.Output.concat(
@@ -173,6 +225,20 @@ def fleet_status(args: list) -> str:
     line = (
         f"held at 0 nodes: {image} is not in the registry yet; push it (README: AWS: first deploy), "
         "then run `pulumi up` again"
+    )
+    pulumi.log.warn(line)
+    return line
+
+
+def standby_status(args: list) -> str:
+    pushed, image = args
+    if pushed:
+        return f"standing by: 0 nodes until a failover; {image} is in this region's registry"
+    # ECR replicates only what is pushed after the replication rule exists (ECR user
+    # guide, "Private image replication").
+    line = (
+        f"standing by: 0 nodes until a failover, and {image} is not in this region's registry yet: "
+        "push the release again, or copy it (docs/FAILOVER.md: the image), before a failover"
     )
     pulumi.log.warn(line)
     return line

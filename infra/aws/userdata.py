@@ -65,6 +65,12 @@ def coordinator_host(zone_name: str) -> str:
     return f"coordinator.{zone_name.rstrip('.')}"
 
 
+def lease_bucket(s: Settings, ctx: NodeContext) -> str:
+    """Where the run lease lives: the primary bucket, or for a standby its replica (the
+    home stack's primary bucket), so that both regions contend for one object."""
+    return ctx.replica_bucket if s.standby else ctx.primary_bucket
+
+
 def checkpoint_root(s: Settings) -> str:
     """Bucket key prefix of this run's checkpoints; the FSx association maps the same
     path, so the fast tier and the bucket agree on every key."""
@@ -89,7 +95,7 @@ def trainer_env(s: Settings, ctx: NodeContext) -> dict[str, str]:
         "FTFLEET_CKPT_REPLICA_URI": f"s3://{ctx.replica_bucket}/{root}",
         # The FSx association exports every committed file to FTFLEET_CKPT_URI.
         "FTFLEET_CKPT_UPLOAD": "fsx-export",
-        "FTFLEET_LEASE_URI": f"s3://{ctx.primary_bucket}/{contract.lease_key(s.trainer.run_id)}",
+        "FTFLEET_LEASE_URI": f"s3://{lease_bucket(s, ctx)}/{contract.lease_key(s.trainer.run_id)}",
         "FTFLEET_LEASE_HOLDER": contract.lease_holder(s.stack, s.region),
         **launcher_env(s.trainer.launcher, s.fleet),
         "FTFLEET_NPROC_PER_NODE": str(s.fleet.gpus_per_node),

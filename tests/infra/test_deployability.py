@@ -106,9 +106,11 @@ def test_the_key_of_the_exported_bucket_lets_fsx_s3_access_roles_use_it_through_
     )
     assert cond["StringEquals"] == {"kms:CallerAccount": "123456789012", "kms:ViaService": "s3.us-east-1.amazonaws.com"}
     assert set(grant["Action"]) == set(kms.FSX_S3_KMS_ACTIONS)
-    # The replica bucket is not exported to: its key grants only the account.
+    # A standby's file system exports to the replica bucket: its key grants the same,
+    # through S3 in the replica region only.
     replica = json.loads(one(rec, "aws:kms/replicaKey:ReplicaKey").inputs["policy"])
-    assert [st["Sid"] for st in replica["Statement"]] == ["DelegateToAccountIam"]
+    assert [st["Sid"] for st in replica["Statement"]] == ["DelegateToAccountIam", "FsxExportToSseKmsBucket"]
+    assert replica["Statement"][1]["Condition"]["StringEquals"]["kms:ViaService"] == "s3.us-west-2.amazonaws.com"
 
 
 def test_buckets_keys_and_the_file_system_are_protected():

@@ -1,0 +1,243 @@
+"""A standby environment (``standbyOf``) on AWS: what it shares with its home stack,
+what it adds, and the one-line refusals of a standby that does not match its home."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from ftfleet.cli import main
+from ftfleet.errors import ConfigError
+from ftfleet.infra import offline, settings, stackfile
+from ftfleet.infra.aws import standby
+from tests.infra.conftest import recording
+
+HOME, STANDBY = "aws-prod", "aws-prod-standby"
+GROUP = "aws:autoscaling/group:Group"
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+
+
+def run_standby(tmp_path, home_outputs=None, **changes) -> offline.Recording:
+    """aws-prod-standby with some keys changed (None removes one), against aws-prod's
+    recorded outputs unless ``home_outputs`` stands for them."""
+    config = dict(stackfile.load(STANDBY).config)
+    for key, value in changes.items():
+        full = key if ":" in key else f"ftfleet:{key}"
+        if value is None:
+            config.pop(full, None)
+        else:
+            config[full] = value
+    stack = stackfile.StackFile(name=STANDBY, path=tmp_path / f"Pulumi.{STANDBY}.yaml", config=config)
+    outputs = recording(HOME).outputs if home_outputs is None else home_outputs
+    return offline.run(stack, other_stacks={HOME: outputs})
+
+
+def node_env(rec: offline.Recording) -> dict[str, str]:
+    """The trainer environment rendered into the first launch template's user data."""
+    script = base64.b64decode(rec.of_type(LT)[0].inputs["userData"]).decode()
+    return dict(re.findall(r"^(FTFLEET_[A-Z_]+)=(\S*)$", script, re.M))
+
+
+def test_the_home_publishes_what_a_standby_needs():
+    home = recording(HOME)
+    source = home.outputs[standby.OUTPUT]
+    assert set(source) == set(standby.FIELDS)
+    assert source["region"] == "us-east-1" and source["replica_region"] == "us-west-2"
+    assert source["primary_bucket"] == home.outputs["primary_bucket"]
+    assert source["replica_bucket"] == home.outputs["replica_bucket"]
+    assert source["repository_name"] == "ftfleet-aws-prod/trainer"
+    assert source["checkpoint_root"] == "checkpoints/llm-prod"
+
+
+def test_the_standby_creates_no_bucket_or_key_and_trains_on_the_homes_replica():
+    home, rec = recording(HOME).outputs, recording(STANDBY)
+    types = {r.type for r in rec.resources}
+    assert not types & {"aws:s3/bucket:Bucket", "aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey"}
+    assert rec.outputs["primary_bucket"] == home["replica_bucket"]
+    assert rec.outputs["replica_bucket"] == home["primary_bucket"]
+    assert rec.outputs["standby_of"] == HOME and standby.OUTPUT not in rec.outputs
+    env = node_env(rec)
+    assert env["FTFLEET_CKPT_URI"] == f"s3://{home['replica_bucket']}/checkpoints/llm-prod"
+    assert env["FTFLEET_CKPT_REPLICA_URI"] == f"s3://{home['primary_bucket']}/checkpoints/llm-prod"
+    # One lease for both regions: the home's key in the home's primary bucket.
+    assert env["FTFLEET_LEASE_URI"] == node_env(recording(HOME))["FTFLEET_LEASE_URI"]
+    assert env["FTFLEET_LEASE_URI"] == f"s3://{home['primary_bucket']}/ftfleet-leases/llm-prod.json"
+    assert env["FTFLEET_LEASE_HOLDER"] == "aws-prod-standby/us-west-2"
+    # The file system is in this region, linked to the home's replica bucket, and
+    # encrypted with the home key's replica here.
+    dra = rec.of_type("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")[0]
+    assert dra.inputs["dataRepositoryPath"] == f"s3://{home['replica_bucket']}/checkpoints/"
+    fsx = rec.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")[0]
+    assert rec.region_of(fsx) == "us-west-2"
+    assert fsx.inputs["kmsKeyId"] == home[standby.OUTPUT]["replica_key_arn"]
+
+
+def test_the_nodes_may_hold_the_homes_lease_and_write_it_with_the_homes_key():
+    home = recording(HOME).outputs[standby.OUTPUT]
+    rec = recording(STANDBY)
+    (doc,) = [
+        json.loads(p.inputs["policy"])
+        for p in rec.of_type("aws:iam/rolePolicy:RolePolicy")
+        if "-nodes-" in p.name and "HoldRunLease" in p.inputs["policy"] and "worker" in p.name
+    ]
+    sids = {st["Sid"]: st for st in doc["Statement"]}
+    lease = f"arn:aws:s3:::{home['primary_bucket']}/ftfleet-leases/llm-prod.json"
+    assert sids["HoldRunLease"]["Resource"] == [lease]
+    assert sids["FindRunLease"]["Resource"] == [f"arn:aws:s3:::{home['primary_bucket']}"]
+    assert sids["WriteRunLeaseKey"]["Resource"] == [home["key_arn"]]
+    assert sids["WriteRunLeaseKey"]["Condition"]["StringEquals"]["kms:ViaService"] == "s3.us-east-1.amazonaws.com"
+    # Checkpoints are written to the home's replica bucket only; the home's primary is read.
+    assert sids["ReadWriteCheckpoints"]["Resource"] == [f"arn:aws:s3:::{home['replica_bucket']}/checkpoints/llm-prod/*"]
+    assert sids["ReadReplicaCheckpoints"]["Resource"] == [
+        f"arn:aws:s3:::{home['primary_bucket']}/checkpoints/llm-prod/*"
+    ]
+    # A home's nodes get no key grant for the lease: it is in their own primary bucket.
+    (home_doc,) = [
+        json.loads(p.inputs["policy"])
+        for p in recording(HOME).of_type("aws:iam/rolePolicy:RolePolicy")
+        if "-nodes-" in p.name and "HoldRunLease" in p.inputs["policy"] and "worker" in p.name
+    ]
+    assert "WriteRunLeaseKey" not in {st["Sid"] for st in home_doc["Statement"]}
+
+
+def test_what_the_standby_writes_replicates_back_to_the_home_region():
+    home = recording(HOME).outputs[standby.OUTPUT]
+    rec = recording(STANDBY)
+    (config,) = rec.of_type("aws:s3/bucketReplicationConfig:BucketReplicationConfig")
+    assert rec.region_of(config) == "us-west-2" and config.inputs["bucket"] == home["replica_bucket"]
+    (rule,) = config.inputs["rules"]
+    assert rule["destination"]["bucket"] == f"arn:aws:s3:::{home['primary_bucket']}"
+    assert rule["destination"]["encryptionConfiguration"]["replicaKmsKeyId"] == home["key_arn"]
+    assert rule["deleteMarkerReplication"]["status"] == "Enabled"
+    assert rule["destination"]["replicationTime"]["status"] == "Enabled"  # replicationTimeControl: true
+    (policy,) = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if "-standby-replication" in p.name]
+    sids = {st["Sid"]: st for st in json.loads(policy.inputs["policy"])["Statement"]}
+    assert sids["ReadSourceConfig"]["Resource"] == [f"arn:aws:s3:::{home['replica_bucket']}"]
+    assert sids["WriteReplica"]["Resource"] == [f"arn:aws:s3:::{home['primary_bucket']}/*"]
+    assert sids["DecryptSource"]["Resource"] == [home["replica_key_arn"]]
+    assert sids["DecryptSource"]["Condition"]["StringLike"]["kms:ViaService"] == "s3.us-west-2.amazonaws.com"
+    assert sids["EncryptReplica"]["Condition"]["StringLike"]["kms:ViaService"] == "s3.us-east-1.amazonaws.com"
+
+
+def test_the_home_registry_replicates_its_image_into_the_standbys_repository(tmp_path):
+    rec = recording(STANDBY)
+    (repo,) = rec.of_type("aws:ecr/repository:Repository")
+    assert repo.inputs["name"] == "ftfleet-aws-prod/trainer" and rec.region_of(repo) == "us-west-2"
+    (replication,) = rec.of_type("aws:ecr/replicationConfiguration:ReplicationConfiguration")
+    assert rec.region_of(replication) == "us-east-1"
+    (rule,) = replication.inputs["replicationConfiguration"]["rules"]
+    assert rule["destinations"] == [{"region": "us-west-2", "registryId": offline.MOCK_ACCOUNT}]
+    assert rule["repositoryFilters"] == [{"filter": "ftfleet-aws-prod/trainer", "filterType": "PREFIX_MATCH"}]
+    existing = run_standby(tmp_path, standbyImageReplication="existing")
+    assert not existing.of_type("aws:ecr/replicationConfiguration:ReplicationConfiguration")
+
+
+def test_the_groups_stand_at_zero_and_their_sizes_belong_to_the_failover():
+    rec = recording(STANDBY)
+    groups = rec.of_type(GROUP)
+    assert len(groups) == 2
+    for g in groups:
+        assert g.inputs["minSize"] == 0 and g.inputs["desiredCapacity"] == 0, g.name
+        assert set(g.ignore_changes) == {"minSize", "desiredCapacity"}, g.name
+    workers = next(g for g in groups if g.name.endswith("-workers"))
+    assert workers.inputs["maxSize"] == 32
+    # A home's groups stay the program's.
+    assert all(not g.ignore_changes for g in recording(HOME).of_type(GROUP))
+    assert "standing by: 0 nodes until a failover" in rec.outputs["fleet_status"]
+
+
+def test_a_file_system_on_failover_comes_with_standby_active_and_until_then_no_node_can_boot(tmp_path):
+    idle = run_standby(tmp_path, standbyFastTier="on-failover")
+    assert not idle.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")
+    assert all(g.inputs["maxSize"] == 0 for g in idle.of_type(GROUP))
+    assert idle.outputs["fsx_dns_name"] == ""
+    active = run_standby(tmp_path, standbyFastTier="on-failover", standbyActive=True)
+    assert len(active.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")) == 1
+    assert next(g for g in active.of_type(GROUP) if g.name.endswith("-workers")).inputs["maxSize"] == 32
+    # The association is what a booting node waits for, once it exists.
+    (dra,) = active.of_type("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    assert all(dra.urn in lt.dependencies for lt in active.of_type(LT))
+
+
+def test_the_standby_has_no_storage_drift_function_its_home_guards_the_buckets():
+    functions = recording(STANDBY).outputs["remediation_functions"]
+    assert "storage_drift" not in functions and "storage_drift" in recording(HOME).outputs["remediation_functions"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"aws:region": "eu-west-1", "availabilityZones": ["eu-west-1a"]}, "aws:region is 'eu-west-1' here"),
+        ({"replicaRegion": "eu-west-1"}, "set ftfleet:replicaRegion us-east-1"),
+        ({"runId": "other-run"}, "set ftfleet:runId llm-prod"),
+        ({"checkpointPrefix": "elsewhere/"}, "set ftfleet:checkpointPrefix and runId as aws-prod does"),
+    ],
+    ids=["region", "replica-region", "run", "prefix"],
+)
+def test_a_standby_that_does_not_match_its_home_is_refused_in_one_line(tmp_path, changes, says):
+    with pytest.raises(Exception) as caught:
+        run_standby(tmp_path, **changes)
+    message = str(caught.value)
+    assert says in message and "\n" not in message.strip()
+
+
+def test_a_home_that_publishes_nothing_yet_is_refused_naming_the_fix(tmp_path):
+    with pytest.raises(Exception, match=r"deploy aws-prod \(`pulumi up -s aws-prod`\)"):
+        run_standby(tmp_path, home_outputs={})
+    partial = {standby.OUTPUT: {**recording(HOME).outputs[standby.OUTPUT], "replica_bucket": ""}}
+    with pytest.raises(Exception, match="lacks replica_bucket"):
+        run_standby(tmp_path, home_outputs=partial)
+
+
+def test_plan_runs_the_home_beside_a_standby_file_and_refuses_without_it(tmp_path, capsys):
+    assert main(["plan", STANDBY]) == 0
+    out = capsys.readouterr().out
+    assert "standby of aws-prod: node groups at 0 until a failover" in out and "FSx kept" in out
+    lone = tmp_path / f"Pulumi.{STANDBY}.yaml"
+    lone.write_text(stackfile.load(STANDBY).path.read_text())
+    assert main(["plan", str(lone)]) == 2
+    err = capsys.readouterr().err
+    assert "names no stack file" in err and "put the home stack's file beside it" in err
+
+
+def test_the_standing_by_cost_is_the_file_system_kept_and_the_nat_gateway(tmp_path):
+    from ftfleet.infra import estimate
+
+    kept = estimate.estimate(stackfile.load(STANDBY).settings())
+    sb = kept["standby"]
+    assert sb["standing_by_usd_per_month"] == pytest.approx(
+        kept["storage_usd_per_month"]["fsx"] + kept["network_usd_per_month"]["nat_gateway"], abs=0.02
+    )
+    assert sb["fleet_after_failover_usd_per_hour"] == kept["fleet_usd_per_hour"]["with_spot"]
+    assert kept["storage_usd_per_month"]["buckets_per_tib_stored"] == 0  # the home's
+    raw = {**stackfile.load(STANDBY).project_config(), "standbyFastTier": "on-failover"}
+    lean = estimate.estimate(settings.parse(raw, stack=STANDBY, region="us-west-2"))
+    assert lean["standby"]["standing_by_usd_per_month"] == kept["network_usd_per_month"]["nat_gateway"]
+    assert estimate.estimate(stackfile.load(HOME).settings())["standby"] is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"standbyOf": "aws-prod-standby"}, "names this stack"),
+        ({"standbyOf": "Prod_1"}, "give the home stack's name"),
+        ({"standbyOf": "", "standbyImageReplication": "existing"}, "stands by for none"),
+        ({"standbyOf": "", "standbyActive": True}, "stands by for none"),
+        ({"standbyImageReplication": "copy"}, "use create"),
+        ({"standbyFastTier": "later"}, "use kept"),
+        ({"remediationStorageDrift": True}, "its storage_drift restores them"),
+    ],
+)
+def test_standby_settings_are_refused_in_one_line_naming_the_fix(changes, says):
+    raw = {**stackfile.load(STANDBY).project_config(), **changes}
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        settings.parse(raw, stack=STANDBY, region="us-west-2")
+
+
+def test_a_gcp_stack_may_not_name_a_standby_yet():
+    raw = {**stackfile.load("gcp-prod").project_config(), "standbyOf": "gcp-dev"}
+    with pytest.raises(ConfigError, match="applies to aws stacks only"):
+        settings.parse(raw, stack="gcp-prod", region=stackfile.load("gcp-prod").region())
