@@ -286,6 +286,17 @@ class _Mocks(pulumi.runtime.Mocks):
                 "withDecryption": True,
                 "region": self._default_region,
             }
+        if args.token == "aws:ecr/getRepository:getRepository":
+            name = args.args.get("name", "")
+            region = self._default_region
+            return {
+                "id": name,
+                "name": name,
+                "arn": f"arn:aws:ecr:{region}:{MOCK_ACCOUNT}:repository/{name}",
+                "registryId": MOCK_ACCOUNT,
+                "repositoryUrl": f"{MOCK_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{name}",
+                "region": region,
+            }
         if args.token == "aws:ecr/getImages:getImages":
             repository = args.args.get("repositoryName", "")
             return {

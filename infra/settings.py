@@ -350,8 +350,12 @@ def parse(
     )
 
 
-def standby_of(r: _Reader, stack: str) -> StandbySettings | None:
-    """``standbyOf`` and ``standbyImageReplication``; None for a stack of its own."""
+def standby_of(
+    r: _Reader, stack: str, bucket_functions: tuple[str, ...] = ("remediationStorageDrift",)
+) -> StandbySettings | None:
+    """``standbyOf`` and the ``standby*`` keys; None for a stack of its own.
+    ``bucket_functions``: the keys of remediation functions that act on the checkpoint
+    buckets, which the home's own functions already do; set true, they are refused."""
     home = r.str("standbyOf")
     if not home:
         for key in ("standbyImageReplication", "standbyFastTier", "standbyActive"):
@@ -362,11 +366,11 @@ def standby_of(r: _Reader, stack: str) -> StandbySettings | None:
         raise _err("standbyOf", f"is {home!r}; give the home stack's name (aws-prod)")
     if home == stack:
         raise _err("standbyOf", f"names this stack ({stack}); name the stack this one stands by for")
-    if r.raw.get("remediationStorageDrift") in (True, "true"):
-        raise _err(
-            "remediationStorageDrift",
-            f"is true on a standby: the buckets are {home}'s, and its storage_drift restores them; remove the key",
-        )
+    for key in bucket_functions:
+        if r.raw.get(key) in (True, "true"):
+            raise _err(
+                key, f"is true on a standby: the buckets are {home}'s, and its functions do this; remove the key"
+            )
     mode = r.str("standbyImageReplication")
     if mode not in IMAGE_REPLICATION_MODES:
         raise _err(

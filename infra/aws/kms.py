@@ -2,8 +2,9 @@
 
 One key family encrypts the buckets (primary with the key, replica with the replica
 key, so replication re-encrypts in-region) and the FSx file system. Both keys' policies
-also let FSx's S3-access role use them, through S3 in their region, for the exports: the
-home's file system exports to the primary bucket, a standby's to the replica.
+also let FSx's S3-access role use them, through S3 in their region, which a file system
+linked to an SSE-KMS bucket needs to import from and export to it: the home's file
+system is linked to the primary bucket, a standby's to the replica.
 """
 
 from __future__ import annotations

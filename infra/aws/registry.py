@@ -48,12 +48,23 @@ class Registry(pulumi.ComponentResource):
         settings: Settings,
         provider: aws.Provider,
         repository_name: str | None = None,
+        existing: bool = False,
         opts: pulumi.ResourceOptions | None = None,
     ):
         """``repository_name``: default ``<settings.name>/trainer``; a standby names its
-        home's, which is the name ECR's replication writes to in this region."""
+        home's, which is the name ECR's replication writes to in this region.
+        ``existing``: the repository is not this stack's (a standby whose account already
+        replicates the home's repository here, which made it): it is looked up, and the
+        run stops if it is not there yet."""
         super().__init__("ftfleet:aws:Registry", name, None, opts)
         o = pulumi.ResourceOptions(parent=self, provider=provider)
+        self.repository: aws.ecr.Repository | aws.ecr.GetRepositoryResult
+        if existing:
+            self.repository = aws.ecr.get_repository_output(
+                name=repository_name or repository_of(settings.name), opts=pulumi.InvokeOutputOptions(provider=provider)
+            )
+            self._image(settings, provider)
+            return
         self.repository = aws.ecr.Repository(
             f"{name}-trainer",
             name=repository_name or repository_of(settings.name),
@@ -67,6 +78,9 @@ class Registry(pulumi.ComponentResource):
         aws.ecr.LifecyclePolicy(
             f"{name}-trainer-lifecycle", repository=self.repository.name, policy=EXPIRE_UNTAGGED, opts=o
         )
+        self._image(settings, provider)
+
+    def _image(self, settings: Settings, provider: aws.Provider) -> None:
         self.image_uri = pulumi.Output.concat(self.repository.repository_url, ":", settings.trainer.image_tag)
         # Through repository_url (unknown until the repository exists), so the invoke
         # never asks about a repository that is still to be created.

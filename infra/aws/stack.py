@@ -47,14 +47,24 @@ def build(s: Settings) -> None:
 
     network = Network(f"{s.name}-net", s, primary)
     if s.standby:
+        # The repository first: ECR's replication must find it, not create one itself.
+        registry = Registry(
+            f"{s.name}-registry",
+            s,
+            primary,
+            repository_name=repository_of(f"ftfleet-{s.standby.home}"),
+            existing=s.standby.image_replication == "existing",
+        )
         # The home stack's buckets and keys, in swapped roles (infra/aws/standby.py).
         links = standby.StandbyLinks(
-            f"{s.name}-standby", s, standby.home_of(s, userdata.checkpoint_root(s)), primary, replica
+            f"{s.name}-standby",
+            s,
+            standby.home_of(s, userdata.checkpoint_root(s)),
+            primary,
+            replica,
+            image_after=[registry.repository] if isinstance(registry.repository, pulumi.Resource) else [],
         )
         shared = Shared(links.primary, links.replica, links.key_arn, links.replica_key_arn, links.replication)
-        registry = Registry(
-            f"{s.name}-registry", s, primary, repository_name=repository_of(f"ftfleet-{s.standby.home}")
-        )
     else:
         key = StackKey(f"{s.name}-kms", s, identity.account_id, primary, replica)
         buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)

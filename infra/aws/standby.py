@@ -14,32 +14,30 @@ groups at 0 nodes) and two links between the regions:
 
 The home stack publishes what a standby needs as one output, :data:`OUTPUT`
 (:func:`source_of`); the standby reads it through a StackReference and refuses, with
-one line, a home whose regions, run or checkpoint prefix do not match its own.
+one line, a home whose regions, run or checkpoint prefix do not match its own
+(infra/standby_source.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet.infra import standby_source
 from ftfleet.infra.aws import names
 from ftfleet.infra.aws.bucket import replication_policy
 from ftfleet.infra.settings import Settings
 
 s3 = aws.s3
-#: The home stack's output a standby reads.
-OUTPUT = "standby_source"
-#: What :data:`OUTPUT` holds, each a string.
+OUTPUT = standby_source.OUTPUT
+#: What :data:`OUTPUT` holds on AWS, each a string.
 FIELDS = (
-    "stack",
-    "region",
-    "replica_region",
-    "run_id",
-    "checkpoint_root",
+    *standby_source.COMMON,
     "primary_bucket",
     "replica_bucket",
     "key_arn",
@@ -52,19 +50,13 @@ def source_of(s: Settings, checkpoint_root: str, **outputs: pulumi.Input[str]) -
     """The home stack's :data:`OUTPUT`: its regions, run and checkpoint root, and the
     names and ARNs of ``outputs`` (primary_bucket, replica_bucket, key_arn,
     replica_key_arn, repository_name)."""
-    fixed = {
-        "stack": s.stack,
-        "region": s.region,
-        "replica_region": s.replica_region,
-        "run_id": s.trainer.run_id,
-        "checkpoint_root": checkpoint_root,
-    }
-    return pulumi.Output.all(**outputs).apply(lambda resolved: {**fixed, **resolved})
+    return standby_source.publish(s, checkpoint_root, **outputs)
 
 
 @dataclass(frozen=True)
 class Home:
-    """The home stack's :data:`OUTPUT`, checked against this standby's settings."""
+    """The home stack's :data:`OUTPUT`, checked against this standby's settings
+    (:func:`ftfleet.infra.standby_source.checked`)."""
 
     stack: str
     region: str
@@ -76,38 +68,6 @@ class Home:
     key_arn: str
     replica_key_arn: str
     repository_name: str
-
-    @classmethod
-    def checked(cls, source: Any, s: Settings, checkpoint_root: str) -> Home:
-        """Raises pulumi.RunError with one line when the home is not deployed or does
-        not match this standby."""
-        assert s.standby is not None
-        home = s.standby.home
-        if not isinstance(source, dict) or not source:
-            raise pulumi.RunError(
-                f"standbyOf {home}: the stack has no {OUTPUT} output; deploy {home} (`pulumi up -s {home}`) "
-                "with this version of ftfleet first"
-            )
-        missing = [f for f in FIELDS if not isinstance(source.get(f), str) or not source.get(f)]
-        if missing:
-            raise pulumi.RunError(
-                f"standbyOf {home}: its {OUTPUT} lacks {', '.join(missing)}; run `pulumi up -s {home}` again"
-            )
-        got = cls(**{f: source[f] for f in FIELDS})
-        for what, mine, theirs, fix in (
-            ("aws:region", s.region, got.replica_region, f"deploy the standby in {got.replica_region}"),
-            ("ftfleet:replicaRegion", s.replica_region, got.region, f"set ftfleet:replicaRegion {got.region}"),
-            ("ftfleet:runId", s.trainer.run_id, got.run_id, f"set ftfleet:runId {got.run_id}"),
-            (
-                "the checkpoint root",
-                checkpoint_root,
-                got.checkpoint_root,
-                f"set ftfleet:checkpointPrefix and runId as {home} does",
-            ),
-        ):
-            if mine != theirs:
-                raise pulumi.RunError(f"standbyOf {home}: {what} is {mine!r} here and {theirs!r} for {home}; {fix}")
-        return got
 
     @property
     def primary_bucket_arn(self) -> str:
@@ -133,10 +93,7 @@ class BucketRef:
 
 def home_of(s: Settings, checkpoint_root: str) -> pulumi.Output[Home]:
     """The home stack's :data:`OUTPUT`, read through a StackReference and checked."""
-    assert s.standby is not None
-    name = f"{pulumi.get_organization()}/{pulumi.get_project()}/{s.standby.home}"
-    source = pulumi.StackReference(f"{s.name}-home", stack_name=name).get_output(OUTPUT)
-    return source.apply(lambda value: Home.checked(value, s, checkpoint_root))
+    return standby_source.read(s, checkpoint_root, FIELDS).apply(lambda got: Home(**got))
 
 
 class StandbyLinks(pulumi.ComponentResource):
@@ -144,7 +101,9 @@ class StandbyLinks(pulumi.ComponentResource):
     the home region, and (``create``) the home registry's replication to this region.
 
     ``here``: a provider in this stack's region (the home's replica region); ``home``:
-    one in the home's region."""
+    one in the home's region. ``image_after``: the repository here, which the registry's
+    replication must find rather than create (ECR creates a missing destination
+    repository with its own settings)."""
 
     def __init__(
         self,
@@ -153,6 +112,7 @@ class StandbyLinks(pulumi.ComponentResource):
         home: pulumi.Output[Home],
         here: aws.Provider,
         there: aws.Provider,
+        image_after: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("ftfleet:aws:StandbyLinks", name, None, opts)
@@ -262,6 +222,6 @@ class StandbyLinks(pulumi.ComponentResource):
                         )
                     ]
                 ),
-                opts=pulumi.ResourceOptions(parent=self, provider=there),
+                opts=pulumi.ResourceOptions(parent=self, provider=there, depends_on=list(image_after)),
             )
         self.register_outputs({"primary": self.primary.bucket, "replica": self.replica.bucket})

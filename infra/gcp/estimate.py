@@ -35,6 +35,18 @@ def estimate(s: GcpSettings) -> dict:
         fs_rate = prices["parallelstore_gib_month"]
         fs_label = f"Parallelstore ({st.parallelstore_capacity_gib:,} GiB {st.parallelstore_deployment_type})"
     replication = prices["gcs_replication_gib"]["turbo" if b.turbo_replication else "default"]
+    fs = round(st.capacity_gib * fs_rate, 2)
+    standby = None
+    if s.standby:
+        # Groups at 0 until a failover; the bucket is the home's (priced in its plan).
+        kept = s.standby.fast_tier == "kept"
+        standby = {
+            "home": s.standby.home,
+            "fast_tier": s.standby.fast_tier,
+            "active": s.standby.active,
+            "standing_by_usd_per_month": fs if kept else 0.0,
+            "fleet_after_failover_usd_per_hour": round(mixed, 2),
+        }
     return {
         "cloud": "gcp",
         "label": (
@@ -55,8 +67,9 @@ def estimate(s: GcpSettings) -> dict:
             "savings_percent": round(100 * (1 - mixed / all_on_demand), 1),
             "spare_nodes": round(spares, 2),
         },
+        "standby": standby,
         "storage_usd_per_month": {
-            "file_system": round(st.capacity_gib * fs_rate, 2),
+            "file_system": fs,
             "file_system_label": fs_label,
             # A dual-region bucket bills storage in both regions: no replica bucket.
             "buckets_per_tib_stored": round(GIB_PER_TIB * prices["gcs_dual_region_standard_gib_month"], 2),

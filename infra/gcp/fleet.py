@@ -106,7 +106,13 @@ class GpuFleet(pulumi.ComponentResource):
             f"{name}-coordinator", "coordinator", self.templates["coordinator"], 0, [zones[0]], stateful=True
         )
         # The reserved address, kept on nic0 of the one coordinator VM through every
-        # recreation ("Configuring stateful IP addresses in MIGs").
+        # recreation ("Configuring stateful IP addresses in MIGs"). A standby has no
+        # coordinator VM until it is active (standbyActive).
+        self.coordinator_config = None
+        standby = settings.standby
+        if standby is not None and not standby.active:
+            self._workers(name, template, f, fleet_zones, standby=True)
+            return
         self.coordinator_config = c.RegionPerInstanceConfig(
             f"{name}-coordinator-address",
             region=settings.region,
@@ -128,6 +134,10 @@ class GpuFleet(pulumi.ComponentResource):
             opts=self._o,
         )
 
+        self._workers(name, template, f, fleet_zones, standby=standby is not None)
+
+    def _workers(self, name: str, template, f, fleet_zones: list[str], *, standby: bool) -> None:
+        """The worker groups; a standby's at 0, their size the failover's from creation on."""
         self.workers: dict[str, c.RegionInstanceGroupManager] = {}
         # spareNodes: booted workers beyond the job's, in the main group (Spot when it is).
         main = (f.spot_workers if f.spot else f.worker_desired_size) + f.spare_nodes
@@ -136,7 +146,9 @@ class GpuFleet(pulumi.ComponentResource):
             groups.append(("workers-ondemand", "STANDARD", f.on_demand_workers))
         for role, model, size in groups:
             self.templates[role] = template(role, f.worker_machine_types[0], model)
-            self.workers[role] = self._group(f"{name}-{role}", role, self.templates[role], size, fleet_zones)
+            self.workers[role] = self._group(
+                f"{name}-{role}", role, self.templates[role], 0 if standby else size, fleet_zones, sized_by_hand=standby
+            )
         self.register_outputs(
             {
                 "coordinator_group": self.coordinator.name,
@@ -223,6 +235,7 @@ class GpuFleet(pulumi.ComponentResource):
         size: int,
         zones: list[str],
         stateful: bool = False,
+        sized_by_hand: bool = False,
     ) -> c.RegionInstanceGroupManager:
         s, f = self._s, self._s.fleet
         single = len(zones) == 1 or f.single_zone
@@ -279,6 +292,6 @@ class GpuFleet(pulumi.ComponentResource):
             # A stateful group's size is its per-instance configs': an update must not
             # resize it back to the declared 0.
             opts=pulumi.ResourceOptions.merge(self._o, pulumi.ResourceOptions(ignore_changes=["targetSize"]))
-            if stateful
+            if stateful or sized_by_hand
             else self._o,
         )

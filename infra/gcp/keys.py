@@ -50,6 +50,9 @@ SHARED = frozenset(
         "trainerLauncher",
         "runId",
         "tags",
+        "standbyOf",
+        "standbyFastTier",
+        "standbyActive",
     }
 )
 

@@ -19,10 +19,36 @@ UNTAGGED_AFTER_SECONDS = 14 * 24 * 3600
 
 class Registry(pulumi.ComponentResource):
     def __init__(
-        self, name: str, settings: GcpSettings, provider: gcp.Provider, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        settings: GcpSettings,
+        provider: gcp.Provider,
+        upstream: pulumi.Input[str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
     ):
+        """``upstream``: a standby's home repository (``projects/P/locations/L/
+        repositories/R``); the repository here is then a read-only remote repository
+        that fetches and caches what the nodes pull from it ("Remote repositories
+        overview": a standard Artifact Registry repository as the upstream; the project's
+        Artifact Registry service agent downloads from repositories of its project)."""
         super().__init__("ftfleet:gcp:Registry", name, None, opts)
         o = pulumi.ResourceOptions(parent=self, provider=provider)
+        if upstream is not None:
+            self.repository = ar.Repository(
+                f"{name}-trainer",
+                repository_id=settings.name,
+                location=settings.region,
+                format="DOCKER",
+                mode="REMOTE_REPOSITORY",
+                description=f"{settings.name}: the home stack's trainer images, fetched on first pull",
+                remote_repository_config=ar.RepositoryRemoteRepositoryConfigArgs(
+                    description="the home stack's trainer repository",
+                    common_repository=ar.RepositoryRemoteRepositoryConfigCommonRepositoryArgs(uri=upstream),
+                ),
+                opts=o,
+            )
+            self._finish(settings)
+            return
         self.repository = ar.Repository(
             f"{name}-trainer",
             repository_id=settings.name,
@@ -47,6 +73,9 @@ class Registry(pulumi.ComponentResource):
             ],
             opts=o,
         )
+        self._finish(settings)
+
+    def _finish(self, settings: GcpSettings) -> None:
         #: `<region>-docker.pkg.dev/<project>/<repository>`
         self.registry_uri = self.repository.registry_uri
         self.registry_host = f"{settings.region}-docker.pkg.dev"

@@ -21,7 +21,16 @@ from ftfleet.infra.gcp.storage_settings import GcpStorageSettings, GcsBucketSett
 
 # _Reader, _err and TrainerSettings are the shared parsing helpers of infra/settings.py;
 # importing them (not copying) keeps one behaviour for both clouds.
-from ftfleet.infra.settings import PROJECT, TrainerSettings, _err, _Reader, checkpoint_retention, trainer_launcher
+from ftfleet.infra.settings import (
+    PROJECT,
+    StandbySettings,
+    TrainerSettings,
+    _err,
+    _Reader,
+    checkpoint_retention,
+    standby_of,
+    trainer_launcher,
+)
 
 #: The subnet and the private services access range are /20 blocks of vpcCidr.
 BLOCK_PREFIX = 20
@@ -76,6 +85,8 @@ class GcpSettings:
     trainer: TrainerSettings
     tags: dict[str, str]
     """Extra labels for every resource, after ftfleet's own."""
+    standby: StandbySettings | None = None
+    """Set when this stack stands by for another (``standbyOf``; infra/gcp/standby.py)."""
 
     @property
     def name(self) -> str:
@@ -107,7 +118,8 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
         )
     fleet, storage = parse_fleet(r), parse_storage(r)
     _lustre_client_published(fleet, storage)
-    return GcpSettings(
+    standby = standby_of(r, stack, bucket_functions=GCP_BUCKET_FUNCTIONS)
+    settings = GcpSettings(
         stack=stack,
         cloud="gcp",
         region=region,
@@ -129,7 +141,17 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
         ),
         trainer=_trainer(r, stack),
         tags=_labels(r),
+        standby=standby,
     )
+    if standby is None:
+        return settings
+    # The bucket is the home's, and the home's functions watch and sweep it already.
+    off = {f: False for f in ("storage_drift", "replication_lag", "retention_sweep")}
+    return dataclasses.replace(settings, remediation=dataclasses.replace(settings.remediation, **off))
+
+
+#: Keys of the functions that act on the checkpoint bucket, which a standby shares.
+GCP_BUCKET_FUNCTIONS = ("remediationStorageDrift", "remediationReplicationLag", "remediationRetentionSweep")
 
 
 def _lustre_client_published(fleet: GcpFleetSettings, storage: GcpStorageSettings) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from ftfleet.infra.gcp import boot
+from ftfleet.infra import standby_source
+from ftfleet.infra.gcp import boot, standby
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
 from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
 from ftfleet.infra.gcp.fleet import GpuFleet
@@ -27,36 +28,119 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     provider = gcp.Provider("gcp", project=gcp.config.project, region=s.region, default_labels=s.labels())
 
     network = Network(f"{s.name}-net", s, boot.HEALTH_PORT, provider)
-    key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
     r = s.remediation
     source = FunctionSource(f"{s.name}-remediation-source", s, provider) if r.any_function else None
-    # The bucket waits for the drift function's desired state: a change the stack makes
-    # to the bucket is desired before the bucket's audit entry reaches the function.
-    buckets = ReplicatedBucket(
-        f"{s.name}-ckpt",
-        s,
-        provider,
-        kms_key=key.key.id if key else None,
-        after=[x for x in (key.grant if key else None, source.desired if source else None) if x is not None],
-    )
-    registry = Registry(f"{s.name}-registry", s, provider)
-    store = CheckpointStore(
-        f"{s.name}-fs",
-        s,
-        network.vpc.id,
-        network.vpc.name,
-        network.services_range.name,
-        network.peering,
-        provider,
-    )
-    nodes = NodeIdentity(f"{s.name}-nodes", s, buckets.bucket.name, registry.repository, provider)
+    root = boot.checkpoint_root(s)
+    key = None
+    if s.standby:
+        # The home's dual-region bucket and its images (infra/gcp/standby.py).
+        home = standby.home_of(s, root, gcp.config.project or provider.project)
+        bucket: gcp.storage.Bucket | standby.BucketRef = standby.BucketRef(home.apply(lambda h: h.bucket))
+        registry = Registry(f"{s.name}-registry", s, provider, upstream=home.apply(lambda h: h.repository))
+    else:
+        key = BucketKey(f"{s.name}-key", s, provider) if s.buckets.cmek else None
+        # The bucket waits for the drift function's desired state: a change the stack makes
+        # to the bucket is desired before the bucket's audit entry reaches the function.
+        buckets = ReplicatedBucket(
+            f"{s.name}-ckpt",
+            s,
+            provider,
+            kms_key=key.key.id if key else None,
+            after=[x for x in (key.grant if key else None, source.desired if source else None) if x is not None],
+        )
+        bucket = buckets.bucket
+        registry = Registry(f"{s.name}-registry", s, provider)
+    store = None
+    if s.standby is None or s.standby.has_fast_tier:
+        store = CheckpointStore(
+            f"{s.name}-fs",
+            s,
+            network.vpc.id,
+            network.vpc.name,
+            network.services_range.name,
+            network.peering,
+            provider,
+        )
+    nodes = NodeIdentity(f"{s.name}-nodes", s, bucket.name, registry.repository, provider)
     # Pinned by name, never resolved from a family: every node of every deployment boots
     # the same image (kernel, driver, Lustre client) until the stack names another, and
     # a `pulumi up` never replaces the templates for an image nobody chose.
     image = f"projects/{s.fleet.image_project}/global/images/{s.fleet.image}"
 
+    fleet = None
+    if store is not None:
+        # Without its file system (standbyFastTier: on-failover, not active) a standby
+        # has no node groups: nothing could boot a node that cannot mount it.
+        fleet = _fleet(s, store, bucket, registry, network, nodes, image, provider)
+
+    # Managed instance groups already recreate preempted and unhealthy VMs; no function
+    # duplicates that (infra/gcp/functions.py).
+    functions = RemediationFunctions(f"{s.name}-remediation", s, bucket, source, provider)
+
+    pulumi.export("checkpoint_bucket", bucket.name)
+    pulumi.export("checkpoint_uri", pulumi.Output.concat("gs://", bucket.name, "/", root))
+    if s.standby:
+        pulumi.export("standby_of", s.standby.home)
+        pulumi.export("fleet_status", standby_status(s, fleet))
+    else:
+        pulumi.export(
+            standby_source.OUTPUT,
+            standby.source_of(
+                s,
+                root,
+                project=provider.project.apply(lambda p: p or ""),
+                bucket=bucket.name,
+                repository=registry.repository.id,
+            ),
+        )
+        pulumi.export(
+            "bucket_location",
+            f"{s.buckets.location} ({'+'.join(s.buckets.data_locations) or 'predefined dual-region'}), "
+            f"RPO {'ASYNC_TURBO' if s.buckets.turbo_replication else 'DEFAULT'}",
+        )
+    fs = f"{s.storage.kind} in {s.network.zones[0]}, {s.storage.capacity_gib} GiB"
+    pulumi.export("file_system", fs if store else f"none until standbyActive (then {fs})")
+    pulumi.export("file_system_mount", store.mount_source if store else "")
+    pulumi.export("checkpoint_dir", f"{s.storage.mount_point}/{root}")
+    pulumi.export("coordinator_group", fleet.coordinator.name if fleet else "")
+    pulumi.export("worker_group", fleet.workers["workers"].name if fleet else "")
+    pulumi.export("node_image", image)
+    pulumi.export("registry_url", registry.registry_uri)
+    pulumi.export("trainer_image", registry.image_uri)
+    pulumi.export("node_service_account", nodes.email)
+    pulumi.export("remediation_functions", {k: f.name for k, f in functions.functions.items()})
+    pulumi.export(
+        "coordinator_address",
+        pulumi.Output.concat(
+            network.coordinator_address.address,
+            f":{boot.RDZV_PORT} (reserved internal address, kept by the coordinator group's per-instance config)",
+        ),
+    )
+    return {
+        "network": network,
+        **({"buckets": buckets} if not s.standby else {}),
+        "registry": registry,
+        "store": store,
+        "nodes": nodes,
+        "fleet": fleet,
+        "functions": functions,
+        **({"key": key} if key else {}),
+    }
+
+
+def _fleet(
+    s: GcpSettings,
+    store: CheckpointStore,
+    bucket: gcp.storage.Bucket | standby.BucketRef,
+    registry: Registry,
+    network: Network,
+    nodes: NodeIdentity,
+    image: str,
+    provider: gcp.Provider,
+) -> GpuFleet:
+    """The node groups, with their boot scripts rendered for this stack."""
     context = pulumi.Output.all(
-        registry.image_uri, store.mount_source, buckets.bucket.name, network.coordinator_address.address
+        registry.image_uri, store.mount_source, bucket.name, network.coordinator_address.address
     ).apply(
         lambda a: boot.NodeContext(
             image_uri=a[0],
@@ -74,7 +158,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
             scripts[f"startup-{role}-{model}"] = context.apply(
                 lambda ctx, r=script_role, m=model: boot.startup_script(s, ctx, r, m)
             )
-    fleet = GpuFleet(
+    return GpuFleet(
         f"{s.name}-fleet",
         s,
         network.subnet.id,
@@ -86,42 +170,10 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
         provider,
     )
 
-    # Managed instance groups already recreate preempted and unhealthy VMs; no function
-    # duplicates that (infra/gcp/functions.py).
-    functions = RemediationFunctions(f"{s.name}-remediation", s, buckets.bucket, source, provider)
 
-    root = boot.checkpoint_root(s)
-    pulumi.export("checkpoint_bucket", buckets.bucket.name)
-    pulumi.export("checkpoint_uri", pulumi.Output.concat("gs://", buckets.bucket.name, "/", root))
-    pulumi.export(
-        "bucket_location",
-        f"{s.buckets.location} ({'+'.join(s.buckets.data_locations) or 'predefined dual-region'}), "
-        f"RPO {'ASYNC_TURBO' if s.buckets.turbo_replication else 'DEFAULT'}",
-    )
-    pulumi.export("file_system", f"{s.storage.kind} in {s.network.zones[0]}, {s.storage.capacity_gib} GiB")
-    pulumi.export("file_system_mount", store.mount_source)
-    pulumi.export("checkpoint_dir", f"{s.storage.mount_point}/{root}")
-    pulumi.export("coordinator_group", fleet.coordinator.name)
-    pulumi.export("worker_group", fleet.workers["workers"].name)
-    pulumi.export("node_image", image)
-    pulumi.export("registry_url", registry.registry_uri)
-    pulumi.export("trainer_image", registry.image_uri)
-    pulumi.export("node_service_account", nodes.email)
-    pulumi.export("remediation_functions", {k: f.name for k, f in functions.functions.items()})
-    pulumi.export(
-        "coordinator_address",
-        pulumi.Output.concat(
-            network.coordinator_address.address,
-            f":{boot.RDZV_PORT} (reserved internal address, kept by the coordinator group's per-instance config)",
-        ),
-    )
-    return {
-        "network": network,
-        "buckets": buckets,
-        "registry": registry,
-        "store": store,
-        "nodes": nodes,
-        "fleet": fleet,
-        "functions": functions,
-        **({"key": key} if key else {}),
-    }
+def standby_status(s: GcpSettings, fleet: GpuFleet | None) -> str:
+    if fleet is None:
+        return "standing by: no node groups and no file system until standbyActive (standbyFastTier: on-failover)"
+    if s.standby and s.standby.active:
+        return "active: the coordinator group holds its VM; size the worker groups to the job"
+    return "standing by: worker groups at 0 and no coordinator VM until a failover (standbyActive)"

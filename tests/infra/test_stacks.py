@@ -45,6 +45,17 @@ CORE_TYPES = {
 }
 #: What a standby shares with its home stack instead of declaring it.
 SHARED_WITH_HOME = {"aws:s3/bucket:Bucket", "aws:kms/key:Key", "aws:kms/replicaKey:ReplicaKey"}
+#: What a GCP standby whose file system comes with a failover declares only then
+#: (resource types and outputs alike).
+NODES_AND_FILE_SYSTEM = {
+    "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate",
+    "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager",
+    "gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig",
+    "gcp:compute/regionHealthCheck:RegionHealthCheck",
+    "file_system_mount",
+    "coordinator_group",
+    "worker_group",
+}
 #: One of these per stack: the fast checkpoint tier.
 FILE_SYSTEMS = {
     "aws": {"aws:fsx/lustreFileSystem:LustreFileSystem"},
@@ -88,13 +99,16 @@ def test_there_are_dev_and_prod_stacks_for_both_clouds():
 def test_stack_declares_the_whole_environment(stack):
     rec, cloud = recording(stack), cloud_of(stack)
     types = {r.type for r in rec.resources}
-    core = CORE_TYPES[cloud]
-    if stackfile.load(stack).project_config().get("standbyOf"):
-        core = core - SHARED_WITH_HOME  # tests/infra/test_standby.py
+    core, outputs, file_systems = CORE_TYPES[cloud], OUTPUTS[cloud], 1
+    standby = stackfile.load(stack).settings().standby
+    if standby:  # tests/infra/test_standby.py
+        core = core - SHARED_WITH_HOME
+        if not standby.has_fast_tier:
+            core, outputs, file_systems = core - NODES_AND_FILE_SYSTEM, outputs - NODES_AND_FILE_SYSTEM, 0
     assert core <= types
-    assert len(FILE_SYSTEMS[cloud] & types) == 1
-    assert OUTPUTS[cloud] <= set(rec.outputs)
-    assert all(v for k, v in rec.outputs.items() if k in OUTPUTS[cloud])
+    assert len(FILE_SYSTEMS[cloud] & types) == file_systems
+    assert outputs <= set(rec.outputs)
+    assert all(v for k, v in rec.outputs.items() if k in outputs)
 
 
 @pytest.mark.parametrize("stack", STACKS)

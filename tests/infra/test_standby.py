@@ -1,5 +1,5 @@
-"""A standby environment (``standbyOf``) on AWS: what it shares with its home stack,
-what it adds, and the one-line refusals of a standby that does not match its home."""
+"""A standby environment (``standbyOf``) on AWS and GCP: what it shares with its home
+stack, what it adds, and the one-line refusals of a standby that does not match its home."""
 
 from __future__ import annotations
 
@@ -131,8 +131,15 @@ def test_the_home_registry_replicates_its_image_into_the_standbys_repository(tmp
     (rule,) = replication.inputs["replicationConfiguration"]["rules"]
     assert rule["destinations"] == [{"region": "us-west-2", "registryId": offline.MOCK_ACCOUNT}]
     assert rule["repositoryFilters"] == [{"filter": "ftfleet-aws-prod/trainer", "filterType": "PREFIX_MATCH"}]
+    # ECR creates a destination repository that does not exist: this one comes first.
+    assert repo.urn in replication.dependencies
+    # `existing`: the account's replication made the repository; it is looked up, not created.
     existing = run_standby(tmp_path, standbyImageReplication="existing")
     assert not existing.of_type("aws:ecr/replicationConfiguration:ReplicationConfiguration")
+    assert not existing.of_type("aws:ecr/repository:Repository")
+    lookups = [a for token, a, _ in existing.invokes if token == "aws:ecr/getRepository:getRepository"]
+    assert lookups == [{"name": "ftfleet-aws-prod/trainer"}]
+    assert existing.outputs["trainer_image"].endswith("/ftfleet-aws-prod/trainer:0.1.0")
 
 
 def test_the_groups_stand_at_zero_and_their_sizes_belong_to_the_failover():
@@ -228,7 +235,7 @@ def test_the_standing_by_cost_is_the_file_system_kept_and_the_nat_gateway(tmp_pa
         ({"standbyOf": "", "standbyActive": True}, "stands by for none"),
         ({"standbyImageReplication": "copy"}, "use create"),
         ({"standbyFastTier": "later"}, "use kept"),
-        ({"remediationStorageDrift": True}, "its storage_drift restores them"),
+        ({"remediationStorageDrift": True}, "its functions do this"),
     ],
 )
 def test_standby_settings_are_refused_in_one_line_naming_the_fix(changes, says):
@@ -237,7 +244,85 @@ def test_standby_settings_are_refused_in_one_line_naming_the_fix(changes, says):
         settings.parse(raw, stack=STANDBY, region="us-west-2")
 
 
-def test_a_gcp_stack_may_not_name_a_standby_yet():
-    raw = {**stackfile.load("gcp-prod").project_config(), "standbyOf": "gcp-dev"}
+# -- GCP: the home's dual-region bucket, shared as it is ----------------------------
+
+GCP_HOME, GCP_STANDBY = "gcp-prod", "gcp-prod-standby"
+MIG = "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager"
+
+
+def run_gcp_standby(tmp_path, home_outputs=None, **changes) -> offline.Recording:
+    config = dict(stackfile.load(GCP_STANDBY).config)
+    for key, value in changes.items():
+        config[key if ":" in key else f"ftfleet:{key}"] = value
+    stack = stackfile.StackFile(name=GCP_STANDBY, path=tmp_path / f"Pulumi.{GCP_STANDBY}.yaml", config=config)
+    outputs = recording(GCP_HOME).outputs if home_outputs is None else home_outputs
+    return offline.run(stack, other_stacks={GCP_HOME: outputs})
+
+
+def startup_env(rec: offline.Recording) -> dict[str, str]:
+    template = rec.of_type("gcp:compute/regionInstanceTemplate:RegionInstanceTemplate")[0]
+    return dict(re.findall(r"(FTFLEET_[A-Z_]+)=(\S+)", template.inputs["metadata"]["startup-script"]))
+
+
+def test_a_gcp_standby_shares_the_homes_bucket_and_lease_and_pulls_through_a_remote_repository(tmp_path):
+    home = recording(GCP_HOME).outputs
+    rec = run_gcp_standby(tmp_path, standbyFastTier="kept")
+    assert rec.outputs["checkpoint_bucket"] == home["checkpoint_bucket"]
+    assert rec.outputs["checkpoint_uri"] == home["checkpoint_uri"]
+    assert not rec.of_type("gcp:kms/cryptoKey:CryptoKey")
+    # The only bucket it creates holds the remediation functions' source.
+    assert all("remediation-source" in b.name for b in rec.of_type("gcp:storage/bucket:Bucket"))
+    env = startup_env(rec)
+    assert env["FTFLEET_LEASE_URI"] == startup_env(recording(GCP_HOME))["FTFLEET_LEASE_URI"]
+    assert env["FTFLEET_LEASE_HOLDER"] == "gcp-prod-standby/us-east1"
+    grants = {g.name: g.inputs for g in rec.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert all(g["bucket"] == home["checkpoint_bucket"] for g in grants.values())
+    nodes = grants["ftfleet-gcp-prod-standby-nodes-checkpoints"]
+    assert nodes["role"] == "roles/storage.objectAdmin"
+    assert nodes["member"].endswith("ftfleet-gcp-prod-standby-nodes@ftfleet-plan.iam.gserviceaccount.com")
+    (repo,) = rec.of_type("gcp:artifactregistry/repository:Repository")
+    assert repo.inputs["mode"] == "REMOTE_REPOSITORY" and repo.inputs["location"] == "us-east1"
+    upstream = repo.inputs["remoteRepositoryConfig"]["commonRepository"]["uri"]
+    assert upstream == home["standby_source"]["repository"]
+    assert upstream.endswith("/locations/us-central1/repositories/ftfleet-gcp-prod")
+    assert rec.outputs["trainer_image"].startswith("us-east1-docker.pkg.dev/")
+
+
+def test_a_gcp_standby_stands_at_zero_with_no_coordinator_vm_until_it_is_active(tmp_path):
+    idle = run_gcp_standby(tmp_path, standbyFastTier="kept")
+    groups = idle.of_type(MIG)
+    assert groups and all(g.inputs["targetSize"] == 0 and g.ignore_changes == ["targetSize"] for g in groups)
+    assert not idle.of_type("gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig")
+    assert "worker groups at 0 and no coordinator VM" in idle.outputs["fleet_status"]
+    active = run_gcp_standby(tmp_path, standbyFastTier="kept", standbyActive=True)
+    assert len(active.of_type("gcp:compute/regionPerInstanceConfig:RegionPerInstanceConfig")) == 1
+    assert all(g.inputs["targetSize"] == 0 for g in active.of_type(MIG))  # the failover sizes the workers
+
+
+def test_a_gcp_standby_with_its_file_system_on_failover_has_no_groups_until_active():
+    rec = recording(GCP_STANDBY)  # standbyFastTier: on-failover
+    assert not rec.of_type(MIG) and not rec.of_type("gcp:lustre/instance:Instance")
+    assert rec.outputs["worker_group"] == "" and rec.outputs["file_system_mount"] == ""
+    # The bucket's functions are the home's: only the node-facing one runs here.
+    assert set(rec.outputs["remediation_functions"]) == {"gcp_preemption"}
+
+
+def test_a_gcp_standby_refuses_a_home_of_another_run_or_project(tmp_path):
+    with pytest.raises(Exception, match="set ftfleet:runId llm-prod"):
+        run_gcp_standby(tmp_path, runId="another")
+    other = {"standby_source": {**recording(GCP_HOME).outputs["standby_source"], "project": "elsewhere"}}
+    with pytest.raises(Exception, match="gcp:project is 'mine' here and 'elsewhere'"):
+        run_gcp_standby(tmp_path, home_outputs=other, **{"gcp:project": "mine"})
+
+
+@pytest.mark.parametrize("key", ["remediationRetentionSweep", "remediationReplicationLag", "remediationStorageDrift"])
+def test_a_gcp_standby_refuses_the_functions_its_home_runs_on_the_shared_bucket(key):
+    raw = {**stackfile.load(GCP_STANDBY).project_config(), key: True}
+    with pytest.raises(ConfigError, match=f"ftfleet:{key} is true on a standby"):
+        settings.parse(raw, stack=GCP_STANDBY, region="us-east1")
+
+
+def test_a_gcp_standby_may_not_set_the_aws_image_replication_key():
+    raw = {**stackfile.load(GCP_STANDBY).project_config(), "standbyImageReplication": "create"}
     with pytest.raises(ConfigError, match="applies to aws stacks only"):
-        settings.parse(raw, stack="gcp-prod", region=stackfile.load("gcp-prod").region())
+        settings.parse(raw, stack=GCP_STANDBY, region="us-east1")
