@@ -16,6 +16,10 @@ launcher that exits non-zero on a node still up is started again a second later
   0, which the faults spare, as the on-demand coordinator), ``--max-restarts``: every
   failure restarts every worker, and a lost node's replacement must join first.
 
+* ``quiet``: the in-process fleet with no faults: what the machine allows the job
+  at all (launch, per-step overhead, contention); each run's ``of_quiet`` is its goodput
+  against this one's.
+
 *Goodput*: steps × the run's median quiet step ÷ wall time (launch to the summary).
 Per fault: from the fault to the next step trained, and the steps trained again.
 Raw results: bench/results/fleet-goodput-*.json (bench/record.py).
@@ -45,6 +49,9 @@ from drill.fleet import SOURCE_ROOT, FleetJob, FleetOptions, child_env, free_por
 from ftfleet.trainer.events import read_events  # noqa: E402
 
 KINDS = ("lose-node", "sigkill", "notice")
+#: The in-process fleet with no faults: the goodput this machine allows the job at all,
+#: against which the others' losses are read (``of_quiet``).
+QUIET = "quiet"
 #: torchrun's rendezvous: a node gone for this long leaves it (keep-alives every second).
 ELASTIC = "last_call_timeout=5,join_timeout=600,keep_alive_interval=1,keep_alive_max_attempt=5"
 
@@ -152,11 +159,12 @@ def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, 
         overrides=list(opts.overrides),
     )
     args = ["--config", str(fleet_opts.config), *trainer_overrides(fleet_opts, run_dir)]
-    bed_size = opts.nodes + opts.spares + 1 if name == "inprocess" else opts.nodes
+    in_process = name in ("inprocess", QUIET)
+    bed_size = opts.nodes + opts.spares + 1 if in_process else opts.nodes
     faults: list[Fault] = []
     with Bed(bed_size) as bed:
         t0 = time.time()
-        if name == "inprocess":
+        if in_process:
             job: Any = FleetJob(
                 bed,
                 where,
@@ -174,7 +182,7 @@ def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, 
         deadline = time.monotonic() + opts.timeout
         while not done(run_dir, opts.steps) and time.monotonic() < deadline:
             fleet.tick()
-            if time.monotonic() >= next_fault and len(faults) < opts.failures:
+            if name != QUIET and time.monotonic() >= next_fault and len(faults) < opts.failures:
                 fault = inject(name, job, bed, fleet, KINDS[len(faults) % len(KINDS)], run_dir, opts)
                 if fault is not None:
                     faults.append(fault)
@@ -263,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-timeout", type=float, default=5.0)
     parser.add_argument("--max-restarts", type=int, default=20, help="torchrun's")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on a configuration after this")
-    parser.add_argument("--configs", default="inprocess,torchrun")
+    parser.add_argument("--configs", default=f"{QUIET},inprocess,torchrun")
     add_overrides_option(parser, "a trainer override for both configurations, after the drill's (repeatable)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ftfleet-fleet-goodput"))
     record.add_arguments(parser)
@@ -272,10 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in opts.configs.split(","):
         results.append(run_config(name, opts, opts.workdir))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    ceiling = next((r["goodput"] for r in results if r["configuration"] == QUIET), None)
+    for r in results:
+        r["of_quiet"] = round(r["goodput"] / ceiling, 4) if ceiling and r["goodput"] else None
     shas = {r["state_sha256"] for r in results if r["finished"]}
     figures = {"results": results, "same_state": len(shas) == 1, "options": {k: str(v) for k, v in vars(opts).items()}}
     for r in results:
-        print(f"{r['configuration']}: goodput {r['goodput']}, wall {r['wall_s']} s, quiet step {r['quiet_step_s']} s")
+        print(
+            f"{r['configuration']}: goodput {r['goodput']} ({r['of_quiet']} of the quiet run's), "
+            f"wall {r['wall_s']} s, quiet step {r['quiet_step_s']} s"
+        )
         for f in r["faults"]:
             print(
                 f"  {f['kind']} on node {f['node']}: next step after {f['to_next_step_s']} s, {f['steps_again']} again"
