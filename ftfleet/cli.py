@@ -18,6 +18,7 @@ from ftfleet.errors import UserError
 # subcommand -> module providing register(subparsers)
 SUBCOMMANDS = {
     "plan": "ftfleet.infra.plan",
+    "failover": "ftfleet.infra.failover",
     "config-reference": "ftfleet.infra.reference",
     "ckpt": "ftfleet.trainer.checkpoint.cli",
     "data": "ftfleet.trainer.data",

@@ -181,6 +181,17 @@ def build(s: Settings) -> None:
     )
 
     pulumi.export(creation.OUTPUT, checked)
+    pulumi.export("region", s.region)
+    pulumi.export("run_id", s.trainer.run_id)
+    pulumi.export(
+        "lease_uri",
+        pulumi.Output.concat(
+            "s3://",
+            shared.replica.bucket if s.standby else shared.primary.bucket,
+            "/",
+            contract.lease_key(s.trainer.run_id),
+        ),
+    )
     pulumi.export("primary_bucket", shared.primary.bucket)
     pulumi.export("replica_bucket", shared.replica.bucket)
     if s.standby:

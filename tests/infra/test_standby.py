@@ -66,6 +66,9 @@ def test_the_standby_creates_no_bucket_or_key_and_trains_on_the_homes_replica():
     assert env["FTFLEET_LEASE_URI"] == node_env(recording(HOME))["FTFLEET_LEASE_URI"]
     assert env["FTFLEET_LEASE_URI"] == f"s3://{home['primary_bucket']}/ftfleet-leases/llm-prod.json"
     assert env["FTFLEET_LEASE_HOLDER"] == "aws-prod-standby/us-west-2"
+    # What `ftfleet failover` reads (infra/failover.py NEEDED) names the same lease.
+    assert env["FTFLEET_LEASE_URI"] == rec.outputs["lease_uri"] == recording(HOME).outputs["lease_uri"]
+    assert (rec.outputs["region"], rec.outputs["run_id"]) == ("us-west-2", "llm-prod")
     # The file system is in this region, linked to the home's replica bucket, and
     # encrypted with the home key's replica here.
     dra = rec.of_type("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")[0]

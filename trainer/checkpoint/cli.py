@@ -171,6 +171,22 @@ class _Target:
         return f"{self.tier.describe()}/{step_dir_name(step)}"
 
 
+def newest_verified(uri: str, endpoint_url: str | None = None, check_files: bool = True) -> int | None:
+    """The newest step under ``uri`` whose manifest reads and names it and (with
+    ``check_files``) whose every file is there at its manifest's size; None if none."""
+    target = _Target(uri, endpoint_url, None)
+    for step in sorted(target.steps(committed=True), reverse=True):
+        try:
+            manifest = target.manifest(step)
+        except ManifestError:
+            continue
+        if manifest is None or manifest.step != step:
+            continue
+        if not check_files or not target.problems(manifest, full=False):
+            return step
+    return None
+
+
 def _check_all(args: argparse.Namespace, full: bool) -> int:
     target = _Target(args.target, args.endpoint_url, args.step)
     steps = target.steps()

@@ -175,6 +175,11 @@ class RunLease:
 
     # -- the document -------------------------------------------------------------
 
+    def document(self) -> dict[str, Any] | None:
+        """The lease as stored, checked as every read is; None when there is none. Reads
+        only: what an operator's tool (``ftfleet failover``) shows and decides on."""
+        return self._read()[0]
+
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
         data, version = self.store.read_versioned(self.name)
         if data is None:
