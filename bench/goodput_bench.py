@@ -75,12 +75,15 @@ sys.path.insert(0, str(REPO))
 from bench import record  # noqa: E402
 from drill.fake_metadata import FakeMetadataServer  # noqa: E402
 from drill.lives import split_lives, steady_step_time  # noqa: E402
-from drill.report import daly_goodput  # noqa: E402
 from drill.runner import EventTail, Node, _children  # noqa: E402
 from ftfleet.contract import RESERVE_DIR, ContractError, reserved_name  # noqa: E402
 from ftfleet.hostenv import host_memory_env, is_malloc  # noqa: E402
 from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate  # noqa: E402  (no torch: the bench never imports it)
-from ftfleet.trainer.resilience.interval.adaptive import daly_interval, young_interval  # noqa: E402
+from ftfleet.trainer.resilience.interval.adaptive import (  # noqa: E402
+    daly_goodput,  # noqa: E402
+    daly_interval,
+    young_interval,
+)
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 VOCAB, LAYERS, HEADS = 8192, 2, 8

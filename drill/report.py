@@ -11,22 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any
 
 from drill.faults import FaultResult
-
-
-def daly_goodput(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:
-    """Daly's (2006) model under exponential failures of mean ``mtbf_s``: a save costing
-    ``cost_s`` after every ``interval_s`` seconds of work, ``restart_s`` lost per failure
-    before work resumes. Expected wall time per second of work is
-    ``M e^(R/M) (e^((tau + C)/M) - 1) / tau``; goodput is its inverse. Its maximum is
-    near :func:`ftfleet.trainer.resilience.interval.adaptive.daly_interval`."""
-    if not (interval_s > 0 and cost_s >= 0 and restart_s >= 0 and mtbf_s > 0):
-        raise ValueError("interval and MTBF must be > 0, save and restart costs >= 0")
-    m = mtbf_s
-    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + cost_s) / m))
 
 
 @dataclasses.dataclass

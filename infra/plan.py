@@ -14,7 +14,7 @@ from typing import Any
 import pulumi
 
 from ftfleet.errors import ConfigError
-from ftfleet.infra import estimate, offline, stackfile
+from ftfleet.infra import estimate, goodput, offline, stackfile
 from ftfleet.infra.gcp import plan as gcp_plan
 
 # The settings worth reading in a review, per resource type (paths into the inputs).
@@ -197,8 +197,9 @@ def render_table(rec: offline.Recording, est: dict) -> str:
     ]
     lines.append(f"{'TYPE':<{widths[0]}}  {'NAME':<{widths[1]}}  {'REGION':<{widths[2]}}  SETTINGS")
     lines += [f"{t:<{widths[0]}}  {n:<{widths[1]}}  {g:<{widths[2]}}  {s}" for t, n, g, s in rows]
+    prediction = [*goodput.lines(est["goodput"]), ""] if est.get("goodput") else []
     if est.get("cloud") == "gcp":
-        lines += [*gcp_plan.cost_lines(est), "", *function_lines(functions(rec)), "Outputs:"]
+        lines += [*gcp_plan.cost_lines(est), "", *prediction, *function_lines(functions(rec)), "Outputs:"]
         return "\n".join(lines + [f"  {k}: {v}" for k, v in rec.outputs.items()])
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
     spares_note = gcp_plan.spares_note
@@ -228,6 +229,7 @@ def render_table(rec: offline.Recording, est: dict) -> str:
             f"${sb['standing_by_usd_per_month']:,.2f}/month ({fsx}); "
             f"the buckets are {sb['home']}'s, priced in its plan",
         ]
+    lines += prediction
     lines += function_lines(functions(rec))
     lines.append("Outputs:")
     lines += [f"  {k}: {v}" for k, v in rec.outputs.items()]
@@ -247,13 +249,41 @@ def previous_outputs(path: str | None) -> dict[str, Any] | None:
     return data
 
 
-def plan(target: str, previous: dict[str, Any] | None = None) -> tuple[offline.Recording, dict]:
+def plan(
+    target: str, previous: dict[str, Any] | None = None, job: dict[str, Any] | None = None
+) -> tuple[offline.Recording, dict]:
+    """The recording and the estimate; with ``job`` (goodput.predict's keywords, at
+    least ``state_gib``) the estimate's ``goodput`` holds the prediction."""
     stack = stackfile.load(target)
     try:
         rec = offline.run(stack, previous_outputs=previous)
     except pulumi.RunError as exc:  # the program refused (e.g. a change that would replace a bucket)
         raise ConfigError(str(exc)) from None
-    return rec, estimate.estimate(stack.settings())
+    settings = stack.settings()
+    est = estimate.estimate(settings)
+    if job:
+        est["goodput"] = goodput.predict(settings, est, **job)
+    return rec, est
+
+
+def job_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What the command line says of the job, for the goodput prediction (None: no
+    --state-gib, no prediction)."""
+    if args.state_gib is None:
+        for flag in ("restart_s", "checkpoint_s", "spot_monthly_share", "spot_advisor"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --state-gib: the model and optimizer state in GiB")
+        return None
+    job: dict[str, Any] = {"state_gib": args.state_gib}
+    if args.restart_s is not None:
+        job["restart_s"] = args.restart_s
+    if args.checkpoint_s is not None:
+        job["checkpoint_s"] = args.checkpoint_s
+    if args.spot_monthly_share is not None:
+        job["monthly_share"] = args.spot_monthly_share
+    if args.spot_advisor is not None:
+        job["advisor"] = Path(args.spot_advisor)
+    return job
 
 
 def run(args: argparse.Namespace) -> int:
@@ -261,8 +291,9 @@ def run(args: argparse.Namespace) -> int:
     if not targets or targets == [None]:
         raise SystemExit("ftfleet plan: give a STACK or --all")
     previous = previous_outputs(getattr(args, "previous_outputs", None))
+    job = job_of(args)
     for i, target in enumerate(targets):
-        rec, est = plan(target, previous)
+        rec, est = plan(target, previous, job)
         if args.json:
             print(json.dumps(as_json(rec, est), indent=None if args.all else 2, sort_keys=False))
         else:
@@ -283,4 +314,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="the deployed stack's outputs (`pulumi stack output --json`): refuse changes that would replace data",
     )
+    g = p.add_argument_group("goodput prediction (infra/goodput.py)")
+    g.add_argument("--state-gib", type=float, help="the job's model and optimizer state, in GiB: predict goodput")
+    g.add_argument(
+        "--restart-s",
+        type=float,
+        help=f"seconds from a failure to training again (default {goodput.DEFAULT_RESTART_S:g})",
+    )
+    g.add_argument(
+        "--checkpoint-s", type=float, help="a save's cost in seconds, instead of state / fast-tier throughput"
+    )
+    g.add_argument("--spot-monthly-share", type=float, help="share of spot nodes interrupted in a month (0.05)")
+    g.add_argument("--spot-advisor", metavar="FILE", help="the Spot Instance Advisor's JSON (AWS): each type's band")
     p.set_defaults(func=run)

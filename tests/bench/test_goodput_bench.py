@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from drill.report import daly_goodput
+from ftfleet.trainer.resilience.interval.adaptive import daly_goodput
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "goodput_bench.py"
 

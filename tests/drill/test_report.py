@@ -8,8 +8,8 @@ import pytest
 
 from drill.faults import FaultResult
 from drill.lives import split_lives, steady_step_time
-from drill.report import DrillReport, Goodput, daly_goodput
-from ftfleet.trainer.resilience.interval.adaptive import daly_interval
+from drill.report import DrillReport, Goodput
+from ftfleet.trainer.resilience.interval.adaptive import daly_goodput, daly_interval
 from tests.drill.events import life, restart_run
 
 # -- lives, goodput and the report ----------------------------------------------------------

@@ -73,6 +73,18 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - cost_s
 
 
+def daly_goodput(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Daly's (2006) model under exponential failures of mean ``mtbf_s``: a save costing
+    ``cost_s`` after every ``interval_s`` seconds of work, ``restart_s`` lost per failure
+    before work resumes. Expected wall time per second of work is
+    ``M e^(R/M) (e^((tau + C)/M) - 1) / tau``; goodput is its inverse. Its maximum is
+    near :func:`daly_interval`."""
+    if not (interval_s > 0 and cost_s >= 0 and restart_s >= 0 and mtbf_s > 0):
+        raise ValueError("interval and MTBF must be > 0, save and restart costs >= 0")
+    m = mtbf_s
+    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + cost_s) / m))
+
+
 def _check_inputs(cost_s: float, mtbf_s: float) -> None:
     if not (cost_s >= 0 and math.isfinite(cost_s)):
         raise ValueError(f"checkpoint cost {cost_s!r}: use a finite number of seconds >= 0")

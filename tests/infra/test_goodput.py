@@ -1,0 +1,131 @@
+"""`ftfleet plan --state-gib`: the goodput prediction's arithmetic, its inputs and its
+refusals (infra/goodput.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ftfleet.cli import main
+from ftfleet.errors import ConfigError
+from ftfleet.infra import estimate, goodput, settings, stackfile
+from ftfleet.trainer.resilience.interval.adaptive import daly_goodput, daly_interval
+
+
+def settings_and_estimate(stack: str):
+    s = stackfile.load(stack).settings()
+    return s, estimate.estimate(s)
+
+
+def advisor_file(tmp_path, bands: dict[str, int], region: str = "us-east-1"):
+    """The Spot Instance Advisor's JSON shape: ranges, and per region and OS each type's
+    savings (s) and band index (r)."""
+    data = {
+        "ranges": [
+            {"index": 0, "label": "<5%", "dots": 0, "max": 5},
+            {"index": 1, "label": "5-10%", "dots": 1, "max": 11},
+            {"index": 2, "label": "10-15%", "dots": 2, "max": 16},
+            {"index": 3, "label": "15-20%", "dots": 3, "max": 22},
+            {"index": 4, "label": ">20%", "dots": 4, "max": 100},
+        ],
+        "spot_advisor": {region: {"Linux": {t: {"s": 60, "r": r} for t, r in bands.items()}}},
+    }
+    path = tmp_path / "spot-advisor-data.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_monthly_share_is_a_constant_hourly_rate():
+    rate = goodput.node_rate_per_hour(0.05)
+    assert math.exp(-rate * goodput.HOURS_PER_MONTH) == pytest.approx(0.95)
+    assert goodput.node_rate_per_hour(0.0) == 0.0
+    with pytest.raises(ConfigError, match="a fraction from 0 to below 1"):
+        goodput.node_rate_per_hour(1.0)
+
+
+def test_the_prediction_is_dalys_model_with_the_fast_tiers_write_time():
+    s, est = settings_and_estimate("aws-prod")
+    pred = goodput.predict(s, est, state_gib=2000, restart_s=45, monthly_share=0.1)
+    mb_s = 19200 / 1024 * 500  # FSx: capacity in TiB x MB/s per TiB
+    cost = 2000 * 2**30 / 1e6 / mb_s
+    assert pred["checkpoint_s"] == pytest.approx(cost, abs=0.01)
+    (row,) = pred["rows"]
+    per_hour = goodput.node_rate_per_hour(0.1) * est["nodes"]["workers_spot"]
+    mtbf = 3600 / per_hour
+    assert row["interval_s"] == pytest.approx(daly_interval(cost, mtbf), abs=0.1)
+    assert row["goodput"] == pytest.approx(daly_goodput(daly_interval(cost, mtbf), cost, 45, mtbf), abs=1e-4)
+    gpus = est["nodes"]["gpus"]
+    assert row["usd_per_useful_gpu_hour"] == pytest.approx(
+        est["fleet_usd_per_hour"]["with_spot"] / (gpus * row["goodput"]), abs=0.002
+    )
+    assert pred["usd_per_useful_gpu_hour_on_demand"] == pytest.approx(
+        est["fleet_usd_per_hour"]["all_on_demand"] / gpus, abs=0.002
+    )
+
+
+def test_without_a_share_the_advisors_band_edges_are_scenarios_and_more_interruptions_cost_more():
+    s, est = settings_and_estimate("aws-prod")
+    rows = goodput.predict(s, est, state_gib=500)["rows"]
+    assert [r["monthly_share"] for r in rows] == list(goodput.SCENARIOS)
+    assert rows[0]["goodput"] > rows[1]["goodput"] > rows[2]["goodput"]
+    assert rows[0]["usd_per_useful_gpu_hour"] < rows[2]["usd_per_useful_gpu_hour"]
+    assert all("scenario" in r["source"] for r in rows)
+
+
+def test_the_advisors_bands_give_each_types_share_and_the_fleet_takes_their_mean(tmp_path):
+    s, est = settings_and_estimate("aws-prod")  # p5, p5e, p5en
+    path = advisor_file(tmp_path, {"p5.48xlarge": 0, "p5e.48xlarge": 2, "p5en.48xlarge": 4})
+    shares = goodput.advisor_shares(path, "us-east-1", goodput.spot_types(s))
+    assert shares == {"p5.48xlarge": ("<5%", 0.05), "p5e.48xlarge": ("10-15%", 0.16), "p5en.48xlarge": (">20%", 0.20)}
+    (row,) = goodput.predict(s, est, state_gib=500, advisor=path)["rows"]
+    assert row["monthly_share"] == pytest.approx((0.05 + 0.16 + 0.20) / 3, abs=1e-4)
+    assert "p5en.48xlarge >20%" in row["source"]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("{not json", "not the Spot Instance Advisor's data for us-east-1"),
+        (json.dumps({"ranges": [], "spot_advisor": {}}), "not the Spot Instance Advisor's data"),
+    ],
+)
+def test_a_file_that_is_not_the_advisors_is_one_line(tmp_path, body, says):
+    path = tmp_path / "advisor.json"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=says):
+        goodput.advisor_shares(path, "us-east-1", ("p5.48xlarge",))
+
+
+def test_a_type_the_advisor_does_not_list_names_the_other_way(tmp_path):
+    path = advisor_file(tmp_path, {"p5.48xlarge": 1})
+    with pytest.raises(ConfigError, match="no band for p5e.48xlarge in us-east-1; give --spot-monthly-share"):
+        goodput.advisor_shares(path, "us-east-1", ("p5.48xlarge", "p5e.48xlarge"))
+
+
+def test_gcp_has_no_advisor_and_parallelstore_needs_a_measured_save(tmp_path):
+    s, est = settings_and_estimate("gcp-prod")
+    with pytest.raises(ConfigError, match="on GCP give --spot-monthly-share"):
+        goodput.predict(s, est, state_gib=100, advisor=advisor_file(tmp_path, {}))
+    assert goodput.predict(s, est, state_gib=100, monthly_share=0.05)["checkpoint_from"].endswith("MB/s")
+    raw = {**stackfile.load("gcp-dev").project_config(), "gcpStorageKind": "parallelstore"}
+    for key in ("lustreCapacityGiB", "lustreThroughputPerTiB"):
+        raw.pop(key, None)
+    dev = settings.parse(raw, stack="gcp-dev", region=stackfile.load("gcp-dev").region())
+    with pytest.raises(ConfigError, match="give --checkpoint-s"):
+        goodput.predict(dev, estimate.estimate(dev), state_gib=100)
+    assert goodput.predict(dev, estimate.estimate(dev), state_gib=100, checkpoint_s=12)["checkpoint_s"] == 12
+
+
+def test_plan_prints_the_prediction_and_refuses_its_flags_without_the_state(capsys):
+    assert main(["plan", "aws-prod", "--state-gib", "2000", "--spot-monthly-share", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "Goodput (PREDICTION, Daly's model)" in out and "per useful GPU-hour" in out
+    assert main(["plan", "aws-prod", "--json", "--state-gib", "2000"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["estimate"]["goodput"]["rows"]) == len(goodput.SCENARIOS)
+    assert main(["plan", "aws-prod", "--restart-s", "30"]) == 2
+    assert "--restart-s needs --state-gib" in capsys.readouterr().err
+    assert main(["plan", "aws-prod"]) == 0
+    assert "Goodput" not in capsys.readouterr().out
