@@ -10,6 +10,8 @@ which the replication-lag alarm watches.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -150,6 +152,87 @@ def replication_policy(src_arn: str, dst_arn: str, src_key: str, dst_key: str, s
     )
 
 
+def replicate(
+    name: str,
+    settings: Settings,
+    *,
+    description: str,
+    config_name: str,
+    rule_id: str,
+    source: tuple[pulumi.Input[str], pulumi.Input[str], pulumi.Input[str], str],
+    destination: tuple[pulumi.Input[str], pulumi.Input[str], str],
+    opts: pulumi.ResourceOptions,
+    after: Sequence[pulumi.Resource] = (),
+) -> tuple[aws.iam.RolePolicy, s3.BucketReplicationConfig]:
+    """Replication of everything in one bucket to another, delete markers included,
+    re-encrypted with the destination's key, with metrics (and Replication Time Control
+    when the stack asks for it), under a role of its own that may do only that.
+    ``source``: (bucket id, ARN, key ARN, region); ``destination``: (ARN, key ARN,
+    region); ``opts``: the parent and a provider of the source's region."""
+    source_id, source_arn, source_key, source_region = source
+    dest_arn, dest_key, dest_region = destination
+    role = aws.iam.Role(
+        f"{name}-replication",
+        **names.generated("aws:iam/role:Role", f"{name}-replication"),
+        description=description,
+        assume_role_policy=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sts:AssumeRole"}
+                ],
+            }
+        ),
+        opts=opts,
+    )
+    policy = aws.iam.RolePolicy(
+        f"{name}-replication",
+        **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-replication"),
+        role=role.id,
+        policy=pulumi.Output.all(source_arn, dest_arn, source_key, dest_key).apply(
+            lambda a: replication_policy(*a, source_region, dest_region)
+        ),
+        opts=opts,
+    )
+    target: dict[str, Any] = dict(
+        bucket=dest_arn,
+        storage_class="STANDARD",
+        encryption_configuration=s3.BucketReplicationConfigRuleDestinationEncryptionConfigurationArgs(
+            replica_kms_key_id=dest_key
+        ),
+        metrics=s3.BucketReplicationConfigRuleDestinationMetricsArgs(
+            status="Enabled",
+            event_threshold=s3.BucketReplicationConfigRuleDestinationMetricsEventThresholdArgs(minutes=15),
+        ),
+    )
+    if settings.buckets.replication_time_control:
+        target["replication_time"] = s3.BucketReplicationConfigRuleDestinationReplicationTimeArgs(
+            status="Enabled", time=s3.BucketReplicationConfigRuleDestinationReplicationTimeTimeArgs(minutes=15)
+        )
+    config = s3.BucketReplicationConfig(
+        config_name,
+        bucket=source_id,
+        role=role.arn,
+        rules=[
+            s3.BucketReplicationConfigRuleArgs(
+                id=rule_id,
+                status="Enabled",
+                priority=1,
+                filter=s3.BucketReplicationConfigRuleFilterArgs(prefix=""),
+                delete_marker_replication=s3.BucketReplicationConfigRuleDeleteMarkerReplicationArgs(status="Enabled"),
+                source_selection_criteria=s3.BucketReplicationConfigRuleSourceSelectionCriteriaArgs(
+                    sse_kms_encrypted_objects=s3.BucketReplicationConfigRuleSourceSelectionCriteriaSseKmsEncryptedObjectsArgs(
+                        status="Enabled"
+                    )
+                ),
+                destination=s3.BucketReplicationConfigRuleDestinationArgs(**target),
+            )
+        ],
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[policy, *after])),
+    )
+    return policy, config
+
+
 class ReplicatedBucket(pulumi.ComponentResource):
     def __init__(
         self,
@@ -167,69 +250,18 @@ class ReplicatedBucket(pulumi.ComponentResource):
         self.primary = self._bucket(f"{name}-primary", b, key.arn, primary)
         self.replica = self._bucket(f"{name}-replica", b, replica_key.arn, replica)
 
-        role = aws.iam.Role(
-            f"{name}-replication",
-            **names.generated("aws:iam/role:Role", f"{name}-replication"),
+        self.replication_policy, self.replication = replicate(
+            name,
+            settings,
             description=f"{settings.name}: S3 replicates checkpoints to {settings.replica_region}",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sts:AssumeRole"}
-                    ],
-                }
-            ),
+            config_name=f"{name}-replication",
+            rule_id="everything",
+            source=(self.primary.id, self.primary.arn, key.arn, settings.region),
+            destination=(self.replica.arn, replica_key.arn, settings.replica_region),
             # IAM is global; the primary provider only brings the default tags.
             opts=pulumi.ResourceOptions(parent=self, provider=primary),
-        )
-        self.replication_policy = aws.iam.RolePolicy(
-            f"{name}-replication",
-            **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-replication"),
-            role=role.id,
-            policy=pulumi.Output.all(self.primary.arn, self.replica.arn, key.arn, replica_key.arn).apply(
-                lambda a: replication_policy(*a, settings.region, settings.replica_region)
-            ),
-            opts=pulumi.ResourceOptions(parent=self, provider=primary),
-        )
-
-        destination = dict(
-            bucket=self.replica.arn,
-            storage_class="STANDARD",
-            encryption_configuration=s3.BucketReplicationConfigRuleDestinationEncryptionConfigurationArgs(
-                replica_kms_key_id=replica_key.arn
-            ),
-            metrics=s3.BucketReplicationConfigRuleDestinationMetricsArgs(
-                status="Enabled",
-                event_threshold=s3.BucketReplicationConfigRuleDestinationMetricsEventThresholdArgs(minutes=15),
-            ),
-        )
-        if b.replication_time_control:
-            destination["replication_time"] = s3.BucketReplicationConfigRuleDestinationReplicationTimeArgs(
-                status="Enabled", time=s3.BucketReplicationConfigRuleDestinationReplicationTimeTimeArgs(minutes=15)
-            )
-        self.replication = s3.BucketReplicationConfig(
-            f"{name}-replication",
-            bucket=self.primary.id,
-            role=role.arn,
-            rules=[
-                s3.BucketReplicationConfigRuleArgs(
-                    id="everything",
-                    status="Enabled",
-                    priority=1,
-                    filter=s3.BucketReplicationConfigRuleFilterArgs(prefix=""),
-                    delete_marker_replication=s3.BucketReplicationConfigRuleDeleteMarkerReplicationArgs(
-                        status="Enabled"
-                    ),
-                    source_selection_criteria=s3.BucketReplicationConfigRuleSourceSelectionCriteriaArgs(
-                        sse_kms_encrypted_objects=s3.BucketReplicationConfigRuleSourceSelectionCriteriaSseKmsEncryptedObjectsArgs(
-                            status="Enabled"
-                        )
-                    ),
-                    destination=s3.BucketReplicationConfigRuleDestinationArgs(**destination),
-                )
-            ],
             # S3 rejects replication until both buckets are versioned.
-            opts=pulumi.ResourceOptions(parent=self, provider=primary, depends_on=self._versioning),
+            after=self._versioning,
         )
         self.register_outputs({"primary": self.primary.bucket, "replica": self.replica.bucket})
 

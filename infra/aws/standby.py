@@ -20,17 +20,14 @@ one line, a home whose regions, run or checkpoint prefix do not match its own
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
 from ftfleet.infra import standby_source
-from ftfleet.infra.aws import names
-from ftfleet.infra.aws.bucket import replication_policy
+from ftfleet.infra.aws.bucket import replicate
 from ftfleet.infra.settings import Settings
 
 s3 = aws.s3
@@ -125,77 +122,19 @@ class StandbyLinks(pulumi.ComponentResource):
         self.key_arn = home.apply(lambda h: h.replica_key_arn)
         self.replica_key_arn = home.apply(lambda h: h.key_arn)
 
-        role = aws.iam.Role(
-            f"{name}-replication",
-            **names.generated("aws:iam/role:Role", f"{name}-replication"),
-            description=f"{settings.name}: S3 replicates checkpoints back to {settings.replica_region}",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sts:AssumeRole"}
-                    ],
-                }
-            ),
-            opts=o_here,
-        )
-        policy = aws.iam.RolePolicy(
-            f"{name}-replication",
-            **names.generated("aws:iam/rolePolicy:RolePolicy", f"{name}-replication"),
-            role=role.id,
-            policy=home.apply(
-                lambda h: replication_policy(
-                    h.replica_bucket_arn,
-                    h.primary_bucket_arn,
-                    h.replica_key_arn,
-                    h.key_arn,
-                    settings.region,
-                    settings.replica_region,
-                )
-            ),
-            opts=o_here,
-        )
         # The home's rule copies everything, delete markers included, under RTC when the
         # home asks for it; the way back does the same for what the standby writes. The
         # home's storage_drift leaves this configuration alone (it restores the replica
         # bucket's settings but never its replication).
-        destination: dict[str, Any] = dict(
-            bucket=self.replica.arn,
-            storage_class="STANDARD",
-            encryption_configuration=s3.BucketReplicationConfigRuleDestinationEncryptionConfigurationArgs(
-                replica_kms_key_id=self.replica_key_arn
-            ),
-            metrics=s3.BucketReplicationConfigRuleDestinationMetricsArgs(
-                status="Enabled",
-                event_threshold=s3.BucketReplicationConfigRuleDestinationMetricsEventThresholdArgs(minutes=15),
-            ),
-        )
-        if settings.buckets.replication_time_control:
-            destination["replication_time"] = s3.BucketReplicationConfigRuleDestinationReplicationTimeArgs(
-                status="Enabled", time=s3.BucketReplicationConfigRuleDestinationReplicationTimeTimeArgs(minutes=15)
-            )
-        self.replication = s3.BucketReplicationConfig(
-            f"{name}-replication-back",
-            bucket=self.primary.id,
-            role=role.arn,
-            rules=[
-                s3.BucketReplicationConfigRuleArgs(
-                    id="back-to-home",
-                    status="Enabled",
-                    priority=1,
-                    filter=s3.BucketReplicationConfigRuleFilterArgs(prefix=""),
-                    delete_marker_replication=s3.BucketReplicationConfigRuleDeleteMarkerReplicationArgs(
-                        status="Enabled"
-                    ),
-                    source_selection_criteria=s3.BucketReplicationConfigRuleSourceSelectionCriteriaArgs(
-                        sse_kms_encrypted_objects=s3.BucketReplicationConfigRuleSourceSelectionCriteriaSseKmsEncryptedObjectsArgs(
-                            status="Enabled"
-                        )
-                    ),
-                    destination=s3.BucketReplicationConfigRuleDestinationArgs(**destination),
-                )
-            ],
-            opts=pulumi.ResourceOptions(parent=self, provider=here, depends_on=[policy]),
+        _, self.replication = replicate(
+            name,
+            settings,
+            description=f"{settings.name}: S3 replicates checkpoints back to {settings.replica_region}",
+            config_name=f"{name}-replication-back",
+            rule_id="back-to-home",
+            source=(self.primary.id, self.primary.arn, self.key_arn, settings.region),
+            destination=(self.replica.arn, self.replica_key_arn, settings.replica_region),
+            opts=o_here,
         )
 
         self.image_replication = None

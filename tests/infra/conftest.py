@@ -45,7 +45,10 @@ def gcp_variant(tmp_path: Path):
     return _variant_of("gcp-dev", tmp_path)
 
 
-def _variant_of(stack_name: str, tmp_path: Path):
+def _variant_of(stack_name: str, tmp_path: Path, name: str = "variant", other_stacks=None):
+    """``run(**changes)``: the stack's file with keys changed (None removes one), run as
+    stack ``name``; ``other_stacks()`` gives the outputs its StackReferences read."""
+
     def run(**changes) -> offline.Recording:
         base = stackfile.load(stack_name)
         config = dict(base.config)
@@ -55,8 +58,8 @@ def _variant_of(stack_name: str, tmp_path: Path):
                 config.pop(full, None)
             else:
                 config[full] = value
-        stack = stackfile.StackFile(name="variant", path=tmp_path / "Pulumi.variant.yaml", config=config)
-        return offline.run(stack)
+        stack = stackfile.StackFile(name=name, path=tmp_path / f"Pulumi.{name}.yaml", config=config)
+        return offline.run(stack, other_stacks=other_stacks() if other_stacks else None)
 
     return run
 

@@ -13,7 +13,7 @@ from ftfleet.cli import main
 from ftfleet.errors import ConfigError
 from ftfleet.infra import offline, settings, stackfile
 from ftfleet.infra.aws import standby
-from tests.infra.conftest import recording
+from tests.infra.conftest import _variant_of, recording
 
 HOME, STANDBY = "aws-prod", "aws-prod-standby"
 GROUP = "aws:autoscaling/group:Group"
@@ -23,16 +23,8 @@ LT = "aws:ec2/launchTemplate:LaunchTemplate"
 def run_standby(tmp_path, home_outputs=None, **changes) -> offline.Recording:
     """aws-prod-standby with some keys changed (None removes one), against aws-prod's
     recorded outputs unless ``home_outputs`` stands for them."""
-    config = dict(stackfile.load(STANDBY).config)
-    for key, value in changes.items():
-        full = key if ":" in key else f"ftfleet:{key}"
-        if value is None:
-            config.pop(full, None)
-        else:
-            config[full] = value
-    stack = stackfile.StackFile(name=STANDBY, path=tmp_path / f"Pulumi.{STANDBY}.yaml", config=config)
     outputs = recording(HOME).outputs if home_outputs is None else home_outputs
-    return offline.run(stack, other_stacks={HOME: outputs})
+    return _variant_of(STANDBY, tmp_path, STANDBY, lambda: {HOME: outputs})(**changes)
 
 
 def node_env(rec: offline.Recording) -> dict[str, str]:
@@ -254,12 +246,8 @@ MIG = "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager"
 
 
 def run_gcp_standby(tmp_path, home_outputs=None, **changes) -> offline.Recording:
-    config = dict(stackfile.load(GCP_STANDBY).config)
-    for key, value in changes.items():
-        config[key if ":" in key else f"ftfleet:{key}"] = value
-    stack = stackfile.StackFile(name=GCP_STANDBY, path=tmp_path / f"Pulumi.{GCP_STANDBY}.yaml", config=config)
     outputs = recording(GCP_HOME).outputs if home_outputs is None else home_outputs
-    return offline.run(stack, other_stacks={GCP_HOME: outputs})
+    return _variant_of(GCP_STANDBY, tmp_path, GCP_STANDBY, lambda: {GCP_HOME: outputs})(**changes)
 
 
 def startup_env(rec: offline.Recording) -> dict[str, str]:
