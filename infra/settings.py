@@ -130,6 +130,8 @@ class RemediationSettings:
     max_replacements_per_hour: int
     cloud_trail: str
     """`create`: the stack creates a trail for storage_drift; `existing`: the account's."""
+    capacity_watch: bool = False
+    capacity_loss_minutes: int = 20
     alarm_subscriptions: tuple[tuple[str, str], ...] = ()
     """(SNS protocol, endpoint) of each subscriber to the stack's alarm topics."""
 
@@ -410,6 +412,8 @@ def _remediation(r: _Reader) -> RemediationSettings:
         storage_drift=r.bool("remediationStorageDrift"),
         replication_lag=r.bool("remediationReplicationLag"),
         replication_lag_alarm_seconds=r.int("replicationLagAlarmSeconds", minimum=60, maximum=86400),
+        capacity_watch=r.bool("remediationCapacityWatch"),
+        capacity_loss_minutes=r.int("capacityLossMinutes", minimum=5, maximum=1440),
         retention_sweep=r.bool("remediationRetentionSweep"),
         checkpoint_retention=checkpoint_retention(r),
         unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60, maximum=86400),

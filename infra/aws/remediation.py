@@ -24,6 +24,7 @@ from ftfleet.infra.aws.audit_trail import AuditTrail
 from ftfleet.infra.aws.remediation_dashboard import DashboardInputs, body
 from ftfleet.infra.aws.remediation_parts import Deployed, Parts, Targets, handoff_wait_s
 from ftfleet.infra.settings import Settings
+from ftfleet.lambdas.capacity_watch.config import Config as CapacityConfig
 from ftfleet.lambdas.common.config import FunctionConfig
 from ftfleet.lambdas.lifecycle_handoff.config import Config as HandoffConfig
 from ftfleet.lambdas.replication_watch.config import Config as WatchConfig
@@ -106,6 +107,18 @@ class Remediation(pulumi.ComponentResource):
             )
             fn = self._deploy("replication_watch", env, iam.replication_watch)
             self._parts.rule(fn, "replication-watch", schedule=patterns.rate(patterns.REPLICATION_WATCH_MINUTES))
+
+        if r.capacity_watch:
+            env = self._group_names.apply(
+                lambda groups: CapacityConfig(
+                    stack=s.stack,
+                    run_id=s.trainer.run_id,
+                    groups=tuple(groups),
+                    loss_s=float(r.capacity_loss_minutes * 60),
+                ).to_env()
+            )
+            fn = self._deploy("capacity_watch", env, iam.capacity_watch)
+            self._parts.rule(fn, "capacity-watch", schedule=patterns.rate(patterns.CAPACITY_WATCH_MINUTES))
 
         if r.retention_sweep:
             env = self._stack_env(SweepConfig, rules=r.checkpoint_retention)

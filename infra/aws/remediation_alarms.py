@@ -135,6 +135,23 @@ def declare(
             )
         )
     r = s.remediation
+    if "capacity_watch" in deployed:
+        other = f"back to {s.standby.home}" if s.standby else "to its standby"
+        out.append(
+            _alarm(
+                f"{name}-capacity-lost",
+                f"{s.name}-capacity-lost",
+                f"a node group has been short of nodes for want of capacity for {r.capacity_loss_minutes} minutes: "
+                f"move the run {other} with `ftfleet failover` (docs/FAILOVER.md)",
+                ns,
+                "CapacityShortSeconds",
+                stack,
+                "Maximum",
+                r.capacity_loss_minutes * 60,
+                primary,
+                period=60 * patterns.CAPACITY_WATCH_MINUTES,
+            )
+        )
     if "replication_watch" in deployed:
         out.append(
             _alarm(

@@ -212,6 +212,22 @@ def storage_drift(s: Scope) -> dict[str, Any]:
     )
 
 
+def capacity_watch(s: Scope) -> dict[str, Any]:
+    """Read the groups and their scaling activities (no resource-level permissions for
+    either); publish its metrics."""
+    return _document(
+        [
+            *_base(s),
+            _statement(
+                "ReadGroupsAndActivities",
+                ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"],
+                ["*"],
+            ),
+            _metrics(),
+        ]
+    )
+
+
 def replication_watch(s: Scope) -> dict[str, Any]:
     statements = [*_base(s)]
     for sid, bucket, key, region in (

@@ -89,6 +89,7 @@ def specs(settings: Settings) -> dict[str, Spec]:
         "unhealthy_node": Spec("unhealthy_node", "replace nodes that stopped making progress", 120, 0, 300),
         "storage_drift": Spec("storage_drift", "restore weakened bucket and FSx association settings", 600, 2, 3600),
         "replication_watch": Spec("replication_watch", "measure replication lag of committed checkpoints", 120, 0, 300),
+        "capacity_watch": Spec("capacity_watch", "measure how long the groups lack capacity", 60, 0, 300),
         "retention_sweep": Spec(
             "retention_sweep", "delete checkpoints the run's retention schedule no longer keeps", 600, 0, 3600
         ),

@@ -18,6 +18,8 @@ from ftfleet.lambdas.storage_drift.desired import ASSOCIATION_CALLS, BUCKET_CALL
 
 #: How often replication_watch measures (S3 RTC's own target is 15 minutes).
 REPLICATION_WATCH_MINUTES = 5
+#: How often capacity_watch measures.
+CAPACITY_WATCH_MINUTES = 2
 #: How often retention_sweep applies the schedule (its finest default rule is 6 hours).
 RETENTION_SWEEP_MINUTES = 60
 

@@ -15,6 +15,7 @@ import pytest
 
 from ftfleet import contract
 from ftfleet.infra.aws import lambda_package, remediation_patterns
+from ftfleet.lambdas.capacity_watch.config import Config as CapacityConfig
 from ftfleet.lambdas.common.config import FunctionConfig
 from ftfleet.lambdas.lifecycle_handoff.config import Config as HandoffConfig
 from ftfleet.lambdas.replication_watch.config import Config as WatchConfig
@@ -37,6 +38,7 @@ FOLDERS = (
     "unhealthy_node",
     "storage_drift",
     "replication_watch",
+    "capacity_watch",
     "retention_sweep",
 )
 CONFIGS: dict[str, type[FunctionConfig]] = {
@@ -45,6 +47,7 @@ CONFIGS: dict[str, type[FunctionConfig]] = {
     "unhealthy_node": UnhealthyConfig,
     "storage_drift": DriftConfig,
     "replication_watch": WatchConfig,
+    "capacity_watch": CapacityConfig,
     "retention_sweep": SweepConfig,
 }
 #: Rules (by the end of their physical name) each function is triggered by.
@@ -54,6 +57,7 @@ TRIGGERS = {
     "unhealthy_node": {"node-sweep"},
     "storage_drift": {"bucket-calls", "association-calls"},
     "replication_watch": {"replication-watch"},
+    "capacity_watch": {"capacity-watch"},
     "retention_sweep": {"retention-sweep"},
 }
 SWITCHES = {
@@ -62,6 +66,7 @@ SWITCHES = {
     "remediationUnhealthyNodes": "unhealthy_node",
     "remediationStorageDrift": "storage_drift",
     "remediationReplicationLag": "replication_watch",
+    "remediationCapacityWatch": "capacity_watch",
     "remediationRetentionSweep": "retention_sweep",
 }
 
@@ -299,6 +304,7 @@ def test_roles_reach_only_this_stack_s_groups_buckets_and_prefixes():
                     assert actions <= {
                         "ec2:DescribeInstances",
                         "autoscaling:DescribeAutoScalingGroups",
+                        "autoscaling:DescribeScalingActivities",
                         "cloudwatch:GetMetricData",
                         "cloudwatch:ListMetrics",
                         "cloudwatch:PutMetricData",

@@ -290,6 +290,8 @@ HOSTILE_ENVELOPES = {
 
 
 def handlers(tmp_path) -> dict[str, tuple[Any, Any]]:
+    from ftfleet.lambdas.capacity_watch import handler as capacity
+    from ftfleet.lambdas.capacity_watch.config import Config as CapacityConfig
     from ftfleet.lambdas.lifecycle_handoff import handler as handoff
     from ftfleet.lambdas.lifecycle_handoff.config import Config as HandoffConfig
     from ftfleet.lambdas.replication_watch import handler as watch
@@ -318,11 +320,20 @@ def handlers(tmp_path) -> dict[str, tuple[Any, Any]]:
             watch,
             WatchConfig(**base, bucket=PRIMARY, replica_bucket=REPLICA, replica_region=REPLICA_REGION, root=ROOT),
         ),
+        "capacity_watch": (capacity, CapacityConfig(**base, groups=(SWEEP_GROUP,), loss_s=1200.0)),
     }
 
 
 @pytest.mark.parametrize(
-    "function", ["spot_interruption", "lifecycle_handoff", "unhealthy_node", "storage_drift", "replication_watch"]
+    "function",
+    [
+        "spot_interruption",
+        "lifecycle_handoff",
+        "unhealthy_node",
+        "storage_drift",
+        "replication_watch",
+        "capacity_watch",
+    ],
 )
 @pytest.mark.parametrize("case", sorted(HOSTILE_ENVELOPES))
 def test_every_handler_drops_a_hostile_envelope_without_calling_aws(

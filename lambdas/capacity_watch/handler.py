@@ -1,0 +1,114 @@
+"""Scheduled: whether the stack's Auto Scaling groups get the nodes they ask for, and
+since when they do not, from Auto Scaling's own record.
+
+For each group: the nodes it is short (desired capacity less its ``InService``
+instances), and, when short, since when launches have failed for want of capacity: the
+start of the earliest failed launch whose status message names a capacity shortage
+(:data:`CAPACITY_ERRORS`: EC2's InsufficientInstanceCapacity, a mixed group's
+UnfulfillableCapacity, Spot's "no Spot capacity") after the group's latest successful
+launch ("Verifying your Auto Scaling scaling activities"; DescribeScalingActivities).
+A group short without such a failure is booting, not out of capacity.
+
+Published per stack (metric dimension ``Stack``): ``CapacityShortNodes`` (every group's
+shortfall) and ``CapacityShortSeconds`` (the longest time a group has been short for
+want of capacity, 0 when none is). The stack's alarm on the latter past
+``capacityLossMinutes`` tells a person to move the run (`ftfleet failover`,
+docs/FAILOVER.md). Read-only: it never changes a group.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from ftfleet.lambdas.capacity_watch.config import Config
+from ftfleet.lambdas.common import aws, eventbridge, runtime
+from ftfleet.lambdas.common.log import DecisionLog
+
+NAME = "capacity_watch"
+#: Substrings of a failed launch's status message that mean the cloud had no capacity
+#: (case-insensitive).
+CAPACITY_ERRORS = (
+    "insufficientinstancecapacity",
+    "unfulfillablecapacity",
+    "insufficient capacity",
+    "sufficient capacity",
+    "no spot capacity",
+)
+#: Recent activities read per group: a shortage older than this many failed launches
+#: counts from the oldest one read.
+ACTIVITIES = 100
+
+clock = runtime.Clock()
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    return runtime.run(NAME, Config, decide, event, context)
+
+
+def is_capacity_failure(activity: dict[str, Any]) -> bool:
+    if activity.get("StatusCode") not in ("Failed", "Cancelled"):
+        return False
+    text = f"{activity.get('StatusMessage', '')} {activity.get('Description', '')}".lower()
+    return any(marker in text for marker in CAPACITY_ERRORS)
+
+
+def is_launch(activity: dict[str, Any]) -> bool:
+    return str(activity.get("Description", "")).startswith("Launching")
+
+
+def short_since(activities: list[dict[str, Any]]) -> float | None:
+    """The start (epoch seconds) of the earliest capacity failure after the latest
+    successful launch; None when there is none. ``activities``: newest first, as
+    DescribeScalingActivities returns them."""
+    since = None
+    for activity in activities:
+        if activity.get("StatusCode") == "Successful" and is_launch(activity):
+            break
+        if is_capacity_failure(activity):
+            start = activity.get("StartTime")
+            if isinstance(start, datetime.datetime):
+                since = start.timestamp()
+    return since
+
+
+def activities_of(asg: Any, group: str) -> list[dict[str, Any]]:
+    got = asg.describe_scaling_activities(AutoScalingGroupName=group, MaxRecords=ACTIVITIES)
+    return list(got.get("Activities", []))
+
+
+def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
+    eventbridge.parse(event, (eventbridge.SCHEDULED,))
+    now = clock.now()
+    asg = aws.client("autoscaling")
+    found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=list(cfg.groups))["AutoScalingGroups"]
+    short_nodes, longest, groups = 0, 0.0, {}
+    for group in found:
+        name = group["AutoScalingGroupName"]
+        in_service = sum(1 for i in group.get("Instances", []) if i.get("LifecycleState") == "InService")
+        short = max(0, int(group["DesiredCapacity"]) - in_service)
+        seconds = 0.0
+        if short:
+            since = short_since(activities_of(asg, name))
+            seconds = max(0.0, now - since) if since is not None else 0.0
+        short_nodes += short
+        longest = max(longest, seconds)
+        groups[name] = {"short": short, "short_for_capacity_s": round(seconds, 1)}
+    missing = sorted(set(cfg.groups) - set(groups))
+    aws.put_metrics(
+        {"MetricName": name, "Dimensions": aws.dims(Stack=cfg.stack), "Value": value, "Unit": unit}
+        for name, value, unit in (
+            ("CapacityShortNodes", float(short_nodes), "Count"),
+            ("CapacityShortSeconds", longest, "Seconds"),
+        )
+    )
+    if longest >= cfg.loss_s:
+        decision, level = "capacity-lost", "WARNING"
+    elif short_nodes:
+        decision, level = "short", "INFO"
+    else:
+        decision, level = "ok", "INFO"
+    return log.decision(decision, level=level, groups=groups, missing_groups=missing, loss_s=cfg.loss_s)
+
+
+runtime.prime(Config)
