@@ -15,10 +15,12 @@ that the move is safe, and refuses with one line otherwise, with nothing changed
 * the run lease is not held by a third holder, and the target does not hold it already.
 
 Then: the source's groups go to 0 (each node's termination hook takes an emergency
-checkpoint); once their instances are gone, it waits (``--wait-s``) until the target's
-primary holds the newest step the source's primary committed, which on AWS replication
-carries; then the target's groups take the job's size (the source's worker group's
-desired size, or ``--workers``). The trainer there restores the newest verified
+checkpoint); once their instances are gone, it waits (``--wait-s`` per wait; S3
+replicates most objects in seconds, 99.99% within 15 minutes under Replication Time
+Control, with no bound without it) until the target's primary holds the newest step that
+verifies in the source's; then the target's groups take the job's size (the source's
+worker group's, kept in its :data:`JOB_WORKERS_TAG` tag for a rerun after a wait ran
+out, or ``--workers``). The trainer there restores the newest verified
 checkpoint and takes the lease when the source's runs out.
 """
 
@@ -36,6 +38,8 @@ from typing import Any
 
 from ftfleet.errors import UserError
 
+#: The tag on the source's worker group that keeps the job's size while a move is under way.
+JOB_WORKERS_TAG = "ftfleet:failover-workers"
 #: The outputs a stack must have for a failover (infra/aws/stack.py).
 NEEDED = ("region", "run_id", "checkpoint_uri", "lease_uri", "coordinator_group", "worker_group", "trainer_image")
 
@@ -145,9 +149,13 @@ class Failover:
             raise Refused(f"{t['checkpoint_uri']} holds no checkpoint that verifies: nothing to resume there")
         self._check_lease()
         group = self._group(s, s["worker_group"])
-        workers = self.workers if self.workers is not None else max(group["DesiredCapacity"], group["MinSize"])
+        workers = self.workers
+        if workers is None:
+            # A move stopped in a wait already set the source to 0: its tag kept the size.
+            recorded = {tag["Key"]: tag["Value"] for tag in group.get("Tags", [])}.get(JOB_WORKERS_TAG, "")
+            workers = max(group["DesiredCapacity"], group["MinSize"]) or (int(recorded) if recorded.isdigit() else 0)
         if workers < 1:
-            raise Refused(f"{s.name}'s worker group is at 0: give the job's size with --workers N")
+            raise Refused(f"{s.name}'s worker group is at 0 and no job size is recorded: give --workers N")
         target_group = self._group(t, t["worker_group"])
         if workers > target_group["MaxSize"]:
             raise Refused(
@@ -159,25 +167,26 @@ class Failover:
     def _check_image(self) -> None:
         t = self.target
         uri = t["trainer_image"]
-        repository, _, tag = uri.split("/", 1)[1].rpartition(":")
+        registry, _, path = uri.partition("/")
+        if "@" in path:
+            repository, _, digest = path.partition("@")
+            image = {"imageDigest": digest}
+        else:
+            repository, _, tag = path.rpartition(":")
+            image = {"imageTag": tag}
         ecr = self._client("ecr", t["region"])
         try:
-            ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])
-        except Exception as exc:  # noqa: BLE001 - ImageNotFound, RepositoryNotFound: one line either way
-            raise Refused(
-                f"{uri} is not in {t['region']}'s registry ({type(exc).__name__}): "
-                "push it there first (docs/FAILOVER.md)"
-            ) from None
+            ecr.describe_images(registryId=registry.split(".")[0], repositoryName=repository, imageIds=[image])
+        except Exception as exc:  # noqa: BLE001 - botocore's modelled errors are classes made at run time
+            code = type(exc).__name__
+            if code in ("ImageNotFoundException", "RepositoryNotFoundException"):
+                raise Refused(f"{uri} is not in {t['region']}'s registry ({code}): push it there first") from None
+            raise Refused(f"{uri}: the registry in {t['region']} could not be asked ({code}: {exc})") from None
 
     def _newest_verified(self, stack: Stack) -> int | None:
         from ftfleet.trainer.checkpoint.cli import newest_verified
 
         return newest_verified(stack["checkpoint_uri"], self.endpoint_url)
-
-    def _newest_committed(self, stack: Stack) -> int | None:
-        from ftfleet.trainer.checkpoint.cli import newest_verified
-
-        return newest_verified(stack["checkpoint_uri"], self.endpoint_url, check_files=False)
 
     def _check_lease(self) -> None:
         doc = self._lease()
@@ -217,11 +226,22 @@ class Failover:
                 f"dry run: would stop {s.name}'s groups and start {t.name}'s with 1 coordinator + {workers} workers"
             )
             return 0
+        self._client("autoscaling", s["region"]).create_or_update_tags(
+            Tags=[
+                {
+                    "ResourceId": s["worker_group"],
+                    "ResourceType": "auto-scaling-group",
+                    "Key": JOB_WORKERS_TAG,
+                    "Value": str(workers),
+                    "PropagateAtLaunch": False,
+                }
+            ]
+        )
         self._resize(s, s["coordinator_group"], 0, 0)
         self._resize(s, s["worker_group"], 0, 0)
         self.say(f"stopping {s.name}: its groups go to 0; each node takes an emergency checkpoint first")
-        self._wait(lambda: self._in_service(s) == 0, f"{s.name}'s instances to leave")
-        wanted = self._newest_committed(s)
+        self._wait(lambda: self._listed(s) == 0, f"{s.name}'s instances to leave")
+        wanted = self._newest_verified(s)
         if wanted is not None:
             self._wait(
                 lambda: (self._newest_verified(t) or 0) >= wanted,
@@ -236,12 +256,19 @@ class Failover:
         return 0
 
     def _resize(self, stack: Stack, name: str, minimum: int, desired: int) -> None:
-        self._client("autoscaling", stack["region"]).update_auto_scaling_group(
-            AutoScalingGroupName=name, MinSize=minimum, DesiredCapacity=desired
-        )
+        try:
+            self._client("autoscaling", stack["region"]).update_auto_scaling_group(
+                AutoScalingGroupName=name, MinSize=minimum, DesiredCapacity=desired
+            )
+        except Exception as exc:  # noqa: BLE001 - ScalingActivityInProgress, ResourceContention: one line
+            raise UserError(
+                f"{stack['region']} {name}: resizing to {desired} failed ({type(exc).__name__}: {exc}); the steps "
+                "printed above were done: run the same command again"
+            ) from None
         self.say(f"  {stack['region']} {name}: min {minimum}, desired {desired}")
 
-    def _in_service(self, stack: Stack) -> int:
+    def _listed(self, stack: Stack) -> int:
+        """The groups' instances, in service or still leaving (Terminating:Wait)."""
         return sum(
             len(self._group(stack, stack[g]).get("Instances", [])) for g in ("coordinator_group", "worker_group")
         )

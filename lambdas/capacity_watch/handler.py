@@ -4,9 +4,8 @@ since when they do not, from Auto Scaling's own record.
 For each group: the nodes it is short (desired capacity less its ``InService``
 instances), and, when short, since when launches have failed for want of capacity: the
 start of the earliest failed launch whose status message names a capacity shortage
-(:data:`CAPACITY_ERRORS`: EC2's InsufficientInstanceCapacity, a mixed group's
-UnfulfillableCapacity, Spot's "no Spot capacity") after the group's latest successful
-launch ("Verifying your Auto Scaling scaling activities"; DescribeScalingActivities).
+(:data:`CAPACITY_ERRORS`) after the group's latest successful activity
+("Verifying your Auto Scaling scaling activities"; DescribeScalingActivities).
 A group short without such a failure is booting, not out of capacity.
 
 Published per stack (metric dimension ``Stack``): ``CapacityShortNodes`` (every group's
@@ -19,6 +18,7 @@ docs/FAILOVER.md). Read-only: it never changes a group.
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 from ftfleet.lambdas.capacity_watch.config import Config
@@ -26,14 +26,14 @@ from ftfleet.lambdas.common import aws, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 
 NAME = "capacity_watch"
-#: Substrings of a failed launch's status message that mean the cloud had no capacity
-#: (case-insensitive).
-CAPACITY_ERRORS = (
-    "insufficientinstancecapacity",
-    "unfulfillablecapacity",
-    "insufficient capacity",
-    "sufficient capacity",
-    "no spot capacity",
+#: A failed launch's status message that means the cloud had no capacity
+#: (case-insensitive): EC2's error codes, the plain group's "We currently do not have
+#: sufficient <type> capacity" ("Troubleshoot Amazon EC2 Auto Scaling: EC2 instance
+#: launch failures"), and Spot's "There is no Spot capacity available".
+CAPACITY_ERRORS = re.compile(
+    r"insufficientinstancecapacity|insufficientcapacity|insufficienthostcapacity|unfulfillablecapacity"
+    r"|do not have sufficient \S+ capacity|insufficient capacity|no spot capacity",
+    re.IGNORECASE,
 )
 #: Recent activities read per group: a shortage older than this many failed launches
 #: counts from the oldest one read.
@@ -49,21 +49,19 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
 def is_capacity_failure(activity: dict[str, Any]) -> bool:
     if activity.get("StatusCode") not in ("Failed", "Cancelled"):
         return False
-    text = f"{activity.get('StatusMessage', '')} {activity.get('Description', '')}".lower()
-    return any(marker in text for marker in CAPACITY_ERRORS)
-
-
-def is_launch(activity: dict[str, Any]) -> bool:
-    return str(activity.get("Description", "")).startswith("Launching")
+    text = f"{activity.get('StatusMessage', '')} {activity.get('Description', '')}"
+    return CAPACITY_ERRORS.search(text) is not None
 
 
 def short_since(activities: list[dict[str, Any]]) -> float | None:
-    """The start (epoch seconds) of the earliest capacity failure after the latest
-    successful launch; None when there is none. ``activities``: newest first, as
-    DescribeScalingActivities returns them."""
+    """The start (epoch seconds) of the earliest capacity failure after the group's
+    latest successful activity of any kind (a launch, or a termination that shrank it:
+    a failure before a resize belongs to an earlier shortage); None when there is none.
+    ``activities``: newest first, as DescribeScalingActivities returns them (activities
+    are kept six weeks). A node at a time arriving restarts the count: it errs late."""
     since = None
     for activity in activities:
-        if activity.get("StatusCode") == "Successful" and is_launch(activity):
+        if activity.get("StatusCode") == "Successful":
             break
         if is_capacity_failure(activity):
             start = activity.get("StartTime")

@@ -231,6 +231,11 @@ def test_replication_that_never_catches_up_stops_the_move_before_the_standby_sta
     assert not isinstance(caught.value, Refused)
     assert sizes(HOME_REGION, "home-workers")[:2] == (0, 0)  # stopped, as the steps said
     assert sizes(STANDBY_REGION, "standby-workers")[:2] == (0, 0)  # never started
+    # Replication catches up; the same command again finishes the move, at the job's
+    # size the first run recorded on the (now empty) group.
+    replicate()
+    assert failover(home, standby, []).run() == 0
+    assert sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3)
 
 
 def test_the_command_line_reads_stack_outputs_and_refuses_a_stack_not_deployed_with_them(world, tmp_path, capsys):

@@ -34,6 +34,11 @@ INSUFFICIENT = (
     "Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have sufficient "
     "p5.48xlarge capacity in the Availability Zone you requested (us-east-1a). Launching EC2 instance failed."
 )
+#: A plain (not mixed) group's message, as the troubleshooting guide gives it.
+PLAIN = (
+    "We currently do not have sufficient p5.48xlarge capacity in the Availability Zone you requested "
+    "(us-east-1a). Our system will be working on provisioning additional capacity. Launching EC2 instance failed."
+)
 NO_SPOT = (
     "Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request "
     "configuration."
@@ -93,7 +98,7 @@ def watcher(moto, monkeypatch):
 def test_a_group_short_for_want_of_capacity_counts_from_the_first_failure_after_the_last_launch(watcher, capsys):
     record = [
         activity(5, "Failed", NO_SPOT),
-        activity(15, "Failed", INSUFFICIENT),
+        activity(15, "Failed", PLAIN),
         activity(25, "Failed", INSUFFICIENT),
         activity(40, "Successful", description="Launching a new EC2 instance: i-0123"),
         activity(90, "Failed", INSUFFICIENT),  # before the last launch that worked: over
@@ -103,6 +108,25 @@ def test_a_group_short_for_want_of_capacity_counts_from_the_first_failure_after_
     assert got["groups"][GROUP] == {"short": 2, "short_for_capacity_s": pytest.approx(25 * 60, abs=1)}
     assert metric_sum("CapacityShortSeconds", {"Stack": STACK}) == pytest.approx(25 * 60, abs=1)
     assert metric_sum("CapacityShortNodes", {"Stack": STACK}) == 2
+
+
+@pytest.mark.parametrize("message", [INSUFFICIENT, PLAIN, NO_SPOT, "There is no Spot capacity available that matches"])
+def test_each_documented_capacity_message_counts(message):
+    assert watch.is_capacity_failure(activity(1, "Failed", message))
+    assert watch.is_capacity_failure(activity(1, "Cancelled", message))
+    assert not watch.is_capacity_failure(activity(1, "InProgress", message))
+    assert not watch.is_capacity_failure(activity(1, "Failed", "VcpuLimitExceeded - You have requested more vCPU"))
+
+
+def test_a_failure_before_the_group_was_last_resized_belongs_to_an_earlier_shortage(watcher):
+    # Out of capacity 3 days ago, then shrunk to 0 (a failover): short again now, booting.
+    record = [
+        activity(2, "InProgress"),
+        activity(60 * 24 * 3 - 10, "Successful", description="Terminating EC2 instance: i-0456"),
+        activity(60 * 24 * 3, "Failed", INSUFFICIENT),
+    ]
+    got = watcher(record)
+    assert got["decision"] == "short" and got["groups"][GROUP]["short_for_capacity_s"] == 0
 
 
 def test_short_but_not_for_capacity_is_a_group_still_booting(watcher):
