@@ -8,7 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from ftfleet import contract
-from ftfleet.infra import creation
+from ftfleet.infra import creation, standby_source
 from ftfleet.infra.aws import standby, userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
@@ -198,8 +198,8 @@ def build(s: Settings) -> None:
         pulumi.export("standby_of", s.standby.home)
     else:
         pulumi.export(
-            standby.OUTPUT,
-            standby.source_of(
+            standby_source.OUTPUT,
+            standby_source.publish(
                 s,
                 userdata.checkpoint_root(s),
                 primary_bucket=shared.primary.bucket,

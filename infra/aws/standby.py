@@ -13,7 +13,7 @@ groups at 0 nodes) and two links between the regions:
   region (``standbyImageReplication: create``), so a failover pulls from its own region.
 
 The home stack publishes what a standby needs as one output, :data:`OUTPUT`
-(:func:`source_of`); the standby reads it through a StackReference and refuses, with
+(:func:`ftfleet.infra.standby_source.publish`); the standby reads it through a StackReference and refuses, with
 one line, a home whose regions, run or checkpoint prefix do not match its own
 (infra/standby_source.py).
 """
@@ -43,13 +43,6 @@ FIELDS = (
 )
 
 
-def source_of(s: Settings, checkpoint_root: str, **outputs: pulumi.Input[str]) -> pulumi.Output[dict[str, str]]:
-    """The home stack's :data:`OUTPUT`: its regions, run and checkpoint root, and the
-    names and ARNs of ``outputs`` (primary_bucket, replica_bucket, key_arn,
-    replica_key_arn, repository_name)."""
-    return standby_source.publish(s, checkpoint_root, **outputs)
-
-
 @dataclass(frozen=True)
 class Home:
     """The home stack's :data:`OUTPUT`, checked against this standby's settings
@@ -65,14 +58,6 @@ class Home:
     key_arn: str
     replica_key_arn: str
     repository_name: str
-
-    @property
-    def primary_bucket_arn(self) -> str:
-        return f"arn:aws:s3:::{self.primary_bucket}"
-
-    @property
-    def replica_bucket_arn(self) -> str:
-        return f"arn:aws:s3:::{self.replica_bucket}"
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     else:
         pulumi.export(
             standby_source.OUTPUT,
-            standby.source_of(
+            standby_source.publish(
                 s,
                 root,
                 project=provider.project.apply(lambda p: p or ""),

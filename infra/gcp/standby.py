@@ -40,11 +40,6 @@ class Home:
     """``projects/P/locations/L/repositories/R``: a remote repository's upstream."""
 
 
-def source_of(s: GcpSettings, checkpoint_root: str, **outputs: pulumi.Input[str]) -> pulumi.Output[dict[str, str]]:
-    """The home's ``standby_source``: project, bucket and repository, with the common fields."""
-    return standby_source.publish(s, checkpoint_root, **outputs)
-
-
 def home_of(s: GcpSettings, checkpoint_root: str, project: pulumi.Input[str]) -> pulumi.Output[Home]:
     """The home's ``standby_source``, checked; also refuses a home in another project."""
 
