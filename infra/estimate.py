@@ -12,6 +12,7 @@ written per month is not known here; the plan shows the cost per TiB written.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ftfleet.infra import catalog
 from ftfleet.infra.aws.fleet import ROOT_IOPS, ROOT_THROUGHPUT_MIBPS
@@ -43,6 +44,41 @@ def replication_per_tib(s: Settings) -> dict:
         "replication_time_control": round(rtc, 2),
         "total": round(transfer + rtc, 2),
     }
+
+
+def standby_estimate(
+    s: Any, file_system_usd_month: float, always_usd_month: float, fleet_usd_hour: float
+) -> dict | None:
+    """A standby's costs (None for a stack of its own): its groups are at 0 until a
+    failover, so standing by costs the file system when ``kept`` and what runs anyway
+    (``always_usd_month``); the checkpoints are the home's, priced in its plan."""
+    if not s.standby:
+        return None
+    kept = s.standby.fast_tier == "kept"
+    return {
+        "home": s.standby.home,
+        "fast_tier": s.standby.fast_tier,
+        "active": s.standby.active,
+        "standing_by_usd_per_month": round((file_system_usd_month if kept else 0.0) + always_usd_month, 2),
+        "fleet_after_failover_usd_per_hour": round(fleet_usd_hour, 2),
+    }
+
+
+def standby_lines(sb: dict | None, file_system: str, always: str = "") -> list[str]:
+    """The plan's line for :func:`standby_estimate` (none without a standby)."""
+    if not sb:
+        return []
+    also = f" and {always}" if always else ""
+    if sb["fast_tier"] == "kept":
+        what = f"{file_system} kept{also}"
+    else:
+        what = f"{always + '; ' if always else ''}{file_system} comes with a failover"
+    return [
+        f"  standby of {sb['home']}: node groups at 0 until a failover (the fleet line is what runs after one, "
+        f"${sb['fleet_after_failover_usd_per_hour']:,.2f}/hour); standing by costs "
+        f"${sb['standing_by_usd_per_month']:,.2f}/month ({what}); "
+        f"the checkpoints are {sb['home']}'s, priced in its plan"
+    ]
 
 
 def estimate(s: Settings) -> dict:
@@ -78,18 +114,9 @@ def estimate(s: Settings) -> dict:
     net = catalog.network_prices(s.cloud)
     nat = 0.0 if s.network.adopt else net.get("nat_gateway_hourly", 0.0) * HOURS_PER_MONTH
     fsx = round(s.storage.fsx_storage_capacity_gib * fsx_rate, 2)
-    standby = None
-    if s.standby:
-        # Groups at 0 until a failover; the buckets are the home stack's (priced there).
-        per_tib = 0.0
-        kept = s.standby.fast_tier == "kept"
-        standby = {
-            "home": s.standby.home,
-            "fast_tier": s.standby.fast_tier,
-            "active": s.standby.active,
-            "standing_by_usd_per_month": round((fsx if kept else 0.0) + nat, 2),
-            "fleet_after_failover_usd_per_hour": round(mixed, 2),
-        }
+    standby = standby_estimate(s, fsx, nat, mixed)
+    if standby:
+        per_tib = 0.0  # the buckets are the home's
     return {
         "label": (
             f"ESTIMATE from list prices recorded {catalog.prices_as_of()} for "

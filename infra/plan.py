@@ -220,15 +220,7 @@ def render_table(rec: offline.Recording, est: dict) -> str:
         "  assuming: " + "; ".join(est["assumptions"]),
         "",
     ]
-    if est.get("standby"):
-        sb = est["standby"]
-        fsx = "FSx kept and NAT gateway" if sb["fast_tier"] == "kept" else "NAT gateway; FSx comes with a failover"
-        lines[-1:-1] = [
-            f"  standby of {sb['home']}: node groups at 0 until a failover (the fleet line is what runs after "
-            f"one, ${sb['fleet_after_failover_usd_per_hour']:,.2f}/hour); standing by costs "
-            f"${sb['standing_by_usd_per_month']:,.2f}/month ({fsx}); "
-            f"the buckets are {sb['home']}'s, priced in its plan",
-        ]
+    lines[-1:-1] = estimate.standby_lines(est.get("standby"), "FSx", "NAT gateway")
     lines += prediction
     lines += function_lines(functions(rec))
     lines.append("Outputs:")

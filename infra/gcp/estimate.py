@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftfleet.infra import catalog
+from ftfleet.infra.estimate import standby_estimate
 from ftfleet.infra.gcp.settings import GcpSettings
 
 GIB_PER_TIB = 1024
@@ -36,17 +37,7 @@ def estimate(s: GcpSettings) -> dict:
         fs_label = f"Parallelstore ({st.parallelstore_capacity_gib:,} GiB {st.parallelstore_deployment_type})"
     replication = prices["gcs_replication_gib"]["turbo" if b.turbo_replication else "default"]
     fs = round(st.capacity_gib * fs_rate, 2)
-    standby = None
-    if s.standby:
-        # Groups at 0 until a failover; the bucket is the home's (priced in its plan).
-        kept = s.standby.fast_tier == "kept"
-        standby = {
-            "home": s.standby.home,
-            "fast_tier": s.standby.fast_tier,
-            "active": s.standby.active,
-            "standing_by_usd_per_month": fs if kept else 0.0,
-            "fleet_after_failover_usd_per_hour": round(mixed, 2),
-        }
+    standby = standby_estimate(s, fs, 0.0, mixed)
     return {
         "cloud": "gcp",
         "label": (

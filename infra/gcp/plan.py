@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftfleet.infra.estimate import standby_lines
+
 KEY_INPUTS: dict[str, tuple[str, ...]] = {
     "gcp:compute/network:Network": ("mtu", "routingMode"),
     "gcp:compute/subnetwork:Subnetwork": ("ipCidrRange", "privateIpGoogleAccess"),
@@ -120,18 +122,6 @@ def spares_note(nodes: dict, fleet: dict) -> str:
 def cost_lines(est: dict) -> list[str]:
     fleet, storage, nodes = est["fleet_usd_per_hour"], est["storage_usd_per_month"], est["nodes"]
     return [*_cost_lines(est, fleet, storage, nodes), *standby_lines(est.get("standby"), storage["file_system_label"])]
-
-
-def standby_lines(sb: dict | None, file_system: str) -> list[str]:
-    """A standby's line under its cost: what runs after a failover, what standing by costs."""
-    if not sb:
-        return []
-    kept = f"{file_system} kept" if sb["fast_tier"] == "kept" else f"{file_system} comes with a failover"
-    return [
-        f"  standby of {sb['home']}: node groups at 0 until a failover (the fleet line is what runs after one, "
-        f"${sb['fleet_after_failover_usd_per_hour']:,.2f}/hour); standing by costs "
-        f"${sb['standing_by_usd_per_month']:,.2f}/month ({kept}); the bucket is {sb['home']}'s, priced in its plan",
-    ]
 
 
 def _cost_lines(est: dict, fleet: dict, storage: dict, nodes: dict) -> list[str]:
