@@ -122,11 +122,15 @@ class Failover:
         self.workers, self.wait_s, self.poll_s = workers, wait_s, poll_s
         self.endpoint_url, self.say = endpoint_url, say
         self.clock, self.sleep = clock, sleep
+        self._clients: dict[tuple[str, str], Any] = {}
 
     def _client(self, service: str, region: str) -> Any:
-        import boto3
+        """One client per service and region for the whole move (the waits poll)."""
+        if (service, region) not in self._clients:
+            import boto3
 
-        return boto3.client(service, region_name=region)
+            self._clients[service, region] = boto3.client(service, region_name=region)
+        return self._clients[service, region]
 
     # -- the checks -----------------------------------------------------------------
 
@@ -242,15 +246,17 @@ class Failover:
         self.say(f"stopping {s.name}: its groups go to 0; each node takes an emergency checkpoint first")
         self._wait(lambda: self._listed(s) == 0, f"{s.name}'s instances to leave")
         wanted = self._newest_verified(s)
+        resume = step
         if wanted is not None:
             self._wait(
                 lambda: (self._newest_verified(t) or 0) >= wanted,
                 f"step-{wanted} of {s.name} to verify in {t['checkpoint_uri']}",
             )
+            resume = max(step, wanted)
         self._resize(t, t["coordinator_group"], 1, 1)
         self._resize(t, t["worker_group"], workers, workers)
         self.say(
-            f"started {t.name}: 1 coordinator + {workers} workers; it resumes from step-{self._newest_verified(t)} "
+            f"started {t.name}: 1 coordinator + {workers} workers; it resumes from step-{resume} "
             f"and takes the lease when {s.name}'s runs out"
         )
         return 0
