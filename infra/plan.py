@@ -242,13 +242,18 @@ def previous_outputs(path: str | None) -> dict[str, Any] | None:
 
 
 def plan(
-    target: str, previous: dict[str, Any] | None = None, job: dict[str, Any] | None = None
+    target: str,
+    previous: dict[str, Any] | None = None,
+    job: dict[str, Any] | None = None,
+    other_stacks: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[offline.Recording, dict]:
     """The recording and the estimate; with ``job`` (goodput.predict's keywords, at
-    least ``state_gib``) the estimate's ``goodput`` holds the prediction."""
+    least ``state_gib``) the estimate's ``goodput`` holds the prediction.
+    ``other_stacks``: outputs of stacks already planned, by name (a standby's home is
+    then not run again)."""
     stack = stackfile.load(target)
     try:
-        rec = offline.run(stack, previous_outputs=previous)
+        rec = offline.run(stack, previous_outputs=previous, other_stacks=other_stacks)
     except pulumi.RunError as exc:  # the program refused (e.g. a change that would replace a bucket)
         raise ConfigError(str(exc)) from None
     settings = stack.settings()
@@ -284,8 +289,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("ftfleet plan: give a STACK or --all")
     previous = previous_outputs(getattr(args, "previous_outputs", None))
     job = job_of(args)
+    planned: dict[str, dict[str, Any]] = {}
     for i, target in enumerate(targets):
-        rec, est = plan(target, previous, job)
+        rec, est = plan(target, previous, job, planned)
+        planned[rec.stack] = rec.outputs
         if args.json:
             print(json.dumps(as_json(rec, est), indent=None if args.all else 2, sort_keys=False))
         else:
