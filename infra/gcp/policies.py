@@ -494,8 +494,42 @@ def sinks_can_publish(resources: list) -> list[tuple[str, str]]:
     return out
 
 
+AR_REPOSITORY = "gcp:artifactregistry/repository:Repository"
+#: A remote repository's upstream kinds, as the provider's remoteRepositoryConfig names them.
+REMOTE_UPSTREAMS = (
+    "commonRepository",
+    "dockerRepository",
+    "mavenRepository",
+    "npmRepository",
+    "pythonRepository",
+    "aptRepository",
+    "yumRepository",
+)
+
+
+def remote_repository_has_one_upstream(r) -> list[str]:
+    """ "Create remote repositories",
+    https://cloud.google.com/artifact-registry/docs/repositories/remote-repo: a remote
+    repository proxies one upstream source, a standard Artifact Registry repository or
+    an external registry; with none it has nothing to fetch, and a remote repository
+    takes no pushes."""
+    if r.type != AR_REPOSITORY or r.props.get("mode") != "REMOTE_REPOSITORY":
+        return []
+    config = r.props.get("remoteRepositoryConfig")
+    if not isinstance(config, dict):
+        return ["a remote repository without remoteRepositoryConfig has no upstream"]
+    upstreams = [k for k in REMOTE_UPSTREAMS if config.get(k)]
+    return [] if len(upstreams) == 1 else [f"{len(upstreams)} upstreams ({', '.join(upstreams) or 'none'}); give one"]
+
+
 #: (name, description, check, stack policy[, advisory]): infra/policies/ wraps them.
 SPECS = (
+    (
+        "artifact-registry-remote-upstream",
+        "A remote Artifact Registry repository names exactly one upstream.",
+        remote_repository_has_one_upstream,
+        False,
+    ),
     ("gcs-public-access-prevented", "Buckets enforce public access prevention.", public_access_prevented, False),
     ("gcs-uniform-access", "Buckets use uniform bucket-level access.", uniform_access, False),
     ("gcs-versioning-enabled", "Buckets keep noncurrent versions.", versioned, False),

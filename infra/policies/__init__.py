@@ -15,8 +15,9 @@ They read resources through :class:`Res`, a neutral view both sides can build.
   the region S3 publishes their metric in, no silent alarm.
 - `deployable`: what AWS enforces at create time or on the node (FSx's grant in the
   key policy, EFA per network card and its security group, one GPU generation per
-  fleet, the file system after its rules, replacement bounds, KMS via services, and
-  protection of stateful resources).
+  fleet, the file system after its rules, replacement bounds, KMS via services,
+  protection of stateful resources, ECR replication within its limits and after the
+  repository it fills).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from ftfleet.infra.policies.baseline import (
     versioning_enabled,
 )
 from ftfleet.infra.policies.deployable import (
+    ecr_replication_finds_its_repository,
+    ecr_replication_valid,
     efa_group_admits_itself,
     efa_per_network_card,
     fleet_one_generation,
@@ -168,6 +171,17 @@ POLICIES: tuple[Policy, ...] = (
         conditional_objects_findable,
     ),
     Policy("iam-kms-via-service", "Identity policies grant KMS only through a named service.", kms_via_service),
+    Policy(
+        "ecr-replication-valid",
+        "A registry's replication has 1-10 rules, each 1-100 destinations and PREFIX_MATCH filters.",
+        ecr_replication_valid,
+    ),
+    Policy(
+        "ecr-replication-finds-its-repository",
+        "A replicated repository the stack declares exists before the replication rule that fills it.",
+        ecr_replication_finds_its_repository,
+        stack=True,
+    ),
     Policy(
         "s3-buckets-guarded",
         "Every bucket has versioning, KMS, a public access block and a TLS policy.",

@@ -279,3 +279,54 @@ def fleet_one_generation(resources: list[Res]) -> list[tuple[str, str]]:
     if len(fleet_efa_groups) > 1:
         out.append(("stack", f"the fleet's groups mix EFA groups: {', '.join(sorted(fleet_efa_groups))}"))
     return out
+
+
+ECR_REPLICATION = "aws:ecr/replicationConfiguration:ReplicationConfiguration"
+ECR_REPOSITORY = "aws:ecr/repository:Repository"
+
+
+def ecr_replication_valid(r: Res) -> list[str]:
+    """What ECR accepts in a registry's replication configuration (Amazon ECR API
+    Reference: ReplicationConfiguration, "rules ... Maximum number of 10 items";
+    ReplicationRule, "destinations ... Maximum number of 100 items" and "repositoryFilters
+    ... Minimum number of 1 item. Maximum number of 100 items"; RepositoryFilter,
+    filterType "Valid Values: PREFIX_MATCH"). A rule without a destination replicates
+    nothing (AWS::ECR::ReplicationConfiguration ReplicationRule: Destinations minimum 1)."""
+    if r.type != ECR_REPLICATION:
+        return []
+    rules = (r.props.get("replicationConfiguration") or {}).get("rules")
+    if not isinstance(rules, list):
+        return []
+    out = [f"{len(rules)} rules; ECR takes 1 to 10"] if not 1 <= len(rules) <= 10 else []
+    for i, rule in enumerate(rules):
+        destinations, filters = rule.get("destinations") or [], rule.get("repositoryFilters")
+        if not 1 <= len(destinations) <= 100:
+            out.append(f"rule {i}: {len(destinations)} destinations; ECR takes 1 to 100")
+        if filters is not None and not 1 <= len(filters) <= 100:
+            out.append(f"rule {i}: {len(filters)} repository filters; ECR takes 1 to 100, or none")
+        for f in filters or []:
+            if f.get("filterType") not in (None, "PREFIX_MATCH"):
+                out.append(f"rule {i}: filter type {f.get('filterType')!r}; ECR takes PREFIX_MATCH")
+    return out
+
+
+def ecr_replication_finds_its_repository(resources: list[Res]) -> list[tuple[str, str]]:
+    """A repository this stack declares in a replication destination's region, with a
+    name a rule's filter matches, exists before the rule: replication creates a missing
+    destination repository itself, with its own settings rather than the stack's (Amazon
+    ECR User Guide, "Private image replication": the service-linked role lets the
+    service create repositories), and the stack's create would then fail on the name."""
+    out = []
+    for config in of_type(resources, ECR_REPLICATION):
+        rules = (config.props.get("replicationConfiguration") or {}).get("rules") or []
+        for repo in of_type(resources, ECR_REPOSITORY):
+            name = repo.props.get("name")
+            if not isinstance(name, str) or repo.region is None:
+                continue
+            for rule in rules:
+                regions = {d.get("region") for d in rule.get("destinations") or []}
+                prefixes = [f.get("filter") for f in rule.get("repositoryFilters") or []]
+                matched = not prefixes or any(isinstance(p, str) and name.startswith(p) for p in prefixes)
+                if repo.region in regions and matched and repo.urn not in config.dependencies:
+                    out.append((config.name, f"replicates into {name} in {repo.region} without waiting for it"))
+    return out

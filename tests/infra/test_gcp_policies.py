@@ -151,6 +151,10 @@ BAD_RESOURCES = {
     "gcp-beta-preemption-notice": res(
         TEMPLATE, {"machineType": "g2-standard-8", "scheduling": {**SPOT, "preemptionNoticeDuration": {"seconds": 90}}}
     ),
+    "artifact-registry-remote-upstream": res(
+        "gcp:artifactregistry/repository:Repository",
+        {"mode": "REMOTE_REPOSITORY", "format": "DOCKER", "remoteRepositoryConfig": {"description": "none"}},
+    ),
 }
 
 

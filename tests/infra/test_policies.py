@@ -128,6 +128,14 @@ BAD_RESOURCES = {
             },
         },
     ),
+    "ecr-replication-valid": res(
+        "aws:ecr/replicationConfiguration:ReplicationConfiguration",
+        {
+            "replicationConfiguration": {
+                "rules": [{"destinations": [], "repositoryFilters": [{"filter": "ftfleet", "filterType": "EXACT"}]}]
+            }
+        },
+    ),
 }
 
 
@@ -291,3 +299,27 @@ def test_an_object_read_and_written_by_its_key_must_be_listable_by_it():
     assert len(found(hold, elsewhere)) == 1
     # Grants on prefixes, or reads alone, are not such objects.
     assert found({**hold, "Resource": ["arn:aws:s3:::b/checkpoints/r/*"]}, {**hold, "Action": ["s3:GetObject"]}) == []
+
+
+def test_ecr_replication_within_ecrs_limits_and_before_the_repository_it_fills():
+    rule = {"destinations": [{"region": "us-west-2", "registryId": "123456789012"}]}
+    eleven = res(
+        "aws:ecr/replicationConfiguration:ReplicationConfiguration",
+        {"replicationConfiguration": {"rules": [rule] * 11}},
+    )
+    assert policies.ecr_replication_valid(eleven) == ["11 rules; ECR takes 1 to 10"]
+    filtered = {**rule, "repositoryFilters": [{"filter": "ftfleet-aws-prod/", "filterType": "PREFIX_MATCH"}]}
+    repo = res("aws:ecr/repository:Repository", {"name": "ftfleet-aws-prod/trainer"}, name="repo", region="us-west-2")
+    config = res(
+        "aws:ecr/replicationConfiguration:ReplicationConfiguration",
+        {"replicationConfiguration": {"rules": [filtered]}},
+        name="config",
+        region="us-east-1",
+    )
+    assert policies.ecr_replication_finds_its_repository([repo, config]) == [
+        ("config", "replicates into ftfleet-aws-prod/trainer in us-west-2 without waiting for it")
+    ]
+    config.dependencies = [repo.urn]
+    assert policies.ecr_replication_finds_its_repository([repo, config]) == []
+    elsewhere = res("aws:ecr/repository:Repository", {"name": "other/trainer"}, name="o", region="us-west-2")
+    assert policies.ecr_replication_finds_its_repository([elsewhere, config]) == []
