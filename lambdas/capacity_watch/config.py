@@ -1,8 +1,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from ftfleet.lambdas.common.config import NAMES, SECONDS, StackConfig, var
+from ftfleet.lambdas.common.config import NAMES, SECONDS, Codec, StackConfig, var
+from ftfleet.lambdas.common.move import Pair
+
+
+def _pair(raw: str) -> Pair:
+    return Pair.of(json.loads(raw))
+
+
+#: A standby's home and lease; rendered empty (no failover) for every other stack.
+PAIR = Codec(
+    _pair,
+    lambda v: "" if v is None else json.dumps(v.to_json(), sort_keys=True, separators=(",", ":")),
+    "a JSON object naming the home, the standby and the run lease",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -12,4 +26,10 @@ class Config(StackConfig):
         "FTFLEET_CAPACITY_LOSS_S",
         "seconds of unfulfilled capacity after which the run counts as out of capacity",
         SECONDS,
+    )
+    failover: Pair | None = var(
+        "FTFLEET_FAILOVER",
+        "a standby's home, itself and the run lease: the run moves to the region that has capacity (empty: never)",
+        PAIR,
+        default=None,
     )

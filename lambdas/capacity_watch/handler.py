@@ -11,8 +11,16 @@ A group short without such a failure is booting, not out of capacity.
 Published per stack (metric dimension ``Stack``): ``CapacityShortNodes`` (every group's
 shortfall) and ``CapacityShortSeconds`` (the longest time a group has been short for
 want of capacity, 0 when none is). The stack's alarm on the latter past
-``capacityLossMinutes`` tells a person to move the run (`ftfleet failover`,
-docs/FAILOVER.md). Read-only: it never changes a group.
+``capacityLossMinutes`` tells a person.
+
+A standby with ``standbyAutoFailover`` (config :attr:`Config.failover`) also moves the
+run: the standby's function watches both regions, and when the region the run trains
+in (the one whose worker group asks for nodes) has been short for want of capacity for
+``capacityLossMinutes``, it begins a move to the other (:class:`~ftfleet.lambdas.common.move.Move`,
+the steps of `ftfleet failover`), and takes the move's next step on every later
+invocation until it is done. One function moves the run either way, so that two never
+race; a failback when the standby in turn runs out is the same move. Every other
+stack's function is read-only: it never changes a group.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 from ftfleet.lambdas.capacity_watch.config import Config
 from ftfleet.lambdas.common import aws, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
+from ftfleet.lambdas.common.move import Move, Pair, Refused
 
 NAME = "capacity_watch"
 #: A failed launch's status message that means the cloud had no capacity
@@ -75,11 +84,10 @@ def activities_of(asg: Any, group: str) -> list[dict[str, Any]]:
     return list(got.get("Activities", []))
 
 
-def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
-    eventbridge.parse(event, (eventbridge.SCHEDULED,))
-    now = clock.now()
-    asg = aws.client("autoscaling")
-    found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=list(cfg.groups))["AutoScalingGroups"]
+def measure(asg: Any, names: list[str] | tuple[str, ...], now: float) -> tuple[int, float, dict[str, Any]]:
+    """(nodes short, the longest a group has been short for want of capacity in
+    seconds, per group found: its shortfall and that time)."""
+    found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=list(names))["AutoScalingGroups"]
     short_nodes, longest, groups = 0, 0.0, {}
     for group in found:
         name = group["AutoScalingGroupName"]
@@ -92,6 +100,13 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         short_nodes += short
         longest = max(longest, seconds)
         groups[name] = {"short": short, "short_for_capacity_s": round(seconds, 1)}
+    return short_nodes, longest, groups
+
+
+def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str, Any]:
+    eventbridge.parse(event, (eventbridge.SCHEDULED,))
+    now = clock.now()
+    short_nodes, longest, groups = measure(aws.client("autoscaling"), cfg.groups, now)
     missing = sorted(set(cfg.groups) - set(groups))
     aws.put_metrics(
         {"MetricName": name, "Dimensions": aws.dims(Stack=cfg.stack), "Value": value, "Unit": unit}
@@ -100,13 +115,56 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
             ("CapacityShortSeconds", longest, "Seconds"),
         )
     )
+    fields: dict[str, Any] = {"groups": groups, "missing_groups": missing, "loss_s": cfg.loss_s}
     if longest >= cfg.loss_s:
         decision, level = "capacity-lost", "WARNING"
     elif short_nodes:
         decision, level = "short", "INFO"
     else:
         decision, level = "ok", "INFO"
-    return log.decision(decision, level=level, groups=groups, missing_groups=missing, loss_s=cfg.loss_s)
+    if cfg.failover is not None:
+        moved = failover(cfg.failover, cfg.loss_s, now)
+        fields["failover"] = moved
+        if moved.get("refused"):
+            decision, level = "failover-refused", "ERROR"
+        elif moved.get("steps"):
+            decision, level = "failover", "WARNING"
+    return log.decision(decision, level=level, **fields)
+
+
+def failover(pair: Pair, loss_s: float, now: float) -> dict[str, Any]:
+    """The move's next step, if one is under way or due (module doc); what was done."""
+    steps: list[str] = []
+    sides = ((pair.home, pair.standby), (pair.standby, pair.home))
+    moves = [
+        Move(a, b, pair.lease, replication_wait_s=pair.replication_wait_s, say=steps.append, clock=lambda: now)
+        for a, b in sides
+    ]
+    try:
+        for move in moves:
+            if move.under_way():
+                done = move.advance()
+                return {"move": f"{move.source.stack} -> {move.target.stack}", "done": done, "steps": steps}
+        training = [m for m in moves if asks_for_workers(m.source)]
+        if len(training) != 1:
+            where = "both regions" if training else "neither region"
+            return {"move": None, "trains_in": where}
+        move = training[0]
+        source = move.source
+        _, longest, _ = measure(
+            aws.client("autoscaling", source.region), (source.coordinator_group, source.worker_group), now
+        )
+        if longest < loss_s:
+            return {"move": None, "trains_in": source.stack, "short_for_capacity_s": round(longest, 1)}
+        move.advance()
+        return {"move": f"{source.stack} -> {move.target.stack}", "done": False, "steps": steps}
+    except Refused as exc:
+        return {"move": None, "refused": str(exc), "steps": steps}
+
+
+def asks_for_workers(side: Any) -> bool:
+    got = aws.client("autoscaling", side.region).describe_auto_scaling_groups(AutoScalingGroupNames=[side.worker_group])
+    return any(int(g["DesiredCapacity"]) > 0 for g in got["AutoScalingGroups"])
 
 
 runtime.prime(Config)

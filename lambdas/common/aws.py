@@ -20,12 +20,13 @@ import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ftfleet import contract
+from ftfleet.lambdas.common import checkpoints
 
 RETRIES = {"mode": "standard", "max_attempts": 6}
 _CONFIG = botocore.config.Config(retries=RETRIES, connect_timeout=5, read_timeout=20)
 #: Error codes of a conditional write that lost a race (S3 answers 412, or 409 when two
 #: conditional writes overlap).
-_CONFLICT = ("PreconditionFailed", "ConditionalRequestConflict")
+CONFLICT = ("PreconditionFailed", "ConditionalRequestConflict")
 _lock = threading.Lock()
 
 
@@ -155,7 +156,7 @@ def update_json(
                 **condition,
             )
         except ClientError as exc:
-            if error_code(exc) in _CONFLICT:
+            if error_code(exc) in CONFLICT:
                 continue
             raise
         return new, True
@@ -207,3 +208,38 @@ def describe_instance(instance_id: str) -> dict[str, Any] | None:
 
 def tags_of(resource: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in resource.get("Tags", [])}
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------
+
+
+class Checkpoints(checkpoints.CheckpointListing):
+    """A run's checkpoints in one S3 bucket; an object's existence by listing
+    (:func:`listed`)."""
+
+    def __init__(self, name: str, region: str | None, root: str):
+        super().__init__(name, root)
+        self.region = region
+        self.s3 = client("s3", region)
+
+    def child_prefixes(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix, Delimiter="/")
+        return [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", [])]
+
+    def arrival(self, key: str) -> float | None:
+        # By listing: a HEAD of a missing manifest, normal while a step is being
+        # written, answers a role without s3:ListBucket 403, not 404.
+        item = listed(self.name, key, self.region)
+        return None if item is None else item["LastModified"].timestamp()
+
+    def read(self, key: str) -> bytes:
+        return self.s3.get_object(Bucket=self.name, Key=key)["Body"].read()
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        have = {}
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
+            for item in page.get("Contents", []):
+                have[item["Key"][len(prefix) :]] = item["Size"]
+        return have

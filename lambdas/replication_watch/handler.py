@@ -30,33 +30,7 @@ SCAN_LIMIT = checkpoints.SCAN_LIMIT
 clock = runtime.Clock()
 
 
-class Bucket(checkpoints.CheckpointListing):
-    """A run's checkpoints in one S3 bucket."""
-
-    def __init__(self, name: str, region: str | None, root: str):
-        super().__init__(name, root)
-        self.region = region
-        self.s3 = aws.client("s3", region)
-
-    def child_prefixes(self, prefix: str) -> list[str]:
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix, Delimiter="/")
-        return [p["Prefix"].rstrip("/").rsplit("/", 1)[-1] for page in pages for p in page.get("CommonPrefixes", [])]
-
-    def arrival(self, key: str) -> float | None:
-        # By listing (aws.listed): a HEAD of a missing manifest, normal while a step is
-        # being written, answers this role 403, not 404.
-        item = aws.listed(self.name, key, self.region)
-        return None if item is None else item["LastModified"].timestamp()
-
-    def read(self, key: str) -> bytes:
-        return self.s3.get_object(Bucket=self.name, Key=key)["Body"].read()
-
-    def sizes(self, prefix: str) -> dict[str, int]:
-        have = {}
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.name, Prefix=prefix):
-            for item in page.get("Contents", []):
-                have[item["Key"][len(prefix) :]] = item["Size"]
-        return have
+Bucket = aws.Checkpoints
 
 
 def handler(event: Any, context: Any) -> dict[str, Any]:

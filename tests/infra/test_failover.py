@@ -14,6 +14,8 @@ from moto import mock_aws
 from ftfleet.cli import main
 from ftfleet.errors import UserError
 from ftfleet.infra.failover import Failover, Refused, Stack
+from ftfleet.lambdas.common import aws
+from ftfleet.lambdas.common.move import MOVE_TO_TAG, LeaseRef, Move, Side
 from ftfleet.trainer.checkpoint.manifest import Manifest, checksum_file, object_key, write_manifest
 
 HOME_REGION, STANDBY_REGION = "us-east-1", "us-west-2"
@@ -107,6 +109,7 @@ def world(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", HOME_REGION)
+    aws.reset()
     with mock_aws():
         boto3.client("s3", region_name=HOME_REGION).create_bucket(Bucket=PRIMARY)
         boto3.client("s3", region_name=STANDBY_REGION).create_bucket(
@@ -148,14 +151,52 @@ def test_the_job_moves_once_the_standby_holds_the_homes_newest_step(world):
     home, standby = world
     said: list[str] = []
     # Replication carries step-12 while the command waits.
-    assert failover(home, standby, said, sleep=lambda _s: replicate()).run() == 0
+    sleeps = iter(range(100))
+    assert failover(home, standby, said, sleep=lambda _s: next(sleeps) and replicate()).run() == 0
     assert sizes(HOME_REGION, "home-coordinator") == (0, 0, 0)
     assert sizes(HOME_REGION, "home-workers") == (0, 0, 0)
     assert sizes(STANDBY_REGION, "standby-coordinator")[:2] == (1, 1)
     assert sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3)  # the home's size
     text = "\n".join(said)
-    assert "step-10 verified" in text and "step-12 of home to verify" in text
+    assert "step-10 verified" in text and "holds step-10, home's newest is step-12" in text
     assert "resumes from step-12" in text
+    # No instance of the home is left: the standby's nodes need not wait out its lease.
+    lease = lease_doc()
+    assert lease["holder"] == "home/us-east-1" and lease["expires_at"] == 0 and lease["epoch"] == 3
+
+
+def lease_doc() -> dict:
+    return json.loads(
+        boto3.client("s3", region_name=HOME_REGION).get_object(Bucket=PRIMARY, Key=LEASE_KEY)["Body"].read()
+    )
+
+
+def test_a_move_a_function_began_is_finished_by_the_command(world):
+    home, standby = world
+    lease = LeaseRef.parse(home["lease_uri"], HOME_REGION, RUN)
+    began: list[str] = []
+    source = Side("home", HOME_REGION, "home-coordinator", "home-workers", PRIMARY, f"checkpoints/{RUN}")
+    target = Side("standby", STANDBY_REGION, "standby-coordinator", "standby-workers", REPLICA, f"checkpoints/{RUN}")
+    move = Move(source, target, lease, say=began.append)
+    assert move.advance() is False and "stopping home" in began[-1]
+    assert move.tags()[MOVE_TO_TAG] == "standby" and sizes(HOME_REGION, "home-workers")[:2] == (0, 0)
+    replicate()
+    said: list[str] = []
+    assert failover(home, standby, said).run() == 0
+    # It went on from the move's state: the move's own checks were its first step.
+    assert not any(line.startswith("checked: s3://") for line in said) and "resumes from step-12" in said[-2]
+    assert sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3) and move.tags() == {}
+
+
+def test_a_move_elsewhere_is_refused_while_one_is_under_way(world):
+    home, standby = world
+    lease = LeaseRef.parse(home["lease_uri"], HOME_REGION, RUN)
+    source = Side("home", HOME_REGION, "home-coordinator", "home-workers", PRIMARY, f"checkpoints/{RUN}")
+    target = Side("standby", STANDBY_REGION, "standby-coordinator", "standby-workers", REPLICA, f"checkpoints/{RUN}")
+    Move(source, target, lease, say=lambda _l: None).advance()
+    third = Side("third", "eu-west-1", "third-coordinator", "third-workers", "third", f"checkpoints/{RUN}")
+    with pytest.raises(Refused, match="home is being moved to standby, not third: finish that move first"):
+        Move(source, third, lease).advance()
 
 
 def test_a_failback_is_the_same_command_with_the_names_swapped(world):
@@ -173,7 +214,7 @@ def test_a_dry_run_checks_and_changes_nothing(world):
     home, standby = world
     said: list[str] = []
     assert failover(home, standby, said).run(dry_run=True) == 0
-    assert unchanged() and "would stop home's groups" in said[-1]
+    assert unchanged() and "step-10 verifies" in said[-1] and "would stop home's groups" in said[-1]
 
 
 @pytest.mark.parametrize(
@@ -226,7 +267,7 @@ def test_more_workers_than_the_standby_group_takes_is_refused(world):
 
 def test_replication_that_never_catches_up_stops_the_move_before_the_standby_starts(world):
     home, standby = world
-    with pytest.raises(UserError, match="waited 30 s for step-12 of home to verify") as caught:
+    with pytest.raises(UserError, match="waited 30 s; the steps printed above were done") as caught:
         failover(home, standby, []).run()
     assert not isinstance(caught.value, Refused)
     assert sizes(HOME_REGION, "home-workers")[:2] == (0, 0)  # stopped, as the steps said
@@ -249,7 +290,7 @@ def test_the_command_line_reads_stack_outputs_and_refuses_a_stack_not_deployed_w
     )
     (tmp_path / "standby.json").write_text(json.dumps(standby.outputs))
     assert main(["failover", "home", "--to", "standby", "--outputs", str(tmp_path), "--dry-run"]) == 0
-    assert "checked: standby has its file system" in capsys.readouterr().out
+    assert "checked: standby has its file system and the image" in capsys.readouterr().out
 
 
 def test_a_gcp_stack_is_moved_by_hand(tmp_path, capsys):

@@ -1,10 +1,11 @@
 """A run moved to its standby region by `ftfleet failover`, end to end on one machine:
 the real trainer in the home region (S3 on moto, the run lease in the home's primary
 bucket), S3 replication played by a copy, the failover against moto's Auto Scaling and
-ECR, then the real trainer as the standby's node: it waits out the home's lease, restores
-the newest replicated checkpoint and ends where an uninterrupted run ends.
+ECR, then the real trainer as the standby's node: fenced while the home holds the run
+lease, it takes the lease the move released, restores the newest replicated checkpoint
+and ends where an uninterrupted run ends.
 
-Long (the lease's shortest TTL is about a minute): ``make chaos``."""
+Long (three trainer runs): ``make chaos``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from ftfleet.contract import EXIT_FENCED
 from ftfleet.infra.failover import Failover, Stack
+from ftfleet.lambdas.common import aws
 from tests.trainer.conftest import run_trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -88,6 +90,7 @@ def node(run_dir, moto_url: str, primary: str, replica: str, holder: str, *extra
 
 def test_a_run_moved_to_its_standby_ends_where_the_uninterrupted_run_ends(tmp_path, moto_url, monkeypatch, ref1):
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)  # the failover's own AWS calls
+    aws.reset()
     home, standby = clients(moto_url, HOME_REGION), clients(moto_url, STANDBY_REGION)
     home["s3"].create_bucket(Bucket=PRIMARY)
     standby["s3"].create_bucket(Bucket=REPLICA, CreateBucketConfiguration={"LocationConstraint": STANDBY_REGION})
@@ -106,11 +109,15 @@ def test_a_run_moved_to_its_standby_ends_where_the_uninterrupted_run_ends(tmp_pa
     held = json.loads(home["s3"].get_object(Bucket=PRIMARY, Key=LEASE)["Body"].read())
     assert held["holder"] == "home/us-east-1" and held["expires_at"] > time.time()
 
+    # A standby node started before the move is fenced: the home holds the lease.
+    holder = "standby/us-west-2"
+    early = node(tmp_path / "standby", moto_url, REPLICA, PRIMARY, holder, expect_rc=EXIT_FENCED)
+    assert "home/us-east-1" in early["_stderr"]
+
     said: list[str] = []
     failover = Failover(
         stack("home", HOME_REGION, PRIMARY),
         stack("standby", STANDBY_REGION, REPLICA, standby_of="home"),
-        endpoint_url=moto_url,
         say=said.append,
         poll_s=0.5,
         wait_s=60,
@@ -118,15 +125,12 @@ def test_a_run_moved_to_its_standby_ends_where_the_uninterrupted_run_ends(tmp_pa
     )
     replicate(home, standby)  # what replication carried before the decision
     assert failover.run() == 0
-    assert "resumes from step-12" in said[-1]
+    assert "resumes from step-12" in said[-2] and "released the run lease" in " ".join(said)
     desired = standby["autoscaling"].describe_auto_scaling_groups(AutoScalingGroupNames=["standby-workers"])
     assert desired["AutoScalingGroups"][0]["DesiredCapacity"] == 2
 
-    # The standby's node: fenced while the home's lease is current, then it trains.
-    holder = "standby/us-west-2"
-    early = node(tmp_path / "standby", moto_url, REPLICA, PRIMARY, holder, expect_rc=EXIT_FENCED)
-    assert "home/us-east-1" in early["_stderr"]
-    time.sleep(max(0.0, held["expires_at"] + 11 - time.time()))  # the taker's skew margin is 10 s
+    # The home has no instance left and its lease was released: the standby's node
+    # takes it at once, with the next epoch, and trains.
     out = node(tmp_path / "standby", moto_url, REPLICA, PRIMARY, holder)
     assert out["resumed_from"]["step"] == 12 and out["resumed_from"]["tier"] == "primary"
     assert out["state_sha256"] == ref1["state_sha256"]

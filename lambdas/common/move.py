@@ -1,0 +1,339 @@
+"""Moving a run between a home stack and its standby (AWS), one step at a time
+(docs/FAILOVER.md, "Moving the job").
+
+Two callers drive the same :class:`Move`: `ftfleet failover` advances it until it is
+done, printing each step; a standby's capacity_watch advances it once per scheduled
+invocation after a region has lacked capacity for ``capacityLossMinutes``. Where a move
+stands is read from the cloud each time, never from the caller's memory, so either can
+finish a move the other began, and a rerun after an error picks up where it stopped.
+The move's own state is three tags on the source's worker group: :data:`MOVE_TO_TAG`
+(the target stack), :data:`JOB_WORKERS_TAG` (the job's worker nodes) and
+:data:`MOVE_SINCE_TAG` (when the source was stopped, epoch seconds).
+
+Each call of :meth:`Move.advance` takes the first step not yet done:
+
+1. **begin** (no tag yet): the checks, each refusing with one line and nothing changed
+   (:class:`Refused`): the target's primary holds a checkpoint that verifies (its
+   manifest and every file it lists, at the listed size); the run lease is held neither
+   by the target nor by a third holder whose lease is current; the target's worker
+   group takes the job's size. Then the tags, and the source's groups go to 0 (each
+   node's termination hook takes an emergency checkpoint first).
+2. **source leaving**: until Auto Scaling lists none of the source's instances.
+3. **replication**: until the target's primary holds the source's newest verified step,
+   at most ``replication_wait_s`` after the source was stopped; past that, the move
+   goes on from the newest step the target holds, and says which steps it gives up.
+4. **lease**: a lease that still names the source's holder is released for it
+   (``expires_at`` 0, written only over the version read). The source has no instance
+   left that could commit, and the target's nodes take it at once instead of waiting
+   out its TTL.
+5. **start**: the target's groups take one coordinator and the job's workers; the tags
+   go. The move is done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ftfleet import contract
+from ftfleet.errors import UserError
+from ftfleet.lambdas.common import aws
+
+#: On the source's worker group while a move is under way: the target stack.
+MOVE_TO_TAG = "ftfleet:failover-to"
+#: The job's worker nodes, kept while the source's groups are at 0.
+JOB_WORKERS_TAG = "ftfleet:failover-workers"
+#: When the source's groups were set to 0 (epoch seconds).
+MOVE_SINCE_TAG = "ftfleet:failover-since"
+TAGS = (MOVE_TO_TAG, JOB_WORKERS_TAG, MOVE_SINCE_TAG)
+#: S3 Replication Time Control replicates 99.99 % of objects within 15 minutes.
+REPLICATION_WAIT_S = 900.0
+
+
+class Refused(UserError):
+    """A move that cannot proceed safely; nothing was changed."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Side:
+    """One stack of the pair, as a move sees it."""
+
+    stack: str
+    region: str
+    coordinator_group: str
+    worker_group: str
+    bucket: str
+    """The stack's primary checkpoint bucket (a standby's is the home's replica)."""
+    root: str
+    """The run's checkpoint root in it (key prefix, no slashes at its ends)."""
+
+    @property
+    def holder(self) -> str:
+        return contract.lease_holder(self.stack, self.region)
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.root}"
+
+    @classmethod
+    def of(cls, value: Any) -> Side:
+        """From a mapping of the fields (a function's config); raises ValueError."""
+        if not isinstance(value, dict):
+            raise ValueError("a side is not a JSON object")
+        fields = {f: value.get(f) for f in cls.__dataclass_fields__}
+        bad = [f for f, v in fields.items() if not isinstance(v, str) or not v]
+        if bad:
+            raise ValueError(f"a side lacks {', '.join(bad)}")
+        return cls(**fields)
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """Where the run lease lives (the home's primary bucket) and whose run it is."""
+
+    bucket: str
+    key: str
+    region: str
+    run_id: str
+
+    @classmethod
+    def parse(cls, uri: str, region: str, run_id: str) -> LeaseRef:
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not uri.startswith("s3://") or not bucket or not key:
+            raise ValueError(f"{uri!r} is not s3://BUCKET/KEY")
+        return cls(bucket, key, region, run_id)
+
+
+def newest_verified(side: Side) -> int | None:
+    """The newest step in ``side``'s primary whose manifest and files are all there."""
+    listing = aws.Checkpoints(side.bucket, side.region, side.root)
+    return listing.newest_complete(listing.steps())
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A home, its standby and their run lease: what a standby's capacity_watch moves."""
+
+    home: Side
+    standby: Side
+    lease: LeaseRef
+    replication_wait_s: float = REPLICATION_WAIT_S
+
+    @classmethod
+    def of(cls, value: Any) -> Pair:
+        """From :meth:`to_json`'s mapping; raises ValueError naming what is wrong."""
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        lease = value.get("lease")
+        if not isinstance(lease, dict) or not all(isinstance(lease.get(f), str) and lease[f] for f in LEASE_FIELDS):
+            raise ValueError(f"lease needs {', '.join(LEASE_FIELDS)}")
+        wait = float(value.get("replication_wait_s", REPLICATION_WAIT_S))
+        if not wait >= 0:
+            raise ValueError("replication_wait_s is not >= 0")
+        return cls(
+            Side.of(value.get("home")),
+            Side.of(value.get("standby")),
+            LeaseRef(**{f: lease[f] for f in LEASE_FIELDS}),
+            wait,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "home": self.home.to_json(),
+            "standby": self.standby.to_json(),
+            "lease": asdict(self.lease),
+            "replication_wait_s": self.replication_wait_s,
+        }
+
+
+LEASE_FIELDS = ("bucket", "key", "region", "run_id")
+
+
+class Move:
+    """One move from ``source`` to ``target``; ``say`` receives each step's line."""
+
+    def __init__(
+        self,
+        source: Side,
+        target: Side,
+        lease: LeaseRef,
+        *,
+        workers: int | None = None,
+        replication_wait_s: float = REPLICATION_WAIT_S,
+        say: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source, self.target, self.lease = source, target, lease
+        self.workers, self.replication_wait_s = workers, replication_wait_s
+        self.say, self.clock = say, clock
+
+    # -- reading the cloud ----------------------------------------------------------
+
+    def _asg(self, side: Side) -> Any:
+        return aws.client("autoscaling", side.region)
+
+    def _group(self, side: Side, name: str) -> dict[str, Any]:
+        got = self._asg(side).describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+        if not got:
+            raise Refused(f"{side.stack}'s group {name} is not in {side.region}: run `pulumi up -s {side.stack}`")
+        return got[0]
+
+    def tags(self) -> dict[str, str]:
+        """The move's tags on the source's worker group."""
+        group = self._group(self.source, self.source.worker_group)
+        return {t["Key"]: t["Value"] for t in group.get("Tags", []) if t["Key"] in TAGS}
+
+    def under_way(self) -> bool:
+        return self.tags().get(MOVE_TO_TAG) == self.target.stack
+
+    def instances(self, side: Side) -> int:
+        """The side's instances Auto Scaling lists, in service or still leaving."""
+        return sum(len(self._group(side, g).get("Instances", [])) for g in (side.coordinator_group, side.worker_group))
+
+    def lease_document(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The lease as stored and its ETag; (None, None) when there is none. Raises
+        :class:`Refused` for a document that is not this run's lease."""
+        doc, etag = aws.read_json(self.lease.bucket, self.lease.key, self.lease.region)
+        if doc is None:
+            return None, None
+        try:
+            holder, expires = str(doc["holder"]), float(doc["expires_at"])
+            assert holder and expires == expires
+        except (TypeError, KeyError, ValueError, AssertionError):
+            raise Refused(f"s3://{self.lease.bucket}/{self.lease.key} is not a run lease: look at it first") from None
+        if doc.get("run_id") != self.lease.run_id:
+            raise Refused(
+                f"s3://{self.lease.bucket}/{self.lease.key} is run {doc.get('run_id')!r}'s lease, "
+                f"not {self.lease.run_id!r}'s: give each run a lease of its own"
+            )
+        return doc, etag
+
+    # -- the checks -----------------------------------------------------------------
+
+    def check(self) -> tuple[int, int]:
+        """The checks of step 1; (the target's newest verified step, the job's worker
+        nodes). Raises :class:`Refused`."""
+        s, t = self.source, self.target
+        step = newest_verified(t)
+        if step is None:
+            raise Refused(f"{t.uri} holds no checkpoint that verifies: nothing to resume there")
+        doc, _ = self.lease_document()
+        if doc is not None and float(doc["expires_at"]) > self.clock():
+            if doc["holder"] == t.holder:
+                raise Refused(f"{t.stack} holds the run lease already: the run trains there")
+            if doc["holder"] != s.holder:
+                raise Refused(
+                    f"the run lease is held by {doc['holder']}, neither {s.stack} nor {t.stack}: stop it first"
+                )
+        workers = self.workers
+        if workers is None:
+            group = self._group(s, s.worker_group)
+            workers = max(int(group["DesiredCapacity"]), int(group["MinSize"]))
+        if workers < 1:
+            raise Refused(f"{s.stack}'s worker group is at 0: the run does not train there (give the job's size)")
+        most = int(self._group(t, t.worker_group)["MaxSize"])
+        if workers > most:
+            raise Refused(
+                f"{t.stack}'s worker group takes at most {most} nodes, not {workers}: raise its workerMaxSize"
+            )
+        return step, workers
+
+    # -- the steps ------------------------------------------------------------------
+
+    def advance(self) -> bool:
+        """Take the first step not yet done (module doc); True once the move is done.
+        Raises :class:`Refused` (step 1, nothing changed) or a client error (a rerun
+        takes the step again)."""
+        s, t = self.source, self.target
+        tags = self.tags()
+        moving_to = tags.get(MOVE_TO_TAG)
+        if moving_to and moving_to != t.stack:
+            raise Refused(f"{s.stack} is being moved to {moving_to}, not {t.stack}: finish that move first")
+        if not moving_to:
+            self._begin()
+            return False
+        try:
+            workers, since = int(tags[JOB_WORKERS_TAG]), float(tags[MOVE_SINCE_TAG])
+        except (KeyError, ValueError):
+            raise Refused(
+                f"{s.stack}'s worker group has {MOVE_TO_TAG} without a readable {JOB_WORKERS_TAG} and "
+                f"{MOVE_SINCE_TAG}: remove the three tags and start the move again"
+            ) from None
+        left = self.instances(s)
+        if left:
+            self.say(f"waiting: {left} instance(s) of {s.stack} still leaving")
+            return False
+        wanted, have = newest_verified(s), newest_verified(t)
+        if wanted is not None and (have is None or have < wanted):
+            waited = self.clock() - since
+            if have is None or waited < self.replication_wait_s:
+                self.say(f"waiting: {t.uri} holds step-{have}, {s.stack}'s newest is step-{wanted} ({waited:.0f} s)")
+                return False
+            self.say(
+                f"replication has not carried step-{wanted} in {waited:.0f} s: going on from step-{have} "
+                f"(the steps after it are computed again)"
+            )
+        self._hand_over_lease()
+        self._resize(t, t.coordinator_group, 1)
+        self._resize(t, t.worker_group, workers)
+        self._asg(s).delete_tags(Tags=[self._tag(k, "") for k in TAGS])
+        self.say(f"started {t.stack}: 1 coordinator + {workers} workers; it resumes from step-{have}")
+        return True
+
+    def _begin(self) -> None:
+        s, t = self.source, self.target
+        step, workers = self.check()
+        self.say(f"checked: {t.uri} has step-{step} verified; the lease allows the move; {workers} workers")
+        self._asg(s).create_or_update_tags(
+            Tags=[
+                self._tag(MOVE_TO_TAG, t.stack),
+                self._tag(JOB_WORKERS_TAG, str(workers)),
+                self._tag(MOVE_SINCE_TAG, str(math.floor(self.clock()))),
+            ]
+        )
+        self._resize(s, s.coordinator_group, 0)
+        self._resize(s, s.worker_group, 0)
+        self.say(f"stopping {s.stack}: its groups go to 0; each node takes an emergency checkpoint first")
+
+    def _hand_over_lease(self) -> None:
+        doc, etag = self.lease_document()
+        if doc is None or doc["holder"] != self.source.holder or float(doc["expires_at"]) <= 0:
+            return
+        s3 = aws.client("s3", self.lease.region)
+        try:
+            s3.put_object(
+                Bucket=self.lease.bucket,
+                Key=self.lease.key,
+                Body=json.dumps({**doc, "expires_at": 0.0}, sort_keys=True).encode(),
+                ContentType="application/json",
+                ChecksumAlgorithm="CRC32",
+                IfMatch=etag,
+            )
+        except aws.ClientError as exc:
+            if aws.error_code(exc) not in aws.CONFLICT:
+                raise
+            self.say("the lease changed while it was released: the target's nodes wait for it to run out")
+            return
+        self.say(f"released the run lease for {self.source.holder} (none of its instances is left)")
+
+    def _resize(self, side: Side, name: str, size: int) -> None:
+        self._asg(side).update_auto_scaling_group(AutoScalingGroupName=name, MinSize=size, DesiredCapacity=size)
+        self.say(f"  {side.region} {name}: min {size}, desired {size}")
+
+    def _tag(self, key: str, value: str) -> dict[str, Any]:
+        return {
+            "ResourceId": self.source.worker_group,
+            "ResourceType": "auto-scaling-group",
+            "Key": key,
+            "Value": value,
+            "PropagateAtLaunch": False,
+        }
