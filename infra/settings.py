@@ -160,6 +160,9 @@ class StandbySettings:
     :attr:`active`."""
     active: bool = False
     """The job has moved here (``standbyActive``)."""
+    auto_failover: bool = False
+    """This stack's capacity_watch moves the run to the region that has capacity
+    (``standbyAutoFailover``)."""
 
     @property
     def has_fast_tier(self) -> bool:
@@ -360,7 +363,7 @@ def standby_of(
     buckets, which the home's own functions already do; set true, they are refused."""
     home = r.str("standbyOf")
     if not home:
-        for key in ("standbyImageReplication", "standbyFastTier", "standbyActive"):
+        for key in ("standbyImageReplication", "standbyFastTier", "standbyActive", "standbyAutoFailover"):
             if key in r.raw:
                 raise _err(key, "is set on a stack that stands by for none; set standbyOf or remove the key")
         return None
@@ -387,7 +390,19 @@ def standby_of(
             f"is {fast_tier!r}; use kept (the file system stands by too) "
             "or on-failover (created when standbyActive is set)",
         )
-    return StandbySettings(home=home, image_replication=mode, fast_tier=fast_tier, active=r.bool("standbyActive"))
+    active, auto = r.bool("standbyActive"), r.bool("standbyAutoFailover")
+    if auto and fast_tier == "on-failover":
+        raise _err(
+            "standbyAutoFailover",
+            "is true with standbyFastTier on-failover: a move cannot create the file system; "
+            "set standbyFastTier kept, or move by hand",
+        )
+    if auto and r.raw.get("remediationCapacityWatch") in (False, "false"):
+        raise _err(
+            "standbyAutoFailover",
+            "is true with remediationCapacityWatch false: the capacity watch moves the run; set it true",
+        )
+    return StandbySettings(home=home, image_replication=mode, fast_tier=fast_tier, active=active, auto_failover=auto)
 
 
 def checkpoint_retention(r: _Reader) -> tuple[str, ...]:

@@ -11,12 +11,14 @@ function together with its rules and alarms. The dashboard is always there.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra.aws import drift_desired, remediation_alarms, userdata
 from ftfleet.infra.aws import remediation_iam as iam
 from ftfleet.infra.aws import remediation_patterns as patterns
@@ -26,6 +28,7 @@ from ftfleet.infra.aws.remediation_parts import Deployed, Parts, Targets, handof
 from ftfleet.infra.settings import Settings
 from ftfleet.lambdas.capacity_watch.config import Config as CapacityConfig
 from ftfleet.lambdas.common.config import FunctionConfig
+from ftfleet.lambdas.common.pair import LeaseRef, Pair, Side
 from ftfleet.lambdas.lifecycle_handoff.config import Config as HandoffConfig
 from ftfleet.lambdas.replication_watch.config import Config as WatchConfig
 from ftfleet.lambdas.retention_sweep.config import Config as SweepConfig
@@ -109,15 +112,13 @@ class Remediation(pulumi.ComponentResource):
             self._parts.rule(fn, "replication-watch", schedule=patterns.rate(patterns.REPLICATION_WATCH_MINUTES))
 
         if r.capacity_watch:
-            env = self._group_names.apply(
-                lambda groups: CapacityConfig(
-                    stack=s.stack,
-                    run_id=s.trainer.run_id,
-                    groups=tuple(groups),
-                    loss_s=float(r.capacity_loss_minutes * 60),
-                ).to_env()
-            )
-            fn = self._deploy("capacity_watch", env, iam.capacity_watch)
+            moves = s.standby is not None and s.standby.auto_failover
+            env = pulumi.Output.all(
+                self._group_names,
+                targets.primary_bucket.bucket,
+                targets.home if moves else None,
+            ).apply(lambda a: self._capacity_config(a[0], a[1], a[2]).to_env())
+            fn = self._deploy("capacity_watch", env, functools.partial(iam.capacity_watch, moves=moves))
             self._parts.rule(fn, "capacity-watch", schedule=patterns.rate(patterns.CAPACITY_WATCH_MINUTES))
 
         if r.retention_sweep:
@@ -224,6 +225,30 @@ class Remediation(pulumi.ComponentResource):
                     association=drift_desired.association(a[8], a[9], a[10], a[11], a[12], a[13] or {}),
                 )
             }
+        )
+
+    def _capacity_config(self, groups: list[str], bucket: str, home: Any) -> CapacityConfig:
+        """The capacity watch's config; a standby with standbyAutoFailover also moves the
+        run between ``home`` (infra.aws.standby.Home) and itself."""
+        s = self._s
+        failover = None
+        if home is not None:
+            coordinator, workers = groups  # targets.groups: the coordinator's, the workers'
+            failover = Pair(
+                home=Side(
+                    home.stack, home.region, home.coordinator_group, home.worker_group, home.primary_bucket, self._root
+                ),
+                standby=Side(s.stack, s.region, coordinator, workers, bucket, self._root),
+                lease=LeaseRef(
+                    home.primary_bucket, contract.lease_key(s.trainer.run_id), home.region, s.trainer.run_id
+                ),
+            )
+        return CapacityConfig(
+            stack=s.stack,
+            run_id=s.trainer.run_id,
+            groups=tuple(groups),
+            loss_s=float(s.remediation.capacity_loss_minutes * 60),
+            failover=failover,
         )
 
     def _deploy(

@@ -35,6 +35,10 @@ class Scope:
     replication_role_arn: str = ""
     file_system_arn: str = ""
     file_system_id: str = ""
+    home_groups: tuple[str, ...] = ()
+    """A standby's home groups, in ``replica_region`` (the home's region)."""
+    lease_key: str = ""
+    """Key of the run lease (contract.lease_key)."""
 
 
 def _statement(sid: str, actions: list[str], resources: list[str], condition: dict | None = None) -> dict[str, Any]:
@@ -212,20 +216,46 @@ def storage_drift(s: Scope) -> dict[str, Any]:
     )
 
 
-def capacity_watch(s: Scope) -> dict[str, Any]:
+def capacity_watch(s: Scope, moves: bool = False) -> dict[str, Any]:
     """Read the groups and their scaling activities (no resource-level permissions for
-    either); publish its metrics."""
-    return _document(
-        [
-            *_base(s),
-            _statement(
-                "ReadGroupsAndActivities",
-                ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"],
-                ["*"],
-            ),
-            _metrics(),
+    either); publish its metrics. ``moves`` (a standby's with standbyAutoFailover):
+    resize and tag both stacks' groups, read the run's checkpoints in both buckets, and
+    release the run lease in the home's primary (``replica_bucket_arn`` here)."""
+    statements = [
+        *_base(s),
+        _statement(
+            "ReadGroupsAndActivities",
+            ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"],
+            ["*"],
+        ),
+        _metrics(),
+    ]
+    if not moves:
+        return _document(statements)
+    home = Scope(**{**s.__dict__, "region": s.replica_region, "groups": s.home_groups})
+    lease = s.lease_key
+    statements += [
+        _statement(
+            "MoveTheRun",
+            ["autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"],
+            [*_group_arns(s), *_group_arns(home)],
+        ),
+    ]
+    for sid, bucket, key, region in (
+        ("Here", s.primary_bucket_arn, s.key_arn, s.region),
+        ("Home", s.replica_bucket_arn, s.replica_key_arn, s.replica_region),
+    ):
+        statements += [
+            _list_prefix(s, bucket, f"{s.root}/*", sid),
+            _statement(f"ReadCheckpoints{sid}", ["s3:GetObject"], [f"{bucket}/{s.root}/{contract.STEP_DIR_PREFIX}*"]),
+            _use_key(f"DecryptCheckpoints{sid}", key, region, ["kms:Decrypt"]),
         ]
-    )
+    statements += [
+        _statement("ListLease", ["s3:ListBucket"], [s.replica_bucket_arn], {"StringEquals": {"s3:prefix": [lease]}}),
+        _statement("ReleaseLease", ["s3:GetObject", "s3:PutObject"], [f"{s.replica_bucket_arn}/{lease}"]),
+        _use_key("UseLeaseKey", s.replica_key_arn, s.replica_region, ["kms:Decrypt", "kms:GenerateDataKey"]),
+    ]
+    return _document(statements)
 
 
 def replication_watch(s: Scope) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from ftfleet import contract
 from ftfleet.infra.aws import lambda_package, names
 from ftfleet.infra.aws import remediation_iam as iam
 from ftfleet.infra.aws import remediation_patterns as patterns
@@ -41,6 +42,8 @@ class Targets:
     file_system: aws.fsx.LustreFileSystem | None
     """None: a standby whose file system comes with a failover."""
     association: aws.fsx.DataRepositoryAssociation | None
+    home: Any = None
+    """A standby's home (pulumi.Output of infra.aws.standby.Home), else None."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ class Parts:
             t.replication.role,
             t.file_system.arn if t.file_system else "",
             t.file_system.id if t.file_system else "",
+            t.home.apply(lambda h: [h.coordinator_group, h.worker_group]) if t.home is not None else [],
         ).apply(
             lambda a: iam.Scope(
                 region=s.region,
@@ -177,6 +181,8 @@ class Parts:
                 replication_role_arn=a[8],
                 file_system_arn=a[9],
                 file_system_id=a[10],
+                home_groups=tuple(a[11]),
+                lease_key=contract.lease_key(s.trainer.run_id),
             )
         )
         role_policy = aws.iam.RolePolicy(

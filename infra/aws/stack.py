@@ -34,6 +34,8 @@ class Shared:
     replica_key_arn: pulumi.Output[str]
     replication: aws.s3.BucketReplicationConfig
     """What replicates ``primary`` into ``replica``."""
+    home: pulumi.Output[standby.Home] | None = None
+    """A standby's home stack, as it published itself."""
 
 
 def build(s: Settings) -> None:
@@ -64,7 +66,9 @@ def build(s: Settings) -> None:
             replica,
             image_after=[registry.repository] if isinstance(registry.repository, pulumi.Resource) else [],
         )
-        shared = Shared(links.primary, links.replica, links.key_arn, links.replica_key_arn, links.replication)
+        shared = Shared(
+            links.primary, links.replica, links.key_arn, links.replica_key_arn, links.replication, links.home
+        )
     else:
         key = StackKey(f"{s.name}-kms", s, identity.account_id, primary, replica)
         buckets = ReplicatedBucket(f"{s.name}-ckpt", s, key.key, key.replica, primary, replica)
@@ -175,6 +179,7 @@ def build(s: Settings) -> None:
             replication=shared.replication,
             file_system=store.file_system if store else None,
             association=store.association if store else None,
+            home=shared.home,
         ),
         primary,
         replica,
@@ -207,6 +212,8 @@ def build(s: Settings) -> None:
                 key_arn=shared.key_arn,
                 replica_key_arn=shared.replica_key_arn,
                 repository_name=registry.repository.name,
+                coordinator_group=fleet.coordinator.name,
+                worker_group=fleet.workers.name,
             ),
         )
     pulumi.export(

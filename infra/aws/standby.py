@@ -40,6 +40,8 @@ FIELDS = (
     "key_arn",
     "replica_key_arn",
     "repository_name",
+    "coordinator_group",
+    "worker_group",
 )
 
 
@@ -58,6 +60,9 @@ class Home:
     key_arn: str
     replica_key_arn: str
     repository_name: str
+    coordinator_group: str
+    worker_group: str
+    """The home's Auto Scaling groups: a standby's capacity_watch measures and moves them."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class StandbyLinks(pulumi.ComponentResource):
         super().__init__("ftfleet:aws:StandbyLinks", name, None, opts)
         assert settings.standby is not None
         o_here = pulumi.ResourceOptions(parent=self, provider=here)
+        self.home = home
         # Named, neither owned nor read: `pulumi destroy` of the standby leaves both
         # buckets alone, and the home stack's policies judge them.
         self.primary = BucketRef.of(home.apply(lambda h: h.replica_bucket))

@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 from ftfleet.lambdas.common.config import NAMES, SECONDS, Codec, StackConfig, var
-from ftfleet.lambdas.common.move import Pair
+from ftfleet.lambdas.common.pair import Pair
 
 
 def _pair(raw: str) -> Pair:

@@ -152,11 +152,11 @@ def test_the_groups_stand_at_zero_and_their_sizes_belong_to_the_failover():
 
 
 def test_a_file_system_on_failover_comes_with_standby_active_and_until_then_no_node_can_boot(tmp_path):
-    idle = run_standby(tmp_path, standbyFastTier="on-failover")
+    idle = run_standby(tmp_path, standbyFastTier="on-failover", standbyAutoFailover=False)
     assert not idle.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")
     assert all(g.inputs["maxSize"] == 0 for g in idle.of_type(GROUP))
     assert idle.outputs["fsx_dns_name"] == ""
-    active = run_standby(tmp_path, standbyFastTier="on-failover", standbyActive=True)
+    active = run_standby(tmp_path, standbyFastTier="on-failover", standbyActive=True, standbyAutoFailover=False)
     assert len(active.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")) == 1
     assert next(g for g in active.of_type(GROUP) if g.name.endswith("-workers")).inputs["maxSize"] == 32
     # The association is what a booting node waits for, once it exists.
@@ -215,7 +215,7 @@ def test_the_standing_by_cost_is_the_file_system_kept_and_the_nat_gateway(tmp_pa
     )
     assert sb["fleet_after_failover_usd_per_hour"] == kept["fleet_usd_per_hour"]["with_spot"]
     assert kept["storage_usd_per_month"]["buckets_per_tib_stored"] == 0  # the home's
-    raw = {**stackfile.load(STANDBY).project_config(), "standbyFastTier": "on-failover"}
+    raw = {**stackfile.load(STANDBY).project_config(), "standbyFastTier": "on-failover", "standbyAutoFailover": False}
     lean = estimate.estimate(settings.parse(raw, stack=STANDBY, region="us-west-2"))
     assert lean["standby"]["standing_by_usd_per_month"] == kept["network_usd_per_month"]["nat_gateway"]
     assert estimate.estimate(stackfile.load(HOME).settings())["standby"] is None
@@ -317,3 +317,78 @@ def test_a_gcp_standby_may_not_set_the_aws_image_replication_key():
     raw = {**stackfile.load(GCP_STANDBY).project_config(), "standbyImageReplication": "create"}
     with pytest.raises(ConfigError, match="applies to aws stacks only"):
         settings.parse(raw, stack=GCP_STANDBY, region="us-east1")
+
+
+def remediation_of(rec: offline.Recording, folder: str) -> tuple[dict, dict]:
+    """A remediation function's environment and its role's policy document."""
+    stem = folder.replace("_", "-")
+    (fn,) = [f for f in rec.of_type("aws:lambda/function:Function") if f.name.endswith(f"-remediation-{stem}")]
+    (policy,) = [
+        p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith(f"-remediation-{stem}-policy")
+    ]
+    return dict(fn.inputs["environment"]["variables"]), json.loads(policy.inputs["policy"])
+
+
+def test_the_standby_s_capacity_watch_moves_the_run_between_the_two_regions():
+    from ftfleet.lambdas.capacity_watch.config import Config
+
+    home, rec = recording(HOME), recording(STANDBY)
+    source = home.outputs[standby.OUTPUT]
+    env, policy = remediation_of(rec, "capacity_watch")
+    pair = Config.from_env(env).failover
+    assert pair is not None
+    assert (pair.home.stack, pair.home.region) == (HOME, "us-east-1")
+    assert (pair.home.coordinator_group, pair.home.worker_group) == (
+        home.outputs["coordinator_group"],
+        home.outputs["worker_group"],
+    )
+    assert (pair.standby.worker_group, pair.standby.bucket) == (rec.outputs["worker_group"], source["replica_bucket"])
+    assert (
+        pair.home.bucket == source["primary_bucket"] and pair.home.root == pair.standby.root == "checkpoints/llm-prod"
+    )
+    # The holders the nodes write, and the lease they contend for.
+    assert pair.standby.holder == node_env(rec)["FTFLEET_LEASE_HOLDER"]
+    assert pair.home.holder == node_env(home)["FTFLEET_LEASE_HOLDER"]
+    assert f"s3://{pair.lease.bucket}/{pair.lease.key}" == rec.outputs["lease_uri"]
+    # Its role resizes and tags both stacks' groups, and no other, and writes only the lease.
+    (moving,) = [st for st in policy["Statement"] if st["Sid"] == "MoveTheRun"]
+    names = {arn.rsplit("/", 1)[1] for arn in moving["Resource"]}
+    assert names == {
+        home.outputs["coordinator_group"],
+        home.outputs["worker_group"],
+        rec.outputs["coordinator_group"],
+        rec.outputs["worker_group"],
+    }
+    assert any(":us-east-1:" in arn for arn in moving["Resource"]) and any(
+        ":us-west-2:" in arn for arn in moving["Resource"]
+    )
+    writes = [st for st in policy["Statement"] if "s3:PutObject" in st["Action"]]
+    assert [st["Resource"] for st in writes] == [
+        [f"arn:aws:s3:::{source['primary_bucket']}/ftfleet-leases/llm-prod.json"]
+    ]
+    # The home's own watch measures and alarms; it moves nothing.
+    home_env, home_policy = remediation_of(home, "capacity_watch")
+    assert Config.from_env(home_env).failover is None
+    assert not any(st["Sid"] == "MoveTheRun" for st in home_policy["Statement"])
+    # Without standbyAutoFailover, the standby's watch only measures too.
+
+
+def test_a_standby_without_automatic_failover_moves_nothing(tmp_path):
+    from ftfleet.lambdas.capacity_watch.config import Config
+
+    env, policy = remediation_of(run_standby(tmp_path, standbyAutoFailover=False), "capacity_watch")
+    assert Config.from_env(env).failover is None
+    assert not any(st["Sid"] == "MoveTheRun" for st in policy["Statement"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"standbyFastTier": "on-failover"}, "a move cannot create the file system"),
+        ({"remediationCapacityWatch": False}, "the capacity watch moves the run; set it true"),
+    ],
+)
+def test_automatic_failover_that_could_not_work_is_refused_in_one_line(changes, says):
+    raw = {**stackfile.load(STANDBY).project_config(), **changes}
+    with pytest.raises(ConfigError, match=says):
+        settings.parse(raw, stack=STANDBY, region="us-west-2")
