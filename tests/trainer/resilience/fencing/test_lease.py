@@ -1,8 +1,8 @@
 """The run lease: one holder commits a run. Created, renewed, refused to another holder
 while current, taken over only after it ran out plus the allowed skew, lost for good by a
-holder whose epoch was taken, and run out for a holder cut off from the store; the same
-on a local file, on S3 (moto's conditional writes) and on GCS (fake-gcs-server's
-generation preconditions)."""
+holder whose epoch was taken, and run out for a holder cut off from the store (also
+across a real partition, a TCP link cut: tests/tcplink.py); the same on a local file, on
+S3 (moto's conditional writes) and on GCS (fake-gcs-server's generation preconditions)."""
 
 from __future__ import annotations
 
@@ -242,3 +242,52 @@ def test_a_missing_lease_is_missing_where_s3_answers_403_to_a_role_that_lists_on
     store.client.get_object = denied  # the object is there, the role may not read it
     with pytest.raises(TierUnavailable, match="AccessDenied"):
         store.read_versioned(name)
+
+
+def split(east_store, west_store, link, clocks: Clocks) -> None:
+    """The lease's contract across a real network partition: ``east_store`` reaches the
+    store through ``link``, ``west_store`` directly."""
+    east = clocks.lease(east_store)
+    west = clocks.lease(west_store, holder="aws-prod-standby/us-west-2")
+    east.acquire()
+    clocks.advance(30)
+    link.cut()  # east's region loses its path to the store
+    east.renew()  # fails: the lease keeps what the last renewal established
+    assert east.problem() is None
+    clocks.advance(51)  # 81 s since the last renewal: past 120 - 10 - 30
+    problem = east.problem()
+    assert problem.startswith("the run lease of llm ran out: not renewed for 80 s (last attempt: ")
+    with pytest.raises(LeaseHeld):
+        west.acquire()  # it expires 120 s after east's write; 10 s of skew more
+    clocks.advance(50)
+    west.acquire()  # 131 s after it: taken over, while east still cannot see the store
+    assert west.epoch == 2
+    link.heal()
+    east.renew()
+    assert "taken over: it names aws-prod-standby/us-west-2" in east.problem()
+
+
+def test_a_holder_cut_off_from_s3_stops_committing_before_another_region_takes_over(s3, bucket, moto_url):
+    from tests.tcplink import TcpLink
+
+    uri = f"s3://{bucket}/runs/llm/lease.json"
+    with TcpLink(moto_url) as link:
+        east, _ = open_lease_store(uri, endpoint_url=link.url)
+        west, _ = open_lease_store(uri, endpoint_url=moto_url)
+        split(east, west, link, Clocks())
+
+
+@pytest.mark.integration
+def test_a_holder_cut_off_from_gcs_stops_committing_before_another_region_takes_over(gcs_bucket, monkeypatch):
+    import os
+
+    from tests.tcplink import TcpLink
+
+    uri = f"gs://{gcs_bucket}/runs/llm/lease.json"
+    with TcpLink(os.environ["STORAGE_EMULATOR_HOST"]) as link:
+        west, _ = open_lease_store(uri)
+        west.read_versioned("lease.json")  # its client is made now, on the direct path
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", link.url)
+        east, _ = open_lease_store(uri)
+        east.read_versioned("lease.json")
+        split(east, west, link, Clocks())
