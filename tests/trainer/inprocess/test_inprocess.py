@@ -109,14 +109,15 @@ def test_the_wrapper_takes_any_soft_timeout_the_launcher_accepts(monkeypatch):
 def test_the_launcher_stops_the_rest_once_too_few_processes_are_left(tmp_path):
     """2 ranks and no spare: one killed leaves a world nobody can fill. The wrapper
     would wait out its barrier timeout; the launcher stops the survivor at once."""
-    (tmp_path / "sleeper.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    (tmp_path / "sleeper.py").write_text(FAKE_WORKER)
     cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=2", "--spares=0", "--worker=sleeper"]
-    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FAKE_OUT": str(tmp_path)})
     log = tmp_path / "launch.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: log.read_text().count("ready") == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
+        ready = tmp_path.glob
+        wait_for(lambda: len(list(ready("ready-*"))) == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
         pids = [int(line.split()[-1]) for line in log.read_text().splitlines() if " pid " in line]
         os.kill(pids[1], signal.SIGKILL)
         proc.wait(timeout=60)
@@ -129,18 +130,21 @@ def test_the_launcher_stops_the_rest_once_too_few_processes_are_left(tmp_path):
     assert proc.returncode == 1
 
 
-#: A worker for the launcher's own tests: started into a round it prints ``ready`` and
+#: A worker for the launcher's own tests: started into a round it says it is ready and
 #: sleeps; started warm (``--assign-from-stdin``) it reads its place, says it, and ends.
+#: Each process says it is ready, and each warm one its assignment, in a file of its own
+#: (FAKE_OUT): lines two processes print to one shared log at once can interleave.
 FAKE_WORKER = """
-import json, sys, time
+import json, os, sys, time
 if "--assign-from-stdin" in sys.argv:
     line = sys.stdin.readline()
     if not line:
         sys.exit(0)
     place = json.loads(line)
-    print("assigned", place["env"]["RANK"], place["stop_key"], flush=True)
+    with open(os.path.join(os.environ["FAKE_OUT"], f"assigned-{os.getpid()}"), "w") as out:
+        out.write(f"{place['env']['RANK']} {place['stop_key']}")
     sys.exit(0)
-print("ready", flush=True)
+open(os.path.join(os.environ["FAKE_OUT"], f"ready-{os.getpid()}"), "w").close()
 time.sleep(600)
 """
 
@@ -154,13 +158,14 @@ def test_a_stopped_round_is_rejoined_by_the_launcher_with_its_warm_processes(tmp
     (tmp_path / "fake.py").write_text(FAKE_WORKER)
     cmd = [sys.executable, "-m", "ftfleet.trainer.inprocess", "--nproc=2", "--spares=0", "--worker=fake"]
     cmd += ["--rejoin", "--warm-after=0", "--max-rounds=2"]
-    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    env = child_env({"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "FAKE_OUT": str(tmp_path)})
     log = tmp_path / "launch.log"
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: "warm for the next round" in log.read_text(), timeout=60, interval=0.05, what=str(log))
-        wait_for(lambda: log.read_text().count("ready") == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
+        ready = tmp_path.glob
+        wait_for(lambda: len(list(ready("ready-*"))) == 2, timeout=60, interval=0.05, what=f"2 workers: {log}")
         text = log.read_text()
         pids = [int(line.split()[-1]) for line in text.splitlines() if " pid " in line]
         warm = [int(p) for p in text.split("warm for the next round: pids ")[1].split("\n")[0].split()]
@@ -171,7 +176,9 @@ def test_a_stopped_round_is_rejoined_by_the_launcher_with_its_warm_processes(tmp
             os.killpg(proc.pid, signal.SIGKILL)
     rest = log.read_text()
     assert "round 0: stopped; this node joins the next one" in rest, rest
-    assert "assigned 0 ftfleet/inprocess/r1/stop" in rest and "assigned 1 ftfleet/inprocess/r1/stop" in rest, rest
+    assigned = {int(p.name.split("-")[1]): p.read_text() for p in tmp_path.glob("assigned-*")}
+    assert sorted(assigned.values()) == ["0 ftfleet/inprocess/r1/stop", "1 ftfleet/inprocess/r1/stop"], rest
+    assert sorted(assigned) == sorted(warm), rest
     round1 = [int(line.split()[-1]) for line in rest.split("round 1, node")[1].splitlines() if " pid " in line]
     assert round1 == warm, rest
 
