@@ -194,7 +194,7 @@ class Failover:
             raise UserError(
                 f"{aws.error_code(exc)}: {exc}; the steps printed above were done: run the same command again"
             ) from None
-        self.say(f"{t.name} takes the lease when {s.name}'s is released or runs out")
+        self.say(f"{t.name} takes the lease when {s.name}'s runs out")
         return 0
 
 

@@ -58,6 +58,8 @@ class Spec:
     max_event_age_s: int
     """After this, an event is no longer worth acting on (EventBridge and Lambda)."""
     memory_mb: int = 256
+    one_at_a_time: bool = False
+    """Reserved concurrency 1: an invocation never overlaps the one before."""
 
 
 @dataclass
@@ -92,7 +94,11 @@ def specs(settings: Settings) -> dict[str, Spec]:
         "unhealthy_node": Spec("unhealthy_node", "replace nodes that stopped making progress", 120, 0, 300),
         "storage_drift": Spec("storage_drift", "restore weakened bucket and FSx association settings", 600, 2, 3600),
         "replication_watch": Spec("replication_watch", "measure replication lag of committed checkpoints", 120, 0, 300),
-        "capacity_watch": Spec("capacity_watch", "measure how long the groups lack capacity", 60, 0, 300),
+        # A standby's moves the run: one invocation at a time, each with time for a step
+        # (two buckets' listings, one across regions, and the groups of both).
+        "capacity_watch": Spec(
+            "capacity_watch", "measure how long the groups lack capacity", 300, 0, 300, one_at_a_time=True
+        ),
         "retention_sweep": Spec(
             "retention_sweep", "delete checkpoints the run's retention schedule no longer keeps", 600, 0, 3600
         ),
@@ -207,6 +213,7 @@ class Parts:
             role=role.arn,
             timeout=spec.timeout_s,
             memory_size=spec.memory_mb,
+            reserved_concurrent_executions=1 if spec.one_at_a_time else None,
             environment=aws.lambda_.FunctionEnvironmentArgs(variables=env),
             dead_letter_config=aws.lambda_.FunctionDeadLetterConfigArgs(target_arn=dlq.arn),
             logging_config=aws.lambda_.FunctionLoggingConfigArgs(log_format="Text", log_group=log_group.name),

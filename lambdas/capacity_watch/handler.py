@@ -18,8 +18,9 @@ run: the standby's function watches both regions, and when the region the run tr
 in (the one whose worker group asks for nodes) has been short for want of capacity for
 ``capacityLossMinutes``, it begins a move to the other (:class:`~ftfleet.lambdas.common.move.Move`,
 the steps of `ftfleet failover`), and takes the move's next step on every later
-invocation until it is done. One function moves the run either way, so that two never
-race; a failback when the standby in turn runs out is the same move. Every other
+invocation until it is done (one invocation at a time: reserved concurrency 1). One
+function moves the run either way; a failback when the standby in turn runs out is the
+same move. Every other
 stack's function is read-only: it never changes a group.
 """
 

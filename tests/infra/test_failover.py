@@ -160,9 +160,9 @@ def test_the_job_moves_once_the_standby_holds_the_homes_newest_step(world):
     text = "\n".join(said)
     assert "step-10 verified" in text and "holds step-10, home's newest is step-12" in text
     assert "resumes from step-12" in text
-    # No instance of the home is left: the standby's nodes need not wait out its lease.
+    # The lease is left to run out: the standby's nodes take it then.
     lease = lease_doc()
-    assert lease["holder"] == "home/us-east-1" and lease["expires_at"] == 0 and lease["epoch"] == 3
+    assert lease["holder"] == "home/us-east-1" and lease["expires_at"] > 0 and lease["epoch"] == 3
 
 
 def lease_doc() -> dict:

@@ -15,12 +15,13 @@ import time
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from ftfleet.lambdas.capacity_watch import handler as watch
 from ftfleet.lambdas.capacity_watch.config import Config
 from ftfleet.lambdas.common import aws
 from ftfleet.lambdas.common.config import FunctionConfigError
-from ftfleet.lambdas.common.move import MOVE_TO_TAG, LeaseRef, Pair, Side
+from ftfleet.lambdas.common.move import MOVE_TO_TAG, TAGS, LeaseRef, Pair, Side
 from tests.infra.test_failover import (
     HOME_REGION,
     LEASE_KEY,
@@ -44,10 +45,13 @@ NO_SPOT = "Could not launch Spot Instances. InsufficientInstanceCapacity - There
 
 
 class Market:
-    """Which groups the cloud has no capacity for, and since when (epoch seconds)."""
+    """Which groups the cloud has no capacity for, and since when (epoch seconds); the
+    tags the function deleted, as it asked; resizes to refuse once (group names)."""
 
     def __init__(self) -> None:
         self.lost: dict[str, float] = {}
+        self.deleted: list[dict] = []
+        self.refuse_resize: set[str] = set()
 
     def activities(self, _asg, name: str) -> list[dict]:
         if name not in self.lost:
@@ -64,6 +68,17 @@ class Market:
 
             def __getattr__(self, name):
                 return getattr(self.inner, name)
+
+            def delete_tags(self, **kw):
+                market.deleted += kw["Tags"]
+                return self.inner.delete_tags(**kw)
+
+            def update_auto_scaling_group(self, **kw):
+                if kw["AutoScalingGroupName"] in market.refuse_resize:
+                    market.refuse_resize.discard(kw["AutoScalingGroupName"])
+                    error = {"Code": "ScalingActivityInProgress", "Message": "Scaling activity is in progress"}
+                    raise ClientError({"Error": error}, "UpdateAutoScalingGroup")
+                return self.inner.update_auto_scaling_group(**kw)
 
             def describe_auto_scaling_groups(self, **kw):
                 got = self.inner.describe_auto_scaling_groups(**kw)
@@ -112,6 +127,11 @@ def world(moto, monkeypatch, tmp_path):
     return market, clock
 
 
+def tags_of(name: str) -> list[dict]:
+    asg = boto3.client("autoscaling", region_name=HOME_REGION)
+    return asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Tags"]
+
+
 def invoke() -> dict:
     return watch.handler(scheduled(), None)
 
@@ -149,10 +169,18 @@ def test_the_standby_moves_the_run_once_the_home_has_lacked_capacity_long_enough
     replicate()
     clock.t += 120
     got = invoke()
-    assert got["failover"]["done"] and "resumes from step-12" in got["failover"]["steps"][-1]
+    assert (
+        got["failover"]["done"]
+        and "resumes from step-12 once home's run lease has run out" in got["failover"]["steps"][-1]
+    )
     assert sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3)
     assert sizes(STANDBY_REGION, "standby-coordinator")[:2] == (1, 1)
-    assert lease()["expires_at"] == 0 and lease()["holder"] == "home/us-east-1"
+    # The lease is left to run out: only that proves no instance of the home commits.
+    assert lease()["expires_at"] > 0 and lease()["holder"] == "home/us-east-1"
+    # The move's tags are gone, deleted by key alone (a DeleteTags with a value deletes
+    # only a tag of that value; moto ignores the value, AWS does not).
+    assert market.deleted and all("Value" not in tag for tag in market.deleted)
+    assert not {t["Key"] for t in tags_of("home-workers")} & set(TAGS)
 
     # The run trains in the standby now; the home's shortage no longer moves anything.
     clock.t += 120
@@ -170,6 +198,19 @@ def test_replication_that_does_not_catch_up_in_time_costs_steps_not_the_job(worl
     assert got["failover"]["done"] and sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3)
 
 
+def test_a_resize_refused_after_the_tags_were_written_is_taken_again(world):
+    market, clock = world
+    market.lost["home-workers"] = clock.now() - LOSS_S - 1
+    market.refuse_resize.add("home-workers")
+    with pytest.raises(ClientError, match="ScalingActivityInProgress"):
+        watch.failover(watch.Config.from_env().failover, LOSS_S, clock.now())
+    assert sizes(HOME_REGION, "home-workers")[:2] == (1, 3)  # tagged, not yet stopped
+    clock.t += 120
+    got = invoke()
+    assert "  us-east-1 home-workers: min 0, desired 0" in got["failover"]["steps"]
+    assert sizes(HOME_REGION, "home-workers")[:2] == (0, 0)
+
+
 def test_a_standby_without_a_verified_checkpoint_is_refused_and_nothing_changes(world):
     market, clock = world
     s3 = boto3.client("s3", region_name=STANDBY_REGION)
@@ -180,12 +221,7 @@ def test_a_standby_without_a_verified_checkpoint_is_refused_and_nothing_changes(
     assert got["decision"] == "failover-refused" and got["level"] == "ERROR"
     assert "holds no checkpoint that verifies" in got["failover"]["refused"]
     assert sizes(HOME_REGION, "home-workers")[:2] == (1, 3)
-    assert MOVE_TO_TAG not in {
-        t["Key"]
-        for t in boto3.client("autoscaling", region_name=HOME_REGION).describe_auto_scaling_groups(
-            AutoScalingGroupNames=["home-workers"]
-        )["AutoScalingGroups"][0]["Tags"]
-    }
+    assert MOVE_TO_TAG not in {t["Key"] for t in tags_of("home-workers")}
 
 
 def test_the_standby_lacking_capacity_in_turn_moves_the_run_back(world):

@@ -2,10 +2,10 @@
 the real trainer in the home region (S3 on moto, the run lease in the home's primary
 bucket), S3 replication played by a copy, the failover against moto's Auto Scaling and
 ECR, then the real trainer as the standby's node: fenced while the home holds the run
-lease, it takes the lease the move released, restores the newest replicated checkpoint
-and ends where an uninterrupted run ends.
+lease, it takes the lease once that has run out, restores the newest replicated
+checkpoint and ends where an uninterrupted run ends.
 
-Long (three trainer runs): ``make chaos``."""
+Long (the lease's shortest TTL is about a minute): ``make chaos``."""
 
 from __future__ import annotations
 
@@ -125,12 +125,13 @@ def test_a_run_moved_to_its_standby_ends_where_the_uninterrupted_run_ends(tmp_pa
     )
     replicate(home, standby)  # what replication carried before the decision
     assert failover.run() == 0
-    assert "resumes from step-12" in said[-2] and "released the run lease" in " ".join(said)
+    assert "resumes from step-12" in said[-2]
     desired = standby["autoscaling"].describe_auto_scaling_groups(AutoScalingGroupNames=["standby-workers"])
     assert desired["AutoScalingGroups"][0]["DesiredCapacity"] == 2
 
-    # The home has no instance left and its lease was released: the standby's node
-    # takes it at once, with the next epoch, and trains.
+    # The move left the lease to run out: then the standby's node takes it, with the
+    # next epoch, and trains.
+    time.sleep(max(0.0, held["expires_at"] + 11 - time.time()))  # the taker's skew margin is 10 s
     out = node(tmp_path / "standby", moto_url, REPLICA, PRIMARY, holder)
     assert out["resumed_from"]["step"] == 12 and out["resumed_from"]["tier"] == "primary"
     assert out["state_sha256"] == ref1["state_sha256"]
