@@ -16,7 +16,11 @@ only ``ftfleet``, so the trainer image carries no fault injection and no fake cl
 * :mod:`drill.run`: the reference run, the faulted run, the injections;
 * :mod:`drill.lives`, :mod:`drill.faults`: each fault's measures, from
   ``events.jsonl``;
-* :mod:`drill.report`: goodput, the state check, the report.
+* :mod:`drill.report`: goodput, the state check, the report;
+* :mod:`drill.capacity` (``--faults capacity_loss``): a spot region out of capacity
+  (:mod:`drill.aws_standin`), the standby's capacity_watch function run in this process
+  (:mod:`drill.scheduled`) moving the run to the standby region; its report
+  (:mod:`drill.capacity_report`).
 
 Importing this package imports neither torch nor moto.
 """

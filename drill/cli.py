@@ -13,6 +13,11 @@ With ``--cloud gcp`` the cloud is GCP's: a GCS emulator holds the one dual-regio
 bucket, the notices are a preemption (``instance/preempted``) and a live-migration
 maintenance event, and the lost location takes the node and its zonal fast tier (the
 restore reads the bucket).
+
+``--faults capacity_loss`` (AWS only, alone) plays a spot region running out of
+capacity instead: the standby's capacity_watch function moves the run to the standby
+region by itself (drill/capacity.py). Exit 0 when the run completes there with the
+reference's state and its first step came within 180 s of the failover decision.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ examples:
   python -m drill --cloud gcp                    # GCP: preemption, maintenance, GCS emulator
   python -m drill --json drill.json --markdown drill.md --workdir /tmp/drill
   python -m drill --nodes 3 --spares 1           # the fleet drill: 3 simulated nodes and a spare node
+  python -m drill --faults capacity_loss         # the home region loses its spot capacity: failover, ~1 minute
 """
 
 
@@ -47,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--faults",
         default="all",
         metavar="LIST",
-        help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} (always injected in that order)",
+        help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} (always injected in that order); "
+        "or capacity_loss alone (AWS): the home region runs out of spot capacity and the run moves to its standby",
     )
     parser.add_argument(
         "--cloud",
@@ -65,7 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", type=Path, metavar="PATH", help="write the report as a Markdown table")
     parser.add_argument("--nproc", type=int, default=2, help="processes per node (default 2)")
     parser.add_argument(
-        "--spacing", type=int, default=20, metavar="STEPS", help="steps between two faults (default 20)"
+        "--spacing",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="steps between two faults, and after the last (default 20; capacity_loss: 40)",
     )
     parser.add_argument(
         "--first-step", type=int, default=20, metavar="STEP", help="step of the first fault (default 20)"
@@ -86,10 +97,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval",
-        default="adaptive",
+        default=None,
         metavar="adaptive|STEPS",
         help="checkpoint interval: adaptive (Daly, capped at half the "
-        "spacing) or a fixed number of steps (default adaptive)",
+        "spacing) or a fixed number of steps (default adaptive; capacity_loss: 5 steps, fixed)",
+    )
+    parser.add_argument(
+        "--capacity-loss-s",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="capacity_loss: how long the home's workers are short for want of capacity before the standby's "
+        "capacity_watch moves the run (a deployment's capacityLossMinutes; default 10)",
     )
     parser.add_argument(
         "--watchdog", type=float, default=5.0, metavar="S", help="hang watchdog timeout of the faulted run (default 5)"
@@ -136,7 +155,7 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
     from drill.run import DEFAULT_CONFIG, DrillOptions
     from drill.scenario import build_plan, parse_faults
 
-    interval = args.interval.strip().lower()
+    interval = (args.interval or "adaptive").strip().lower()
     if interval != "adaptive" and not (interval.isdigit() and int(interval) > 0):
         raise UserError(f"--interval {args.interval}: use adaptive or a positive number of steps")
     if args.nproc < 1:
@@ -150,17 +169,18 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
             f"--collective-timeout {args.collective_timeout}: use less than --watchdog {args.watchdog} "
             "(the watchdog ends a process; the failed collective restarts it in place)"
         )
+    spacing = 20 if args.spacing is None else args.spacing
     faults = parse_faults(args.faults)
     if "sigkill" in faults and args.nproc < 2:
         raise UserError("--faults sigkill needs --nproc 2 or more (one worker dies, one survives)")
-    build_plan(faults, first_step=args.first_step, spacing=args.spacing)  # raises on a bad plan
+    build_plan(faults, first_step=args.first_step, spacing=spacing)  # raises on a bad plan
     return DrillOptions(
         faults=faults,
         workdir=workdir,
         cloud=args.cloud,
         nproc=args.nproc,
         first_step=args.first_step,
-        spacing=args.spacing,
+        spacing=spacing,
         step_delay_s=args.step_delay,
         nan_policy=args.nan_policy,
         interval=interval,
@@ -222,11 +242,89 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def capacity_options(args: argparse.Namespace) -> Any:
+    """The capacity_loss drill's options; raises UserError naming the fix."""
+    from drill.capacity import FAULT, CapacityOptions
+    from drill.run import DEFAULT_CONFIG
+
+    if [f.strip().replace("-", "_") for f in args.faults.split(",") if f.strip()] != [FAULT]:
+        raise UserError(f"--faults {args.faults}: {FAULT} runs alone; drill the other faults in a run of their own")
+    if args.cloud != "aws":
+        raise UserError(
+            f"--cloud {args.cloud}: {FAULT} runs on AWS only for now (the drill plays AWS's Auto Scaling and the "
+            "standby's capacity_watch function); use --cloud aws"
+        )
+    if args.launcher != "torchrun":
+        raise UserError(f"--launcher {args.launcher}: {FAULT} runs its nodes under torchrun; leave --launcher out")
+    if args.nproc < 1:
+        raise UserError(f"--nproc {args.nproc}: use 1 or more")
+    spacing = 40 if args.spacing is None else args.spacing
+    if args.first_step < 2 or spacing < 2:
+        raise UserError(
+            f"--first-step {args.first_step} --spacing {spacing}: use 2 or more for each (a checkpoint before "
+            "the loss, steps for the standby after it)"
+        )
+    interval = (args.interval or "5").strip()
+    if not (interval.isdigit() and int(interval) > 0):
+        raise UserError(f"--interval {args.interval}: {FAULT} takes a fixed number of steps (default 5)")
+    if not args.capacity_loss_s > 0:
+        raise UserError(f"--capacity-loss-s {args.capacity_loss_s:g}: use seconds > 0")
+    return CapacityOptions(
+        workdir=Path(),
+        nproc=args.nproc,
+        loss_step=args.first_step,
+        steps=args.first_step + spacing,
+        step_delay_s=args.step_delay,
+        interval_steps=int(interval),
+        loss_s=args.capacity_loss_s,
+        watchdog_s=args.watchdog,
+        node_timeout_s=args.node_timeout,
+        config=args.config or DEFAULT_CONFIG,
+        overrides=list(args.overrides),
+    )
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    from drill.capacity import run_capacity_drill
+    from drill.run import DrillError
+
+    opts = capacity_options(args)  # validate before anything is created
+    tmp = None
+    if args.workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="ftfleet-capacity-drill-")
+        opts.workdir = Path(tmp.name)
+    else:
+        opts.workdir = args.workdir.resolve()
+        opts.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        report = run_capacity_drill(opts, say=lambda line: print(line, file=sys.stderr, flush=True))
+    except DrillError as exc:
+        raise UserError(f"drill aborted: {exc}") from None
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    print(report.to_text(), end="")
+    if args.json:
+        args.json.write_text(report.dumps())
+    if args.markdown:
+        args.markdown.write_text(report.to_markdown())
+    if not report.ok:
+        print(f"drill failed: {report.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def is_capacity_drill(faults: str) -> bool:
+    return "capacity_loss" in {f.strip().replace("-", "_") for f in faults.split(",")}
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     if args.nodes is not None:
         return run_fleet(args)
+    if is_capacity_drill(args.faults):
+        return run_capacity(args)
 
     from drill.run import DrillError, run_drill
 

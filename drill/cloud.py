@@ -26,7 +26,11 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "drill", "AWS_SECRET_ACCESS_KEY": "drill", "
 
 
 class LocalCloud:
-    """Start with :meth:`start` (or ``with``); everything listens on 127.0.0.1 on free ports."""
+    """Start with :meth:`start` (or ``with``); everything listens on 127.0.0.1 on free ports.
+
+    ``endpoint_url``: an S3 endpoint already running (an :class:`~drill.aws_standin.AwsStandIn`)
+    instead of a moto server of its own. ``replica_region``: the replica bucket's region
+    (the primary's is :data:`REGION`)."""
 
     def __init__(
         self,
@@ -35,13 +39,16 @@ class LocalCloud:
         replica: str = "ftfleet-drill-replica",
         prefix: str = "checkpoints/drill",
         replication_lag_s: float = 1.0,
+        endpoint_url: str = "",
+        replica_region: str = REGION,
     ) -> None:
         self.primary, self.replica, self.prefix = primary, replica, prefix
         self.replication_lag_s = replication_lag_s
+        self.replica_region = replica_region
         self.metadata = FakeMetadataServer(instance_id="i-0drill000000000000")
         self._moto: Any = None
         self._s3: Any = None
-        self.endpoint_url = ""
+        self.endpoint_url = endpoint_url
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -60,10 +67,11 @@ class LocalCloud:
                 "dev extra, `pip install -e '.[dev]'` (or `make setup`)"
             ) from None
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request lines
-        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._moto.start()
-        host, port = self._moto.get_host_and_port()
-        self.endpoint_url = f"http://{host}:{port}"
+        if not self.endpoint_url:
+            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self._moto.start()
+            host, port = self._moto.get_host_and_port()
+            self.endpoint_url = f"http://{host}:{port}"
         self._s3 = boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
@@ -71,8 +79,9 @@ class LocalCloud:
             aws_access_key_id="drill",
             aws_secret_access_key="drill",
         )
-        for bucket in (self.primary, self.replica):
-            self._s3.create_bucket(Bucket=bucket)
+        for bucket, region in ((self.primary, REGION), (self.replica, self.replica_region)):
+            where = {} if region == REGION else {"CreateBucketConfiguration": {"LocationConstraint": region}}
+            self._s3.create_bucket(Bucket=bucket, **where)
             self._s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         self.metadata.start()
         return self
