@@ -10,6 +10,7 @@ that values derived from them, like user data, can be rendered.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import runpy
 import uuid
@@ -197,7 +198,9 @@ class _Mocks(pulumi.runtime.Mocks):
         registry_tags: tuple[str, ...] = (),
         stack: str = "",
         other_stacks: dict[str, dict[str, Any]] | None = None,
+        objects: dict[str, bytes] | None = None,
     ):
+        self._objects = objects or {}
         self._region_of_provider = region_of_provider
         self._default_region = default_region
         self._previous_outputs = previous_outputs or {}
@@ -286,6 +289,14 @@ class _Mocks(pulumi.runtime.Mocks):
                 "withDecryption": True,
                 "region": self._default_region,
             }
+        if args.token == "aws:s3/getObjects:getObjects":
+            bucket, prefix = args.args.get("bucket", ""), args.args.get("prefix", "")
+            keys = sorted(k.split("/", 1)[1] for k in self._objects if k.startswith(f"{bucket}/{prefix}"))
+            return {"bucket": bucket, "prefix": prefix, "keys": keys, "commonPrefixes": [], "owners": [], "id": bucket}
+        if args.token == "aws:s3/getObject:getObject":
+            bucket, key = args.args.get("bucket", ""), args.args.get("key", "")
+            data = self._objects.get(f"{bucket}/{key}", b"")
+            return {"bucket": bucket, "key": key, "bodyBase64": base64.b64encode(data).decode(), "id": key}
         if args.token == "aws:ecr/getRepository:getRepository":
             name = args.args.get("name", "")
             region = self._default_region
@@ -373,6 +384,7 @@ def run(
     previous_outputs: dict[str, Any] | None = None,
     registry_tags: tuple[str, ...] | None = None,
     other_stacks: dict[str, dict[str, Any]] | None = None,
+    objects: dict[str, bytes] | None = None,
 ) -> Recording:
     """Validate the stack's config, then run the program under mocks and record it.
 
@@ -385,6 +397,8 @@ def run(
     ``other_stacks``: the outputs of other stacks, by name, as a StackReference to them
     reads them; a standby whose home is not among them runs its home's stack file (in
     the same folder) first and reads the outputs that run exports.
+    ``objects``: what the deployed buckets hold (``bucket/key`` -> bytes), as the
+    program's data sources read it (none: empty buckets).
     """
     if validate_first:
         stack.settings()  # fail fast, with the same validation the program applies
@@ -410,7 +424,7 @@ def run(
     # Pulumi's runtime keeps per-run state in context variables and the event loop.
     asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi_settings.ROOT.set(None)
-    mocks = _Mocks(provider_regions, region, previous_outputs, registry_tags, stack.name, other_stacks)
+    mocks = _Mocks(provider_regions, region, previous_outputs, registry_tags, stack.name, other_stacks, objects)
     mocks.gcp_project = stack.config.get("gcp:project")
     monitor = _Monitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=ftsettings.PROJECT, stack=stack.name, preview=False, monitor=monitor)

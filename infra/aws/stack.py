@@ -9,7 +9,7 @@ import pulumi_aws as aws
 
 from ftfleet import contract
 from ftfleet.infra import creation, standby_source
-from ftfleet.infra.aws import standby, userdata
+from ftfleet.infra.aws import run_location, standby, userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
 from ftfleet.infra.aws.dns import CoordinatorName
@@ -151,6 +151,17 @@ def build(s: Settings) -> None:
             )
         )
 
+    # A home whose run a failover moved to its standby keeps its groups at 0.
+    elsewhere = (
+        pulumi.Output.from_input("")
+        if s.standby
+        else run_location.trains_elsewhere(
+            shared.primary.bucket,
+            contract.lease_key(s.trainer.run_id),
+            contract.lease_holder(s.stack, s.region),
+            primary,
+        )
+    )
     fleet = GpuFleet(
         f"{s.name}-fleet",
         s,
@@ -160,7 +171,7 @@ def build(s: Settings) -> None:
         {role: node_user_data(role) for role in ("coordinator", "worker")},
         primary,
         image_id=node_image,
-        launch=registry.image_pushed,
+        launch=pulumi.Output.all(registry.image_pushed, elsewhere).apply(lambda a: bool(a[0]) and not a[1]),
         depends_on=[*([store.association] if store else []), *nodes.policies],
         standby=s.standby is not None,
         closed=store is None,
@@ -234,7 +245,7 @@ def build(s: Settings) -> None:
     pulumi.export("trainer_image", registry.image_uri)
     pulumi.export("node_image", node_image)
     status = standby_status if s.standby else fleet_status
-    pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri).apply(status))
+    pulumi.export("fleet_status", pulumi.Output.all(registry.image_pushed, registry.image_uri, elsewhere).apply(status))
     pulumi.export(
         "coordinator_address",
         pulumi.Output.concat(
@@ -247,7 +258,15 @@ def build(s: Settings) -> None:
 
 
 def fleet_status(args: list) -> str:
-    pushed, image = args
+    pushed, image, elsewhere = args
+    if elsewhere:
+        stack = elsewhere.split("/")[0]
+        line = (
+            f"held at 0 nodes: the run trains with {elsewhere} (its run lease) since a failover; "
+            f"`ftfleet failover {stack} --to {pulumi.get_stack()}` brings it back"
+        )
+        pulumi.log.warn(line)
+        return line
     if pushed:
         return f"running: nodes pull {image}"
     line = (
@@ -259,7 +278,7 @@ def fleet_status(args: list) -> str:
 
 
 def standby_status(args: list) -> str:
-    pushed, image = args
+    pushed, image, _ = args
     if pushed:
         return f"standing by: 0 nodes until a failover; {image} is in this region's registry"
     # ECR replicates only what is pushed after the replication rule exists (ECR user

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 
 import pytest
 
@@ -392,3 +393,26 @@ def test_automatic_failover_that_could_not_work_is_refused_in_one_line(changes, 
     raw = {**stackfile.load(STANDBY).project_config(), **changes}
     with pytest.raises(ConfigError, match=says):
         settings.parse(raw, stack=STANDBY, region="us-west-2")
+
+
+def test_a_home_whose_run_trains_in_its_standby_keeps_its_groups_at_0():
+    home = recording(HOME)
+    bucket = home.outputs["primary_bucket"]
+
+    def with_lease(holder: str, expires_in_s: float) -> offline.Recording:
+        doc = {"format": "ftfleet-lease/1", "run_id": "llm-prod", "holder": holder, "epoch": 2}
+        doc.update(expires_at=time.time() + expires_in_s, ttl_s=120)
+        objects = {f"{bucket}/ftfleet-leases/llm-prod.json": json.dumps(doc).encode()}
+        return offline.run(stackfile.load(HOME), objects=objects)
+
+    def sizes(rec: offline.Recording) -> list[tuple[int, int]]:
+        return sorted((g.inputs["minSize"], g.inputs["desiredCapacity"]) for g in rec.of_type(GROUP))
+
+    moved = with_lease("aws-prod-standby/us-west-2", 60)
+    assert sizes(moved) == [(0, 0), (0, 0)]
+    assert moved.outputs["fleet_status"].startswith("held at 0 nodes: the run trains with aws-prod-standby/us-west-2")
+    assert "`ftfleet failover aws-prod-standby --to aws-prod` brings it back" in moved.outputs["fleet_status"]
+    # Its own lease, one run out, or no lease at all: the configured sizes.
+    for rec in (with_lease("aws-prod/us-east-1", 60), with_lease("aws-prod-standby/us-west-2", -1), home):
+        assert sizes(rec) == sizes(home) and sizes(home) != [(0, 0), (0, 0)]
+        assert rec.outputs["fleet_status"].startswith("running")
