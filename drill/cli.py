@@ -303,6 +303,12 @@ def run_capacity(args: argparse.Namespace) -> int:
     finally:
         if tmp is not None:
             tmp.cleanup()
+    return emit(report, args)
+
+
+def emit(report: Any, args: argparse.Namespace) -> int:
+    """Print ``report`` (a drill report: ``to_text``, ``dumps``, ``to_markdown``, ``ok``,
+    ``reason``), write its JSON and Markdown where asked; the exit status."""
     print(report.to_text(), end="")
     if args.json:
         args.json.write_text(report.dumps())
@@ -357,15 +363,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         if tmp is not None:
             tmp.cleanup()
-    print(report.to_text(), end="")
-    if args.json:
-        args.json.write_text(report.dumps())
-    if args.markdown:
-        args.markdown.write_text(report.to_markdown())
-    if not report.ok:
-        print(f"drill failed: {report.reason}", file=sys.stderr)
-        return 1
-    return 0
+    return emit(report, args)
 
 
 def main(argv: list[str] | None = None) -> int:

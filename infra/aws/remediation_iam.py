@@ -220,7 +220,7 @@ def capacity_watch(s: Scope, moves: bool = False) -> dict[str, Any]:
     """Read the groups and their scaling activities (no resource-level permissions for
     either); publish its metrics. ``moves`` (a standby's with standbyAutoFailover):
     resize and tag both stacks' groups, read the run's checkpoints in both buckets, and
-    release the run lease in the home's primary (``replica_bucket_arn`` here)."""
+    read the run lease in the home's primary (``replica_bucket_arn`` here)."""
     statements = [
         *_base(s),
         _statement(
@@ -240,35 +240,32 @@ def capacity_watch(s: Scope, moves: bool = False) -> dict[str, Any]:
             ["autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"],
             [*_group_arns(s), *_group_arns(home)],
         ),
-    ]
-    for sid, bucket, key, region in (
-        ("Here", s.primary_bucket_arn, s.key_arn, s.region),
-        ("Home", s.replica_bucket_arn, s.replica_key_arn, s.replica_region),
-    ):
-        statements += [
-            _list_prefix(s, bucket, f"{s.root}/*", sid),
-            _statement(f"ReadCheckpoints{sid}", ["s3:GetObject"], [f"{bucket}/{s.root}/{contract.STEP_DIR_PREFIX}*"]),
-            _use_key(f"DecryptCheckpoints{sid}", key, region, ["kms:Decrypt"]),
-        ]
-    statements += [
+        *_read_checkpoints(s, "Checkpoints", ("Here", "Home")),
         _statement("ListLease", ["s3:ListBucket"], [s.replica_bucket_arn], {"StringEquals": {"s3:prefix": [lease]}}),
-        _statement("ReleaseLease", ["s3:GetObject", "s3:PutObject"], [f"{s.replica_bucket_arn}/{lease}"]),
-        _use_key("UseLeaseKey", s.replica_key_arn, s.replica_region, ["kms:Decrypt", "kms:GenerateDataKey"]),
+        _statement("ReadLease", ["s3:GetObject"], [f"{s.replica_bucket_arn}/{lease}"]),
+        _use_key("DecryptLease", s.replica_key_arn, s.replica_region, ["kms:Decrypt"]),
     ]
     return _document(statements)
 
 
-def replication_watch(s: Scope) -> dict[str, Any]:
-    statements = [*_base(s)]
+def _read_checkpoints(s: Scope, what: str, sids: tuple[str, str]) -> list[dict[str, Any]]:
+    """List the run's prefix, read its step directories and decrypt them, in the primary
+    bucket and in the replica (statement ids ``<verb><what><sid>``)."""
+    statements = []
     for sid, bucket, key, region in (
-        ("Primary", s.primary_bucket_arn, s.key_arn, s.region),
-        ("Replica", s.replica_bucket_arn, s.replica_key_arn, s.replica_region),
+        (sids[0], s.primary_bucket_arn, s.key_arn, s.region),
+        (sids[1], s.replica_bucket_arn, s.replica_key_arn, s.replica_region),
     ):
         statements += [
             _list_prefix(s, bucket, f"{s.root}/*", sid),
-            _statement(f"ReadManifests{sid}", ["s3:GetObject"], [f"{bucket}/{s.root}/{contract.STEP_DIR_PREFIX}*"]),
-            _use_key(f"DecryptManifests{sid}", key, region, ["kms:Decrypt"]),
+            _statement(f"Read{what}{sid}", ["s3:GetObject"], [f"{bucket}/{s.root}/{contract.STEP_DIR_PREFIX}*"]),
+            _use_key(f"Decrypt{what}{sid}", key, region, ["kms:Decrypt"]),
         ]
+    return statements
+
+
+def replication_watch(s: Scope) -> dict[str, Any]:
+    statements = [*_base(s), *_read_checkpoints(s, "Manifests", ("Primary", "Replica"))]
     statements.append(_metrics())
     return _document(statements)
 

@@ -102,6 +102,23 @@ def put_lease(holder: str, expires_in_s: float) -> None:
     boto3.client("s3", region_name=HOME_REGION).put_object(Bucket=PRIMARY, Key=LEASE_KEY, Body=json.dumps(doc))
 
 
+def two_regions(tmp_path) -> None:
+    """In moto: the home's buckets (step-12 committed, step-10 replicated), its lease
+    held, its groups training on 3 workers; the standby's groups at 0."""
+    boto3.client("s3", region_name=HOME_REGION).create_bucket(Bucket=PRIMARY)
+    boto3.client("s3", region_name=STANDBY_REGION).create_bucket(
+        Bucket=REPLICA, CreateBucketConfiguration={"LocationConstraint": STANDBY_REGION}
+    )
+    put_step(tmp_path, PRIMARY, HOME_REGION, 10)
+    replicate()
+    put_step(tmp_path, PRIMARY, HOME_REGION, 12)
+    put_lease("home/us-east-1", 60)
+    group(HOME_REGION, "home-coordinator", 1, 1)
+    group(HOME_REGION, "home-workers", 3, 8)
+    group(STANDBY_REGION, "standby-coordinator", 0, 1)
+    group(STANDBY_REGION, "standby-workers", 0, 8)
+
+
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """The home (3 workers training, step-12 committed, step-10 replicated so far) and its
@@ -111,18 +128,7 @@ def world(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", HOME_REGION)
     aws.reset()
     with mock_aws():
-        boto3.client("s3", region_name=HOME_REGION).create_bucket(Bucket=PRIMARY)
-        boto3.client("s3", region_name=STANDBY_REGION).create_bucket(
-            Bucket=REPLICA, CreateBucketConfiguration={"LocationConstraint": STANDBY_REGION}
-        )
-        put_step(tmp_path, PRIMARY, HOME_REGION, 10)
-        replicate()
-        put_step(tmp_path, PRIMARY, HOME_REGION, 12)
-        put_lease("home/us-east-1", 60)
-        group(HOME_REGION, "home-coordinator", 1, 1)
-        group(HOME_REGION, "home-workers", 3, 8)
-        group(STANDBY_REGION, "standby-coordinator", 0, 1)
-        group(STANDBY_REGION, "standby-workers", 0, 8)
+        two_regions(tmp_path)
         manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
         for region in (HOME_REGION, STANDBY_REGION):  # pushed at home, replicated to the standby
             ecr = boto3.client("ecr", region_name=region)

@@ -363,10 +363,10 @@ def test_the_standby_s_capacity_watch_moves_the_run_between_the_two_regions():
     assert any(":us-east-1:" in arn for arn in moving["Resource"]) and any(
         ":us-west-2:" in arn for arn in moving["Resource"]
     )
-    writes = [st for st in policy["Statement"] if "s3:PutObject" in st["Action"]]
-    assert [st["Resource"] for st in writes] == [
-        [f"arn:aws:s3:::{source['primary_bucket']}/ftfleet-leases/llm-prod.json"]
-    ]
+    # It writes no object: the lease is only read (the move leaves it to run out).
+    assert not [st for st in policy["Statement"] if "s3:PutObject" in st["Action"]]
+    (lease,) = [st for st in policy["Statement"] if st["Sid"] == "ReadLease"]
+    assert lease["Resource"] == [f"arn:aws:s3:::{source['primary_bucket']}/ftfleet-leases/llm-prod.json"]
     # The home's own watch measures and alarms; it moves nothing.
     home_env, home_policy = remediation_of(home, "capacity_watch")
     assert Config.from_env(home_env).failover is None

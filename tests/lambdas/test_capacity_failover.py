@@ -29,11 +29,10 @@ from tests.infra.test_failover import (
     REPLICA,
     RUN,
     STANDBY_REGION,
-    group,
     put_lease,
-    put_step,
     replicate,
     sizes,
+    two_regions,
 )
 from tests.lambdas.conftest import FakeClock, configure, scheduled
 
@@ -100,18 +99,7 @@ def world(moto, monkeypatch, tmp_path):
     current); the standby's groups are at 0. The function runs in the standby's region."""
     for name in ("AWS_DEFAULT_REGION", "AWS_REGION"):
         monkeypatch.setenv(name, STANDBY_REGION)
-    boto3.client("s3", region_name=HOME_REGION).create_bucket(Bucket=PRIMARY)
-    boto3.client("s3", region_name=STANDBY_REGION).create_bucket(
-        Bucket=REPLICA, CreateBucketConfiguration={"LocationConstraint": STANDBY_REGION}
-    )
-    put_step(tmp_path, PRIMARY, HOME_REGION, 10)
-    replicate()
-    put_step(tmp_path, PRIMARY, HOME_REGION, 12)
-    put_lease("home/us-east-1", 60)
-    group(HOME_REGION, "home-coordinator", 1, 1)
-    group(HOME_REGION, "home-workers", 3, 8)
-    group(STANDBY_REGION, "standby-coordinator", 0, 1)
-    group(STANDBY_REGION, "standby-workers", 0, 8)
+    two_regions(tmp_path)
     pair = Pair(HOME, STANDBY, LeaseRef.parse(f"s3://{PRIMARY}/{LEASE_KEY}", HOME_REGION, RUN))
     configure(
         monkeypatch,
