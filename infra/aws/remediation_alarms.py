@@ -136,13 +136,18 @@ def declare(
         )
     r = s.remediation
     if "capacity_watch" in deployed:
-        other = f"back to {s.standby.home}" if s.standby else "to its standby"
+        if s.standby and s.standby.auto_failover:
+            what = f"this stack's capacity_watch moves the run back to {s.standby.home}; its log has each step"
+        elif s.standby:
+            what = f"move the run back to {s.standby.home} with `ftfleet failover`"
+        else:
+            what = "its standby's capacity_watch moves the run (standbyAutoFailover), else `ftfleet failover` does"
         out.append(
             _alarm(
                 f"{name}-capacity-lost",
                 f"{s.name}-capacity-lost",
                 f"a node group has been short of nodes for want of capacity for {r.capacity_loss_minutes} minutes: "
-                f"move the run {other} with `ftfleet failover` (docs/FAILOVER.md)",
+                f"{what} (docs/FAILOVER.md)",
                 ns,
                 "CapacityShortSeconds",
                 stack,

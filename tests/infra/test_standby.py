@@ -416,3 +416,17 @@ def test_a_home_whose_run_trains_in_its_standby_keeps_its_groups_at_0():
     for rec in (with_lease("aws-prod/us-east-1", 60), with_lease("aws-prod-standby/us-west-2", -1), home):
         assert sizes(rec) == sizes(home) and sizes(home) != [(0, 0), (0, 0)]
         assert rec.outputs["fleet_status"].startswith("running")
+
+
+def test_the_capacity_alarms_say_who_moves_the_run(tmp_path):
+    def description(rec: offline.Recording) -> str:
+        (alarm,) = [
+            a for a in rec.of_type("aws:cloudwatch/metricAlarm:MetricAlarm") if a.name.endswith("-capacity-lost")
+        ]
+        return alarm.inputs["alarmDescription"]
+
+    assert "this stack's capacity_watch moves the run back to aws-prod" in description(recording(STANDBY))
+    assert "move the run back to aws-prod with `ftfleet failover`" in description(
+        run_standby(tmp_path, standbyAutoFailover=False)
+    )
+    assert "its standby's capacity_watch moves the run (standbyAutoFailover)" in description(recording(HOME))
