@@ -5,12 +5,22 @@ and JSON.
 **Goodput** is useful step time over wall time: useful time is the final step count
 times the reference run's seconds per step (steady state, its periodic saves included);
 wall time runs from the launch of the faulted run's first node to the exit of its last.
+
+**The model's prediction** beside it (:func:`predict`): the costs Daly's model prices
+(the model `ftfleet plan` uses), at what this run measured: each save its blocked time
+C, each failure a restart R (the mean time from a fault to the first step after its
+recovery) and half an interval of work computed again; plus the one start-up the
+reference paid too. The drill's faults come at fixed steps, not at a rate over wall
+time, so the prediction takes their number from the plan instead of ``e^(R/M)``:
+wall = start-up + useful (1 + C / interval) + faults (R + interval / 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from drill.faults import FaultResult
@@ -52,6 +62,42 @@ class Goodput:
 
 
 @dataclasses.dataclass
+class Prediction:
+    """The model's goodput at the costs one faulted run measured (module doc)."""
+
+    interval_s: float
+    """The median interval between two interval saves, in seconds of steps."""
+    cost_s: float
+    """A save's median blocked time."""
+    restart_s: float
+    """The faults' mean time from the fault to the first step after recovery."""
+    faults: int
+    startup_s: float
+    """The reference run's wall time beyond its steps (start-up, the end)."""
+    goodput: float
+
+    def to_json(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in dataclasses.asdict(self).items()}
+
+
+def predict(events: Sequence[dict[str, Any]], faults: Sequence[FaultResult], g: Goodput | None) -> Prediction | None:
+    """The model's goodput for the run of ``events`` (its rank 0's event log), with the
+    measured ``faults`` and goodput ``g``; None without two interval saves or a fault."""
+    saves = [e for e in events if e.get("event") == "committed" and e.get("reason") == "interval"]
+    steps = sorted({int(e["step"]) for e in saves})
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    resumes = [f.resume_s for f in faults if f.resume_s is not None]
+    if g is None or not gaps or not resumes or g.ref_step_s <= 0:
+        return None
+    interval_s = statistics.median(gaps) * g.ref_step_s
+    cost_s = statistics.median(float(e.get("blocked_s") or 0.0) for e in saves)
+    restart_s = statistics.mean(resumes)
+    startup_s = max(0.0, g.ref_wall_s - g.useful_s)
+    wall = startup_s + g.useful_s * (1 + cost_s / interval_s) + len(faults) * (restart_s + interval_s / 2)
+    return Prediction(interval_s, cost_s, restart_s, len(faults), startup_s, g.useful_s / wall)
+
+
+@dataclasses.dataclass
 class DrillReport:
     faults: list[FaultResult]
     goodput: Goodput | None
@@ -61,6 +107,7 @@ class DrillReport:
     final_reason: str
     notes: list[str] = dataclasses.field(default_factory=list)
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prediction: Prediction | None = None
 
     @property
     def sha_match(self) -> bool:
@@ -91,6 +138,7 @@ class DrillReport:
             "reason": self.reason,
             "faults": [f.to_json() for f in self.faults],
             "goodput": self.goodput.to_json() if self.goodput else None,
+            "prediction": self.prediction.to_json() if self.prediction else None,
             "state_sha256": self.state_sha256,
             "reference_sha256": self.reference_sha256,
             "state_matches_reference": self.sha_match,
@@ -148,6 +196,14 @@ class DrillReport:
                 f"(reference, steady state) = {g.useful_s:.1f} s useful in {g.wall_s:.1f} s "
                 f"wall; the uninterrupted reference took {g.ref_wall_s:.1f} s "
                 f"({g.relative:.2f} of the faulted run's wall time)"
+            )
+        p = self.prediction
+        if g is not None and p is not None:
+            off = (g.goodput - p.goodput) / p.goodput if p.goodput > 0 else float("nan")
+            lines.append(
+                f"the model (Daly's costs, as `ftfleet plan` prices them) predicts {p.goodput:.3f} at this run's: "
+                f"interval {p.interval_s:.1f} s, save {p.cost_s:.2f} s, {p.faults} faults of {p.restart_s:.1f} s "
+                f"(mean resume) and half an interval each, start-up {p.startup_s:.1f} s; measured {off:+.1%} from it"
             )
         same = "equals" if self.sha_match else "DIFFERS FROM"
         lines.append(

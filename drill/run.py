@@ -19,7 +19,7 @@ from drill import damage
 from drill.cloud import CREDENTIALS, LocalCloud
 from drill.faults import GCP_KINDS, KINDS, FaultRecord, measure
 from drill.lives import steady_step_time
-from drill.report import DrillReport, Goodput
+from drill.report import DrillReport, Goodput, predict
 from drill.runner import EventTail, Node, WorkerGroup
 from drill.scenario import Plan, SegmentPlan, build_plan
 from ftfleet.contract import EXIT_OK, EXIT_PREEMPTED, GCP_PREEMPTION_NOTICE_S
@@ -562,6 +562,7 @@ class Drill:
             final_reason,
             notes,
             settings,
+            prediction=predict(events, results, goodput),
         )
 
 

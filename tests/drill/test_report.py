@@ -8,7 +8,7 @@ import pytest
 
 from drill.faults import FaultResult
 from drill.lives import split_lives, steady_step_time
-from drill.report import DrillReport, Goodput
+from drill.report import DrillReport, Goodput, predict
 from ftfleet.trainer.resilience.interval.adaptive import daly_goodput, daly_interval
 from tests.drill.events import life, restart_run
 
@@ -32,6 +32,23 @@ def test_goodput_is_useful_step_time_over_wall_time():
     assert g.useful_s == pytest.approx(80.0)
     assert g.goodput == pytest.approx(0.8)
     assert g.relative == pytest.approx(0.9)
+
+
+def test_the_prediction_prices_the_runs_measured_costs_as_dalys_model_does():
+    g = Goodput(final_step=200, wall_s=100.0, ref_step_s=0.4, ref_wall_s=90.0)
+    saves = [{"event": "committed", "reason": "interval", "step": s, "blocked_s": 0.5} for s in (10, 20, 30, 40)]
+    emergency = {"event": "committed", "reason": "notice", "step": 43, "blocked_s": 9.0}  # not an interval save
+    faults = [FaultResult("sigkill", True, "", resume_s=r) for r in (4.0, 6.0)]
+    p = predict([*saves, emergency], faults, g)
+    assert (p.interval_s, p.cost_s, p.restart_s, p.faults, p.startup_s) == pytest.approx((4.0, 0.5, 5.0, 2, 10.0))
+    # 10 s of start-up, 80 s of work with a 0.5 s save every 4 s, 2 x (5 s + 2 s)
+    assert p.goodput == pytest.approx(80.0 / (10.0 + 80.0 * (1 + 0.5 / 4.0) + 2 * 7.0))
+    assert (
+        predict(saves[:1], faults, g) is None and predict(saves, [], g) is None and predict(saves, faults, None) is None
+    )
+    report = DrillReport(faults, g, "a", "a", True, "", prediction=p)
+    assert "the model (Daly's costs, as `ftfleet plan` prices them) predicts" in report.to_text()
+    assert report.to_json()["prediction"]["goodput"] == round(p.goodput, 4)
 
 
 def test_daly_goodput_peaks_at_dalys_interval_and_falls_on_either_side():
