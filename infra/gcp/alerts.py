@@ -18,6 +18,9 @@
   its permissions) does not go unnoticed.
 * Retention failures: the sweep's ``retention_delete_failures`` above 0, a step
   directory it could not delete.
+* Capacity lost: the capacity watch's ``capacity_short_seconds`` at or above
+  capacityLossMinutes (a managed instance group short of nodes for want of resources
+  that long), and its silence (it writes both metrics at every run).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pulumi_gcp as gcp
 
 from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.lambdas.common.gcp import Metric
+from ftfleet.lambdas.gcp_capacity_watch import config as capacity
 from ftfleet.lambdas.gcp_replication_watch import config as watch
 from ftfleet.lambdas.gcp_retention_sweep import config as sweep
 
@@ -36,6 +40,8 @@ m = gcp.monitoring
 TURBO_MAX_DELAY = "storage.googleapis.com/replication/turbo_max_delay"
 #: The watch runs every five minutes (functions.REPLICATION_SCHEDULE): four missed runs.
 SILENT_AFTER = "1200s"
+#: The capacity watch runs every two minutes (functions.CAPACITY_SCHEDULE): five missed runs.
+CAPACITY_SILENT_AFTER = "600s"
 #: The sweep runs every hour (functions.RETENTION_SCHEDULE): three missed runs.
 SWEEP_SILENT_AFTER = "10800s"
 ALIGNMENT = "300s"
@@ -105,6 +111,18 @@ class Alerts(pulumi.ComponentResource):
                 "The retention sweep function has written nothing for several of its hourly runs: its Cloud "
                 "Scheduler job, its push subscription (and dead-letter topic) or the function itself needs a "
                 "look. Checkpoints the schedule no longer keeps stay in the bucket until it runs again.",
+            )
+        if capacity.CAPACITY_SHORT_SECONDS.name in self.descriptors:
+            self._capacity_lost(name)
+            self._silent(
+                f"{name}-capacity-silent",
+                "capacity-silent",
+                "capacity watch stopped reporting",
+                capacity.CAPACITY_SHORT_NODES,
+                CAPACITY_SILENT_AFTER,
+                "The capacity watch function has written nothing for several of its two-minute runs: its Cloud "
+                "Scheduler job, its push subscription (and dead-letter topic) or the function itself needs a "
+                "look. A region out of capacity goes unnoticed until it reports again.",
             )
         self.register_outputs({"descriptors": [d.type for d in self.descriptors.values()]})
 
@@ -193,6 +211,36 @@ class Alerts(pulumi.ComponentResource):
             ],
             text,
             [beat],
+        )
+
+    def _capacity_lost(self, name: str) -> None:
+        short = capacity.CAPACITY_SHORT_SECONDS
+        loss_s = self._s.remediation.capacity_loss_minutes * 60
+        self._policy(
+            f"{name}-capacity-lost",
+            "capacity-lost",
+            "node groups out of capacity",
+            [
+                m.AlertPolicyConditionArgs(
+                    display_name=f"{short.name} at {loss_s} s or more",
+                    condition_threshold=m.AlertPolicyConditionConditionThresholdArgs(
+                        filter=condition_filter(short.type, short.resource_type, stack=self._s.stack),
+                        comparison="COMPARISON_GT",
+                        threshold_value=loss_s - 1,
+                        duration="0s",
+                        aggregations=[
+                            m.AlertPolicyConditionConditionThresholdAggregationArgs(
+                                alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
+                            )
+                        ],
+                    ),
+                )
+            ],
+            f"A managed instance group of the stack has been short of nodes for want of resources in its zones "
+            f"for {self._s.remediation.capacity_loss_minutes} minutes (capacityLossMinutes): the capacity "
+            "watch's decisions in Cloud Logging name each group, and `gcloud compute instance-groups managed "
+            'list-errors` the errors. Move the run to its standby (docs/FAILOVER.md, "Moving the job").',
+            [short],
         )
 
     def _sweep_failures(self, name: str) -> None:

@@ -1,6 +1,6 @@
 """RemediationFunctions: the GCP stack's remediation functions (Cloud Functions 2nd gen).
 
-Four functions, each switched by its ``remediation*`` key (the code is in lambdas/):
+Five functions, each switched by its ``remediation*`` key (the code is in lambdas/):
 
 * ``gcp_preemption`` (remediationSpotInterruption): a project log sink routes the
   ``compute.instances.preempted`` system events of this stack's instances to a topic;
@@ -15,6 +15,11 @@ Four functions, each switched by its ``remediation*`` key (the code is in lambda
   may be from both regions and writes its metrics. The alert policies (infra/gcp/alerts.py)
   fire on Cloud Storage's own replication delay above replicationLagAlarmSeconds and
   when the watch stops reporting.
+* ``gcp_capacity_watch`` (remediationCapacityWatch): Cloud Scheduler publishes to a
+  topic every two minutes; the function measures, per managed instance group of the
+  stack, the nodes it is short and since when its instance creations have failed for
+  want of resources, and writes its metrics; the alert policy fires past
+  capacityLossMinutes, so that a person moves the run (docs/FAILOVER.md).
 * ``gcp_retention_sweep`` (remediationRetentionSweep): Cloud Scheduler publishes to a
   topic every hour; the function deletes the run's committed checkpoints that its
   retention schedule (the manifests' recorded policy, else checkpointRetention) no longer
@@ -52,6 +57,8 @@ from ftfleet.infra.gcp.alerts import Alerts
 from ftfleet.infra.gcp.function_source import FunctionSource
 from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.lambdas.common.gcp import Metric
+from ftfleet.lambdas.gcp_capacity_watch import config as capacity_config
+from ftfleet.lambdas.gcp_capacity_watch.config import Config as CapacityConfig
 from ftfleet.lambdas.gcp_preemption import config as preemption_config
 from ftfleet.lambdas.gcp_preemption.config import PREEMPTED_METHOD
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
@@ -70,6 +77,12 @@ DEAD_LETTER_RETENTION = "604800s"
 #: Cloud Scheduler's unix-cron format ("Cron job format and time zone",
 #: https://cloud.google.com/scheduler/docs/configuring/cron-job-schedules), in Etc/UTC.
 REPLICATION_SCHEDULE = "*/5 * * * *"
+#: Every two minutes, as the AWS capacity watch (capacityLossMinutes is at least 5).
+CAPACITY_SCHEDULE = "*/2 * * * *"
+#: Read the stack's managed instance groups, their instances and their errors
+#: (regionInstanceGroupManagers get, listManagedInstances, listErrors all require
+#: compute.instanceGroupManagers.get), and no more.
+CAPACITY_PERMISSIONS = ("compute.instanceGroupManagers.get",)
 #: Every hour on the hour: the default schedule keeps every checkpoint of the last six
 #: hours, and what it lets go may wait an hour.
 RETENTION_SCHEDULE = "0 * * * *"
@@ -158,10 +171,13 @@ class RemediationFunctions(pulumi.ComponentResource):
         bucket: gcp.storage.Bucket,
         source: FunctionSource | None,
         provider: gcp.Provider,
+        groups: pulumi.Input[list[str]] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         """``source``: the functions' source bucket (and the drift function's desired
-        state), declared before the checkpoint bucket; None when no function is on."""
+        state), declared before the checkpoint bucket; None when no function is on.
+        ``groups``: the stack's managed instance groups (None: it has none yet, a
+        standby whose file system comes with a failover), which the capacity watch reads."""
         super().__init__("ftfleet:gcp:RemediationFunctions", name, None, opts)
         self._name, self._s = name, s
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
@@ -200,6 +216,19 @@ class RemediationFunctions(pulumi.ComponentResource):
                 ).to_env()
             )
             specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env, watch_config.METRICS))
+        if r.capacity_watch and groups is not None:
+            env = pulumi.Output.all(self._project_id, bucket.name, groups).apply(
+                lambda a: CapacityConfig(
+                    **common,
+                    project=a[0],
+                    region=s.region,
+                    groups=tuple(a[2]),
+                    loss_s=float(r.capacity_loss_minutes * 60),
+                    bucket=a[1],
+                    state_key=f"{root}/fleet/capacity-watch.json",
+                ).to_env()
+            )
+            specs.append(FunctionSpec("gcp_capacity_watch", "capwatch", 120, env, capacity_config.METRICS))
         if r.retention_sweep:
             env = pulumi.Output.all(self._project_id, bucket.name).apply(
                 lambda a: SweepConfig(
@@ -309,6 +338,8 @@ class RemediationFunctions(pulumi.ComponentResource):
         self.schedules: dict[str, gcp.cloudscheduler.Job] = {}
         if r.replication_lag:
             self._schedule("replwatch", "gcp_replication_watch", REPLICATION_SCHEDULE, "run the replication watch")
+        if "gcp_capacity_watch" in self.functions:
+            self._schedule("capwatch", "gcp_capacity_watch", CAPACITY_SCHEDULE, "run the capacity watch")
         if r.retention_sweep:
             self._schedule("sweep", "gcp_retention_sweep", RETENTION_SCHEDULE, "run the retention sweep")
         self.register_outputs({"functions": {k: f.name for k, f in self.functions.items()}})
@@ -463,8 +494,17 @@ class RemediationFunctions(pulumi.ComponentResource):
         (``projects/_/buckets/<bucket>/objects/<root>/``, "IAM Conditions" for Cloud
         Storage), for every function at once."""
         grants: list[tuple[str, pulumi.Input[str]]] = []
-        if function == "gcp_preemption":
-            grants = [("prior", "roles/storage.objectUser")]
+        if function in ("gcp_preemption", "gcp_capacity_watch"):  # a state object next to the checkpoints
+            grants = [("prior" if function == "gcp_preemption" else "state", "roles/storage.objectUser")]
+        if function == "gcp_capacity_watch":
+            role = self._custom_role(
+                n,
+                "Capacity",
+                "capacity watch",
+                "Read the stack's managed instance groups, their instances and their errors",
+                CAPACITY_PERMISSIONS,
+            )
+            gcp.projects.IAMMember(f"{n}-groups", project=self._project_id, role=role.name, member=member, opts=self._o)
         elif function == "gcp_replication_watch":
             grants = [("read", "roles/storage.objectViewer")]
         elif function == "gcp_retention_sweep":
@@ -491,7 +531,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             )
         for label, role in grants:
             gcp.storage.BucketIAMMember(f"{n}-{label}", bucket=bucket.name, role=role, member=member, opts=self._o)
-        if function in ("gcp_replication_watch", "gcp_retention_sweep"):  # they write custom metrics
+        if function in ("gcp_replication_watch", "gcp_retention_sweep", "gcp_capacity_watch"):  # custom metrics
             gcp.projects.IAMMember(
                 f"{n}-metrics",
                 project=self._project_id,

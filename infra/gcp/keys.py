@@ -43,6 +43,8 @@ SHARED = frozenset(
         "remediationReplicationLag",
         "replicationLagAlarmSeconds",
         "remediationRetentionSweep",
+        "remediationCapacityWatch",
+        "capacityLossMinutes",
         "checkpointRetention",
         "unhealthyNodeGraceSeconds",
         "trainerImageTag",

@@ -60,6 +60,8 @@ class GcpRemediationSettings:
     checkpoint_retention: tuple[str, ...]
     """The retention sweep's schedule where no manifest records one."""
     unhealthy_node_grace_seconds: int
+    capacity_watch: bool = False
+    capacity_loss_minutes: int = 20
     alert_channels: tuple[str, ...] = ()
     """Cloud Monitoring notification channels of the stack's alert policies."""
 
@@ -67,7 +69,13 @@ class GcpRemediationSettings:
     def any_function(self) -> bool:
         """Whether a remediation function is deployed (remediationUnhealthyNodes adds
         none on GCP: the managed instance groups recreate unhealthy nodes)."""
-        return self.spot_interruption or self.storage_drift or self.replication_lag or self.retention_sweep
+        return (
+            self.spot_interruption
+            or self.storage_drift
+            or self.replication_lag
+            or self.retention_sweep
+            or self.capacity_watch
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,6 +145,8 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
             retention_sweep=r.bool("remediationRetentionSweep"),
             checkpoint_retention=checkpoint_retention(r),
             unhealthy_node_grace_seconds=r.int("unhealthyNodeGraceSeconds", minimum=60),
+            capacity_watch=r.bool("remediationCapacityWatch"),
+            capacity_loss_minutes=r.int("capacityLossMinutes", minimum=5, maximum=1440),
             alert_channels=_alert_channels(r),
         ),
         trainer=_trainer(r, stack),

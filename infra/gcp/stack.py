@@ -75,7 +75,12 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
 
     # Managed instance groups already recreate preempted and unhealthy VMs; no function
     # duplicates that (infra/gcp/functions.py).
-    functions = RemediationFunctions(f"{s.name}-remediation", s, bucket, source, provider)
+    groups = (
+        pulumi.Output.all(fleet.coordinator.name, *[g.name for g in fleet.workers.values()]).apply(list)
+        if fleet is not None
+        else None
+    )
+    functions = RemediationFunctions(f"{s.name}-remediation", s, bucket, source, provider, groups=groups)
 
     pulumi.export("checkpoint_bucket", bucket.name)
     pulumi.export("checkpoint_uri", pulumi.Output.concat("gs://", bucket.name, "/", root))

@@ -425,7 +425,13 @@ def test_plan_json_of_gcp_prod_has_the_documented_shape(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"stack", "resources", "outputs", "estimate", "functions"}
     fns = {f["function"]: f for f in doc["functions"]}
-    assert set(fns) == {"gcp_preemption", "gcp_storage_drift", "gcp_replication_watch", "gcp_retention_sweep"}
+    assert set(fns) == {
+        "gcp_preemption",
+        "gcp_storage_drift",
+        "gcp_replication_watch",
+        "gcp_retention_sweep",
+        "gcp_capacity_watch",
+    }
     for f in fns.values():
         assert f["runtime"] == "python313" and f["timeout"] > 0 and f["retries"] == 4
         assert f["dead_letter_queue"].endswith("-dead-letters") and len(f["triggers"]) == 1

@@ -11,6 +11,8 @@ from ftfleet.infra import policies, stackfile
 from ftfleet.infra.gcp import alerts, function_package, functions
 from ftfleet.infra.gcp.function_source import desired_bucket_settings
 from ftfleet.lambdas.common import push
+from ftfleet.lambdas.gcp_capacity_watch import config as capacity_config
+from ftfleet.lambdas.gcp_capacity_watch.config import Config as CapacityConfig
 from ftfleet.lambdas.gcp_preemption.config import METRICS as PREEMPTION_METRICS
 from ftfleet.lambdas.gcp_preemption.config import Config as PreemptionConfig
 from ftfleet.lambdas.gcp_replication_watch import config as watch_config
@@ -29,17 +31,20 @@ CONFIGS = {
     "gcp_storage_drift": DriftConfig,
     "gcp_replication_watch": WatchConfig,
     "gcp_retention_sweep": SweepConfig,
+    "gcp_capacity_watch": CapacityConfig,
 }
 SWITCHES = {
     "remediationSpotInterruption": ("gcp_preemption", "gcp:logging/projectSink:ProjectSink"),
     "remediationStorageDrift": ("gcp_storage_drift", "gcp:logging/projectSink:ProjectSink"),
     "remediationReplicationLag": ("gcp_replication_watch", "gcp:cloudscheduler/job:Job"),
     "remediationRetentionSweep": ("gcp_retention_sweep", "gcp:cloudscheduler/job:Job"),
+    "remediationCapacityWatch": ("gcp_capacity_watch", "gcp:cloudscheduler/job:Job"),
 }
 #: Each scheduled function's metrics and alert policies, which go with it.
 ALERTED = {
     "remediationReplicationLag": (watch_config.METRICS, {"replication-lag", "watch-silent"}),
     "remediationRetentionSweep": (sweep_config.METRICS, {"retention-failures", "sweep-silent"}),
+    "remediationCapacityWatch": (capacity_config.METRICS, {"capacity-lost", "capacity-silent"}),
 }
 
 
@@ -100,7 +105,7 @@ def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
                 scope = scopes.get(r.inputs.get("bucket"), r.type.split(":")[1])
                 grants[name].add((scope, r.inputs["role"]))
     roles = {r.name.rsplit("-", 2)[-2]: r for r in rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
-    drift_role, sweep_role = roles.pop("drift"), roles.pop("sweep")
+    drift_role, sweep_role, capacity_role = roles.pop("drift"), roles.pop("sweep"), roles.pop("capwatch")
     assert not roles
     assert grants == {
         "gcp_preemption": {("bucket", "roles/storage.objectUser")},  # it writes no metric: its logs are counted
@@ -113,7 +118,14 @@ def test_each_function_holds_only_its_grants_on_the_stacks_bucket():
             ("bucket", sweep_role.outputs["name"]),
             ("projects/iAMMember", "roles/monitoring.metricWriter"),
         },
+        # Its state object next to the checkpoints; the groups, read through its role.
+        "gcp_capacity_watch": {
+            ("bucket", "roles/storage.objectUser"),
+            ("projects/iAMMember", capacity_role.outputs["name"]),
+            ("projects/iAMMember", "roles/monitoring.metricWriter"),
+        },
     }
+    assert sorted(capacity_role.inputs["permissions"]) == sorted(functions.CAPACITY_PERMISSIONS)
     assert sorted(drift_role.inputs["permissions"]) == sorted(functions.DRIFT_PERMISSIONS)
     assert sorted(sweep_role.inputs["permissions"]) == sorted(functions.SWEEP_PERMISSIONS)
 
@@ -157,7 +169,14 @@ def test_the_alerts_notify_the_configured_channels(gcp_variant):
     channel = "projects/my-project/notificationChannels/12345"
     rec = gcp_variant(gcpAlertNotificationChannels=[channel], replicationLagAlarmSeconds=1200)
     policies = alert_policies(rec)
-    assert set(policies) == {"replication-lag", "watch-silent", "retention-failures", "sweep-silent"}
+    assert set(policies) == {
+        "replication-lag",
+        "watch-silent",
+        "retention-failures",
+        "sweep-silent",
+        "capacity-lost",
+        "capacity-silent",
+    }
     for alert in policies.values():
         assert alert.inputs["notificationChannels"] == [channel]
     for condition in policies["replication-lag"].inputs["conditions"]:
@@ -168,7 +187,9 @@ def test_every_custom_metric_a_function_writes_has_a_descriptor_the_function_and
     rec = recording("gcp-prod")
     urns = rec.by_urn()
     descriptors = {d.inputs["type"]: d for d in rec.of_type(DESCRIPTOR)}
-    written = {m.type: m for m in (*PREEMPTION_METRICS, *watch_config.METRICS, *sweep_config.METRICS)}
+    written = {
+        m.type: m for m in (*PREEMPTION_METRICS, *watch_config.METRICS, *sweep_config.METRICS, *capacity_config.METRICS)
+    }
     assert set(descriptors) == set(written)
     for metric_type, d in descriptors.items():
         metric = written[metric_type]
@@ -179,10 +200,31 @@ def test_every_custom_metric_a_function_writes_has_a_descriptor_the_function_and
         ("gcp_preemption", PREEMPTION_METRICS),
         ("gcp_replication_watch", watch_config.METRICS),
         ("gcp_retention_sweep", sweep_config.METRICS),
+        ("gcp_capacity_watch", capacity_config.METRICS),
     ):
         waits = {urns[u].inputs.get("type") for u in fns[name].dependencies if urns[u].type == DESCRIPTOR}
         assert waits == {m.type for m in metrics}, name
     assert not [v for v in policies.evaluate(res_view(rec)) if v[0] == "gcp-alerts-know-their-metrics"]
+
+
+def test_the_capacity_watch_reads_the_stacks_groups_and_alerts_past_capacity_loss_minutes():
+    rec = recording("gcp-prod")
+    cfg = CapacityConfig.from_env(
+        by_function(rec)["gcp_capacity_watch"].inputs["serviceConfig"]["environmentVariables"]
+    )
+    groups = {
+        g.outputs["name"] for g in rec.of_type("gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager")
+    }
+    assert set(cfg.groups) == groups and cfg.region == "us-central1" and cfg.loss_s == 20 * 60
+    assert cfg.state_key == "checkpoints/llm-prod/fleet/capacity-watch.json"
+    (condition,) = alert_policies(rec)["capacity-lost"].inputs["conditions"]
+    assert condition["conditionThreshold"]["filter"] == (
+        f'metric.type="{capacity_config.CAPACITY_SHORT_SECONDS.type}" AND resource.type="global" '
+        'AND metric.label.stack="gcp-prod"'
+    )
+    assert condition["conditionThreshold"]["thresholdValue"] == 20 * 60 - 1
+    (job,) = [j for j in rec.of_type("gcp:cloudscheduler/job:Job") if j.name.endswith("-capwatch")]
+    assert job.inputs["schedule"] == functions.CAPACITY_SCHEDULE
 
 
 def test_the_lag_alert_watches_cloud_storages_turbo_delay_for_the_bucket_and_the_measured_lag():

@@ -86,11 +86,16 @@ def test_switched_off_the_sweep_takes_its_function_schedule_account_grants_and_a
     assert not {m.type for m in sweep_config.METRICS} & {
         d.inputs["type"] for d in rec.of_type("gcp:monitoring/metricDescriptor:MetricDescriptor")
     }
-    assert sweep_function(rec) is None and len(list(rec.of_type(FUNCTION))) == 3
+    assert sweep_function(rec) is None and len(list(rec.of_type(FUNCTION))) == 4
 
 
 def test_with_only_the_sweep_on_the_functions_source_and_the_sweep_are_declared(gcp_variant):
-    rec = gcp_variant(remediationSpotInterruption=False, remediationStorageDrift=False, remediationReplicationLag=False)
+    rec = gcp_variant(
+        remediationSpotInterruption=False,
+        remediationStorageDrift=False,
+        remediationReplicationLag=False,
+        remediationCapacityWatch=False,
+    )
     assert [f.inputs["description"].split()[1] for f in rec.of_type(FUNCTION)] == [SWEEP]
     assert [b for b in rec.of_type("gcp:storage/bucket:Bucket") if b.name.endswith("-source-bucket")]
 
