@@ -218,7 +218,7 @@ class AwsStandIn:
 
 
 def _iso(epoch_s: float) -> str:
-    """As the Auto Scaling API writes times: ``2024-05-01T10:00:00.123Z``."""
+    """As the Auto Scaling API writes times: ISO 8601 in UTC with milliseconds and ``Z``."""
     t = datetime.datetime.fromtimestamp(epoch_s, datetime.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 

@@ -57,6 +57,25 @@ def condition_filter(metric_type: str, resource_type: str, **labels: str) -> str
     return " AND ".join(parts)
 
 
+def above(display: str, filter_: pulumi.Input[str], threshold: float, duration: str) -> m.AlertPolicyConditionArgs:
+    """A condition met when the series' maximum over each ALIGNMENT period stays above
+    ``threshold`` for ``duration``."""
+    return m.AlertPolicyConditionArgs(
+        display_name=display,
+        condition_threshold=m.AlertPolicyConditionConditionThresholdArgs(
+            filter=filter_,
+            comparison="COMPARISON_GT",
+            threshold_value=threshold,
+            duration=duration,
+            aggregations=[
+                m.AlertPolicyConditionConditionThresholdAggregationArgs(
+                    alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
+                )
+            ],
+        ),
+    )
+
+
 class Alerts(pulumi.ComponentResource):
     def __init__(
         self,
@@ -143,23 +162,6 @@ class Alerts(pulumi.ComponentResource):
     def _lag(self, name: str, bucket: gcp.storage.Bucket) -> None:
         s, r = self._s, self._s.remediation
         alarm = r.replication_lag_alarm_seconds
-
-        def above(display: str, filter_: pulumi.Input[str]) -> m.AlertPolicyConditionArgs:
-            return m.AlertPolicyConditionArgs(
-                display_name=display,
-                condition_threshold=m.AlertPolicyConditionConditionThresholdArgs(
-                    filter=filter_,
-                    comparison="COMPARISON_GT",
-                    threshold_value=alarm,
-                    duration="600s",
-                    aggregations=[
-                        m.AlertPolicyConditionConditionThresholdAggregationArgs(
-                            alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
-                        )
-                    ],
-                ),
-            )
-
         conditions = []
         if s.buckets.turbo_replication:
             conditions.append(
@@ -168,12 +170,16 @@ class Alerts(pulumi.ComponentResource):
                     bucket.name.apply(
                         lambda b: condition_filter(TURBO_MAX_DELAY, "gcs_bucket", resource_bucket_name=b)
                     ),
+                    alarm,
+                    "600s",
                 )
             )
         conditions.append(
             above(
                 f"measured checkpoint replication lag above {alarm} s",
                 condition_filter(watch.LAG.type, watch.LAG.resource_type, stack=s.stack),
+                alarm,
+                "600s",
             )
         )
         self._policy(
@@ -221,19 +227,11 @@ class Alerts(pulumi.ComponentResource):
             "capacity-lost",
             "node groups out of capacity",
             [
-                m.AlertPolicyConditionArgs(
-                    display_name=f"{short.name} at {loss_s} s or more",
-                    condition_threshold=m.AlertPolicyConditionConditionThresholdArgs(
-                        filter=condition_filter(short.type, short.resource_type, stack=self._s.stack),
-                        comparison="COMPARISON_GT",
-                        threshold_value=loss_s - 1,
-                        duration="0s",
-                        aggregations=[
-                            m.AlertPolicyConditionConditionThresholdAggregationArgs(
-                                alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
-                            )
-                        ],
-                    ),
+                above(
+                    f"{short.name} at {loss_s} s or more",
+                    condition_filter(short.type, short.resource_type, stack=self._s.stack),
+                    loss_s - 1,
+                    "0s",
                 )
             ],
             f"A managed instance group of the stack has been short of nodes for want of resources in its zones "
@@ -250,19 +248,11 @@ class Alerts(pulumi.ComponentResource):
             "retention-failures",
             "retention sweep could not delete checkpoints",
             [
-                m.AlertPolicyConditionArgs(
-                    display_name=f"{failures.name} above 0",
-                    condition_threshold=m.AlertPolicyConditionConditionThresholdArgs(
-                        filter=condition_filter(failures.type, failures.resource_type, stack=self._s.stack),
-                        comparison="COMPARISON_GT",
-                        threshold_value=0,
-                        duration="0s",
-                        aggregations=[
-                            m.AlertPolicyConditionConditionThresholdAggregationArgs(
-                                alignment_period=ALIGNMENT, per_series_aligner="ALIGN_MAX"
-                            )
-                        ],
-                    ),
+                above(
+                    f"{failures.name} above 0",
+                    condition_filter(failures.type, failures.resource_type, stack=self._s.stack),
+                    0,
+                    "0s",
                 )
             ],
             "The retention sweep could not delete step directories its schedule no longer keeps (or old "

@@ -31,7 +31,7 @@ import re
 from typing import Any
 
 from ftfleet.lambdas.capacity_watch.config import Config
-from ftfleet.lambdas.common import aws, eventbridge, runtime
+from ftfleet.lambdas.common import aws, capacity, eventbridge, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.common.move import Move, Pair, Refused
 
@@ -117,12 +117,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         )
     )
     fields: dict[str, Any] = {"groups": groups, "missing_groups": missing, "loss_s": cfg.loss_s}
-    if longest >= cfg.loss_s:
-        decision, level = "capacity-lost", "WARNING"
-    elif short_nodes:
-        decision, level = "short", "INFO"
-    else:
-        decision, level = "ok", "INFO"
+    decision, level = capacity.decision(longest, cfg.loss_s, short_nodes)
     if cfg.failover is not None:
         moved = failover(cfg.failover, cfg.loss_s, now)
         fields["failover"] = moved

@@ -110,23 +110,25 @@ class Move:
         """The side's instances Auto Scaling lists, in service or still leaving."""
         return sum(len(self._group(side, g).get("Instances", [])) for g in (side.coordinator_group, side.worker_group))
 
-    def lease_document(self) -> tuple[dict[str, Any] | None, str | None]:
-        """The lease as stored and its ETag; (None, None) when there is none. Raises
-        :class:`Refused` for a document that is not this run's lease."""
-        doc, etag = aws.read_json(self.lease.bucket, self.lease.key, self.lease.region)
+    def lease_document(self) -> dict[str, Any] | None:
+        """The lease as stored; None when there is none. Raises :class:`Refused` for a
+        document that is not this run's lease."""
+        doc, _ = aws.read_json(self.lease.bucket, self.lease.key, self.lease.region)
         if doc is None:
-            return None, None
+            return None
+        where = f"s3://{self.lease.bucket}/{self.lease.key}"
         try:
             holder, expires = str(doc["holder"]), float(doc["expires_at"])
-            assert holder and expires == expires
-        except (TypeError, KeyError, ValueError, AssertionError):
-            raise Refused(f"s3://{self.lease.bucket}/{self.lease.key} is not a run lease: look at it first") from None
+        except (TypeError, KeyError, ValueError):
+            holder, expires = "", math.nan
+        if not holder or math.isnan(expires):
+            raise Refused(f"{where} is not a run lease: look at it first")
         if doc.get("run_id") != self.lease.run_id:
             raise Refused(
-                f"s3://{self.lease.bucket}/{self.lease.key} is run {doc.get('run_id')!r}'s lease, "
-                f"not {self.lease.run_id!r}'s: give each run a lease of its own"
+                f"{where} is run {doc.get('run_id')!r}'s lease, not {self.lease.run_id!r}'s: "
+                "give each run a lease of its own"
             )
-        return doc, etag
+        return doc
 
     # -- the checks -----------------------------------------------------------------
 
@@ -137,7 +139,7 @@ class Move:
         step = newest_verified(t)
         if step is None:
             raise Refused(f"{t.uri} holds no checkpoint that verifies: nothing to resume there")
-        doc, _ = self.lease_document()
+        doc = self.lease_document()
         if doc is not None and float(doc["expires_at"]) > self.clock():
             if doc["holder"] == t.holder:
                 raise Refused(f"{t.stack} holds the run lease already: the run trains there")

@@ -38,7 +38,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ftfleet.lambdas.common import gcp, runtime
+from ftfleet.lambdas.common import capacity, gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.gcp_capacity_watch.config import CAPACITY_SHORT_NODES, CAPACITY_SHORT_SECONDS, Config
 
@@ -210,12 +210,7 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     gcp.write_metrics(
         cfg.project, [(CAPACITY_SHORT_NODES, float(short_nodes), labels), (CAPACITY_SHORT_SECONDS, longest, labels)]
     )
-    if longest >= cfg.loss_s:
-        decision, level = "capacity-lost", "WARNING"
-    elif short_nodes:
-        decision, level = "short", "INFO"
-    else:
-        decision, level = "ok", "INFO"
+    decision, level = capacity.decision(longest, cfg.loss_s, short_nodes)
     return log.decision(decision, level=level, groups=report, missing_groups=missing, loss_s=cfg.loss_s)
 
 
