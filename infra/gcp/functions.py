@@ -225,7 +225,8 @@ class RemediationFunctions(pulumi.ComponentResource):
                     groups=tuple(a[2]),
                     loss_s=float(r.capacity_loss_minutes * 60),
                     bucket=a[1],
-                    state_key=f"{root}/fleet/capacity-watch.json",
+                    # One per stack: a standby shares its home's bucket and root.
+                    state_key=f"{root}/fleet/capacity-watch-{s.stack}.json",
                 ).to_env()
             )
             specs.append(FunctionSpec("gcp_capacity_watch", "capwatch", 120, env, capacity_config.METRICS))

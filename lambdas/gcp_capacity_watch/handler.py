@@ -12,9 +12,10 @@ booting, not out of capacity. A group that does not exist (404) is named in
 ``missing_groups``.
 
 listErrors keeps no record of when a group was last whole, so the function keeps one: a
-JSON object in the run's bucket (``FTFLEET_STATE_KEY``), per group ``last_full`` (epoch
-seconds it was last seen not short) and ``since`` (the start of its current shortage for
-want of capacity, or null), written with generation preconditions
+JSON object in the run's bucket (``FTFLEET_STATE_KEY``, one per stack: a standby
+shares its home's bucket), per group ``last_full`` (epoch seconds it became full again)
+and ``since`` (the start of its current shortage for want of capacity, or null),
+written, only when it changes, with generation preconditions
 (:func:`~ftfleet.lambdas.common.gcp.update_json`). ``since`` is kept while the group
 stays short, so errors that age out of listErrors do not shorten a shortage, and is
 cleared when the group is full again; a later shortage counts only from errors after
@@ -159,7 +160,9 @@ def _number(value: Any) -> float | None:
 
 def advance(document: Any, seen: Mapping[str, tuple[int, list[float]]], now: float) -> dict[str, Any]:
     """The state after this run: ``seen`` maps each group found to (nodes short, its
-    capacity errors' times). A group full now is ``last_full`` now with no ``since``;
+    capacity errors' times). A group full now has no ``since``, and ``last_full`` now
+    when it had a shortage for capacity or none was known (a shortage without capacity
+    errors left none to forget);
     a short one keeps its ``since``, or starts one at its oldest capacity error after
     ``last_full``. Groups not found are forgotten. A document of any other shape is
     started afresh."""
@@ -170,7 +173,9 @@ def advance(document: Any, seen: Mapping[str, tuple[int, list[float]]], now: flo
         old = known.get(name) if isinstance(known.get(name), Mapping) else {}
         last_full, since = _number(old.get("last_full")), _number(old.get("since"))
         if not short:
-            groups[name] = {"last_full": now, "since": None}
+            # Written when the group becomes full (after a shortage for capacity, or at
+            # first sight), not at every run: the object lives in a versioned bucket.
+            groups[name] = {"last_full": now if last_full is None or since is not None else last_full, "since": None}
             continue
         if since is None:
             after = [t for t in errors if last_full is None or t > last_full]

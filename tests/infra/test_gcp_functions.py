@@ -216,7 +216,7 @@ def test_the_capacity_watch_reads_the_stacks_groups_and_alerts_past_capacity_los
         g.outputs["name"] for g in rec.of_type("gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager")
     }
     assert set(cfg.groups) == groups and cfg.region == "us-central1" and cfg.loss_s == 20 * 60
-    assert cfg.state_key == "checkpoints/llm-prod/fleet/capacity-watch.json"
+    assert cfg.state_key == "checkpoints/llm-prod/fleet/capacity-watch-gcp-prod.json"  # a standby has its own
     (condition,) = alert_policies(rec)["capacity-lost"].inputs["conditions"]
     assert condition["conditionThreshold"]["filter"] == (
         f'metric.type="{capacity_config.CAPACITY_SHORT_SECONDS.type}" AND resource.type="global" '

@@ -209,6 +209,13 @@ def test_a_full_group_is_ok_and_its_errors_are_not_read(watched, compute, monito
     assert not [path for _, path in compute.calls if path.endswith("/listErrors")]
 
 
+def test_a_group_that_stays_full_is_not_written_again(watched, compute, gcs_bucket):
+    compute.group(WORKERS, target=3, ready=3)
+    watched(T0)
+    watched(T0 + 120)
+    assert state(gcs_bucket) == {"groups": {WORKERS: {"last_full": T0, "since": None}}}
+
+
 def test_instances_not_running_or_with_an_action_pending_are_not_nodes_yet(watched, compute):
     booting = [("STAGING", "CREATING"), ("RUNNING", "VERIFYING"), ("PROVISIONING", "CREATING")]
     compute.group(WORKERS, target=5, ready=2, booting=booting)
