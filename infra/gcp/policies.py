@@ -522,8 +522,53 @@ def remote_repository_has_one_upstream(r) -> list[str]:
     return [] if len(upstreams) == 1 else [f"{len(upstreams)} upstreams ({', '.join(upstreams) or 'none'}); give one"]
 
 
+ALERT_POLICY = "gcp:monitoring/alertPolicy:AlertPolicy"
+#: "Create metric-absence alerting policies": the trigger absence time is at most 23.5 hours.
+MAX_ABSENCE_S = 84600
+
+
+def _seconds(duration: Any) -> float | None:
+    """A protobuf Duration string ("600s", "1.5s") as seconds; None when unknown."""
+    if not isinstance(duration, str) or not duration.endswith("s"):
+        return None
+    try:
+        return float(duration[:-1])
+    except ValueError:
+        return None
+
+
+def alert_durations_valid(r) -> list[str]:
+    """Cloud Monitoring API, AlertPolicy.Condition.MetricThreshold.duration and
+    MetricAbsence.duration (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies):
+    only whole minutes are accepted; "Create metric-absence alerting policies"
+    (https://cloud.google.com/monitoring/alerts/metric-absence): an absence is at most
+    23.5 hours."""
+    if r.type != ALERT_POLICY:
+        return []
+    out = []
+    for condition in r.props.get("conditions") or []:
+        if not isinstance(condition, dict):
+            continue
+        name = condition.get("displayName") or "a condition"
+        for kind in ("conditionThreshold", "conditionAbsent"):
+            seconds = _seconds((condition.get(kind) or {}).get("duration"))
+            if seconds is None:
+                continue
+            if seconds % 60:
+                out.append(f"{name}: duration {seconds:g} s is not a whole number of minutes")
+            if kind == "conditionAbsent" and not 0 < seconds <= MAX_ABSENCE_S:
+                out.append(f"{name}: an absence of {seconds:g} s is outside 1 minute to 23.5 hours")
+    return out
+
+
 #: (name, description, check, stack policy[, advisory]): infra/policies/ wraps them.
 SPECS = (
+    (
+        "gcp-alert-durations",
+        "Alert conditions last whole minutes; an absence at most 23.5 hours.",
+        alert_durations_valid,
+        False,
+    ),
     (
         "artifact-registry-remote-upstream",
         "A remote Artifact Registry repository names exactly one upstream.",

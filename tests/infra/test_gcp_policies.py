@@ -151,6 +151,10 @@ BAD_RESOURCES = {
     "gcp-beta-preemption-notice": res(
         TEMPLATE, {"machineType": "g2-standard-8", "scheduling": {**SPOT, "preemptionNoticeDuration": {"seconds": 90}}}
     ),
+    "gcp-alert-durations": res(
+        "gcp:monitoring/alertPolicy:AlertPolicy",
+        {"conditions": [{"displayName": "c", "conditionThreshold": {"duration": "90s"}}]},
+    ),
     "artifact-registry-remote-upstream": res(
         "gcp:artifactregistry/repository:Repository",
         {"mode": "REMOTE_REPOSITORY", "format": "DOCKER", "remoteRepositoryConfig": {"description": "none"}},
@@ -449,3 +453,15 @@ def test_a_push_subscription_whose_deadline_is_shorter_than_its_functions_timeou
     resources = res_view(recording(stack))
     linked = [r for r in resources if r.type == SUBSCRIPTION and r.deps("pushConfig")]
     assert linked and gcp_policies.push_outlasts_its_function(resources) == []
+
+
+def test_an_absence_longer_than_monitoring_allows_is_caught_and_the_stacks_alerts_pass():
+    long = res(
+        "gcp:monitoring/alertPolicy:AlertPolicy",
+        {"conditions": [{"displayName": "silent", "conditionAbsent": {"duration": "86400s"}}]},
+    )
+    assert gcp_policies.alert_durations_valid(long) == [
+        "silent: an absence of 86400 s is outside 1 minute to 23.5 hours"
+    ]
+    for r in res_view(recording("gcp-prod")):
+        assert gcp_policies.alert_durations_valid(r) == [], r.name
