@@ -1,29 +1,31 @@
 """`ftfleet failover STACK --to OTHER`: move a run from one region of an environment to
-the other by hand (AWS), printing each step; a failback is the same with the names
-swapped (docs/FAILOVER.md, "Moving the job").
+the other by hand (AWS or GCP), printing each step; a failback is the same with the
+names swapped (docs/FAILOVER.md, "Moving the job").
 
 It reads both stacks' outputs (`pulumi stack output --json`, or ``--outputs DIR`` holding
-``<stack>.json``) and acts through the AWS APIs only. Before changing anything it checks
-that the move is safe, and refuses with one line otherwise, with nothing changed:
+``<stack>.json``) and acts through the cloud's APIs only. Before changing anything it
+checks that the move is safe, and refuses with one line otherwise, with nothing changed:
 
-* the two stacks are a home and its standby (``standby_of``), of one run;
+* the two stacks are a home and its standby (``standby_of``), of one run and one cloud;
 * the target has its file system (a standby with ``standbyFastTier: on-failover`` needs
-  ``standbyActive`` and a ``pulumi up`` first);
-* the trainer image is in the target region's registry;
+  ``standbyActive`` and a ``pulumi up`` first; on GCP that also makes its groups);
+* AWS: the trainer image is in the target region's registry (a GCP standby's remote
+  repository pulls it from the home's on first use);
 * the target's primary bucket holds a checkpoint that verifies (every file's size
   against its manifest);
 * the run lease is not held by a third holder, and the target does not hold it already.
 
 Then the steps of :class:`~ftfleet.lambdas.common.move.Move`, the same a standby's
-capacity_watch takes by itself: the source's groups go to 0 (each node's termination
-hook takes an emergency checkpoint); once Auto Scaling lists none of their instances, it
-waits until the target's primary holds the newest step that verifies in the source's
-(S3 replicates most objects in seconds, 99.99 % within 15 minutes under Replication
-Time Control, with no bound without it); it releases the run lease for the source (no
-instance of it is left to commit); the target's groups take the job's size (the
-source's worker group's, or ``--workers``). The move's state lives in tags on the
-source's worker group: a command that ran out of ``--wait-s``, or a function that began
-the move, is finished by the same command again.
+capacity watch takes by itself: the source's groups go to 0 (each node's termination
+hook or shutdown script takes an emergency checkpoint); once the cloud lists none of
+their instances, it waits until the target's primary holds the newest step that
+verifies in the source's (S3 replicates most objects in seconds, 99.99 % within 15
+minutes under Replication Time Control, with no bound without it; a GCP pair shares one
+bucket); the target's groups take the job's size (the source's worker groups', or
+``--workers`` for the main one). The target's nodes take the run lease once the
+source's has run out. The move's record lives with the source (AWS: tags on its worker
+group; GCP: an object beside the checkpoints): a command that ran out of ``--wait-s``,
+or a function that began the move, is finished by the same command again.
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ from ftfleet.lambdas.common import aws
 from ftfleet.lambdas.common.move import JOB_WORKERS_TAG, LeaseRef, Move, Refused, Side
 
 __all__ = ["JOB_WORKERS_TAG", "Failover", "Refused", "Stack", "load_outputs"]
-#: The outputs a stack must have for a failover (infra/aws/stack.py).
-NEEDED = ("region", "run_id", "checkpoint_uri", "lease_uri", "coordinator_group", "worker_group", "trainer_image")
+#: The outputs a stack must have for a failover, per cloud (infra/aws/stack.py,
+#: infra/gcp/stack.py).
+NEEDED = {
+    "aws": ("region", "run_id", "checkpoint_uri", "lease_uri", "coordinator_group", "worker_group", "trainer_image"),
+    "gcp": ("region", "project", "run_id", "checkpoint_uri", "lease_uri", "coordinator_group", "worker_group"),
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,14 @@ class Stack:
     @property
     def standby_of(self) -> str:
         return str(self.outputs.get("standby_of") or "")
+
+    @property
+    def cloud(self) -> str:
+        return "gcp" if str(self.outputs.get("checkpoint_uri", "")).startswith("gs://") else "aws"
+
+    @property
+    def has_file_system(self) -> bool:
+        return bool(self.outputs.get("file_system_mount" if self.cloud == "gcp" else "fsx_dns_name"))
 
 
 def load_outputs(name: str, directory: Path | None) -> Stack:
@@ -90,19 +104,40 @@ def load_outputs(name: str, directory: Path | None) -> Stack:
         outputs = json.loads(done.stdout or "{}")
     if not isinstance(outputs, dict):
         raise Refused(f"{name}: its outputs are not a JSON object")
-    if str(outputs.get("checkpoint_uri", "")).startswith("gs://"):
-        raise Refused(f'{name} is a GCP stack: move its run by hand (docs/FAILOVER.md, "Moving the job")')
-    missing = [k for k in NEEDED if not outputs.get(k)]
+    stack = Stack(name, outputs)
+    if stack.cloud == "gcp" and stack.standby_of and not stack.has_file_system:
+        raise Refused(_inactive(name))
+    missing = [k for k in NEEDED[stack.cloud] if not outputs.get(k)]
     if missing:
         raise Refused(
             f"{name} is not deployed with this version of ftfleet (no {', '.join(missing)}): run `pulumi up -s {name}`"
         )
-    return Stack(name, outputs)
+    return stack
+
+
+def _inactive(name: str) -> str:
+    return (
+        f"{name} has no file system yet: `pulumi config set ftfleet:standbyActive true -s {name}` "
+        f"and `pulumi up -s {name}` first"
+    )
 
 
 def side(stack: Stack) -> Side:
-    bucket, _, root = str(stack["checkpoint_uri"]).removeprefix("s3://").partition("/")
-    return Side(stack.name, stack["region"], stack["coordinator_group"], stack["worker_group"], bucket, root.strip("/"))
+    _, _, rest = str(stack["checkpoint_uri"]).partition("://")
+    bucket, _, root = rest.partition("/")
+    main = stack["worker_group"]
+    more = tuple(g for g in stack.outputs.get("worker_groups") or [] if isinstance(g, str) and g and g != main)
+    return Side(
+        stack.name,
+        stack["region"],
+        stack["coordinator_group"],
+        main,
+        bucket,
+        root.strip("/"),
+        cloud=stack.cloud,
+        project=str(stack.outputs.get("project") or ""),
+        more_worker_groups=more,
+    )
 
 
 class Failover:
@@ -137,14 +172,14 @@ class Failover:
         s, t = self.source, self.target
         if not (t.standby_of == s.name or s.standby_of == t.name):
             raise Refused(f"{t.name} is not {s.name}'s standby, nor {s.name} {t.name}'s: set ftfleet:standbyOf")
+        if s.cloud != t.cloud:
+            raise Refused(f"{s.name} is on {s.cloud} and {t.name} on {t.cloud}: a run moves within one cloud")
         if s["run_id"] != t["run_id"] or s["lease_uri"] != t["lease_uri"]:
             raise Refused(f"{s.name} and {t.name} train different runs or leases; deploy both with one run")
-        if not t.outputs.get("fsx_dns_name"):
-            raise Refused(
-                f"{t.name} has no file system yet: `pulumi config set ftfleet:standbyActive true -s {t.name}` "
-                f"and `pulumi up -s {t.name}` first"
-            )
-        self._check_image()
+        if not t.has_file_system:
+            raise Refused(_inactive(t.name))
+        if t.cloud == "aws":
+            self._check_image()
 
     def _check_image(self) -> None:
         t = self.target
@@ -170,7 +205,7 @@ class Failover:
     def run(self, dry_run: bool = False) -> int:
         s, t = self.source, self.target
         self.check_stacks()
-        self.say(f"checked: {t.name} has its file system and the image")
+        self.say(f"checked: {t.name} has its file system{' and the image' if t.cloud == 'aws' else ''}")
         if dry_run:
             if self.move.under_way():
                 self.say(f"dry run: a move from {s.name} to {t.name} is under way; the same command goes on with it")
@@ -178,7 +213,7 @@ class Failover:
             step, workers = self.move.check()
             self.say(
                 f"dry run: step-{step} verifies in {t['checkpoint_uri']}; would stop {s.name}'s groups and start "
-                f"{t.name}'s with 1 coordinator + {workers} workers"
+                f"{t.name}'s with 1 coordinator + {sum(workers)} workers"
             )
             return 0
         deadline = self.clock() + self.wait_s
@@ -190,12 +225,24 @@ class Failover:
                         "command again (it goes on from where the move stands)"
                     )
                 self.sleep(self.poll_s)
-        except aws.ClientError as exc:
-            raise UserError(
-                f"{aws.error_code(exc)}: {exc}; the steps printed above were done: run the same command again"
-            ) from None
+        except cloud_errors() as exc:
+            code = aws.error_code(exc) or type(exc).__name__
+            raise UserError(f"{code}: {exc}; the steps printed above were done: run the same command again") from None
         self.say(f"{t.name} takes the lease when {s.name}'s runs out")
         return 0
+
+
+def cloud_errors() -> tuple[type[BaseException], ...]:
+    """What a cloud's API raises for a call it refused or could not answer."""
+    errors: list[type[BaseException]] = [aws.ClientError]
+    try:
+        import requests
+        from google.api_core.exceptions import GoogleAPIError
+
+        errors += [requests.RequestException, GoogleAPIError]
+    except ImportError:  # an AWS-only install
+        pass
+    return tuple(errors)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "failover",
-        help="move a run to its other region (AWS): checks first, then each step",
+        help="move a run to its other region: checks first, then each step",
         description=__doc__.split("\n")[0],
     )
     p.add_argument("stack", help="the stack that trains the run now")

@@ -1,22 +1,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
-from ftfleet.lambdas.common.config import NAMES, SECONDS, Codec, StackConfig, var
+from ftfleet.lambdas.common.config import NAMES, PAIR, SECONDS, StackConfig, var
 from ftfleet.lambdas.common.pair import Pair
-
-
-def _pair(raw: str) -> Pair:
-    return Pair.of(json.loads(raw))
-
-
-#: A standby's home and lease; rendered empty (no failover) for every other stack.
-PAIR = Codec(
-    _pair,
-    lambda v: "" if v is None else json.dumps(v.to_json(), sort_keys=True, separators=(",", ":")),
-    "a JSON object naming the home, the standby and the run lease",
-)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -31,9 +31,9 @@ import re
 from typing import Any
 
 from ftfleet.lambdas.capacity_watch.config import Config
-from ftfleet.lambdas.common import aws, capacity, eventbridge, runtime
+from ftfleet.lambdas.common import aws, capacity, eventbridge, move, runtime
 from ftfleet.lambdas.common.log import DecisionLog
-from ftfleet.lambdas.common.move import Move, Pair, Refused
+from ftfleet.lambdas.common.move import Pair, Side
 
 NAME = "capacity_watch"
 #: A failed launch's status message that means the cloud had no capacity
@@ -119,48 +119,19 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     fields: dict[str, Any] = {"groups": groups, "missing_groups": missing, "loss_s": cfg.loss_s}
     decision, level = capacity.decision(longest, cfg.loss_s, short_nodes)
     if cfg.failover is not None:
-        moved = failover(cfg.failover, cfg.loss_s, now)
-        fields["failover"] = moved
-        if moved.get("refused"):
-            decision, level = "failover-refused", "ERROR"
-        elif moved.get("steps"):
-            decision, level = "failover", "WARNING"
+        fields["failover"] = failover(cfg.failover, cfg.loss_s, now)
+        decision, level = move.outcome(fields["failover"], decision, level)
     return log.decision(decision, level=level, **fields)
 
 
 def failover(pair: Pair, loss_s: float, now: float) -> dict[str, Any]:
     """The move's next step, if one is under way or due (module doc); what was done."""
-    steps: list[str] = []
-    sides = ((pair.home, pair.standby), (pair.standby, pair.home))
-    moves = [
-        Move(a, b, pair.lease, replication_wait_s=pair.replication_wait_s, say=steps.append, clock=lambda: now)
-        for a, b in sides
-    ]
-    try:
-        for move in moves:
-            if move.under_way():
-                done = move.advance()
-                return {"move": f"{move.source.stack} -> {move.target.stack}", "done": done, "steps": steps}
-        training = [m for m in moves if asks_for_workers(m.source)]
-        if len(training) != 1:
-            where = "both regions" if training else "neither region"
-            return {"move": None, "trains_in": where}
-        move = training[0]
-        source = move.source
-        _, longest, _ = measure(
-            aws.client("autoscaling", source.region), (source.coordinator_group, source.worker_group), now
-        )
-        if longest < loss_s:
-            return {"move": None, "trains_in": source.stack, "short_for_capacity_s": round(longest, 1)}
-        move.advance()
-        return {"move": f"{source.stack} -> {move.target.stack}", "done": False, "steps": steps}
-    except Refused as exc:
-        return {"move": None, "refused": str(exc), "steps": steps}
 
+    def short_for(side: Side) -> float:
+        groups = (side.coordinator_group, side.worker_group)
+        return measure(aws.client("autoscaling", side.region), groups, now)[1]
 
-def asks_for_workers(side: Any) -> bool:
-    got = aws.client("autoscaling", side.region).describe_auto_scaling_groups(AutoScalingGroupNames=[side.worker_group])
-    return any(int(g["DesiredCapacity"]) > 0 for g in got["AutoScalingGroups"])
+    return move.drive(pair, loss_s, now, short_for)
 
 
 runtime.prime(Config)

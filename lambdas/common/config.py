@@ -72,6 +72,21 @@ def _document(raw: str) -> dict[str, Any]:
 TEXT = Codec(_text, str, "a non-empty string")
 NAMES = Codec(_names, lambda v: json.dumps(list(v)), "a JSON list of names")
 SECONDS = Codec(_seconds, lambda v: f"{v:g}", "a positive number of seconds")
+
+
+def _pair(raw: str) -> Any:
+    from ftfleet.lambdas.common.pair import Pair
+
+    return Pair.of(json.loads(raw))
+
+
+#: A standby's home and lease (lambdas/common/pair.py); rendered empty (no failover)
+#: for every other stack.
+PAIR = Codec(
+    _pair,
+    lambda v: "" if v is None else json.dumps(v.to_json(), sort_keys=True, separators=(",", ":")),
+    "a JSON object naming the home, the standby and the run lease",
+)
 COUNT = Codec(_count, str, "a whole number >= 1")
 DOCUMENT = Codec(_document, lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")), "a JSON object")
 

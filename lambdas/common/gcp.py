@@ -5,6 +5,7 @@
 * :func:`storage` is the Cloud Storage client, built on first use (never at import):
   Application Default Credentials in Cloud Functions, the emulator named by
   ``STORAGE_EMULATOR_HOST`` in tests;
+* :class:`Checkpoints` lists a run's checkpoints in a bucket;
 * :func:`update_json` is a read-modify-write that no concurrent writer can undo
   (generation preconditions), the counterpart of ``aws.update_json``;
 * :func:`write_metrics` writes custom metrics through Cloud Monitoring's REST API
@@ -26,6 +27,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
+from ftfleet.lambdas.common import checkpoints
 from ftfleet.lambdas.common.events import Dropped, mapping
 
 MONITORING = "https://monitoring.googleapis.com"
@@ -88,6 +90,30 @@ def storage() -> Any:
 def reset() -> None:
     """Forget clients (tests change the environment between cases)."""
     _clients.clear()
+
+
+class Checkpoints(checkpoints.CheckpointListing):
+    """A run's checkpoints in one Cloud Storage bucket."""
+
+    def __init__(self, name: str, root: str):
+        super().__init__(name, root)
+        self.bucket = storage().bucket(name)
+
+    def child_prefixes(self, prefix: str) -> list[str]:
+        pages = storage().list_blobs(self.name, prefix=prefix, delimiter="/")
+        for _ in pages:  # the prefixes are known once the pages are read
+            pass
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in pages.prefixes]
+
+    def arrival(self, key: str) -> float | None:
+        blob = self.bucket.get_blob(key)
+        return blob.time_created.timestamp() if blob is not None and blob.time_created else None
+
+    def read(self, key: str) -> bytes:
+        return self.bucket.blob(key).download_as_bytes()
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return {b.name[len(prefix) :]: int(b.size or 0) for b in storage().list_blobs(self.name, prefix=prefix)}
 
 
 def read_json(bucket: str, key: str) -> tuple[Any, int]:

@@ -1,35 +1,38 @@
-"""Moving a run between a home stack and its standby (AWS), one step at a time
-(docs/FAILOVER.md, "Moving the job").
+"""Moving a run between a home stack and its standby, one step at a time
+(docs/FAILOVER.md, "Moving the job"), on either cloud.
 
 Two callers drive the same :class:`Move`: `ftfleet failover` advances it until it is
-done, printing each step; a standby's capacity_watch advances it once per scheduled
-invocation after a region has lacked capacity for ``capacityLossMinutes``. Where a move
-stands is read from the cloud each time, never from the caller's memory, so either can
-finish a move the other began, and a rerun after an error picks up where it stopped.
-The move's own state is three tags on the source's worker group: :data:`MOVE_TO_TAG`
-(the target stack), :data:`JOB_WORKERS_TAG` (the job's worker nodes) and
-:data:`MOVE_SINCE_TAG` (when the source was stopped, epoch seconds).
+done, printing each step; a standby's capacity watch advances it once per scheduled
+invocation after a region has lacked capacity for ``capacityLossMinutes``
+(:func:`drive`). Where a move stands is read from the cloud each time, never from the
+caller's memory, so either can finish a move the other began, and a rerun after an
+error picks up where it stopped. The move's own record (:class:`Record`: the target
+stack, the job's worker nodes, when the source was stopped) is kept by the cloud's
+:class:`Fleet`: on AWS three tags on the source's worker group (:data:`MOVE_TO_TAG`,
+:data:`JOB_WORKERS_TAG`, :data:`MOVE_SINCE_TAG`), on GCP an object in the run's bucket
+written with generation preconditions (lambdas/common/gcp_fleet.py).
 
 Each call of :meth:`Move.advance` takes the first step not yet done:
 
-1. **begin** (no tag yet): the checks, each refusing with one line and nothing changed
-   (:class:`Refused`): the target's primary holds a checkpoint that verifies (its
+1. **begin** (no record yet): the checks, each refusing with one line and nothing
+   changed (:class:`Refused`): the target's primary holds a checkpoint that verifies (its
    manifest and every file it lists, at the listed size); the run lease is held neither
    by the target nor by a third holder whose lease is current; the target's worker
-   group takes the job's size. Then the tags, and the source's groups go to 0 (each
-   node's termination hook takes an emergency checkpoint first).
-2. **source leaving**: the source's groups at 0 (a resize refused after the tags were
-   written is taken again), until Auto Scaling lists none of their instances (those in
-   ``Terminating:Wait``, writing their emergency checkpoint, included).
+   groups take the job's size. Then the record, and the source's groups go to 0 (each
+   node's termination hook or shutdown script takes an emergency checkpoint first).
+2. **source leaving**: the source's groups at 0 (a resize refused after the record was
+   written is taken again), until the cloud lists none of their instances (those still
+   writing their emergency checkpoint included).
 3. **replication**: until the target's primary holds the source's newest verified step,
    at most ``replication_wait_s`` after that checkpoint was written; past that, the
    move goes on from the newest step the target holds, and says which steps it gives up.
-4. **start**: the target's groups take one coordinator and the job's workers; the tags
-   go. The move is done. The target's nodes take the run lease once the source's has
+   (On GCP both sides read one dual-region bucket: nothing to wait for.)
+4. **start**: the target's groups take one coordinator and the job's workers; the record
+   goes. The move is done. The target's nodes take the run lease once the source's has
    run out (``ttl_s`` plus the skew after its last renewal): the move never releases
-   it for the source, as an instance Auto Scaling no longer lists (detached, or still
-   shutting down) may still hold it, and only its running out proves that it commits
-   no more.
+   it for the source, as an instance the cloud no longer lists (detached, abandoned, or
+   still shutting down) may still hold it, and only its running out proves that it
+   commits no more.
 
 Every step is idempotent: two movers at once (the function and a person's command)
 take the same steps.
@@ -37,16 +40,31 @@ take the same steps.
 
 from __future__ import annotations
 
+import abc
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ftfleet.errors import UserError
-from ftfleet.lambdas.common import aws
+from ftfleet.lambdas.common import checkpoints
 from ftfleet.lambdas.common.pair import REPLICATION_WAIT_S, LeaseRef, Pair, Side
 
-__all__ = ["JOB_WORKERS_TAG", "MOVE_SINCE_TAG", "MOVE_TO_TAG", "LeaseRef", "Move", "Pair", "Refused", "Side"]
+__all__ = [
+    "JOB_WORKERS_TAG",
+    "MOVE_SINCE_TAG",
+    "MOVE_TO_TAG",
+    "Fleet",
+    "LeaseRef",
+    "Move",
+    "Pair",
+    "Record",
+    "Refused",
+    "Side",
+    "drive",
+    "outcome",
+]
 
 #: On the source's worker group while a move is under way: the target stack.
 MOVE_TO_TAG = "ftfleet:failover-to"
@@ -63,9 +81,89 @@ class Refused(UserError):
     exit_code = 1
 
 
-def newest_verified(side: Side) -> int | None:
+@dataclass(frozen=True)
+class Record:
+    """A move under way, as its :class:`Fleet` keeps it."""
+
+    to: str
+    """The target stack."""
+    workers: tuple[int, ...]
+    """The job's nodes in each worker group (``Side.worker_groups``, by position)."""
+    since: float
+    """When the source's groups were set to 0 (epoch seconds)."""
+
+    def fields(self) -> dict[str, str]:
+        return {"to": self.to, "workers": ",".join(map(str, self.workers)), "since": str(math.floor(self.since))}
+
+    @classmethod
+    def of(cls, fields: dict[str, str]) -> Record:
+        """From :meth:`fields`' mapping; raises ValueError."""
+        workers = tuple(int(n) for n in fields["workers"].split(","))
+        since = float(fields["since"])
+        if not fields["to"] or any(n < 0 for n in workers) or not math.isfinite(since):
+            raise ValueError("out of range")
+        return cls(fields["to"], workers, since)
+
+
+class Fleet(abc.ABC):
+    """What a move reads and changes in one cloud: the sides' groups, the record of the
+    move under way, the checkpoints in a side's primary bucket and the run lease. A
+    group that does not exist is :class:`Refused`, naming the `pulumi up` that makes it."""
+
+    #: Where a record that does not read is, and how to clear it (a Refused names both).
+    record_place = "the move's record"
+
+    @abc.abstractmethod
+    def sizes(self, side: Side, group: str) -> tuple[int, int, int | None]:
+        """(nodes asked for, the group's floor, its most or None where it has none)."""
+
+    @abc.abstractmethod
+    def resize(self, side: Side, group: str, size: int) -> str:
+        """Floor and nodes asked for to ``size``; what was set, in the cloud's words."""
+
+    @abc.abstractmethod
+    def listed(self, side: Side, group: str) -> int:
+        """The group's instances the cloud lists, running or still leaving."""
+
+    @abc.abstractmethod
+    def record(self, source: Side) -> dict[str, str]:
+        """The record of a move out of ``source`` as stored (:meth:`Record.fields`'
+        keys, any of them missing); empty when none is under way."""
+
+    @abc.abstractmethod
+    def write_record(self, source: Side, record: Record) -> None:
+        """Store the record; a concurrent mover's record, already there, is kept."""
+
+    @abc.abstractmethod
+    def clear_record(self, source: Side) -> None: ...
+
+    @abc.abstractmethod
+    def checkpoints(self, side: Side) -> checkpoints.CheckpointListing: ...
+
+    @abc.abstractmethod
+    def read_lease(self, lease: LeaseRef) -> tuple[Any, str]:
+        """(the lease's document, None when there is none; its URI)."""
+
+    def cannot_start(self, side: Side) -> str | None:
+        """Why ``side`` could not take the run (a refusal's line), or None."""
+        return None
+
+
+def fleet_for(side: Side) -> Fleet:
+    """The side's cloud's :class:`Fleet` (imported here: a function packs one cloud's
+    client library)."""
+    if side.cloud == "gcp":
+        from ftfleet.lambdas.common.gcp_fleet import GcpFleet
+
+        return GcpFleet()
+    from ftfleet.lambdas.common.aws_fleet import AwsFleet
+
+    return AwsFleet()
+
+
+def newest_verified(side: Side, fleet: Fleet | None = None) -> int | None:
     """The newest step in ``side``'s primary whose manifest and files are all there."""
-    listing = aws.Checkpoints(side.bucket, side.region, side.root)
+    listing = (fleet or fleet_for(side)).checkpoints(side)
     return listing.newest_complete(listing.steps())
 
 
@@ -82,41 +180,28 @@ class Move:
         replication_wait_s: float = REPLICATION_WAIT_S,
         say: Callable[[str], None] = print,
         clock: Callable[[], float] = time.time,
+        fleet: Fleet | None = None,
     ) -> None:
         self.source, self.target, self.lease = source, target, lease
         self.workers, self.replication_wait_s = workers, replication_wait_s
         self.say, self.clock = say, clock
+        self.fleet = fleet or fleet_for(source)
 
     # -- reading the cloud ----------------------------------------------------------
 
-    def _asg(self, side: Side) -> Any:
-        return aws.client("autoscaling", side.region)
-
-    def _group(self, side: Side, name: str) -> dict[str, Any]:
-        got = self._asg(side).describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
-        if not got:
-            raise Refused(f"{side.stack}'s group {name} is not in {side.region}: run `pulumi up -s {side.stack}`")
-        return got[0]
-
-    def tags(self) -> dict[str, str]:
-        """The move's tags on the source's worker group."""
-        group = self._group(self.source, self.source.worker_group)
-        return {t["Key"]: t["Value"] for t in group.get("Tags", []) if t["Key"] in TAGS}
-
     def under_way(self) -> bool:
-        return self.tags().get(MOVE_TO_TAG) == self.target.stack
+        return self.fleet.record(self.source).get("to") == self.target.stack
 
     def instances(self, side: Side) -> int:
-        """The side's instances Auto Scaling lists, in service or still leaving."""
-        return sum(len(self._group(side, g).get("Instances", [])) for g in (side.coordinator_group, side.worker_group))
+        """The side's instances the cloud lists, in service or still leaving."""
+        return sum(self.fleet.listed(side, g) for g in (side.coordinator_group, *side.worker_groups))
 
     def lease_document(self) -> dict[str, Any] | None:
         """The lease as stored; None when there is none. Raises :class:`Refused` for a
         document that is not this run's lease."""
-        doc, _ = aws.read_json(self.lease.bucket, self.lease.key, self.lease.region)
+        doc, where = self.fleet.read_lease(self.lease)
         if doc is None:
             return None
-        where = f"s3://{self.lease.bucket}/{self.lease.key}"
         try:
             holder, expires = str(doc["holder"]), float(doc["expires_at"])
         except (TypeError, KeyError, ValueError):
@@ -132,11 +217,19 @@ class Move:
 
     # -- the checks -----------------------------------------------------------------
 
-    def check(self) -> tuple[int, int]:
-        """The checks of step 1; (the target's newest verified step, the job's worker
-        nodes). Raises :class:`Refused`."""
+    def check(self) -> tuple[int, tuple[int, ...]]:
+        """The checks of step 1; (the target's newest verified step, the job's nodes per
+        worker group). Raises :class:`Refused`."""
         s, t = self.source, self.target
-        step = newest_verified(t)
+        if len(t.worker_groups) != len(s.worker_groups):
+            raise Refused(
+                f"{s.stack} has worker groups {', '.join(s.worker_groups)} and {t.stack} "
+                f"{', '.join(t.worker_groups)}: give both stacks the same worker settings"
+            )
+        blocked = self.fleet.cannot_start(t)
+        if blocked:
+            raise Refused(blocked)
+        step = newest_verified(t, self.fleet)
         if step is None:
             raise Refused(f"{t.uri} holds no checkpoint that verifies: nothing to resume there")
         doc = self.lease_document()
@@ -147,17 +240,16 @@ class Move:
                 raise Refused(
                     f"the run lease is held by {doc['holder']}, neither {s.stack} nor {t.stack}: stop it first"
                 )
-        workers = self.workers
-        if workers is None:
-            group = self._group(s, s.worker_group)
-            workers = max(int(group["DesiredCapacity"]), int(group["MinSize"]))
-        if workers < 1:
+        if self.workers is not None:
+            workers = (self.workers, *(max(self.fleet.sizes(s, g)[:2]) for g in s.more_worker_groups))
+        else:
+            workers = tuple(max(self.fleet.sizes(s, g)[:2]) for g in s.worker_groups)
+        if workers[0] < 1:
             raise Refused(f"{s.stack}'s worker group is at 0: the run does not train there (give the job's size)")
-        most = int(self._group(t, t.worker_group)["MaxSize"])
-        if workers > most:
-            raise Refused(
-                f"{t.stack}'s worker group takes at most {most} nodes, not {workers}: raise its workerMaxSize"
-            )
+        for group, n in zip(t.worker_groups, workers, strict=True):
+            most = self.fleet.sizes(t, group)[2]
+            if most is not None and n > most:
+                raise Refused(f"{t.stack}'s group {group} takes at most {most} nodes, not {n}: raise its maximum")
         return step, workers
 
     # -- the steps ------------------------------------------------------------------
@@ -167,38 +259,40 @@ class Move:
         Raises :class:`Refused` (step 1, nothing changed) or a client error (a rerun
         takes the step again)."""
         s, t = self.source, self.target
-        tags = self.tags()
-        moving_to = tags.get(MOVE_TO_TAG)
+        fields = self.fleet.record(s)
+        moving_to = fields.get("to")
         if moving_to and moving_to != t.stack:
             raise Refused(f"{s.stack} is being moved to {moving_to}, not {t.stack}: finish that move first")
         if not moving_to:
             self._begin()
             return False
         try:
-            workers, since = int(tags[JOB_WORKERS_TAG]), float(tags[MOVE_SINCE_TAG])
+            record = Record.of(fields)
+            if len(record.workers) != len(s.worker_groups):
+                raise ValueError("one size per worker group")
         except (KeyError, ValueError):
             raise Refused(
-                f"{s.stack}'s worker group has {MOVE_TO_TAG} without a readable {JOB_WORKERS_TAG} and "
-                f"{MOVE_SINCE_TAG}: remove the three tags and start the move again"
+                f"{s.stack}'s move to {moving_to} has no readable job size and start time: remove "
+                f"{self.fleet.record_place} and start the move again"
             ) from None
-        # A resize refused after the tags were written (ScalingActivityInProgress,
-        # ResourceContention) or cut short is taken again: the step is idempotent.
-        for name in (s.coordinator_group, s.worker_group):
-            group = self._group(s, name)
-            if int(group["DesiredCapacity"]) or int(group["MinSize"]):
-                self._resize(s, name, 0)
+        # A resize refused after the record was written (Auto Scaling's
+        # ScalingActivityInProgress, a MIG's operation in progress) or cut short is
+        # taken again: the step is idempotent.
+        for group in (s.coordinator_group, *s.worker_groups):
+            if max(self.fleet.sizes(s, group)[:2]):
+                self._resize(s, group, 0)
         left = self.instances(s)
         if left:
             self.say(f"waiting: {left} instance(s) of {s.stack} still leaving")
             return False
-        source = aws.Checkpoints(s.bucket, s.region, s.root)
-        wanted, have = source.newest_complete(source.steps()), newest_verified(t)
+        source = self.fleet.checkpoints(s)
+        wanted, have = source.newest_complete(source.steps()), newest_verified(t, self.fleet)
         if wanted is not None and (have is None or have < wanted):
-            # Replication's clock (RTC: 99.99 % within 15 minutes) runs per object from
-            # its upload: the newest checkpoint's, which the termination hook may have
-            # written long after the source was told to stop.
-            written = source.committed_at(wanted) or since
-            waited = self.clock() - max(written, since)
+            # Replication's clock (S3 RTC: 99.99 % within 15 minutes) runs per object
+            # from its upload: the newest checkpoint's, which the termination hook may
+            # have written long after the source was told to stop.
+            written = source.committed_at(wanted) or record.since
+            waited = self.clock() - max(written, record.since)
             if have is None or waited < self.replication_wait_s:
                 self.say(f"waiting: {t.uri} holds step-{have}, {s.stack}'s newest is step-{wanted} ({waited:.0f} s)")
                 return False
@@ -207,13 +301,11 @@ class Move:
                 f"step-{have} (the steps after it are computed again)"
             )
         self._resize(t, t.coordinator_group, 1)
-        self._resize(t, t.worker_group, workers)
-        # DeleteTags with a value deletes only a tag of that value: the keys alone.
-        self._asg(s).delete_tags(
-            Tags=[{"ResourceId": s.worker_group, "ResourceType": "auto-scaling-group", "Key": k} for k in TAGS]
-        )
+        for group, n in zip(t.worker_groups, record.workers, strict=True):
+            self._resize(t, group, n)
+        self.fleet.clear_record(s)
         self.say(
-            f"started {t.stack}: 1 coordinator + {workers} workers; it resumes from step-{have} once "
+            f"started {t.stack}: 1 coordinator + {sum(record.workers)} workers; it resumes from step-{have} once "
             f"{s.stack}'s run lease has run out"
         )
         return True
@@ -221,27 +313,66 @@ class Move:
     def _begin(self) -> None:
         s, t = self.source, self.target
         step, workers = self.check()
-        self.say(f"checked: {t.uri} has step-{step} verified; the lease allows the move; {workers} workers")
-        self._asg(s).create_or_update_tags(
-            Tags=[
-                self._tag(MOVE_TO_TAG, t.stack),
-                self._tag(JOB_WORKERS_TAG, str(workers)),
-                self._tag(MOVE_SINCE_TAG, str(math.floor(self.clock()))),
-            ]
-        )
-        self._resize(s, s.coordinator_group, 0)
-        self._resize(s, s.worker_group, 0)
+        self.say(f"checked: {t.uri} has step-{step} verified; the lease allows the move; {sum(workers)} workers")
+        self.fleet.write_record(s, Record(t.stack, workers, math.floor(self.clock())))
+        for group in (s.coordinator_group, *s.worker_groups):
+            self._resize(s, group, 0)
         self.say(f"stopping {s.stack}: its groups go to 0; each node takes an emergency checkpoint first")
 
-    def _resize(self, side: Side, name: str, size: int) -> None:
-        self._asg(side).update_auto_scaling_group(AutoScalingGroupName=name, MinSize=size, DesiredCapacity=size)
-        self.say(f"  {side.region} {name}: min {size}, desired {size}")
+    def _resize(self, side: Side, group: str, size: int) -> None:
+        self.say(f"  {side.region} {group}: {self.fleet.resize(side, group, size)}")
 
-    def _tag(self, key: str, value: str) -> dict[str, Any]:
-        return {
-            "ResourceId": self.source.worker_group,
-            "ResourceType": "auto-scaling-group",
-            "Key": key,
-            "Value": value,
-            "PropagateAtLaunch": False,
-        }
+
+def drive(
+    pair: Pair,
+    loss_s: float,
+    now: float,
+    short_for: Callable[[Side], float],
+    fleet: Fleet | None = None,
+) -> dict[str, Any]:
+    """A standby's capacity watch's part in a move: the next step of the move under way;
+    else, when exactly one side's main worker group asks for nodes (the region the run
+    trains in) and ``short_for(that side)`` (the longest its groups have been short for
+    want of capacity, seconds) has reached ``loss_s``, the first step of a move to the
+    other side. Returns what was done, for the decision log."""
+    steps: list[str] = []
+    fleet = fleet or fleet_for(pair.home)
+    moves = [
+        Move(
+            a,
+            b,
+            pair.lease,
+            replication_wait_s=pair.replication_wait_s,
+            say=steps.append,
+            clock=lambda: now,
+            fleet=fleet,
+        )
+        for a, b in ((pair.home, pair.standby), (pair.standby, pair.home))
+    ]
+    try:
+        for move in moves:
+            if move.under_way():
+                done = move.advance()
+                return {"move": f"{move.source.stack} -> {move.target.stack}", "done": done, "steps": steps}
+        training = [m for m in moves if fleet.sizes(m.source, m.source.worker_group)[0] > 0]
+        if len(training) != 1:
+            where = "both regions" if training else "neither region"
+            return {"move": None, "trains_in": where}
+        move = training[0]
+        longest = short_for(move.source)
+        if longest < loss_s:
+            return {"move": None, "trains_in": move.source.stack, "short_for_capacity_s": round(longest, 1)}
+        move.advance()
+        return {"move": f"{move.source.stack} -> {move.target.stack}", "done": False, "steps": steps}
+    except Refused as exc:
+        return {"move": None, "refused": str(exc), "steps": steps}
+
+
+def outcome(moved: dict[str, Any], decision: str, level: str) -> tuple[str, str]:
+    """The capacity watch's decision and level once :func:`drive` has run: a refused
+    move is an error, a step taken a warning; else the measurement's own."""
+    if moved.get("refused"):
+        return "failover-refused", "ERROR"
+    if moved.get("steps"):
+        return "failover", "WARNING"
+    return decision, level

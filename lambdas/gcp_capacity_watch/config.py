@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ftfleet.lambdas.common.config import NAMES, SECONDS, StackConfig, var
+from ftfleet.lambdas.common.config import NAMES, PAIR, SECONDS, StackConfig, var
 from ftfleet.lambdas.common.gcp import Metric
+from ftfleet.lambdas.common.pair import Pair
 
 LABELS = ("stack", "run")
 #: Written at every run of the watch (the stack's silence alert waits for it).
@@ -38,3 +39,9 @@ class Config(StackConfig):
     )
     bucket: str = var("FTFLEET_CKPT_BUCKET", "the checkpoint bucket, which holds the watch's state object")
     state_key: str = var("FTFLEET_STATE_KEY", "object the watch keeps its shortages in")
+    failover: Pair | None = var(
+        "FTFLEET_FAILOVER",
+        "a standby's home, itself and the run lease: the run moves to the region that has capacity (empty: never)",
+        PAIR,
+        default=None,
+    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftfleet.lambdas.common import checkpoints, gcp, runtime
+from ftfleet.lambdas.common import gcp, runtime
 from ftfleet.lambdas.common.log import DecisionLog
 from ftfleet.lambdas.gcp_replication_watch.config import IN_REPLICA, LAG, NEWEST_AGE, UNCONFIRMED, Config
 
@@ -31,30 +31,6 @@ NAME = "gcp_replication_watch"
 RPO_S = {"ASYNC_TURBO": 15 * 60.0, "DEFAULT": 12 * 3600.0}
 
 clock = runtime.Clock()
-
-
-class GcsBucket(checkpoints.CheckpointListing):
-    """A run's checkpoints in one Cloud Storage bucket."""
-
-    def __init__(self, name: str, root: str):
-        super().__init__(name, root)
-        self.bucket = gcp.storage().bucket(name)
-
-    def child_prefixes(self, prefix: str) -> list[str]:
-        pages = gcp.storage().list_blobs(self.name, prefix=prefix, delimiter="/")
-        for _ in pages:  # the prefixes are known once the pages are read
-            pass
-        return [p.rstrip("/").rsplit("/", 1)[-1] for p in pages.prefixes]
-
-    def arrival(self, key: str) -> float | None:
-        blob = self.bucket.get_blob(key)
-        return blob.time_created.timestamp() if blob is not None and blob.time_created else None
-
-    def read(self, key: str) -> bytes:
-        return self.bucket.blob(key).download_as_bytes()
-
-    def sizes(self, prefix: str) -> dict[str, int]:
-        return {b.name[len(prefix) :]: int(b.size or 0) for b in gcp.storage().list_blobs(self.name, prefix=prefix)}
 
 
 def handler(cloud_event: Any, context: Any = None) -> dict[str, Any]:
@@ -66,13 +42,13 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     if cfg.rpo not in RPO_S:
         raise ValueError(f"FTFLEET_BUCKET_RPO is {cfg.rpo!r}; use ASYNC_TURBO or DEFAULT")
     now = clock.now()
-    primary = GcsBucket(cfg.bucket, cfg.root)
+    primary = gcp.Checkpoints(cfg.bucket, cfg.root)
     steps = primary.steps()
     newest = primary.newest_complete(steps)
     newest_at = primary.committed_at(newest) if newest is not None else None
     replica_newest = None
     if cfg.replica_bucket:
-        replica = GcsBucket(cfg.replica_bucket, cfg.root)
+        replica = gcp.Checkpoints(cfg.replica_bucket, cfg.root)
         replica_newest = replica.newest_complete(replica.steps())
         waiting = [s for s in steps if replica_newest is None or s > replica_newest]
         times = [t for t in (primary.committed_at(s) for s in waiting) if t is not None]

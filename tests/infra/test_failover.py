@@ -15,7 +15,7 @@ from ftfleet.cli import main
 from ftfleet.errors import UserError
 from ftfleet.infra.failover import Failover, Refused, Stack
 from ftfleet.lambdas.common import aws
-from ftfleet.lambdas.common.move import MOVE_TO_TAG, LeaseRef, Move, Side
+from ftfleet.lambdas.common.move import LeaseRef, Move, Side
 from ftfleet.trainer.checkpoint.manifest import Manifest, checksum_file, object_key, write_manifest
 
 HOME_REGION, STANDBY_REGION = "us-east-1", "us-west-2"
@@ -185,13 +185,13 @@ def test_a_move_a_function_began_is_finished_by_the_command(world):
     target = Side("standby", STANDBY_REGION, "standby-coordinator", "standby-workers", REPLICA, f"checkpoints/{RUN}")
     move = Move(source, target, lease, say=began.append)
     assert move.advance() is False and "stopping home" in began[-1]
-    assert move.tags()[MOVE_TO_TAG] == "standby" and sizes(HOME_REGION, "home-workers")[:2] == (0, 0)
+    assert move.fleet.record(source)["to"] == "standby" and sizes(HOME_REGION, "home-workers")[:2] == (0, 0)
     replicate()
     said: list[str] = []
     assert failover(home, standby, said).run() == 0
     # It went on from the move's state: the move's own checks were its first step.
     assert not any(line.startswith("checked: s3://") for line in said) and "resumes from step-12" in said[-2]
-    assert sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3) and move.tags() == {}
+    assert sizes(STANDBY_REGION, "standby-workers")[:2] == (3, 3) and move.fleet.record(source) == {}
 
 
 def test_a_move_elsewhere_is_refused_while_one_is_under_way(world):
@@ -297,9 +297,3 @@ def test_the_command_line_reads_stack_outputs_and_refuses_a_stack_not_deployed_w
     (tmp_path / "standby.json").write_text(json.dumps(standby.outputs))
     assert main(["failover", "home", "--to", "standby", "--outputs", str(tmp_path), "--dry-run"]) == 0
     assert "checked: standby has its file system and the image" in capsys.readouterr().out
-
-
-def test_a_gcp_stack_is_moved_by_hand(tmp_path, capsys):
-    (tmp_path / "g.json").write_text(json.dumps({"checkpoint_uri": "gs://b/checkpoints/llm"}))
-    assert main(["failover", "g", "--to", "h", "--outputs", str(tmp_path)]) == 1
-    assert "g is a GCP stack: move its run by hand" in capsys.readouterr().err

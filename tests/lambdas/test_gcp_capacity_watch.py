@@ -1,31 +1,21 @@
-"""gcp_capacity_watch against a stand-in for Compute Engine's REST API, the Cloud Storage
-emulator (its state object; fake-gcs-server, tests/gcs_emulator.py) and the recording
-Cloud Monitoring of test_gcp_functions.py, which knows the watch's descriptors here.
-
-No Compute Engine emulator exists, so :class:`Compute` is a small HTTP server shaped as
-the API reference documents the three calls the watch makes on a regional managed
-instance group: ``regionInstanceGroupManagers.get`` (``targetSize``),
-``.listManagedInstances`` (POST; ``managedInstances[]`` with ``instanceStatus`` and
-``currentAction``) and ``.listErrors`` (GET; ``items[]`` with ``error.code``,
-``error.message`` and an RFC 3339 ``timestamp``), both lists paginated with
-``maxResults``/``pageToken``/``nextPageToken``, and 404 for a group that does not exist.
-It answers pages of two items, fewer than asked for, as the API may."""
+"""gcp_capacity_watch against the stand-in for Compute Engine's REST API
+(tests/gcp_compute.py), the Cloud Storage emulator (its state object; fake-gcs-server,
+tests/gcs_emulator.py) and the recording Cloud Monitoring of test_gcp_functions.py,
+which knows the watch's descriptors here."""
 
 from __future__ import annotations
 
 import base64
-import datetime
 import json
-import threading
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
+from ftfleet.lambdas.common import gcp_groups
 from ftfleet.lambdas.gcp_capacity_watch import config as capacity_config
 from ftfleet.lambdas.gcp_capacity_watch import handler as watch
 from ftfleet.lambdas.gcp_capacity_watch.config import Config
+from tests.gcp_compute import Compute
 from tests.gcs_emulator import gcs_client
 from tests.lambdas import test_gcp_functions as gcp_functions
 from tests.lambdas.conftest import FakeClock, configure, decisions
@@ -51,107 +41,13 @@ STOCKOUT_DETAILS = {
 QUOTA = {"code": "QUOTA_EXCEEDED", "message": "Quota 'NVIDIA_H100_GPUS' exceeded.  Limit: 8.0 in region us-central1."}
 
 
-def rfc3339(epoch: float) -> str:
-    """As Compute Engine writes a timestamp: milliseconds and a local offset."""
-    tz = datetime.timezone(datetime.timedelta(hours=-8))
-    return datetime.datetime.fromtimestamp(epoch, tz).isoformat(timespec="milliseconds")
-
-
-class Compute:
-    """regionInstanceGroupManagers get, listManagedInstances and listErrors on
-    127.0.0.1 (module doc). ``groups[name]`` holds ``target``, ``instances``
-    ([(instanceStatus, currentAction)]) and ``errors`` ([(epoch, error)]); ``calls``
-    records (method, path after the group's collection) of every request; ``status``
-    other than 200 answers every request with it."""
-
-    PAGE = 2
-
-    def __init__(self):
-        self.groups: dict[str, dict] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.status = 200
-        self.prefix = f"/compute/v1/projects/{PROJECT}/regions/{REGION}/instanceGroupManagers/"
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                self.answer(*outer.answer("GET", self.path))
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.answer(*outer.answer("POST", self.path))
-
-            def answer(self, status, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def group(self, name, target, ready=0, booting=(), errors=()):
-        self.groups[name] = {
-            "target": target,
-            "instances": [("RUNNING", "NONE")] * ready + list(booting),
-            "errors": list(errors),
-        }
-
-    def answer(self, method, raw_path):
-        url = urllib.parse.urlsplit(raw_path)
-        query = urllib.parse.parse_qs(url.query)
-        rest = url.path.removeprefix(self.prefix) if url.path.startswith(self.prefix) else None
-        self.calls.append((method, rest or url.path))
-        if self.status != 200:
-            return self.status, {"error": {"code": self.status, "message": "backendError"}}
-        name, _, verb = (rest or "").partition("/")
-        group = self.groups.get(urllib.parse.unquote(name))
-        if group is None or (method, verb) not in (
-            ("GET", ""),
-            ("POST", "listManagedInstances"),
-            ("GET", "listErrors"),
-        ):
-            message = f"The resource 'projects/{PROJECT}/regions/{REGION}/instanceGroupManagers/{name}' was not found"
-            return 404, {"error": {"code": 404, "message": message, "errors": [{"reason": "notFound"}]}}
-        if verb == "":
-            return 200, {"kind": "compute#instanceGroupManager", "name": name, "targetSize": group["target"]}
-        if verb == "listManagedInstances":
-            items = [
-                {"instance": f"{self.url}/instances/{name}-{i}", "instanceStatus": s, "currentAction": a}
-                for i, (s, a) in enumerate(group["instances"])
-            ]
-            return 200, self.page(items, "managedInstances", query)
-        items = [
-            {
-                "error": error,
-                "timestamp": rfc3339(when),
-                "instanceActionDetails": {"action": "CREATING", "instance": f"{self.url}/instances/{name}-new"},
-            }
-            for when, error in group["errors"]
-        ]
-        return 200, self.page(items, "items", query)
-
-    def page(self, items, key, query):
-        start = int(query.get("pageToken", ["0"])[0])
-        size = min(self.PAGE, int(query.get("maxResults", ["500"])[0]))
-        body = {key: items[start : start + size]}
-        if start + size < len(items):
-            body["nextPageToken"] = str(start + size)
-        return body
-
-
 @pytest.fixture
 def compute(monkeypatch):
-    c = Compute()
+    c = Compute(PROJECT)
     monkeypatch.setenv("FTFLEET_COMPUTE_ENDPOINT", c.url)
+    gcp_groups.reset()
     yield c
-    c.server.shutdown()
+    c.close()
 
 
 @pytest.fixture(autouse=True)
@@ -277,8 +173,21 @@ def test_a_group_full_again_clears_its_shortage_and_a_later_one_counts_from_its_
 def test_a_shortage_outlives_the_errors_it_started_from(watched, compute):
     compute.group(WORKERS, target=2, ready=1, errors=[(T0, STOCKOUT)])
     watched(T0 + 60)
-    compute.group(WORKERS, target=2, ready=1, errors=[])  # aged out of listErrors
+    compute.group(WORKERS, target=2, ready=1, errors=[(T0 + 1100, STOCKOUT)])  # the first aged out
     assert watched(T0 + 1200)["groups"][WORKERS]["short_for_capacity_s"] == 1200.0
+
+
+def test_a_stockout_that_passed_while_the_group_stayed_short_stops_counting(watched, compute, gcs_bucket):
+    """A busy Spot group: short at every run (a preemption's replacement booting), once
+    for want of capacity. Without a capacity error for RECENT_S, the shortage is no
+    longer counted as one; a later stockout counts from its own errors only."""
+    compute.group(WORKERS, target=4, ready=3, errors=[(T0, STOCKOUT)])
+    assert watched(T0 + 60)["groups"][WORKERS]["short_for_capacity_s"] == 60.0
+    later = T0 + watch.RECENT_S + 120
+    assert watched(later)["groups"][WORKERS]["short_for_capacity_s"] == 0.0
+    assert state(gcs_bucket)["groups"][WORKERS] == {"last_full": None, "since": None, "calm": later}
+    compute.group(WORKERS, target=4, ready=3, errors=[(later + 300, STOCKOUT), (T0, STOCKOUT)])
+    assert watched(later + 400)["groups"][WORKERS]["short_for_capacity_s"] == 100.0
 
 
 def test_many_instances_and_errors_are_read_across_pages(watched, compute):
@@ -366,7 +275,7 @@ def test_only_the_documented_resource_availability_errors_count_as_capacity(erro
 
 def test_without_an_endpoint_the_session_is_googles_with_read_only_credentials(monkeypatch):
     monkeypatch.delenv("FTFLEET_COMPUTE_ENDPOINT", raising=False)
-    monkeypatch.setattr(watch, "_sessions", {})
+    gcp_groups.reset()
     asked: list[str] = []
 
     def default(scopes=None):
@@ -375,5 +284,5 @@ def test_without_an_endpoint_the_session_is_googles_with_read_only_credentials(m
 
     monkeypatch.setattr("google.auth.default", default)
     monkeypatch.setattr("google.auth.transport.requests.AuthorizedSession", lambda c: ("authorized", c))
-    assert watch.compute() == (watch.COMPUTE, ("authorized", "credentials"))
+    assert gcp_groups.session() == (gcp_groups.COMPUTE, ("authorized", "credentials"))
     assert asked == ["https://www.googleapis.com/auth/compute.readonly"]
