@@ -19,7 +19,9 @@ Five functions, each switched by its ``remediation*`` key (the code is in lambda
   topic every two minutes; the function measures, per managed instance group of the
   stack, the nodes it is short and since when its instance creations have failed for
   want of resources, and writes its metrics; the alert policy fires past
-  capacityLossMinutes, so that a person moves the run (docs/FAILOVER.md).
+  capacityLossMinutes. A standby's with standbyAutoFailover also watches its home's
+  groups and moves the run to the region that has capacity, one step per run
+  (lambdas/common/move.py); without it a person moves the run (docs/FAILOVER.md).
 * ``gcp_retention_sweep`` (remediationRetentionSweep): Cloud Scheduler publishes to a
   topic every hour; the function deletes the run's committed checkpoints that its
   retention schedule (the manifests' recorded policy, else checkpointRetention) no longer
@@ -47,16 +49,19 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
+from ftfleet import contract
 from ftfleet.infra.gcp import boot
 from ftfleet.infra.gcp import function_package as package
 from ftfleet.infra.gcp.alerts import Alerts
 from ftfleet.infra.gcp.function_source import FunctionSource
 from ftfleet.infra.gcp.settings import GcpSettings
 from ftfleet.lambdas.common.gcp import Metric
+from ftfleet.lambdas.common.pair import LeaseRef, Pair, Side
 from ftfleet.lambdas.gcp_capacity_watch import config as capacity_config
 from ftfleet.lambdas.gcp_capacity_watch.config import Config as CapacityConfig
 from ftfleet.lambdas.gcp_preemption import config as preemption_config
@@ -83,6 +88,9 @@ CAPACITY_SCHEDULE = "*/2 * * * *"
 #: (regionInstanceGroupManagers get, listManagedInstances, listErrors all require
 #: compute.instanceGroupManagers.get), and no more.
 CAPACITY_PERMISSIONS = ("compute.instanceGroupManagers.get",)
+#: A standby's watch that moves the run also resizes both stacks' groups
+#: (regionInstanceGroupManagers.resize requires compute.instanceGroupManagers.update).
+MOVE_PERMISSIONS = (*CAPACITY_PERMISSIONS, "compute.instanceGroupManagers.update")
 #: Every hour on the hour: the default schedule keeps every checkpoint of the last six
 #: hours, and what it lets go may wait an hour.
 RETENTION_SCHEDULE = "0 * * * *"
@@ -126,6 +134,8 @@ class FunctionSpec:
     timeout_s: int
     env: pulumi.Output[dict[str, str]]
     metrics: tuple[Metric, ...] = ()
+    max_instances: int = 3
+    """At most this many instances at once (1: one run at a time)."""
     """Custom metrics it writes: their descriptors exist before it does."""
 
 
@@ -172,12 +182,15 @@ class RemediationFunctions(pulumi.ComponentResource):
         source: FunctionSource | None,
         provider: gcp.Provider,
         groups: pulumi.Input[list[str]] | None = None,
+        home: pulumi.Output[Any] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
         """``source``: the functions' source bucket (and the drift function's desired
         state), declared before the checkpoint bucket; None when no function is on.
         ``groups``: the stack's managed instance groups (None: it has none yet, a
-        standby whose file system comes with a failover), which the capacity watch reads."""
+        standby whose file system comes with a failover), which the capacity watch reads,
+        the coordinator's first. ``home``: a standby's home (infra/gcp/standby.py), whose
+        groups a standby with standbyAutoFailover moves the run from and to."""
         super().__init__("ftfleet:gcp:RemediationFunctions", name, None, opts)
         self._name, self._s = name, s
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
@@ -187,6 +200,7 @@ class RemediationFunctions(pulumi.ComponentResource):
         project = gcp.organizations.get_project_output(opts=pulumi.InvokeOutputOptions(provider=provider))
         self._project_id = project.project_id
         specs: list[FunctionSpec] = []
+        self.moves = s.standby is not None and s.standby.auto_failover and home is not None
         if r.spot_interruption:
             env = pulumi.Output.all(self._project_id, bucket.name).apply(
                 lambda a: PreemptionConfig(
@@ -217,7 +231,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             )
             specs.append(FunctionSpec("gcp_replication_watch", "replwatch", 120, env, watch_config.METRICS))
         if r.capacity_watch and groups is not None:
-            env = pulumi.Output.all(self._project_id, bucket.name, groups).apply(
+            env = pulumi.Output.all(self._project_id, bucket.name, groups, home).apply(
                 lambda a: CapacityConfig(
                     **common,
                     project=a[0],
@@ -227,9 +241,19 @@ class RemediationFunctions(pulumi.ComponentResource):
                     bucket=a[1],
                     # One per stack: a standby shares its home's bucket and root.
                     state_key=f"{root}/fleet/capacity-watch-{s.stack}.json",
+                    failover=move_pair(s, a[0], a[1], root, a[2], a[3]) if self.moves else None,
                 ).to_env()
             )
-            specs.append(FunctionSpec("gcp_capacity_watch", "capwatch", 120, env, capacity_config.METRICS))
+            specs.append(
+                FunctionSpec(
+                    "gcp_capacity_watch",
+                    "capwatch",
+                    120,
+                    env,
+                    capacity_config.METRICS,
+                    max_instances=1 if self.moves else 3,
+                )
+            )
         if r.retention_sweep:
             env = pulumi.Output.all(self._project_id, bucket.name).apply(
                 lambda a: SweepConfig(
@@ -386,7 +410,7 @@ class RemediationFunctions(pulumi.ComponentResource):
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
                 available_memory="256M",
                 timeout_seconds=spec.timeout_s,
-                max_instance_count=3,
+                max_instance_count=spec.max_instances,
                 min_instance_count=0,
                 max_instance_request_concurrency=1,
                 ingress_settings="ALLOW_INTERNAL_ONLY",
@@ -502,8 +526,9 @@ class RemediationFunctions(pulumi.ComponentResource):
                 n,
                 "Capacity",
                 "capacity watch",
-                "Read the stack's managed instance groups, their instances and their errors",
-                CAPACITY_PERMISSIONS,
+                "Read the stack's managed instance groups, their instances and their errors"
+                + (", and resize them and the home's to move the run" if self.moves else ""),
+                MOVE_PERMISSIONS if self.moves else CAPACITY_PERMISSIONS,
             )
             gcp.projects.IAMMember(f"{n}-groups", project=self._project_id, role=role.name, member=member, opts=self._o)
         elif function == "gcp_replication_watch":
@@ -584,3 +609,29 @@ class RemediationFunctions(pulumi.ComponentResource):
             member=sink.writer_identity,
             opts=self._o,
         )
+
+
+def move_pair(s: GcpSettings, project: str, bucket: str, root: str, groups: list[str], home: Any) -> Pair:
+    """What a standby's capacity watch moves: its home (``home``, infra/gcp/standby.py)
+    and itself (``groups``: its coordinator's group, then its worker groups), both on
+    the home's bucket, with the run lease in it."""
+    home_workers = [g for g in home.worker_groups.split(",") if g]
+
+    def side(stack: str, region: str, coordinator: str, workers: list[str]) -> Side:
+        return Side(
+            stack,
+            region,
+            coordinator,
+            workers[0],
+            bucket,
+            root,
+            cloud="gcp",
+            project=project,
+            more_worker_groups=tuple(workers[1:]),
+        )
+
+    return Pair(
+        home=side(home.stack, home.region, home.coordinator_group, home_workers),
+        standby=side(s.stack, s.region, groups[0], list(groups[1:])),
+        lease=LeaseRef(bucket, contract.lease_key(s.trainer.run_id), home.region, s.trainer.run_id),
+    )

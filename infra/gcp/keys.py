@@ -55,6 +55,7 @@ SHARED = frozenset(
         "standbyOf",
         "standbyFastTier",
         "standbyActive",
+        "standbyAutoFailover",
     }
 )
 

@@ -127,6 +127,14 @@ def parse(r: _Reader, *, stack: str, region: str | None) -> GcpSettings:
     fleet, storage = parse_fleet(r), parse_storage(r)
     _lustre_client_published(fleet, storage)
     standby = standby_of(r, stack, bucket_functions=GCP_BUCKET_FUNCTIONS)
+    if standby is not None and standby.auto_failover and not standby.active:
+        # A move never raises a coordinator group (lambdas/common/gcp_fleet.py): the
+        # standby's coordinator VM, made by its per-instance config, stands by running.
+        raise _err(
+            "standbyAutoFailover",
+            "is true on a GCP standby without standbyActive: a move needs the standby's coordinator VM "
+            "running; set standbyActive true too, or move by hand",
+        )
     settings = GcpSettings(
         stack=stack,
         cloud="gcp",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
+from ftfleet import contract
 from ftfleet.infra import standby_source
 from ftfleet.infra.gcp import boot, standby
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
@@ -80,10 +81,17 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
         if fleet is not None
         else None
     )
-    functions = RemediationFunctions(f"{s.name}-remediation", s, bucket, source, provider, groups=groups)
+    functions = RemediationFunctions(
+        f"{s.name}-remediation", s, bucket, source, provider, groups=groups, home=home if s.standby else None
+    )
 
+    pulumi.export("region", s.region)
+    pulumi.export("project", provider.project.apply(lambda p: p or ""))
+    pulumi.export("run_id", s.trainer.run_id)
     pulumi.export("checkpoint_bucket", bucket.name)
     pulumi.export("checkpoint_uri", pulumi.Output.concat("gs://", bucket.name, "/", root))
+    # The lease of the run, in the home's bucket, which a standby shares.
+    pulumi.export("lease_uri", pulumi.Output.concat("gs://", bucket.name, "/", contract.lease_key(s.trainer.run_id)))
     if s.standby:
         pulumi.export("standby_of", s.standby.home)
         pulumi.export("fleet_status", standby_status(s, fleet))
@@ -96,6 +104,8 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
                 project=provider.project.apply(lambda p: p or ""),
                 bucket=bucket.name,
                 repository=registry.repository.id,
+                coordinator_group=fleet.coordinator.name,
+                worker_groups=pulumi.Output.all(*[g.name for g in fleet.workers.values()]).apply(",".join),
             ),
         )
         pulumi.export(
@@ -109,6 +119,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     pulumi.export("checkpoint_dir", f"{s.storage.mount_point}/{root}")
     pulumi.export("coordinator_group", fleet.coordinator.name if fleet else "")
     pulumi.export("worker_group", fleet.workers["workers"].name if fleet else "")
+    pulumi.export("worker_groups", [g.name for g in fleet.workers.values()] if fleet else [])
     pulumi.export("node_image", image)
     pulumi.export("registry_url", registry.registry_uri)
     pulumi.export("trainer_image", registry.image_uri)

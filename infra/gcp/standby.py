@@ -24,7 +24,7 @@ from ftfleet.infra import standby_source
 from ftfleet.infra.gcp.settings import GcpSettings
 
 #: What a GCP home publishes, each a string.
-FIELDS = (*standby_source.COMMON, "project", "bucket", "repository")
+FIELDS = (*standby_source.COMMON, "project", "bucket", "repository", "coordinator_group", "worker_groups")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,10 @@ class Home:
     bucket: str
     repository: str
     """``projects/P/locations/L/repositories/R``: a remote repository's upstream."""
+    coordinator_group: str
+    worker_groups: str
+    """The home's worker groups, comma-separated, the main one first (a move sizes the
+    standby's like them, position by position)."""
 
 
 def home_of(s: GcpSettings, checkpoint_root: str, project: pulumi.Input[str]) -> pulumi.Output[Home]:

@@ -430,3 +430,44 @@ def test_the_capacity_alarms_say_who_moves_the_run(tmp_path):
         run_standby(tmp_path, standbyAutoFailover=False)
     )
     assert "its standby's capacity_watch moves the run (standbyAutoFailover)" in description(recording(HOME))
+
+
+def test_a_gcp_standby_with_automatic_failover_moves_between_both_stacks_groups(tmp_path):
+    from ftfleet.infra.gcp import functions
+    from ftfleet.lambdas.gcp_capacity_watch.config import Config
+
+    home = recording(GCP_HOME)
+    rec = run_gcp_standby(tmp_path, standbyFastTier="kept", standbyActive=True, standbyAutoFailover=True)
+    (watch,) = [
+        f
+        for f in rec.of_type("gcp:cloudfunctionsv2/function:Function")
+        if f.inputs["description"].split()[1] == "gcp_capacity_watch"
+    ]
+    pair = Config.from_env(watch.inputs["serviceConfig"]["environmentVariables"]).failover
+    source = home.outputs["standby_source"]
+    assert (pair.home.stack, pair.home.region, pair.home.coordinator_group) == (
+        GCP_HOME,
+        "us-central1",
+        home.outputs["coordinator_group"],
+    )
+    assert pair.home.worker_groups == tuple(home.outputs["worker_groups"])
+    assert pair.standby.worker_groups == tuple(rec.outputs["worker_groups"])
+    assert pair.standby.coordinator_group == rec.outputs["coordinator_group"]
+    assert {pair.home.bucket, pair.standby.bucket} == {source["bucket"]} and pair.home.cloud == "gcp"
+    assert f"gs://{pair.lease.bucket}/{pair.lease.key}" == home.outputs["lease_uri"] == rec.outputs["lease_uri"]
+    # One run at a time; it may resize the groups, which the home's watch may not.
+    assert watch.inputs["serviceConfig"]["maxInstanceCount"] == 1
+    roles = {
+        r.inputs["title"]: r.inputs["permissions"] for r in rec.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    }
+    (moving,) = [p for t, p in roles.items() if "capacity watch" in t]
+    assert sorted(moving) == sorted(functions.MOVE_PERMISSIONS)
+    home_roles = {
+        r.inputs["title"]: r.inputs["permissions"] for r in home.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    }
+    assert [p for t, p in home_roles.items() if "capacity watch" in t] == [list(functions.CAPACITY_PERMISSIONS)]
+
+
+def test_gcp_automatic_failover_needs_the_standbys_coordinator_running(tmp_path):
+    with pytest.raises(Exception, match="standbyAutoFailover is true on a GCP standby without standbyActive"):
+        run_gcp_standby(tmp_path, standbyFastTier="kept", standbyAutoFailover=True)
