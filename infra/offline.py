@@ -264,7 +264,7 @@ class _Mocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         self.invokes.append((args.token, dict(args.args), (args.provider or "").rsplit("::", 1)[0]))
-        gcp_result = gcp_mocks.call(args.token, dict(args.args), self.gcp_project)
+        gcp_result = gcp_mocks.call(args.token, dict(args.args), self.gcp_project, self._objects)
         if gcp_result is not None:
             return gcp_result
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":

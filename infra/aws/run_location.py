@@ -18,24 +18,12 @@ comes only for text and JSON types).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import time
 
 import pulumi
 import pulumi_aws as aws
 
-
-def other_holder(body_base64: str | None, holder: str, now: float) -> str:
-    """The lease's holder when it is not ``holder`` and is current at ``now``; '' when
-    the run may train here (no lease, this holder's, run out, released, unreadable)."""
-    try:
-        doc = json.loads(base64.b64decode(body_base64 or "", validate=True))
-        named, expires = str(doc["holder"]), float(doc["expires_at"])
-    except (ValueError, TypeError, KeyError, binascii.Error):
-        return ""
-    return named if named != holder and expires > now else ""
+from ftfleet.infra.run_lease import other_holder
 
 
 def trains_elsewhere(bucket: pulumi.Input[str], key: str, holder: str, provider: aws.Provider) -> pulumi.Output[str]:

@@ -53,9 +53,13 @@ class GpuFleet(pulumi.ComponentResource):
         scripts: dict[str, pulumi.Output[str]],
         provider: gcp.Provider,
         opts: pulumi.ResourceOptions | None = None,
+        held: pulumi.Input[str] = "",
     ):
         """``scripts`` maps `startup-<role>-<SPOT|STANDARD>` and `shutdown-<SPOT|STANDARD>`
-        to rendered boot scripts (infra/gcp/boot.py)."""
+        to rendered boot scripts (infra/gcp/boot.py). ``held``: the lease holder the run
+        trains with when it is another stack's (infra/gcp/run_location.py): the worker
+        groups are then held at 0."""
+        self._held = held
         super().__init__("ftfleet:gcp:GpuFleet", name, None, opts)
         self._o = pulumi.ResourceOptions(parent=self, provider=provider)
         self._s = settings
@@ -146,8 +150,9 @@ class GpuFleet(pulumi.ComponentResource):
             groups.append(("workers-ondemand", "STANDARD", f.on_demand_workers))
         for role, model, size in groups:
             self.templates[role] = template(role, f.worker_machine_types[0], model)
+            target = 0 if standby else pulumi.Output.from_input(self._held).apply(lambda h, n=size: 0 if h else n)
             self.workers[role] = self._group(
-                f"{name}-{role}", role, self.templates[role], 0 if standby else size, fleet_zones, sized_by_hand=standby
+                f"{name}-{role}", role, self.templates[role], target, fleet_zones, sized_by_hand=standby
             )
         self.register_outputs(
             {
@@ -232,7 +237,7 @@ class GpuFleet(pulumi.ComponentResource):
         name: str,
         role: str,
         template: c.RegionInstanceTemplate,
-        size: int,
+        size: pulumi.Input[int],
         zones: list[str],
         stateful: bool = False,
         sized_by_hand: bool = False,

@@ -8,6 +8,7 @@ Nothing here is random: the same stack gives the same plan.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 from typing import Any
@@ -133,8 +134,28 @@ def _compute_id(kind: str, project: str, region: str, physical: str, inputs: dic
     return f"projects/{project}/{collection}/{physical}"
 
 
-def call(token: str, args: dict[str, Any], project: str | None) -> dict | None:
-    """Outputs of a GCP invoke, or None when the token is not a GCP one."""
+def call(token: str, args: dict[str, Any], project: str | None, objects: dict[str, bytes] | None = None) -> dict | None:
+    """Outputs of a GCP invoke, or None when the token is not a GCP one. ``objects``:
+    what the deployed buckets hold (``bucket/name`` -> bytes; none by default)."""
+    objects = objects or {}
+    if token == "gcp:storage/getBucketObjects:getBucketObjects":
+        bucket, prefix = args.get("bucket", ""), args.get("prefix", "")
+        names = sorted(k.split("/", 1)[1] for k in objects if k.startswith(f"{bucket}/{prefix}"))
+        listed = [
+            {"name": n, "contentType": "application/json", "mediaLink": "", "selfLink": "", "storageClass": "STANDARD"}
+            for n in names
+        ]
+        return {"bucket": bucket, "prefix": prefix, "bucketObjects": listed, "id": bucket}
+    if token == "gcp:storage/getBucketObjectContent:getBucketObjectContent":
+        bucket, name = args.get("bucket", ""), args.get("name", "")
+        data = objects.get(f"{bucket}/{name}", b"")
+        return {
+            "bucket": bucket,
+            "name": name,
+            "content": data.decode(errors="replace"),
+            "contentBase64": base64.b64encode(data).decode(),
+            "id": name,
+        }
     project = args.get("project") or project or PLAN_PROJECT
     if token == "gcp:organizations/getProject:getProject":
         return {"projectId": project, "number": PLAN_PROJECT_NUMBER, "name": project, "id": f"projects/{project}"}

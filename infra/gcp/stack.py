@@ -7,7 +7,7 @@ import pulumi_gcp as gcp
 
 from ftfleet import contract
 from ftfleet.infra import standby_source
-from ftfleet.infra.gcp import boot, standby
+from ftfleet.infra.gcp import boot, run_location, standby
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
 from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
 from ftfleet.infra.gcp.fleet import GpuFleet
@@ -69,10 +69,22 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
     image = f"projects/{s.fleet.image_project}/global/images/{s.fleet.image}"
 
     fleet = None
+    elsewhere: pulumi.Input[str] = ""
     if store is not None:
         # Without its file system (standbyFastTier: on-failover, not active) a standby
         # has no node groups: nothing could boot a node that cannot mount it.
-        fleet = _fleet(s, store, bucket, registry, network, nodes, image, provider)
+        # A home whose run a failover moved to its standby keeps its workers at 0.
+        elsewhere = (
+            ""
+            if s.standby
+            else run_location.trains_elsewhere(
+                bucket.name,
+                contract.lease_key(s.trainer.run_id),
+                contract.lease_holder(s.stack, s.region),
+                provider,
+            )
+        )
+        fleet = _fleet(s, store, bucket, registry, network, nodes, image, provider, elsewhere)
 
     # Managed instance groups already recreate preempted and unhealthy VMs; no function
     # duplicates that (infra/gcp/functions.py).
@@ -108,6 +120,7 @@ def build(s: GcpSettings) -> dict[str, pulumi.ComponentResource]:
                 worker_groups=pulumi.Output.all(*[g.name for g in fleet.workers.values()]).apply(",".join),
             ),
         )
+        pulumi.export("fleet_status", pulumi.Output.from_input(elsewhere).apply(home_status))
         pulumi.export(
             "bucket_location",
             f"{s.buckets.location} ({'+'.join(s.buckets.data_locations) or 'predefined dual-region'}), "
@@ -153,8 +166,10 @@ def _fleet(
     nodes: NodeIdentity,
     image: str,
     provider: gcp.Provider,
+    elsewhere: pulumi.Input[str] = "",
 ) -> GpuFleet:
-    """The node groups, with their boot scripts rendered for this stack."""
+    """The node groups, with their boot scripts rendered for this stack; ``elsewhere``:
+    the run lease's holder when the run trains with another stack."""
     context = pulumi.Output.all(
         registry.image_uri, store.mount_source, bucket.name, network.coordinator_address.address
     ).apply(
@@ -184,7 +199,20 @@ def _fleet(
         image,
         scripts,
         provider,
+        held=elsewhere,
     )
+
+
+def home_status(elsewhere: str) -> str:
+    if not elsewhere:
+        return "running: the worker groups take their configured sizes"
+    stack = elsewhere.split("/")[0]
+    line = (
+        f"workers held at 0 nodes: the run trains with {elsewhere} (its run lease) since a failover; "
+        f"`ftfleet failover {stack} --to {pulumi.get_stack()}` brings it back"
+    )
+    pulumi.log.warn(line)
+    return line
 
 
 def standby_status(s: GcpSettings, fleet: GpuFleet | None) -> str:

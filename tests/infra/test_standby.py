@@ -471,3 +471,27 @@ def test_a_gcp_standby_with_automatic_failover_moves_between_both_stacks_groups(
 def test_gcp_automatic_failover_needs_the_standbys_coordinator_running(tmp_path):
     with pytest.raises(Exception, match="standbyAutoFailover is true on a GCP standby without standbyActive"):
         run_gcp_standby(tmp_path, standbyFastTier="kept", standbyAutoFailover=True)
+
+
+def test_a_gcp_home_whose_run_trains_in_its_standby_keeps_its_workers_at_0():
+    home = recording(GCP_HOME)
+    bucket = home.outputs["checkpoint_bucket"]
+
+    def with_lease(holder: str, expires_in_s: float) -> offline.Recording:
+        doc = {"format": "ftfleet-lease/1", "run_id": "llm-prod", "holder": holder, "epoch": 2}
+        doc.update(expires_at=time.time() + expires_in_s, ttl_s=120)
+        objects = {f"{bucket}/ftfleet-leases/llm-prod.json": json.dumps(doc).encode()}
+        return offline.run(stackfile.load(GCP_HOME), objects=objects)
+
+    def workers(rec: offline.Recording) -> dict[str, int]:
+        return {g.name: g.inputs["targetSize"] for g in rec.of_type(MIG) if "workers" in g.name}
+
+    moved = with_lease("gcp-prod-standby/us-east1", 60)
+    assert workers(moved) and set(workers(moved).values()) == {0}
+    assert moved.outputs["fleet_status"].startswith(
+        "workers held at 0 nodes: the run trains with gcp-prod-standby/us-east1"
+    )
+    assert "`ftfleet failover gcp-prod-standby --to gcp-prod` brings it back" in moved.outputs["fleet_status"]
+    for rec in (with_lease("gcp-prod/us-central1", 60), with_lease("gcp-prod-standby/us-east1", -1), home):
+        assert workers(rec) == workers(home) and set(workers(home).values()) != {0}
+        assert rec.outputs["fleet_status"].startswith("running")
