@@ -1,4 +1,5 @@
-"""The capacity-loss drill: ``python -m drill --faults capacity_loss`` (AWS).
+"""The capacity-loss drill: ``python -m drill --faults capacity_loss`` (AWS; GCP's is
+drill/capacity_gcp.py, the same scenario on GCP's parts).
 
 A spot region runs out of capacity and the run moves to its standby region by itself,
 played locally with no cloud account:
@@ -69,6 +70,8 @@ RESTART_S = 10.0
 @dataclasses.dataclass(kw_only=True)
 class CapacityOptions:
     workdir: Path
+    cloud: str = "aws"
+    """aws: this module's drill; gcp: drill/capacity_gcp.py's."""
     nproc: int = 2
     loss_step: int = 20
     """The home runs out of capacity (and gets its spot notice) at this step."""
@@ -126,13 +129,12 @@ class CapacityDrill:
         self.nodes: dict[str, Node] = {}
         self._last_said: tuple[Any, Any] = (None, None)
         # Built by run(): the endpoint, the buckets, the standby's metadata, the function,
-        # the trainer's command line; and the fleet's view of the standby's groups.
+        # the trainer's command line.
         self.standin: Any = None
         self.cloud: Any = None
         self.standby_metadata: Any = None
         self.watch: Any = None
         self.drill: Any = None
-        self.fleet_asg: Any = None
 
     def say(self, msg: str) -> None:
         self.say_line(f"[{time.monotonic() - self.t0:6.1f}s] {msg}")
@@ -141,36 +143,9 @@ class CapacityDrill:
 
     def run(self) -> CapacityReport:
         o = self.opts
-        try:
-            import moto.server  # noqa: F401 - the stand-in's backend
-        except ImportError:
-            raise UserError(
-                "the drill needs moto[server]: install the dev extra, `pip install -e '.[dev]'` (or `make setup`)"
-            ) from None
         self.logs.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
-            self.standin = stack.enter_context(AwsStandIn())
-            self.cloud = stack.enter_context(
-                LocalCloud(
-                    endpoint_url=self.standin.url,
-                    primary=PRIMARY,
-                    replica=REPLICA,
-                    prefix=ROOT,
-                    replication_lag_s=o.replication_lag_s,
-                    replica_region=STANDBY_REGION,
-                )
-            )
-            self.standby_metadata = stack.enter_context(FakeMetadataServer(instance_id="i-0standby00000000000"))
-            self.watch = stack.enter_context(
-                ScheduledFunction(
-                    watch.handler,
-                    watch_config(o),
-                    STANDBY_REGION,
-                    self.standin.url,
-                    self.logs / "capacity_watch.jsonl",
-                    rule="standby-capacity-watch",
-                )
-            )
+            self._open(stack)
             self.drill = Drill(
                 DrillOptions(
                     faults=["notice"],
@@ -192,12 +167,43 @@ class CapacityDrill:
             stack.callback(shutil.rmtree, self.drill.shm_root, True)
             stack.callback(self._kill_nodes)
             self._make_groups()
-            self.fleet_asg = self._client("autoscaling", STANDBY_REGION)
             ref, _, _ = self.drill.run_reference()
             self.report.reference_sha256 = ref.get("state_sha256")
             self.report.problem = self._play()
             self._measure()
         return self.report
+
+    def _open(self, stack: contextlib.ExitStack) -> None:
+        """The cloud, the standby node's metadata and the standby's capacity watch."""
+        o = self.opts
+        try:
+            import moto.server  # noqa: F401 - the stand-in's backend
+        except ImportError:
+            raise UserError(
+                "the drill needs moto[server]: install the dev extra, `pip install -e '.[dev]'` (or `make setup`)"
+            ) from None
+        self.standin = stack.enter_context(AwsStandIn())
+        self.cloud = stack.enter_context(
+            LocalCloud(
+                endpoint_url=self.standin.url,
+                primary=PRIMARY,
+                replica=REPLICA,
+                prefix=ROOT,
+                replication_lag_s=o.replication_lag_s,
+                replica_region=STANDBY_REGION,
+            )
+        )
+        self.standby_metadata = stack.enter_context(FakeMetadataServer(instance_id="i-0standby00000000000"))
+        self.watch = stack.enter_context(
+            ScheduledFunction(
+                watch.handler,
+                watch_config(o),
+                STANDBY_REGION,
+                self.standin.url,
+                self.logs / "capacity_watch.jsonl",
+                rule="standby-capacity-watch",
+            )
+        )
 
     def _kill_nodes(self) -> None:
         for node in self.nodes.values():
@@ -232,32 +238,39 @@ class CapacityDrill:
 
     # -- the nodes ------------------------------------------------------------------
 
-    def _start_node(self, s: Side, other_bucket: str, metadata_url: str, fresh: bool = True) -> Node:
-        """A torchrun node of ``s``'s worker group: its primary is ``s``'s bucket, its
-        replica ``other_bucket``; its run directory and fast tier are its own (a node in
-        another region has none of the home's local files). ``fresh``: a new machine
-        (else the same one, its trainer started again)."""
+    def _node_setup(self, s: Side) -> tuple[list[str], dict[str, str]]:
+        """The cloud's part of a node of ``s``: trainer overrides and environment."""
+        other = REPLICA if s is self.home else PRIMARY
+        extra = [
+            f"checkpoint.replica_uri=s3://{other}/{ROOT}",
+            f"checkpoint.s3_endpoint_url={self.standin.url}",
+            f"checkpoint.lease_uri=s3://{PRIMARY}/{LEASE_KEY}",
+        ]
+        return extra, {"FTFLEET_CLOUD": "aws", "AWS_DEFAULT_REGION": s.region, "AWS_ENDPOINT_URL": self.standin.url}
+
+    def _start_node(self, s: Side, metadata_url: str, fresh: bool = True) -> Node:
+        """A torchrun node of ``s``'s worker group, ``s``'s bucket its primary; its run
+        directory and fast tier are its own (a node in another region has none of the
+        home's local files). ``fresh``: a new machine (else the same one, its trainer
+        started again)."""
         base = self.opts.workdir / s.stack
         if fresh:
             shutil.rmtree(base, ignore_errors=True)
+        cloud_extra, cloud_env = self._node_setup(s)
         extra = [
             f"resilience.watchdog.timeout_s={self.opts.watchdog_s}",
             "resilience.watchdog.first_step_timeout_s=120",
             f"checkpoint.uri={s.uri}",
-            f"checkpoint.replica_uri=s3://{other_bucket}/{ROOT}",
-            f"checkpoint.s3_endpoint_url={self.standin.url}",
-            f"checkpoint.lease_uri=s3://{PRIMARY}/{LEASE_KEY}",
             f"checkpoint.lease_holder={s.holder}",
             f"checkpoint.lease_ttl_s={LEASE_TTL_S:g}",
+            *cloud_extra,
         ]
         env = self.drill.env(
             {
-                "FTFLEET_CLOUD": "aws",
                 "FTFLEET_METADATA_ENDPOINT": metadata_url,
                 "FTFLEET_SHM_DIR": str(self.drill.shm_root / s.stack),
                 "FTFLEET_NODE_ID": f"{s.stack}-0",
-                "AWS_DEFAULT_REGION": s.region,
-                "AWS_ENDPOINT_URL": self.standin.url,
+                **cloud_env,
             }
         )
         cmd = self.drill.cmd(base / "run", base / "fast-tier", extra)
@@ -272,7 +285,7 @@ class CapacityDrill:
         """Home, capacity loss, the function's move, the standby to the end; a problem
         that ended it early, or ''."""
         o, r = self.opts, self.report
-        home = self._start_node(self.home, REPLICA, self.cloud.metadata.url)
+        home = self._start_node(self.home, self.cloud.metadata.url)
         self.cloud.start_replication()
         home_tail = EventTail(o.workdir / "home" / "run")
         standby: Node | None = None
@@ -290,6 +303,7 @@ class CapacityDrill:
                 if preempted and (home.group is None or home.group.t_down is not None or rc is not None):
                     home.kill()
                     home_gone = True
+                    self._home_instances_gone()
                     shutil.rmtree(self.drill.shm_root / "home", ignore_errors=True)  # and its RAM
                     self.say("home: instance terminated (exit 75 after its emergency checkpoint); none replaces it")
                 elif rc is not None:
@@ -300,12 +314,13 @@ class CapacityDrill:
                 if r.t_decision is not None and not home_gone:
                     home.kill()
                     home_gone = True
+                    self._home_instances_gone()
                     self.say("home: instance terminated by the move (its groups went to 0)")
             if standby is None and time.time() >= next_look:
                 next_look = time.time() + 1.0
                 if self._standby_workers_wanted():
                     self.cloud.stop_replication()  # the home is gone; the standby writes the replica now
-                    standby = self._start_node(self.standby, PRIMARY, self.standby_metadata.url)
+                    standby = self._start_node(self.standby, self.standby_metadata.url)
                     deadline = time.monotonic() + LEASE_TTL_S + o.node_timeout_s
             if standby is not None:
                 rc = standby.poll()
@@ -315,7 +330,7 @@ class CapacityDrill:
                     r.fenced_starts += 1
                     self.say(f"standby: fenced (exit 78): the home's lease is current; starts again in {RESTART_S:g} s")
                     time.sleep(RESTART_S)
-                    standby = self._start_node(self.standby, PRIMARY, self.standby_metadata.url, fresh=False)
+                    standby = self._start_node(self.standby, self.standby_metadata.url, fresh=False)
                 elif rc is not None:
                     standby_tail.poll()
                     if rc != 0:
@@ -363,7 +378,7 @@ class CapacityDrill:
             self.say("standby: no checkpoint found, starting at step 0")
         elif kind in ("first_step", "step") and r.t_first_standby_step is None:
             r.t_first_standby_step = float(e["t"])
-            self.say(f"standby: first step ({e['step']}) in {STANDBY_REGION}")
+            self.say(f"standby: first step ({e['step']}) in {self.standby.region}")
         elif kind == "exit":
             self.say(f"standby: rank 0 exits {e.get('code')} at step {e.get('step')} ({e.get('reason')})")
 
@@ -405,8 +420,12 @@ class CapacityDrill:
             r.t_sized = t
 
     def _standby_workers_wanted(self) -> bool:
-        got = self.fleet_asg.describe_auto_scaling_groups(AutoScalingGroupNames=[self.standby.worker_group])
+        asg = self._client("autoscaling", STANDBY_REGION)
+        got = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[self.standby.worker_group])
         return any(int(g["DesiredCapacity"]) > 0 for g in got["AutoScalingGroups"])
+
+    def _home_instances_gone(self) -> None:
+        """The home's instance is gone (AWS: the stand-in no longer lists it)."""
 
     def _timed_out(self) -> str:
         r, o = self.report, self.opts
@@ -427,15 +446,19 @@ class CapacityDrill:
         r.final_step = summary.get("step")
         r.completed = summary.get("status") == "completed"
         opts = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self.opts).items()}
-        r.settings = {
+        r.settings = {"faults": [FAULT], **opts, "lease_ttl_s": LEASE_TTL_S, **self._where()}
+
+    def _where(self) -> dict[str, str]:
+        return {
             "cloud": "aws",
-            "faults": [FAULT],
-            **opts,
-            "lease_ttl_s": LEASE_TTL_S,
             "home": f"{HOME_REGION} (s3://{PRIMARY})",
             "standby": f"{STANDBY_REGION} (s3://{REPLICA})",
         }
 
 
 def run_capacity_drill(opts: CapacityOptions, say: Callable[[str], None] = print) -> CapacityReport:
+    if opts.cloud == "gcp":
+        from drill.capacity_gcp import GcpCapacityDrill
+
+        return GcpCapacityDrill(opts, say).run()
     return CapacityDrill(opts, say).run()

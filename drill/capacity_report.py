@@ -145,23 +145,43 @@ class CapacityReport:
             ("final state_sha256 equals the reference's", "yes" if self.sha_match else "no"),
         ]
 
+    @property
+    def cloud(self) -> str:
+        return str(self.settings.get("cloud", "aws"))
+
     def notes(self) -> list[str]:
-        return [
-            f"the standby's capacity_watch ran every {self.watch_every_s:g} s here and moved the run once the "
-            f"home's workers had been short for want of capacity for {self.loss_s:g} s (deployed: {DEPLOYED_WATCH})",
-            "moto cannot run out of capacity: drill/aws_standin.py hides the home workers' instances and answers "
-            "their scaling activities with AWS's failed spot launch (InsufficientInstanceCapacity)",
+        watch = "capacity_watch" if self.cloud == "aws" else "gcp_capacity_watch"
+        lease = (
             f"the run lease's TTL is {self.settings.get('lease_ttl_s', 70):g} s here (the trainer's shortest; "
             "deployed: checkpoint.lease_ttl_s, 120 s by default): the standby trains once the home's lease has run "
-            "out, the move never releases it",
+            "out, the move never releases it"
+        )
+        first = (
+            f"the standby's {watch} ran every {self.watch_every_s:g} s here and moved the run once the "
+            f"home's workers had been short for want of capacity for {self.loss_s:g} s (deployed: {DEPLOYED_WATCH})"
+        )
+        if self.cloud == "gcp":
+            return [
+                first,
+                "no Compute Engine emulator exists: drill/gcp_standin.py plays the regional managed instance groups "
+                "(a stocked-out group records ZONE_RESOURCE_POOL_EXHAUSTED at each creation attempt)",
+                lease,
+                "one dual-region bucket (the GCS emulator) serves both regions: nothing to replicate",
+            ]
+        return [
+            first,
+            "moto cannot run out of capacity: drill/aws_standin.py hides the home workers' instances and answers "
+            "their scaling activities with AWS's failed spot launch (InsufficientInstanceCapacity)",
+            lease,
             "moto has no bucket replication: the drill copies the home's primary to its replica every "
             f"{self.settings.get('replication_lag_s', 1.0):g} s (manifests last) until the standby starts",
         ]
 
     def head(self) -> str:
+        home, standby = ("us-central1", "us-east1") if self.cloud == "gcp" else ("us-east-1", "us-west-2")
         return (
-            f"capacity loss drill (AWS): the home (us-east-1) loses its spot capacity at step {self.loss_step} "
-            f"of {self.steps}; the run moves to its standby (us-west-2)"
+            f"capacity loss drill ({self.cloud.upper()}): the home ({home}) loses its spot capacity at step "
+            f"{self.loss_step} of {self.steps}; the run moves to its standby ({standby})"
         )
 
     def to_text(self) -> str:

@@ -14,9 +14,9 @@ bucket, the notices are a preemption (``instance/preempted``) and a live-migrati
 maintenance event, and the lost location takes the node and its zonal fast tier (the
 restore reads the bucket).
 
-``--faults capacity_loss`` (AWS only, alone) plays a spot region running out of
-capacity instead: the standby's capacity_watch function moves the run to the standby
-region by itself (drill/capacity.py). Exit 0 when the run completes there with the
+``--faults capacity_loss`` (alone) plays a spot region running out of capacity
+instead: the standby's capacity watch function moves the run to the standby region by
+itself (drill/capacity.py; with ``--cloud gcp``, drill/capacity_gcp.py). Exit 0 when the run completes there with the
 reference's state and its first step came within 180 s of the failover decision.
 """
 
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         metavar="LIST",
         help=f"all, or a comma-separated subset of: {', '.join(FAULTS)} (always injected in that order); "
-        "or capacity_loss alone (AWS): the home region runs out of spot capacity and the run moves to its standby",
+        "or capacity_loss alone: the home region runs out of spot capacity and the run moves to its standby",
     )
     parser.add_argument(
         "--cloud",
@@ -249,11 +249,6 @@ def capacity_options(args: argparse.Namespace) -> Any:
 
     if [f.strip().replace("-", "_") for f in args.faults.split(",") if f.strip()] != [FAULT]:
         raise UserError(f"--faults {args.faults}: {FAULT} runs alone; drill the other faults in a run of their own")
-    if args.cloud != "aws":
-        raise UserError(
-            f"--cloud {args.cloud}: {FAULT} runs on AWS only for now (the drill plays AWS's Auto Scaling and the "
-            "standby's capacity_watch function); use --cloud aws"
-        )
     if args.launcher != "torchrun":
         raise UserError(f"--launcher {args.launcher}: {FAULT} runs its nodes under torchrun; leave --launcher out")
     if args.nproc < 1:
@@ -271,6 +266,7 @@ def capacity_options(args: argparse.Namespace) -> Any:
         raise UserError(f"--capacity-loss-s {args.capacity_loss_s:g}: use seconds > 0")
     return CapacityOptions(
         workdir=Path(),
+        cloud=args.cloud,
         nproc=args.nproc,
         loss_step=args.first_step,
         steps=args.first_step + spacing,

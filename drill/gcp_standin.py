@@ -1,5 +1,6 @@
 """A stand-in for Compute Engine's REST API on 127.0.0.1: regional managed instance
-groups, as the API reference documents the calls ftfleet makes on them.
+groups, as the API reference documents the calls ftfleet makes on them (the tests and
+the GCP capacity-loss drill use it).
 
 No Compute Engine emulator exists. :class:`Compute` answers
 ``regionInstanceGroupManagers.get`` (``targetSize``), ``.listManagedInstances`` (POST;
@@ -14,7 +15,13 @@ A resize changes the target size at once and the instances as a MIG does over ti
 resize down marks the surplus ``STOPPING``/``DELETING`` (listed until :meth:`settle`,
 which is the VMs' shutdown), a resize up adds ``STAGING``/``CREATING`` instances (running
 after :meth:`settle`), or, for a group whose zone is out of resources
-(``stocked_out``), none, recording ``ZONE_RESOURCE_POOL_EXHAUSTED`` in its errors.
+(``stocked_out``), none, recording ``ZONE_RESOURCE_POOL_EXHAUSTED`` in its errors; a
+stocked-out group short of its target records another such error every
+:data:`RETRY_S` when its errors are read, as a MIG keeps trying to create.
+
+The same server takes Cloud Monitoring's ``projects.timeSeries.create`` (POST
+``/v3/projects/P/timeSeries``) and keeps every series in ``series``: a function under
+the drill writes its metrics there (``FTFLEET_MONITORING_ENDPOINT``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ STOCKOUT = {
     "fulfill the request.  Try a different zone, or try again later.",
 }
 RUNNING, CREATING, DELETING = ("RUNNING", "NONE"), ("STAGING", "CREATING"), ("STOPPING", "DELETING")
+#: A stocked-out MIG's creation attempts, one error each.
+RETRY_S = 30.0
 
 
 def rfc3339(epoch: float) -> str:
@@ -52,6 +61,7 @@ class Compute:
         self.project, self.clock = project, clock
         self.groups: dict[str, dict] = {}
         self.calls: list[tuple[str, str]] = []
+        self.series: list[dict] = []
         self.status = 200
         self.lock = threading.Lock()
         outer = self
@@ -64,7 +74,11 @@ class Compute:
                 self.answer(*outer.answer("GET", self.path))
 
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.startswith("/v3/projects/") and self.path.endswith("/timeSeries"):
+                    outer.series.extend(json.loads(body or b"{}").get("timeSeries") or [])
+                    self.answer(200, {})
+                    return
                 self.answer(*outer.answer("POST", self.path))
 
             def answer(self, status, body):
@@ -91,6 +105,18 @@ class Compute:
             "errors": list(errors),
             "stocked_out": stocked_out,
         }
+
+    def lose_capacity(self, name: str) -> float:
+        """The group's zone has no resources left: one of its VMs is preempted and none
+        comes in its place. Returns when (the stand-in's clock)."""
+        with self.lock:
+            group = self.groups[name]
+            group["stocked_out"] = True
+            if RUNNING in group["instances"]:
+                group["instances"].remove(RUNNING)
+            now = self.clock()
+            group["errors"].insert(0, (now, STOCKOUT))
+            return now
 
     def settle(self) -> None:
         """The VMs being deleted are gone; those being created run."""
@@ -157,6 +183,10 @@ class Compute:
                     for i, (s, a) in enumerate(group["instances"])
                 ]
                 return 200, self.page(items, "managedInstances", query)
+            if group["stocked_out"] and self.live(name) < group["target"]:
+                newest = max((when for when, _ in group["errors"]), default=0.0)
+                if self.clock() - newest >= RETRY_S:
+                    group["errors"].insert(0, (self.clock(), STOCKOUT))
             items = [
                 {
                     "error": error,

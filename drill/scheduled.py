@@ -1,7 +1,9 @@
 """A scheduled function (lambdas/) run in the drill's own process, as Lambda would run
 it: its configuration and region in the environment, every AWS call to a local
 endpoint, an EventBridge Scheduled Event per invocation, and its decision lines (which
-a function writes to stdout) in a log file of the drill's.
+a function writes to stdout) in a log file of the drill's. :class:`PushedFunction` runs
+a GCP function likewise: Cloud Scheduler's Pub/Sub message as a push request, Cloud
+Storage, Compute Engine and Cloud Monitoring at local endpoints.
 
 While it is open, this process's ``AWS_*`` variables are the function's (none of the
 user's profile, token or endpoints stays visible to its clients) and are put back when
@@ -11,6 +13,7 @@ it closes. The functions cache their clients and configuration per process
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import time
@@ -100,4 +103,50 @@ def _reset_caches() -> None:
     from ftfleet.lambdas.common import aws, runtime
 
     aws.reset()
+    runtime.reset()
+
+
+def pushed_message(t: float, subscription: str) -> dict[str, Any]:
+    """A Pub/Sub push request's body carrying Cloud Scheduler's (empty) message at ``t``."""
+    return {
+        "data": {
+            "message": {"data": base64.b64encode(b"{}").decode(), "messageId": f"drill-{t:.3f}", "attributes": {}},
+            "subscription": subscription,
+        }
+    }
+
+
+class PushedFunction(ScheduledFunction):
+    """A GCP function: ``env`` names the local endpoints (``STORAGE_EMULATOR_HOST``,
+    ``FTFLEET_COMPUTE_ENDPOINT``, ``FTFLEET_MONITORING_ENDPOINT``) and the project."""
+
+    def __init__(self, handler: Callable[..., dict[str, Any]], config: Any, env: dict[str, str], log_path: Path):
+        self.handler, self.region, self.rule, self.log_path = handler, "", "", log_path
+        self.env = {**env, **config.to_env()}
+        self._saved = {}
+        self._log = None
+
+    def __enter__(self) -> PushedFunction:
+        self._saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        _reset_gcp()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "a")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        _reset_gcp()
+
+    def invoke(self) -> dict[str, Any]:
+        assert self._log is not None, "use it in a with block"
+        with contextlib.redirect_stdout(self._log):
+            return self.handler(pushed_message(time.time(), "projects/drill/subscriptions/capacity-watch"))
+
+
+def _reset_gcp() -> None:
+    from ftfleet.lambdas.common import gcp, gcp_groups, runtime
+
+    gcp.reset()
+    gcp_groups.reset()
     runtime.reset()

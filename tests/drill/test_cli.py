@@ -14,7 +14,6 @@ from drill.cli import main
         (["--interval", "0"], "--interval 0: use adaptive or a positive number of steps"),
         (["--faults", "sigkill", "--nproc", "1"], "needs --nproc 2 or more"),
         (["--spacing", "1"], "at least 2 steps"),
-        (["--faults", "capacity_loss", "--cloud", "gcp"], "--cloud gcp: capacity_loss runs on AWS only for now"),
         (["--faults", "capacity_loss,notice"], "capacity_loss runs alone"),
         (["--faults", "capacity_loss", "--launcher", "inprocess"], "capacity_loss runs its nodes under torchrun"),
         (["--faults", "capacity_loss", "--interval", "adaptive"], "capacity_loss takes a fixed number of steps"),

@@ -1,5 +1,5 @@
 """`ftfleet failover` between two GCP stacks, against the stand-in for Compute Engine's
-REST API (tests/gcp_compute.py) and the Cloud Storage emulator (fake-gcs-server): both
+REST API (drill/gcp_standin.py) and the Cloud Storage emulator (fake-gcs-server): both
 sides read one dual-region bucket (checkpoints, lease and the move's record), as a GCP
 home and its standby do. Every refusal leaves the groups and the bucket as they were."""
 
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from drill.gcp_standin import Compute
 from ftfleet.cli import main
 from ftfleet.infra.failover import Failover, Refused, Stack, side
 from ftfleet.lambdas.common import gcp, gcp_groups
 from ftfleet.lambdas.common.gcp_fleet import record_key
 from ftfleet.trainer.checkpoint.manifest import Manifest, checksum_file, object_key, write_manifest
-from tests.gcp_compute import Compute
 from tests.gcs_emulator import gcs_client
 
 PROJECT = "proj-test"

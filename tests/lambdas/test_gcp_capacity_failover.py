@@ -1,5 +1,5 @@
 """A GCP standby's capacity watch moves the run (standbyAutoFailover): against the
-stand-in for Compute Engine's REST API (tests/gcp_compute.py), the Cloud Storage
+stand-in for Compute Engine's REST API (drill/gcp_standin.py), the Cloud Storage
 emulator (the shared bucket: checkpoints, lease, the watch's state and the move's
 record) and the recording Cloud Monitoring of test_gcp_functions.py."""
 
@@ -9,12 +9,12 @@ import json
 
 import pytest
 
+from drill.gcp_standin import STOCKOUT, Compute
 from ftfleet.lambdas.common import gcp, gcp_groups
 from ftfleet.lambdas.common.pair import LeaseRef, Pair, Side
 from ftfleet.lambdas.gcp_capacity_watch import config as capacity_config
 from ftfleet.lambdas.gcp_capacity_watch import handler as watch
 from ftfleet.lambdas.gcp_capacity_watch.config import Config
-from tests.gcp_compute import STOCKOUT, Compute
 from tests.gcs_emulator import gcs_client
 from tests.infra.test_failover_gcp import LEASE_KEY, ROOT, RUN, put_lease, put_step
 from tests.lambdas import test_gcp_functions as gcp_functions

@@ -1,5 +1,5 @@
 """gcp_capacity_watch against the stand-in for Compute Engine's REST API
-(tests/gcp_compute.py), the Cloud Storage emulator (its state object; fake-gcs-server,
+(drill/gcp_standin.py), the Cloud Storage emulator (its state object; fake-gcs-server,
 tests/gcs_emulator.py) and the recording Cloud Monitoring of test_gcp_functions.py,
 which knows the watch's descriptors here."""
 
@@ -11,11 +11,11 @@ import json
 import pytest
 import requests
 
+from drill.gcp_standin import Compute
 from ftfleet.lambdas.common import gcp_groups
 from ftfleet.lambdas.gcp_capacity_watch import config as capacity_config
 from ftfleet.lambdas.gcp_capacity_watch import handler as watch
 from ftfleet.lambdas.gcp_capacity_watch.config import Config
-from tests.gcp_compute import Compute
 from tests.gcs_emulator import gcs_client
 from tests.lambdas import test_gcp_functions as gcp_functions
 from tests.lambdas.conftest import FakeClock, configure, decisions
