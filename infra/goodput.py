@@ -11,6 +11,11 @@ catalog's prices (infra/estimate.py) and what the caller says of the job.
   ``--spot-monthly-share P``, or, with neither, the plan shows the advisor's band edges
   (5%, 10%, 20%) as scenarios. The job fails when any of its spot nodes does: its MTBF
   is one over the sum of their rates (the on-demand coordinator and base are left out).
+  Once the fleet has run, ``--observed FILE`` takes the job's own rate instead: the
+  interruption record its remediation functions keep beside the checkpoints
+  (``<root>/fleet/interruptions.json``, contract.InterruptionPrior), the mean time
+  between the job interruptions it holds in its window, as the trainer's adaptive
+  interval takes it; its row also shows the monthly share that rate means per node.
 * **Checkpoint cost** ``C``: the state (``--state-gib``, every rank's shard together)
   written at the fast tier's aggregate throughput (FSx and Managed Lustre: capacity in
   TiB times throughput per TiB); ``--checkpoint-s`` gives it instead (Parallelstore,
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ftfleet import contract
 from ftfleet.errors import ConfigError
 from ftfleet.trainer.resilience.interval.adaptive import daly_goodput, daly_interval
 
@@ -78,6 +85,35 @@ def advisor_shares(path: Path, region: str, types: tuple[str, ...]) -> dict[str,
     return out
 
 
+def observed_rate(path: Path, s: Any, now: float) -> tuple[float, str]:
+    """(the job's interruptions per hour, a label) from the fleet's interruption record
+    at ``path``; one-line ConfigError for a file that is not this run's record, or one
+    with fewer than two job interruptions in its window."""
+    try:
+        prior = contract.InterruptionPrior.from_json(path.read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"--observed {path}: no such file") from None
+    except (OSError, contract.ContractError) as exc:
+        raise ConfigError(
+            f"--observed {path}: not the fleet's interruption record ({exc}); copy "
+            f"<checkpoint_uri>/{contract.INTERRUPTION_PRIOR_KEY} from the stack's bucket"
+        ) from None
+    if prior.cloud != s.cloud or prior.run_id != s.trainer.run_id:
+        raise ConfigError(
+            f"--observed {path}: the record of run {prior.run_id!r} on {prior.cloud}, not {s.stack}'s "
+            f"({s.trainer.run_id!r} on {s.cloud})"
+        )
+    starts = prior.job_interruptions(now)
+    mtbf_s = prior.mtbf_s(now)
+    if mtbf_s is None or mtbf_s <= 0:
+        raise ConfigError(
+            f"--observed {path}: {len(starts)} job interruption(s) in its window, fewer than the two a rate needs; "
+            "give --spot-monthly-share"
+        )
+    days = (now - starts[0]) / 86400
+    return 3600.0 / mtbf_s, f"observed: {len(starts)} job interruptions in {days:.1f} days"
+
+
 def fast_tier_mb_s(s: Any) -> float | None:
     """The fast tier's aggregate throughput in MB/s, where its settings say it."""
     st = s.storage
@@ -101,6 +137,8 @@ def predict(
     checkpoint_s: float | None = None,
     monthly_share: float | None = None,
     advisor: Path | None = None,
+    observed: Path | None = None,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """The prediction for stack settings ``s`` with its cost estimate ``est``: one row per
     interruption scenario (a single row when the share is known)."""
@@ -118,7 +156,12 @@ def predict(
         if not checkpoint_s >= 0:
             raise ConfigError(f"--checkpoint-s {checkpoint_s!r}: give seconds (>= 0)")
         cost_from = "given"
-    if advisor is not None:
+    spot_nodes = est["nodes"]["workers_spot"]
+    if observed is not None:
+        job_rate, source = observed_rate(observed, s, time.time() if now is None else now)
+        share = -math.expm1(-job_rate / max(spot_nodes, 1) * HOURS_PER_MONTH)
+        shares = [(share, source)]
+    elif advisor is not None:
         if s.cloud != "aws":
             raise ConfigError("--spot-advisor: AWS publishes the advisor's bands; on GCP give --spot-monthly-share")
         bands = advisor_shares(advisor, s.region, spot_types(s))
@@ -130,12 +173,11 @@ def predict(
         shares = [(monthly_share, "given")]
     else:
         shares = [(p, f"scenario: {p:.0%} a month") for p in SCENARIOS]
-    spot_nodes = est["nodes"]["workers_spot"]
     gpus = est["nodes"]["gpus"]
     fleet = est["fleet_usd_per_hour"]
     rows = []
     for share, source in shares:
-        per_hour = node_rate_per_hour(share) * spot_nodes
+        per_hour = job_rate if observed is not None else node_rate_per_hour(share) * spot_nodes
         if per_hour > 0:
             mtbf_s = 3600.0 / per_hour
             interval_s = daly_interval(checkpoint_s, mtbf_s)

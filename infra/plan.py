@@ -13,6 +13,7 @@ from typing import Any
 
 import pulumi
 
+from ftfleet import contract
 from ftfleet.errors import ConfigError
 from ftfleet.infra import estimate, goodput, offline, stackfile
 from ftfleet.infra.gcp import plan as gcp_plan
@@ -267,7 +268,7 @@ def job_of(args: argparse.Namespace) -> dict[str, Any] | None:
     """What the command line says of the job, for the goodput prediction (None: no
     --state-gib, no prediction)."""
     if args.state_gib is None:
-        for flag in ("restart_s", "checkpoint_s", "spot_monthly_share", "spot_advisor"):
+        for flag in ("restart_s", "checkpoint_s", "spot_monthly_share", "spot_advisor", "observed"):
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--{flag.replace('_', '-')} needs --state-gib: the model and optimizer state in GiB")
         return None
@@ -280,6 +281,12 @@ def job_of(args: argparse.Namespace) -> dict[str, Any] | None:
         job["monthly_share"] = args.spot_monthly_share
     if args.spot_advisor is not None:
         job["advisor"] = Path(args.spot_advisor)
+    if args.observed is not None:
+        if args.spot_monthly_share is not None or args.spot_advisor is not None:
+            raise ConfigError(
+                "--observed: the fleet's own rate replaces --spot-monthly-share and --spot-advisor; give one"
+            )
+        job["observed"] = Path(args.observed)
     return job
 
 
@@ -325,4 +332,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--spot-monthly-share", type=float, help="share of spot nodes interrupted in a month (0.05)")
     g.add_argument("--spot-advisor", metavar="FILE", help="the Spot Instance Advisor's JSON (AWS): each type's band")
+    g.add_argument(
+        "--observed",
+        metavar="FILE",
+        help=f"the fleet's interruption record (<checkpoint_uri>/{contract.INTERRUPTION_PRIOR_KEY}): its own rate",
+    )
     p.set_defaults(func=run)

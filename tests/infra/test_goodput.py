@@ -129,3 +129,74 @@ def test_plan_prints_the_prediction_and_refuses_its_flags_without_the_state(caps
     assert "--restart-s needs --state-gib" in capsys.readouterr().err
     assert main(["plan", "aws-prod"]) == 0
     assert "Goodput" not in capsys.readouterr().out
+
+
+def record(tmp_path, s, hours_between: list[float], now: float, **fields) -> object:
+    """The fleet's interruption record with job interruptions ``hours_between`` apart,
+    the last one an hour before ``now``."""
+    from ftfleet import contract
+
+    times = [now - 3600]
+    for gap in reversed(hours_between):
+        times.append(times[-1] - gap * 3600)
+    prior = contract.InterruptionPrior(
+        cloud=fields.get("cloud", s.cloud),
+        run_id=fields.get("run_id", s.trainer.run_id),
+        updated_at=now,
+        interruptions=tuple(
+            contract.Interruption(f"node-{i}", at, "us-east-1a", "p5.48xlarge") for i, at in enumerate(sorted(times))
+        ),
+    )
+    path = tmp_path / "interruptions.json"
+    path.write_text(prior.to_json())
+    return path
+
+
+def test_the_fleets_observed_record_gives_the_jobs_own_rate(tmp_path):
+    s, est = settings_and_estimate("aws-prod")
+    now = 1_800_000_000.0
+    path = record(tmp_path, s, [10.0, 20.0], now)  # 3 job interruptions, 30 h apart in all
+    pred = goodput.predict(s, est, state_gib=2000, observed=path, now=now)
+    (row,) = pred["rows"]
+    # The job's MTBF runs from its first interruption to now, over the gaps between them.
+    mtbf = (30 * 3600 + 3600) / 2
+    assert row["interruptions_per_hour"] == pytest.approx(3600 / mtbf, abs=1e-4)
+    assert row["source"] == "observed: 3 job interruptions in 1.3 days"
+    assert row["mtbf_s"] == pytest.approx(mtbf, abs=0.1)
+    # The monthly share per node that rate means, shown beside it.
+    per_node = 3600 / mtbf / est["nodes"]["workers_spot"]
+    assert goodput.node_rate_per_hour(row["monthly_share"]) == pytest.approx(per_node, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("arrange", "says"),
+    [
+        (lambda tmp, s, now: record(tmp, s, [], now), "in its window, fewer than the two a rate needs"),
+        (lambda tmp, s, now: record(tmp, s, [5.0], now, run_id="other"), "the record of run 'other' on aws"),
+        (lambda tmp, s, now: tmp / "missing.json", "no such file"),
+        (
+            lambda tmp, s, now: (tmp / "x.json").write_text("{}") and tmp / "x.json",
+            "not the fleet's interruption record",
+        ),
+    ],
+)
+def test_an_observed_record_that_cannot_give_a_rate_is_one_line(tmp_path, arrange, says):
+    s, est = settings_and_estimate("aws-prod")
+    now = 1_800_000_000.0
+    with pytest.raises(ConfigError, match=says):
+        goodput.predict(s, est, state_gib=100, observed=arrange(tmp_path, s, now), now=now)
+
+
+def test_plan_takes_the_observed_record_alone(tmp_path, capsys):
+    s, _ = settings_and_estimate("aws-prod")
+    import time
+
+    path = record(tmp_path, s, [6.0, 6.0, 6.0], time.time())
+    assert main(["plan", "aws-prod", "--state-gib", "2000", "--observed", str(path)]) == 0
+    assert "(observed: 4 job interruptions in 0.8 days)" in capsys.readouterr().out
+    assert (
+        main(["plan", "aws-prod", "--state-gib", "2000", "--observed", str(path), "--spot-monthly-share", "0.1"]) == 2
+    )
+    assert "replaces --spot-monthly-share and --spot-advisor; give one" in capsys.readouterr().err
+    assert main(["plan", "aws-prod", "--observed", str(path)]) == 2
+    assert "--observed needs --state-gib" in capsys.readouterr().err
