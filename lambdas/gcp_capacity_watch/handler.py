@@ -10,7 +10,8 @@ and, when short, since when it has lacked capacity: the oldest of its errors
 (regionInstanceGroupManagers.listErrors) that is a resource availability error
 (:func:`is_capacity_error`) newer than the last time this function saw the group not
 short. A group short without such an error is booting, not out of capacity. A group
-that does not exist (404) is named in ``missing_groups``.
+that does not exist (404) is named in ``missing_groups``, and the decision is then
+``groups-missing`` (WARNING) where it would be ``ok``.
 
 listErrors keeps no record of when a group was last whole, so the function keeps one: a
 JSON object in the run's bucket (``FTFLEET_STATE_KEY``, one per stack: a standby
@@ -141,6 +142,19 @@ def advance(document: Any, seen: Mapping[str, tuple[int, list[float]]], now: flo
     return {"groups": groups}
 
 
+def newer_than(document: Any, now: float) -> bool:
+    """Whether the state holds a time after ``now``: a later run's."""
+    known = document.get("groups") if isinstance(document, Mapping) else None
+    if not isinstance(known, Mapping):
+        return False
+    return any(
+        (_number(g.get(k)) or 0.0) > now
+        for g in known.values()
+        if isinstance(g, Mapping)
+        for k in ("last_full", "since", "calm")
+    )
+
+
 def measure(groups: Groups, names: tuple[str, ...] | list[str]) -> tuple[dict[str, tuple[int, list[float]]], list[str]]:
     """Per group found: (nodes short, its capacity errors' times, read only when short);
     and the groups not found."""
@@ -171,13 +185,17 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
     )
 
     def change(document: Any) -> tuple[Any, bool]:
+        if newer_than(document, now):
+            # A later run wrote it already (this one was delayed or redelivered): its
+            # times stand; this run's older view of the groups would move them back.
+            return document, False
         new = advance(document, {**home_seen, **seen}, now)
         return new, new != document
 
     state, _ = gcp.update_json(cfg.bucket, cfg.state_key, change)
     seconds: dict[str, float] = {}
     for name, (short, _) in {**home_seen, **seen}.items():
-        since = state["groups"][name]["since"]
+        since = _number((state["groups"].get(name) or {}).get("since"))
         seconds[name] = max(0.0, now - since) if short and since is not None else 0.0
     report = {
         name: {"short": short, "short_for_capacity_s": round(seconds[name], 1)} for name, (short, _) in seen.items()
@@ -189,6 +207,9 @@ def decide(event: Any, cfg: Config, log: DecisionLog, context: Any) -> dict[str,
         cfg.project, [(CAPACITY_SHORT_NODES, float(short_nodes), labels), (CAPACITY_SHORT_SECONDS, longest, labels)]
     )
     decision, level = capacity.decision(longest, cfg.loss_s, short_nodes)
+    if missing and decision == "ok":
+        # Nothing measured there is not "ok": a group deleted, or a config naming another.
+        decision, level = "groups-missing", "WARNING"
     fields: dict[str, Any] = {"groups": report, "missing_groups": missing, "loss_s": cfg.loss_s}
     if pair is not None:
 

@@ -202,6 +202,16 @@ def test_a_missing_group_is_named_and_the_others_are_measured(watched, compute, 
     out = watched(T0, groups=(WORKERS, "ftfleet-gcp-test-gone"))
     assert out["missing_groups"] == ["ftfleet-gcp-test-gone"] and list(out["groups"]) == [WORKERS]
     assert written(monitoring, capacity_config.CAPACITY_SHORT_NODES) == 1.0
+    assert out["decision"] == "short"  # the measured group's decision stands
+
+
+def test_groups_that_are_all_gone_are_not_ok(watched, compute):
+    out = watched(T0, groups=("ftfleet-gcp-test-gone",))
+    assert (out["decision"], out["level"], out["missing_groups"]) == (
+        "groups-missing",
+        "WARNING",
+        ["ftfleet-gcp-test-gone"],
+    )
 
 
 def test_the_watch_only_reads_the_groups(watched, compute):
@@ -286,3 +296,17 @@ def test_without_an_endpoint_the_session_is_googles_with_read_only_credentials(m
     monkeypatch.setattr("google.auth.transport.requests.AuthorizedSession", lambda c: ("authorized", c))
     assert gcp_groups.session() == (gcp_groups.COMPUTE, ("authorized", "credentials"))
     assert asked == ["https://www.googleapis.com/auth/compute.readonly"]
+
+
+def test_a_delayed_run_does_not_move_a_later_runs_times_back(watched, compute, gcs_bucket):
+    """Pub/Sub redelivers a run late: its older view of the groups (full, before the
+    shortage began) must not erase the shortage a later run recorded."""
+    compute.group(WORKERS, target=2, ready=2)
+    watched(T0)
+    compute.group(WORKERS, target=2, ready=1, errors=[(T0 + 500, STOCKOUT)])
+    watched(T0 + 600)
+    later = state(gcs_bucket)
+    assert later == {"groups": {WORKERS: {"last_full": T0, "since": T0 + 500}}}
+    compute.group(WORKERS, target=2, ready=2)
+    assert watched(T0 + 300)["decision"] == "ok"  # the delayed run, from before the shortage
+    assert state(gcs_bucket) == later
