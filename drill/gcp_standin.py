@@ -6,12 +6,15 @@ No Compute Engine emulator exists. :class:`Compute` answers
 ``regionInstanceGroupManagers.get`` (``targetSize``), ``.listManagedInstances`` (POST;
 ``managedInstances[]`` with ``instanceStatus`` and ``currentAction``), ``.listErrors``
 (GET; ``items[]`` with ``error.code``, ``error.message`` and an RFC 3339 ``timestamp``)
-and ``.resize`` (POST with the ``size`` query parameter; answers an Operation), in any
+``.resize`` (POST with the ``size`` query parameter; answers an Operation) and
+``.deleteInstances`` (POST; ``instances[]`` of instance URLs: each goes and the target
+size drops by one; ``skipInstancesOnValidationError`` skips one not in the group), in any
 region of one project, and 404 for a group that does not exist. Both lists are paged
 with ``maxResults``/``pageToken``/``nextPageToken``, two items a page, fewer than asked
 for, as the API may.
 
-A resize changes the target size at once and the instances as a MIG does over time: a
+An instance's URL names its position in the group's list, so a deletion names what the
+last listing showed. A resize changes the target size at once and the instances as a MIG does over time: a
 resize down marks the surplus ``STOPPING``/``DELETING`` (listed until :meth:`settle`,
 which is the VMs' shutdown), a resize up adds ``STAGING``/``CREATING`` instances (running
 after :meth:`settle`), or, for a group whose zone is out of resources
@@ -79,7 +82,7 @@ class Compute:
                     outer.series.extend(json.loads(body or b"{}").get("timeSeries") or [])
                     self.answer(200, {})
                     return
-                self.answer(*outer.answer("POST", self.path))
+                self.answer(*outer.answer("POST", self.path, json.loads(body or b"{}")))
 
             def answer(self, status, body):
                 data = json.dumps(body).encode()
@@ -141,7 +144,7 @@ class Compute:
                 kept += [CREATING] * (size - len(kept))
         group["instances"] = kept + gone
 
-    def answer(self, method, raw_path):
+    def answer(self, method, raw_path, body=None):
         url = urllib.parse.urlsplit(raw_path)
         query = urllib.parse.parse_qs(url.query)
         head = f"/compute/v1/projects/{self.project}/regions/"
@@ -163,6 +166,7 @@ class Compute:
                     ("POST", "listManagedInstances"),
                     ("GET", "listErrors"),
                     ("POST", "resize"),
+                    ("POST", "deleteInstances"),
                 )
             ):
                 message = f"The resource 'projects/{self.project}/regions/{region}/instanceGroupManagers/{name}' "
@@ -177,6 +181,18 @@ class Compute:
                     return 400, {"error": {"code": 400, "message": "Invalid value for field 'size'"}}
                 self._resize(group, size)
                 return 200, {"kind": "compute#operation", "operationType": "compute.instanceGroupManagers.resize"}
+            if verb == "deleteInstances":
+                urls = list((body or {}).get("instances") or [])
+                live = [i for i, state in enumerate(group["instances"]) if state != DELETING]
+                named = [int(u.rsplit("-", 1)[1]) for u in urls if u.startswith(f"{self.url}/instances/{name}-")]
+                for index in named:
+                    if index in live:
+                        group["instances"][index] = DELETING
+                        group["target"] = max(0, group["target"] - 1)
+                return 200, {
+                    "kind": "compute#operation",
+                    "operationType": "compute.instanceGroupManagers.deleteInstances",
+                }
             if verb == "listManagedInstances":
                 items = [
                     {"instance": f"{self.url}/instances/{name}-{i}", "instanceStatus": s, "currentAction": a}

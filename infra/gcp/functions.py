@@ -88,8 +88,9 @@ CAPACITY_SCHEDULE = "*/2 * * * *"
 #: (regionInstanceGroupManagers get, listManagedInstances, listErrors all require
 #: compute.instanceGroupManagers.get), and no more.
 CAPACITY_PERMISSIONS = ("compute.instanceGroupManagers.get",)
-#: A standby's watch that moves the run also resizes both stacks' groups
-#: (regionInstanceGroupManagers.resize requires compute.instanceGroupManagers.update).
+#: A standby's watch that moves the run also resizes both stacks' worker groups and
+#: deletes a coordinator VM (regionInstanceGroupManagers.resize and .deleteInstances
+#: require compute.instanceGroupManagers.update).
 MOVE_PERMISSIONS = (*CAPACITY_PERMISSIONS, "compute.instanceGroupManagers.update")
 #: Every hour on the hour: the default schedule keeps every checkpoint of the last six
 #: hours, and what it lets go may wait an hour.

@@ -7,10 +7,12 @@ groups, one dual-region bucket for both sides, and the move's record in it.
   each runs its shutdown script, the emergency checkpoint).
 * The coordinator: its VM is the one a per-instance config creates, named and holding
   the stack's reserved rendezvous address (infra/gcp/fleet.py); a resize up would add a
-  VM of the template's without either. So a move stops the source's coordinator group
-  (to 0) but never raises one: the target's coordinator VM must run before the move
-  begins (:meth:`GcpFleet.cannot_start`: a standby with ``standbyActive``, a home after
-  `pulumi up --refresh`).
+  VM of the template's without either. So a move stops the source's coordinator by
+  deleting its VM (``deleteInstances``, which lowers the target size; deleting only the
+  per-instance config would leave the VM running) but never raises a coordinator group:
+  the target's coordinator VM must run before the move begins
+  (:meth:`GcpFleet.cannot_start`: a standby with ``standbyActive``, a home after
+  `pulumi up --refresh`, which declares its per-instance config again).
 * The record of a move out of a stack: ``<root>/fleet/failover-from-<stack>.json``
   beside the checkpoints (:func:`record_key`), created only where none exists
   (``ifGenerationMatch=0``): of two movers beginning at once, one writes it and the
@@ -55,8 +57,14 @@ class GcpFleet(Fleet):
         return size, size, None
 
     def resize(self, side: Side, group: str, size: int) -> str:
-        if group == side.coordinator_group and size > 0:
-            return f"target size {self.sizes(side, group)[0]}, its per-instance config's VM (never resized up)"
+        if group == side.coordinator_group:
+            if size > 0:
+                return f"target size {self.sizes(side, group)[0]}, its per-instance config's VM (never resized up)"
+            groups = self._of(side)
+            going = [str(i["instance"]) for i in groups.instances(group) if i.get("currentAction") != "DELETING"]
+            if going:
+                groups.delete_instances(group, going)
+            return f"its VM deleted ({len(going)} instance(s), deleteInstances)"
         self._of(side).resize(group, size)
         return f"target size {size}"
 

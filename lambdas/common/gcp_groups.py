@@ -80,6 +80,13 @@ class Groups:
         response = self.session.post(self._url(group, "resize"), params={"size": size}, timeout=30)
         response.raise_for_status()
 
+    def delete_instances(self, group: str, instances: list[str]) -> None:
+        """regionInstanceGroupManagers.deleteInstances: these instances (URLs) go, and
+        the group's target size drops by as many; one already gone is skipped."""
+        body = {"instances": instances, "skipInstancesOnValidationError": True}
+        response = self.session.post(self._url(group, "deleteInstances"), json=body, timeout=30)
+        response.raise_for_status()
+
     def _pages(self, method: str, url: str, key: str) -> Iterator[Mapping[str, Any]]:
         token = ""
         for _ in range(PAGES):

@@ -137,6 +137,11 @@ def test_the_job_moves_once_the_homes_instances_are_gone(world, gcs_bucket):
         "standby-workers-ondemand": 1,
     }
     assert "  us-east1 standby-workers: target size 3" in said
+    # A coordinator VM is deleted by name, never resized: a resize up would make one
+    # without its per-instance config's name and address.
+    calls = {(method, path) for method, path in compute.calls if "coordinator" in path}
+    assert ("POST", "home-coordinator/deleteInstances") in calls
+    assert not {c for c in calls if c[1].endswith("/resize")}
     assert "  us-east1 standby-coordinator: target size 1, its per-instance config's VM (never resized up)" in said
     assert (
         said[-1]
