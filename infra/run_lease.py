@@ -17,3 +17,14 @@ def other_holder(body_base64: str | None, holder: str, now: float) -> str:
     except (ValueError, TypeError, KeyError, binascii.Error):
         return ""
     return named if named != holder and expires > now else ""
+
+
+def held_line(elsewhere: str, what: str, stack: str) -> str:
+    """A home's ``fleet_status`` while the run trains with ``elsewhere`` (a lease holder,
+    ``<stack>/<region>``): ``what`` is held at 0 nodes, and the command that brings the
+    run back to ``stack``."""
+    other = elsewhere.split("/")[0]
+    return (
+        f"{what} held at 0 nodes: the run trains with {elsewhere} (its run lease) since a failover; "
+        f"`ftfleet failover {other} --to {stack}` brings it back"
+    )

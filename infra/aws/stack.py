@@ -8,7 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from ftfleet import contract
-from ftfleet.infra import creation, standby_source
+from ftfleet.infra import creation, run_lease, standby_source
 from ftfleet.infra.aws import run_location, standby, userdata
 from ftfleet.infra.aws.bucket import ReplicatedBucket
 from ftfleet.infra.aws.checkpoint_store import CheckpointStore
@@ -260,11 +260,7 @@ def build(s: Settings) -> None:
 def fleet_status(args: list) -> str:
     pushed, image, elsewhere = args
     if elsewhere:
-        stack = elsewhere.split("/")[0]
-        line = (
-            f"held at 0 nodes: the run trains with {elsewhere} (its run lease) since a failover; "
-            f"`ftfleet failover {stack} --to {pulumi.get_stack()}` brings it back"
-        )
+        line = run_lease.held_line(elsewhere, "the groups", pulumi.get_stack())
         pulumi.log.warn(line)
         return line
     if pushed:

@@ -6,7 +6,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from ftfleet import contract
-from ftfleet.infra import standby_source
+from ftfleet.infra import run_lease, standby_source
 from ftfleet.infra.gcp import boot, run_location, standby
 from ftfleet.infra.gcp.bucket import ReplicatedBucket
 from ftfleet.infra.gcp.checkpoint_store import CheckpointStore
@@ -206,11 +206,7 @@ def _fleet(
 def home_status(elsewhere: str) -> str:
     if not elsewhere:
         return "running: the worker groups take their configured sizes"
-    stack = elsewhere.split("/")[0]
-    line = (
-        f"workers held at 0 nodes: the run trains with {elsewhere} (its run lease) since a failover; "
-        f"`ftfleet failover {stack} --to {pulumi.get_stack()}` brings it back"
-    )
+    line = run_lease.held_line(elsewhere, "the worker groups", pulumi.get_stack())
     pulumi.log.warn(line)
     return line
 

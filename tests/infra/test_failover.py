@@ -58,9 +58,11 @@ def sizes(region: str, name: str) -> tuple[int, int, int]:
     return g["MinSize"], g["DesiredCapacity"], len(g["Instances"])
 
 
-def put_step(tmp_path, bucket: str, region: str, step: int, truncate: bool = False) -> None:
-    d = tmp_path / f"{bucket}-step-{step}"
-    d.mkdir()
+def step_objects(tmp_path, step: int, truncate: bool = False) -> dict[str, bytes]:
+    """A one-file checkpoint of ``step``: key under the run's root -> bytes (the data file
+    one byte short with ``truncate``: its manifest then does not verify)."""
+    d = tmp_path / f"step-{step}-{'cut' if truncate else 'whole'}"
+    d.mkdir(exist_ok=True)
     (d / "__0_0.distcp").write_bytes(bytes(range(256)) * step)
     m = Manifest(
         step=step,
@@ -71,14 +73,31 @@ def put_step(tmp_path, bucket: str, region: str, step: int, truncate: bool = Fal
         torch_version="t",
     )
     write_manifest(d, m)
-    s3 = boto3.client("s3", region_name=region)
     body = (d / "__0_0.distcp").read_bytes()
-    s3.put_object(
-        Bucket=bucket, Key=f"checkpoints/{RUN}/{object_key(step, '__0_0.distcp')}", Body=body[:-1] if truncate else body
-    )
-    s3.put_object(
-        Bucket=bucket, Key=f"checkpoints/{RUN}/step-{step}/manifest.json", Body=(d / "manifest.json").read_bytes()
-    )
+    return {
+        object_key(step, "__0_0.distcp"): body[:-1] if truncate else body,
+        f"step-{step}/manifest.json": (d / "manifest.json").read_bytes(),
+    }
+
+
+def lease_bytes(holder: str, expires_in_s: float) -> bytes:
+    """The run lease as a holder writes it, current for ``expires_in_s`` more seconds."""
+    doc = {
+        "format": "ftfleet-lease/1",
+        "run_id": RUN,
+        "holder": holder,
+        "job": "store 10.0.0.1:29400",
+        "epoch": 3,
+        "expires_at": time.time() + expires_in_s,
+        "ttl_s": 120,
+    }
+    return json.dumps(doc).encode()
+
+
+def put_step(tmp_path, bucket: str, region: str, step: int, truncate: bool = False) -> None:
+    s3 = boto3.client("s3", region_name=region)
+    for key, body in step_objects(tmp_path, step, truncate).items():
+        s3.put_object(Bucket=bucket, Key=f"checkpoints/{RUN}/{key}", Body=body)
 
 
 def replicate() -> None:
@@ -90,16 +109,8 @@ def replicate() -> None:
 
 
 def put_lease(holder: str, expires_in_s: float) -> None:
-    doc = {
-        "format": "ftfleet-lease/1",
-        "run_id": RUN,
-        "holder": holder,
-        "job": "store 10.0.0.1:29400",
-        "epoch": 3,
-        "expires_at": time.time() + expires_in_s,
-        "ttl_s": 120,
-    }
-    boto3.client("s3", region_name=HOME_REGION).put_object(Bucket=PRIMARY, Key=LEASE_KEY, Body=json.dumps(doc))
+    s3 = boto3.client("s3", region_name=HOME_REGION)
+    s3.put_object(Bucket=PRIMARY, Key=LEASE_KEY, Body=lease_bytes(holder, expires_in_s))
 
 
 def two_regions(tmp_path) -> None:

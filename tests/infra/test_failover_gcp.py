@@ -6,7 +6,6 @@ home and its standby do. Every refusal leaves the groups and the bucket as they 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -15,12 +14,11 @@ from ftfleet.cli import main
 from ftfleet.infra.failover import Failover, Refused, Stack, side
 from ftfleet.lambdas.common import gcp, gcp_groups
 from ftfleet.lambdas.common.gcp_fleet import record_key
-from ftfleet.trainer.checkpoint.manifest import Manifest, checksum_file, object_key, write_manifest
 from tests.gcs_emulator import gcs_client
+from tests.infra.test_failover import RUN, lease_bytes, step_objects
 
 PROJECT = "proj-test"
 HOME_REGION, STANDBY_REGION = "us-central1", "us-east1"
-RUN = "llm"
 ROOT = f"checkpoints/{RUN}"
 LEASE_KEY = f"ftfleet-leases/{RUN}.json"
 
@@ -41,37 +39,13 @@ def outputs(name: str, region: str, bucket: str, standby_of: str = "", fs: str =
 
 
 def put_step(tmp_path, bucket: str, step: int, truncate: bool = False) -> None:
-    d = tmp_path / f"step-{step}"
-    d.mkdir()
-    (d / "__0_0.distcp").write_bytes(bytes(range(256)) * step)
-    write_manifest(
-        d,
-        Manifest(
-            step=step,
-            run_id=RUN,
-            config_hash="c",
-            world_size=1,
-            files={"__0_0.distcp": checksum_file(d / "__0_0.distcp")},
-            torch_version="t",
-        ),
-    )
     b = gcs_client().bucket(bucket)
-    body = (d / "__0_0.distcp").read_bytes()
-    b.blob(f"{ROOT}/{object_key(step, '__0_0.distcp')}").upload_from_string(body[:-1] if truncate else body)
-    b.blob(f"{ROOT}/step-{step}/manifest.json").upload_from_string((d / "manifest.json").read_bytes())
+    for key, body in step_objects(tmp_path, step, truncate).items():
+        b.blob(f"{ROOT}/{key}").upload_from_string(body)
 
 
 def put_lease(bucket: str, holder: str, expires_in_s: float) -> None:
-    doc = {
-        "format": "ftfleet-lease/1",
-        "run_id": RUN,
-        "holder": holder,
-        "job": "store 10.0.0.1:29400",
-        "epoch": 3,
-        "expires_at": time.time() + expires_in_s,
-        "ttl_s": 120,
-    }
-    gcs_client().bucket(bucket).blob(LEASE_KEY).upload_from_string(json.dumps(doc))
+    gcs_client().bucket(bucket).blob(LEASE_KEY).upload_from_string(lease_bytes(holder, expires_in_s))
 
 
 @pytest.fixture

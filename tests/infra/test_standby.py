@@ -395,22 +395,29 @@ def test_automatic_failover_that_could_not_work_is_refused_in_one_line(changes, 
         settings.parse(raw, stack=STANDBY, region="us-west-2")
 
 
+def home_with_lease(stack: str, bucket: str, holder: str, expires_in_s: float) -> offline.Recording:
+    """The home's offline plan with the run lease in its bucket, held by ``holder``."""
+    doc = {"format": "ftfleet-lease/1", "run_id": "llm-prod", "holder": holder, "epoch": 2}
+    doc.update(expires_at=time.time() + expires_in_s, ttl_s=120)
+    return offline.run(
+        stackfile.load(stack), objects={f"{bucket}/ftfleet-leases/llm-prod.json": json.dumps(doc).encode()}
+    )
+
+
 def test_a_home_whose_run_trains_in_its_standby_keeps_its_groups_at_0():
     home = recording(HOME)
-    bucket = home.outputs["primary_bucket"]
 
     def with_lease(holder: str, expires_in_s: float) -> offline.Recording:
-        doc = {"format": "ftfleet-lease/1", "run_id": "llm-prod", "holder": holder, "epoch": 2}
-        doc.update(expires_at=time.time() + expires_in_s, ttl_s=120)
-        objects = {f"{bucket}/ftfleet-leases/llm-prod.json": json.dumps(doc).encode()}
-        return offline.run(stackfile.load(HOME), objects=objects)
+        return home_with_lease(HOME, home.outputs["primary_bucket"], holder, expires_in_s)
 
     def sizes(rec: offline.Recording) -> list[tuple[int, int]]:
         return sorted((g.inputs["minSize"], g.inputs["desiredCapacity"]) for g in rec.of_type(GROUP))
 
     moved = with_lease("aws-prod-standby/us-west-2", 60)
     assert sizes(moved) == [(0, 0), (0, 0)]
-    assert moved.outputs["fleet_status"].startswith("held at 0 nodes: the run trains with aws-prod-standby/us-west-2")
+    assert moved.outputs["fleet_status"].startswith(
+        "the groups held at 0 nodes: the run trains with aws-prod-standby/us-west-2"
+    )
     assert "`ftfleet failover aws-prod-standby --to aws-prod` brings it back" in moved.outputs["fleet_status"]
     # Its own lease, one run out, or no lease at all: the configured sizes.
     for rec in (with_lease("aws-prod/us-east-1", 60), with_lease("aws-prod-standby/us-west-2", -1), home):
@@ -475,13 +482,9 @@ def test_gcp_automatic_failover_needs_the_standbys_coordinator_running(tmp_path)
 
 def test_a_gcp_home_whose_run_trains_in_its_standby_keeps_its_workers_at_0():
     home = recording(GCP_HOME)
-    bucket = home.outputs["checkpoint_bucket"]
 
     def with_lease(holder: str, expires_in_s: float) -> offline.Recording:
-        doc = {"format": "ftfleet-lease/1", "run_id": "llm-prod", "holder": holder, "epoch": 2}
-        doc.update(expires_at=time.time() + expires_in_s, ttl_s=120)
-        objects = {f"{bucket}/ftfleet-leases/llm-prod.json": json.dumps(doc).encode()}
-        return offline.run(stackfile.load(GCP_HOME), objects=objects)
+        return home_with_lease(GCP_HOME, home.outputs["checkpoint_bucket"], holder, expires_in_s)
 
     def workers(rec: offline.Recording) -> dict[str, int]:
         return {g.name: g.inputs["targetSize"] for g in rec.of_type(MIG) if "workers" in g.name}
@@ -489,7 +492,7 @@ def test_a_gcp_home_whose_run_trains_in_its_standby_keeps_its_workers_at_0():
     moved = with_lease("gcp-prod-standby/us-east1", 60)
     assert workers(moved) and set(workers(moved).values()) == {0}
     assert moved.outputs["fleet_status"].startswith(
-        "workers held at 0 nodes: the run trains with gcp-prod-standby/us-east1"
+        "the worker groups held at 0 nodes: the run trains with gcp-prod-standby/us-east1"
     )
     assert "`ftfleet failover gcp-prod-standby --to gcp-prod` brings it back" in moved.outputs["fleet_status"]
     for rec in (with_lease("gcp-prod/us-central1", 60), with_lease("gcp-prod-standby/us-east1", -1), home):
