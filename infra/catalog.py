@@ -71,3 +71,9 @@ def gcp_image_kernel(image: str) -> str | None:
 def lustre_client_kernels() -> tuple[str, ...]:
     """Kernels Google publishes the Managed Lustre client for (empty: not recorded)."""
     return tuple(_data().get("gcp_node_images", {}).get("lustre_client_kernels", ()))
+
+
+def spot_interruption_prior(cloud: str) -> dict[str, Any] | None:
+    """The dated per-type interruption bands the catalog records for ``cloud`` (``as_of``,
+    ``region``, ``ranges``, ``bands``: type -> range index), or None."""
+    return _data().get("spot_interruption_prior", {}).get(cloud)

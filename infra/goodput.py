@@ -41,6 +41,7 @@ from typing import Any
 
 from ftfleet import contract
 from ftfleet.errors import ConfigError
+from ftfleet.infra import catalog
 from ftfleet.trainer.resilience.interval.adaptive import daly_goodput, daly_interval
 
 HOURS_PER_MONTH = 730.0
@@ -75,14 +76,43 @@ def advisor_shares(path: Path, region: str, types: tuple[str, ...]) -> dict[str,
             f"--spot-advisor {path}: not the Spot Instance Advisor's data for {region} ({type(exc).__name__}: {exc}); "
             "download https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
         ) from None
+    bands = {name: linux[name].get("r", -1) for name in types if isinstance(linux.get(name), Mapping)}
+    missing = [name for name in types if int(bands.get(name, -1)) not in ranges]
+    if missing:
+        raise ConfigError(f"--spot-advisor {path}: no band for {missing[0]} in {region}; give --spot-monthly-share")
+    return band_shares(ranges, bands, types)
+
+
+def band_shares(
+    ranges: Mapping[int, tuple[str, float]], bands: Mapping[str, Any], types: tuple[str, ...]
+) -> dict[str, tuple[str, float]]:
+    """type -> (its band's label, its monthly share: the band's upper edge, the open
+    band's at its lower one) for ``types``, each of which has a band in ``ranges``."""
     out = {}
     for name in types:
-        entry = linux.get(name)
-        if not isinstance(entry, Mapping) or int(entry.get("r", -1)) not in ranges:
-            raise ConfigError(f"--spot-advisor {path}: no band for {name} in {region}; give --spot-monthly-share")
-        label, top = ranges[int(entry["r"])]
+        label, top = ranges[int(bands[name])]
         out[name] = (label, OPEN_BAND if top >= 100 else top / 100)  # the open band's max is 100
     return out
+
+
+def catalog_prior(s: Any) -> tuple[float, str] | None:
+    """(the fleet's monthly share, a label naming the source and its date) from the
+    catalog's dated bands, where they are for the stack's region: the mean of its spot
+    types' shares, over the types the copy has a band for (the others named)."""
+    prior = catalog.spot_interruption_prior(s.cloud)
+    if not prior or prior.get("region") != s.region:
+        return None
+    types = spot_types(s)
+    known = tuple(t for t in types if t in prior["bands"])
+    if not known:
+        return None
+    ranges = {int(r["index"]): (str(r["label"]), float(r["max"])) for r in prior["ranges"]}
+    shares = band_shares(ranges, prior["bands"], known)
+    mean = sum(p for _, p in shares.values()) / len(shares)
+    bands = ", ".join(f"{t} {label}" for t, (label, _) in shares.items())
+    unknown = [t for t in types if t not in known]
+    lacking = f"; {', '.join(unknown)}: no band in that copy" if unknown else ""
+    return mean, f"catalog: the advisor's bands as of {prior['as_of']}, {bands}{lacking}"
 
 
 def observed_rate(path: Path, s: Any, now: float) -> tuple[float, str]:
@@ -173,6 +203,9 @@ def predict(
         shares = [(monthly_share, "given")]
     else:
         shares = [(p, f"scenario: {p:.0%} a month") for p in SCENARIOS]
+        prior = catalog_prior(s)
+        if prior is not None:
+            shares.insert(0, prior)
     gpus = est["nodes"]["gpus"]
     fleet = est["fleet_usd_per_hour"]
     rows = []

@@ -10,7 +10,7 @@ import pytest
 
 from ftfleet.cli import main
 from ftfleet.errors import ConfigError
-from ftfleet.infra import estimate, goodput, settings, stackfile
+from ftfleet.infra import catalog, estimate, goodput, settings, stackfile
 from ftfleet.trainer.resilience.interval.adaptive import daly_goodput, daly_interval
 
 
@@ -66,7 +66,7 @@ def test_the_prediction_is_dalys_model_with_the_fast_tiers_write_time():
 
 
 def test_without_a_share_the_advisors_band_edges_are_scenarios_and_more_interruptions_cost_more():
-    s, est = settings_and_estimate("aws-prod")
+    s, est = settings_and_estimate("aws-prod-standby")  # us-west-2: the catalog has no bands there
     rows = goodput.predict(s, est, state_gib=500)["rows"]
     assert [r["monthly_share"] for r in rows] == list(goodput.SCENARIOS)
     assert rows[0]["goodput"] > rows[1]["goodput"] > rows[2]["goodput"]
@@ -124,7 +124,7 @@ def test_plan_prints_the_prediction_and_refuses_its_flags_without_the_state(caps
     assert "Goodput (PREDICTION, Daly's model)" in out and "per useful GPU-hour" in out
     assert main(["plan", "aws-prod", "--json", "--state-gib", "2000"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert len(doc["estimate"]["goodput"]["rows"]) == len(goodput.SCENARIOS)
+    assert len(doc["estimate"]["goodput"]["rows"]) == len(goodput.SCENARIOS) + 1  # the catalog's prior first
     assert main(["plan", "aws-prod", "--restart-s", "30"]) == 2
     assert "--restart-s needs --state-gib" in capsys.readouterr().err
     assert main(["plan", "aws-prod"]) == 0
@@ -200,3 +200,22 @@ def test_plan_takes_the_observed_record_alone(tmp_path, capsys):
     assert "replaces --spot-monthly-share and --spot-advisor; give one" in capsys.readouterr().err
     assert main(["plan", "aws-prod", "--observed", str(path)]) == 2
     assert "--observed needs --state-gib" in capsys.readouterr().err
+
+
+def test_without_data_the_catalogs_dated_bands_come_first_naming_their_date_and_what_they_lack():
+    dev, dev_est = settings_and_estimate("aws-dev")  # us-east-1: g5.2xlarge, g5.xlarge, g5.4xlarge
+    first, *scenarios = goodput.predict(dev, dev_est, state_gib=100)["rows"]
+    prior = catalog.spot_interruption_prior("aws")
+    ranges = {r["index"]: r["max"] for r in prior["ranges"]}
+    tops = [ranges[prior["bands"][t]] for t in dev.fleet.worker_instance_types]
+    shares = [goodput.OPEN_BAND if top >= 100 else top / 100 for top in tops]  # as --spot-advisor takes them
+    assert first["monthly_share"] == pytest.approx(sum(shares) / len(shares), abs=1e-4)
+    assert first["source"].startswith(f"catalog: the advisor's bands as of {prior['as_of']}, g5.2xlarge ")
+    assert [r["source"] for r in scenarios] == [f"scenario: {p:.0%} a month" for p in goodput.SCENARIOS]
+    prod, prod_est = settings_and_estimate("aws-prod")  # p5e.48xlarge has no band in that copy
+    assert "p5e.48xlarge: no band in that copy" in goodput.predict(prod, prod_est, state_gib=100)["rows"][0]["source"]
+    # Another region, or GCP (no published per-type figure): the scenarios alone.
+    for stack in ("aws-prod-standby", "gcp-prod"):
+        s, est = settings_and_estimate(stack)
+        rows = goodput.predict(s, est, state_gib=100, checkpoint_s=10)["rows"]
+        assert [r["source"] for r in rows] == [f"scenario: {p:.0%} a month" for p in goodput.SCENARIOS]
