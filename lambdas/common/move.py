@@ -333,8 +333,10 @@ def drive(
     """A standby's capacity watch's part in a move: the next step of the move under way;
     else, when exactly one side's main worker group asks for nodes (the region the run
     trains in) and ``short_for(that side)`` (the longest its groups have been short for
-    want of capacity, seconds) has reached ``loss_s``, the first step of a move to the
-    other side. Returns what was done, for the decision log."""
+    want of capacity, seconds) has reached ``loss_s`` and the other side is not short for
+    capacity itself, the first step of a move to the other side. A target that could not
+    take the run (:meth:`Fleet.cannot_start`) is reported at every run
+    (``cannot_move``). Returns what was done, for the decision log."""
     steps: list[str] = []
     fleet = fleet or fleet_for(pair.home)
     moves = [
@@ -360,8 +362,21 @@ def drive(
             return {"move": None, "trains_in": where}
         move = training[0]
         longest = short_for(move.source)
+        status: dict[str, Any] = {
+            "move": None,
+            "trains_in": move.source.stack,
+            "short_for_capacity_s": round(longest, 1),
+        }
+        # Checked at every run, so that a target that could not take the run (GCP: its
+        # coordinator VM deleted by an earlier move) is reported before capacity runs out.
+        blocked = fleet.cannot_start(move.target)
+        if blocked:
+            return {**status, "cannot_move": blocked}
         if longest < loss_s:
-            return {"move": None, "trains_in": move.source.stack, "short_for_capacity_s": round(longest, 1)}
+            return status
+        if short_for(move.target) > 0:
+            # A region short for capacity too: moving would only start the same wait there.
+            return {**status, "target_short_for_capacity_s": round(short_for(move.target), 1)}
         move.advance()
         return {"move": f"{move.source.stack} -> {move.target.stack}", "done": False, "steps": steps}
     except Refused as exc:
@@ -370,9 +385,12 @@ def drive(
 
 def outcome(moved: dict[str, Any], decision: str, level: str) -> tuple[str, str]:
     """The capacity watch's decision and level once :func:`drive` has run: a refused
-    move is an error, a step taken a warning; else the measurement's own."""
+    move is an error, a step taken or a target that could not take the run a warning;
+    else the measurement's own."""
     if moved.get("refused"):
         return "failover-refused", "ERROR"
     if moved.get("steps"):
         return "failover", "WARNING"
+    if moved.get("cannot_move"):
+        return "failover-unready", "WARNING"
     return decision, level

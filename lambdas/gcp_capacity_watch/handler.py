@@ -113,13 +113,16 @@ def _number(value: Any) -> float | None:
 def advance(document: Any, seen: Mapping[str, tuple[int, list[float]]], now: float) -> dict[str, Any]:
     """The state after this run: ``seen`` maps each group found to (nodes short, its
     capacity errors' times). A group full now has no ``since``, and ``last_full`` now
-    when it had a shortage for capacity or none was known (a shortage without capacity
-    errors left none to forget). A short one keeps its ``since`` while it has a capacity
-    error in the last :data:`RECENT_S`; without one its shortage no longer counts as for
-    want of capacity (a stockout that passed while the group was short for another
-    reason, a preemption's replacement booting), ``since`` goes and ``calm`` records
-    when, so that errors up to then are not counted again. Else it starts a ``since``
-    at its oldest capacity error after ``last_full`` and ``calm``. Groups not found are
+    when it had a shortage for capacity, a ``calm``, or none was known (a shortage
+    without capacity errors left none to forget). A short one keeps its ``since`` while
+    it has a capacity error in the last :data:`RECENT_S`; without one its shortage no
+    longer counts as for want of capacity (a stockout that passed while the group was
+    short for another reason, a preemption's replacement booting), ``since`` goes and
+    ``calm`` records when, so that errors up to then are not counted again. Else a
+    ``since`` starts only when the group's newest capacity error after ``last_full`` and
+    ``calm`` is within :data:`RECENT_S`, at the oldest of the errors that lead up to it
+    with no gap over :data:`RECENT_S` (:func:`shortage_start`): an old stockout that
+    cleared between two runs never dates a later shortage. Groups not found are
     forgotten. A document of any other shape is started afresh."""
     known = document.get("groups") if isinstance(document, Mapping) else None
     known = known if isinstance(known, Mapping) else {}
@@ -130,16 +133,32 @@ def advance(document: Any, seen: Mapping[str, tuple[int, list[float]]], now: flo
         if not short:
             # Written when the group becomes full (after a shortage for capacity, or at
             # first sight), not at every run: the object lives in a versioned bucket.
-            groups[name] = {"last_full": now if last_full is None or since is not None else last_full, "since": None}
+            fresh = last_full is None or since is not None or calm is not None
+            groups[name] = {"last_full": now if fresh else last_full, "since": None}
             continue
         if since is not None and not any(t >= now - RECENT_S for t in errors):
             since, calm = None, now
         if since is None:
             floor = max((t for t in (last_full, calm) if t is not None), default=None)
-            after = [t for t in errors if floor is None or t > floor]
-            since = min(after) if after else None
+            since = shortage_start([t for t in errors if floor is None or t > floor], now)
         groups[name] = {"last_full": last_full, "since": since, **({"calm": calm} if calm is not None else {})}
     return {"groups": groups}
+
+
+def shortage_start(errors: list[float], now: float) -> float | None:
+    """The start of the shortage ``errors`` (capacity errors' times) show at ``now``:
+    None unless the newest is within :data:`RECENT_S`; else the oldest error reached
+    from it going back by gaps of at most :data:`RECENT_S` (a MIG out of resources keeps
+    trying and failing)."""
+    times = sorted(errors, reverse=True)
+    if not times or times[0] < now - RECENT_S:
+        return None
+    start = times[0]
+    for t in times[1:]:
+        if start - t > RECENT_S:
+            break
+        start = t
+    return start
 
 
 def newer_than(document: Any, now: float) -> bool:

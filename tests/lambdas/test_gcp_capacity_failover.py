@@ -126,8 +126,12 @@ def test_the_standby_moves_the_run_once_the_home_has_lacked_capacity_long_enough
         "standby-workers-ondemand": 1,
     }
     compute.settle()
-    # The run trains in the standby now: the watch measures there, and moves no more.
-    assert run(T0 + 1660)["failover"] == {"move": None, "trains_in": "standby", "short_for_capacity_s": 0.0}
+    # The run trains in the standby now: the watch measures there and moves no more; it
+    # says at every run that the home, its coordinator VM deleted, could not take it back.
+    out = run(T0 + 1660)
+    assert (out["decision"], out["level"]) == ("failover-unready", "WARNING")
+    assert out["failover"]["trains_in"] == "standby" and out["failover"]["short_for_capacity_s"] == 0.0
+    assert out["failover"]["cannot_move"].endswith("then `pulumi up --refresh -s home`")
     state = json.loads(
         gcs_client().bucket(Config.from_env().bucket).blob(Config.from_env().state_key).download_as_bytes()
     )
@@ -145,4 +149,15 @@ def test_a_move_with_no_verified_checkpoint_is_refused_as_an_error_and_nothing_c
     out = run(T0 + LOSS_S + 60)
     assert out["decision"] == "failover-refused" and out["level"] == "ERROR"
     assert "holds no checkpoint that verifies" in out["failover"]["refused"]
+    assert targets(compute)["home-workers"] == 3 and targets(compute)["standby-workers"] == 0
+
+
+def test_no_move_into_a_region_itself_short_for_capacity(world):
+    compute, run = world
+    compute.groups["home-workers"]["instances"].pop()
+    compute.groups["home-workers"]["errors"] = [(T0, STOCKOUT)]
+    compute.groups["standby-workers-ondemand"].update(target=1, errors=[(T0 + 60, STOCKOUT)])
+    run(T0 + 60)
+    out = run(T0 + LOSS_S + 60)
+    assert out["failover"]["target_short_for_capacity_s"] > 0 and not out["failover"].get("steps")
     assert targets(compute)["home-workers"] == 3 and targets(compute)["standby-workers"] == 0

@@ -310,3 +310,29 @@ def test_a_delayed_run_does_not_move_a_later_runs_times_back(watched, compute, g
     compute.group(WORKERS, target=2, ready=2)
     assert watched(T0 + 300)["decision"] == "ok"  # the delayed run, from before the shortage
     assert state(gcs_bucket) == later
+
+
+def test_a_stockout_that_cleared_between_two_runs_never_dates_a_later_shortage(watched, compute, gcs_bucket):
+    """A stockout days ago, gone before any run saw the group short, stays in listErrors:
+    a preemption's replacement booting now is not a shortage for capacity days long."""
+    compute.group(WORKERS, target=2, ready=2)
+    watched(T0)
+    days = 3 * 86400
+    compute.group(WORKERS, target=2, ready=1, booting=[("STAGING", "CREATING")], errors=[(T0 + 600, STOCKOUT)])
+    assert watched(T0 + days)["groups"][WORKERS]["short_for_capacity_s"] == 0.0
+    # A fresh stockout counts from itself and the errors leading up to it.
+    compute.group(WORKERS, target=2, ready=1, errors=[(T0 + days + 60, STOCKOUT), (T0 + 600, STOCKOUT)])
+    assert watched(T0 + days + 120)["groups"][WORKERS]["short_for_capacity_s"] == 60.0
+
+
+def test_errors_a_calm_set_aside_stay_aside_after_the_group_is_full_again(watched, compute):
+    compute.group(WORKERS, target=2, ready=2)
+    watched(T0)
+    compute.group(WORKERS, target=2, ready=1, errors=[(T0 + 100, STOCKOUT)])
+    watched(T0 + 200)
+    calm_at = T0 + 200 + watch.RECENT_S + 60
+    assert watched(calm_at)["groups"][WORKERS]["short_for_capacity_s"] == 0.0  # calm
+    compute.group(WORKERS, target=2, ready=2)
+    watched(calm_at + 120)  # full again
+    compute.group(WORKERS, target=2, ready=1, errors=[(T0 + 100, STOCKOUT)])
+    assert watched(calm_at + 240)["groups"][WORKERS]["short_for_capacity_s"] == 0.0
