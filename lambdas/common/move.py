@@ -374,9 +374,10 @@ def drive(
             return {**status, "cannot_move": blocked}
         if longest < loss_s:
             return status
-        if short_for(move.target) > 0:
+        target_short = short_for(move.target)
+        if target_short > 0:
             # A region short for capacity too: moving would only start the same wait there.
-            return {**status, "target_short_for_capacity_s": round(short_for(move.target), 1)}
+            return {**status, "target_short_for_capacity_s": round(target_short, 1)}
         move.advance()
         return {"move": f"{move.source.stack} -> {move.target.stack}", "done": False, "steps": steps}
     except Refused as exc:
