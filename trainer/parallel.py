@@ -200,7 +200,21 @@ def device_mesh(cfg: ParallelConfig, env: Any) -> Any:
         )
     if shape[0] == 1:
         return init_device_mesh(env.device.type, (env.world_size,))
-    return init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
+    names = ("replicate", "shard")
+    override = None
+    if cfg.collective_timeout_s is not None and env.device.type == "cpu":
+        # A 2-D mesh's groups are new gloo groups, which get torch's default timeout (30
+        # minutes), not the world group's: a rank waiting in the replicas' all-reduce for
+        # a peer that went on to an in-process restart would block that long, where no
+        # restart can reach it. (NCCL's collectives do not block the Python thread.)
+        import datetime
+
+        import torch.distributed as dist
+
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
+        override = {name: ("gloo", options) for name in names}
+    return init_device_mesh(env.device.type, shape, mesh_dim_names=names, backend_override=override)
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int, rank_salt: int, name: str = "") -> str:

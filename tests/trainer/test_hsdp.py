@@ -79,3 +79,37 @@ def test_a_world_shrunk_by_whole_groups_keeps_the_group_size():
     assert hsdp_shape(1, 3, launched=4) == (1, 3)
     with pytest.raises(ConfigError, match="does not divide the world size 3"):
         hsdp_shape(2, 3, launched=4)
+
+
+HUNG_REPLICA = """
+import time, types, torch, torch.distributed as dist
+from ftfleet.trainer import parallel
+from ftfleet.trainer.config import ParallelConfig
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+env = types.SimpleNamespace(world_size=4, device=torch.device("cpu"))
+mesh = parallel.device_mesh(ParallelConfig(replicas=2, collective_timeout_s=2.0), env)
+if rank == 2:  # rank 0, its replica, never joins: the all-reduce must end at the timeout
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1), group=mesh.get_group("replicate"))
+    except RuntimeError:
+        print(f"timed out after {time.monotonic() - t0:.1f} s", flush=True)
+time.sleep(0.5 if rank != 0 else 20)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_replica_group_waits_for_a_gone_peer_no_longer_than_the_collective_timeout(tmp_path):
+    import subprocess
+
+    from tests.trainer.conftest import BIN, REPO, child_env
+
+    script = tmp_path / "hung_replica.py"
+    script.write_text(HUNG_REPLICA)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=4", str(script)]
+    done = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=100)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("timed out after")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
+    assert float(line.split()[3]) < 10, line  # torch's default for a new gloo group is 30 minutes
