@@ -175,7 +175,9 @@ class CheckpointManager:
                 )
             ring = Ring(comm.rank, comm.world_size, per_node)
             tier = MemoryTier(memory_dir(cfg.memory_root, run_id), ring, keep=cfg.memory_keep)
-            self.snapshots = Snapshots(tier, app_state, self.identity, comm, group, cfg.memory_peer_every)
+            self.snapshots = Snapshots(
+                tier, app_state, self.identity, comm, group, cfg.memory_peer_every, cfg.memory_timeout_s
+            )
         self.local = LocalTier(cfg.dir)
         #: The generation whose checkpoints these are (trainer/resilience/fencing).
         self.fence = fencing.current()

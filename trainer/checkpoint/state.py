@@ -63,6 +63,13 @@ def rank_key(name: str, rank: int) -> str:
 BUFFERS = "buffers"
 
 
+def rank_entries(sd: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The entries of a state dict that are ``rank``'s own (:func:`rng_key`,
+    :func:`rank_key`): what differs between two ranks that hold the same shards."""
+    suffix = f"_rank{rank}"
+    return {k: v for k, v in sd.items() if isinstance(k, str) and k.endswith(suffix)}
+
+
 def model_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """This rank's persistent buffers that are plain tensors, by their state-dict key
     (wrappers' prefixes removed, as ``get_state_dict`` names them)."""

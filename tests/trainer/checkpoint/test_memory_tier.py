@@ -314,6 +314,51 @@ def test_the_ring_gives_each_node_the_next_nodes_copy():
     assert all(ring[x.holder_of(x.rank)].peer_of(x.holder_of(x.rank)) == x.rank for x in ring)
 
 
+def _planner(replicas: dict[int, list[int]]):
+    """A Snapshots whose restore plan can be asked for (4 ranks as 4 nodes)."""
+    import types
+
+    from ftfleet.trainer.checkpoint.memory.snapshots import Snapshots
+
+    snaps = object.__new__(Snapshots)
+    snaps.tier = types.SimpleNamespace(ring=Ring(0, 4, 1))
+    snaps._replicas = replicas
+    return snaps
+
+
+#: HSDP with 2 replica groups of 2 ranks: ranks 0 and 2 hold the same shards, 1 and 3.
+HSDP_PAIRS = {0: [2], 2: [0], 1: [3], 3: [1]}
+
+
+def test_a_lost_rank_is_planned_from_its_live_replica_before_its_holders_copy():
+    # Node 1 is gone (no own snapshots of rank 1); rank 0 holds its copy of step 9 only.
+    listings = [([10, 9], [9]), ([], []), ([10, 9], []), ([10, 9], [])]
+    snaps = _planner(HSDP_PAIRS)
+    assert snaps._plan(listings, set(), None) == (10, {0: ("own", 0), 1: ("replica", 3), 2: ("own", 2), 3: ("own", 3)})
+    # The replica's snapshot of 10 failed its fetch: step 10 cannot be had, 9 from the copy.
+    failed = {(10, 1, ("replica", 3))}
+    assert snaps._plan(listings, failed, None) == (9, {0: ("own", 0), 1: ("replica", 3), 2: ("own", 2), 3: ("own", 3)})
+    assert snaps._plan(listings, failed | {(9, 1, ("replica", 3))}, None)[1][1] == ("peer", 0)
+    # Without replicas (plain FSDP) the copy is the only source: step 9.
+    plain = _planner({})._plan(listings, set(), None)
+    assert plain == (9, {0: ("own", 0), 1: ("peer", 0), 2: ("own", 2), 3: ("own", 3)})
+    # Both replicas of a shard gone, and no copy: nothing in memory.
+    assert _planner(HSDP_PAIRS)._plan([([10], []), ([], []), ([10], []), ([], [])], set(), None) is None
+
+
+def test_a_replicas_snapshot_becomes_this_ranks_state_with_this_ranks_own_entries():
+    from ftfleet.trainer.checkpoint.memory.snapshots import REPLICA_ENTRIES, as_rank
+    from ftfleet.trainer.checkpoint.state import rank_entries
+
+    mine = {"rng_rank1": "r1", "buffers_rank1": "b1", "data_rank1": "d1"}
+    saved = {"model": "m", "rng_rank3": "r3", "data_rank3": "d3", "data_rank31": "x", REPLICA_ENTRIES: {1: mine}}
+    assert rank_entries(saved, 3) == {"rng_rank3": "r3", "data_rank3": "d3"}  # not rank 31's
+    assert as_rank(saved, 3, 1) == {"model": "m", "data_rank31": "x", **mine}
+    assert as_rank(saved, 3, 3) == {"model": "m", "rng_rank3": "r3", "data_rank3": "d3", "data_rank31": "x"}
+    with pytest.raises(SnapshotMismatch, match="rank 3's snapshot holds no entries of rank 0"):
+        as_rank(saved, 3, 0)
+
+
 @pytest.mark.parametrize(
     "override, fix",
     [("checkpoint.memory_keep=3", "use 1 or 2"), ("checkpoint.ranks_per_node=-1", "use 0")],

@@ -99,6 +99,20 @@ def test_a_hand_off_needs_a_waiting_spare_node_for_each_node_leaving():
     assert fill.idle_nodes() == [] and handoff.node_of(2) == 3 and not handoff.possible({0})
 
 
+def test_without_peer_copies_a_hand_off_needs_each_leaving_rank_replicated_on_a_node_that_stays():
+    from ftfleet.trainer.inprocess.handoff import Handoff
+
+    fill = NodeFill(Layout(2, 1, 2))  # nodes 0, 1 train ranks 0-3; node 2 waits with 4, 5
+    handoff = Handoff(fill)
+    across = {0: [2], 2: [0], 1: [3], 3: [1]}  # HSDP groups {0, 1} and {2, 3}: one copy per node
+    assert handoff.replicated({0}, across) and handoff.replicated({1}, across)
+    assert not handoff.replicated({0, 1}, across), "both copies leave"
+    within = {0: [1], 1: [0], 2: [3], 3: [2]}  # replicas on the same node leave together
+    assert not handoff.replicated({0}, within)
+    assert not handoff.replicated({0}, {}), "no replicas (plain FSDP)"
+    assert handoff.replicated(set(), {})
+
+
 def test_a_node_is_lost_when_every_rank_it_held_is_gone():
     from ftfleet.trainer.inprocess.ranks import lost_nodes
 

@@ -90,3 +90,45 @@ def test_at_another_world_size_the_snapshots_are_refused_and_the_disk_reshards(t
     assert "written by 2 ranks, 1 now (the disk tiers reshard)" in out["_stderr"]
     summary = json.loads((d / "summary.json").read_text())
     assert summary["step"] == 12
+
+
+#: Four ranks as four nodes under HSDP: replica groups {0, 1} and {2, 3}, so ranks 1 and
+#: 3 hold the same shards; no peer copies (the replica is the copy).
+HSDP_MEMORY = [
+    *MEMORY,
+    "parallel.replicas=2",
+    "train.global_batch_size=12",
+    "train.steps=16",
+    "checkpoint.keep=100",
+    "checkpoint.memory_peer_every=0",
+]
+
+
+def _newest_own(shm, nodes) -> int:
+    newest = []
+    for n in nodes:
+        found = (shm / "ftfleet-t" / f"node-{n}" / f"rank-{n}").glob("step-*/manifest.json")
+        newest.append(max((int(p.parent.name.removeprefix("step-")) for p in found), default=0))
+    return min(newest)
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_nodes_rank_heals_from_its_live_replica_under_hsdp_bit_identical(tmp_path):
+    straight = run_trainer(4, tmp_path / "straight", *HSDP_MEMORY, timeout=240)
+    d, shm = tmp_path / "run", tmp_path / "shm"
+    proc = start_trainer(4, d, *HSDP_MEMORY, env={"FTFLEET_SHM_DIR": str(shm)})
+    try:
+        wait_for(lambda: _newest_own(shm, range(4)) >= 10, 180, what="snapshot 10")
+    finally:
+        kill9(proc)
+    disk = max(int(p.parent.name.removeprefix("step-")) for p in (d / "checkpoints").glob("step-*/manifest.json"))
+    snapshot = _newest_own(shm, [0, 2, 3])
+    assert snapshot > disk, f"killed too late: snapshot {snapshot}, disk {disk}"
+    assert not (shm / "ftfleet-t" / "node-0" / "peer").exists()  # no copies were sent
+    shutil.rmtree(shm / "ftfleet-t" / "node-1")  # node 1 is gone, and its RAM with it
+
+    out = run_trainer(4, d, *HSDP_MEMORY, env={"FTFLEET_SHM_DIR": str(shm)}, timeout=240)
+    assert out["resumed_from"]["tier"] == "memory-replica"
+    assert out["resumed_from"]["step"] >= snapshot - 1
+    assert "ranks [1] from their live replicas" in out["_stderr"]
+    assert out["state_sha256"] == straight["state_sha256"]

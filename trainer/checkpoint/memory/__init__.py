@@ -2,7 +2,8 @@
 
 * ``format.py``: the snapshot file (header and raw tensor bytes), written and read;
 * ``tier.py``: the tier, its directories of own and held snapshots;
-* ``peers.py``: the ring of peer copies, and moving bytes between ranks;
+* ``peers.py``: the ring of peer copies, the replicas of a shard (HSDP), and moving
+  bytes between ranks;
 * ``snapshots.py``: taking and restoring snapshots during training, from this node's
   memory or a peer's.
 """
@@ -25,7 +26,7 @@ from ftfleet.trainer.checkpoint.memory.format import (
     snapshot_file,
     views,
 )
-from ftfleet.trainer.checkpoint.memory.peers import EMPTY, Message, Ring, exchange
+from ftfleet.trainer.checkpoint.memory.peers import EMPTY, Message, Ring, exchange, replica_sets
 from ftfleet.trainer.checkpoint.memory.tier import MemoryTier, reserve_files
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "exchange",
     "merge_views",
     "prepare",
+    "replica_sets",
     "reserve_files",
     "snapshot_file",
     "views",

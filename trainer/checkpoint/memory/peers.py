@@ -4,6 +4,10 @@ Node ``i`` keeps the latest snapshot of node ``(i + 1) mod N`` (a ring): after a
 snapshot, each rank sends its bytes to the rank with the same local rank on the
 previous node (gloo point-to-point on a group of its own). A lost node's ranks then
 restore from their holders' RAM.
+
+Under HSDP the ranks of one column of the (replicate, shard) mesh hold the same shards
+(:func:`replica_sets`): each one's own snapshot is, but for its rank's own entries, a
+copy of the others', with no bytes sent.
 """
 
 from __future__ import annotations
@@ -43,6 +47,27 @@ class Ring:
         """The rank that holds ``rank``'s copy (same local rank, previous node)."""
         node, local = divmod(rank, self.ranks_per_node)
         return ((node - 1) % self.nodes) * self.ranks_per_node + local
+
+
+def replica_sets(model: Any, group: Any = None) -> list[list[int]]:
+    """The sets of ranks (numbered in ``group``; None: the default group) that hold the
+    same shards of ``model``'s parameters, and so the same optimizer state: under HSDP
+    (FSDP2 on a two-dimensional mesh whose first dimension replicates) each column of
+    the mesh. Empty where no rank has a replica: no DTensor parameters (DDP, one
+    process), a one-dimensional mesh (plain FSDP), one replica group, or parameters on
+    different meshes or placements."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    params = [p for p in (model.parameters() if hasattr(model, "parameters") else ()) if isinstance(p, DTensor)]
+    if not params:
+        return []
+    mesh, placements = params[0].device_mesh, tuple(params[0].placements)
+    if mesh.ndim != 2 or not isinstance(placements[0], Replicate) or mesh.mesh.shape[0] < 2:
+        return []
+    if any(p.device_mesh != mesh or tuple(p.placements) != placements for p in params):
+        return []
+    to_group = (lambda r: r) if group is None else (lambda r: dist.get_group_rank(group, r))
+    return [[to_group(int(r)) for r in column] for column in mesh.mesh.t().tolist()]
 
 
 # ---------------------------------------------------------------------------

@@ -13,6 +13,12 @@ Taking one (collective over the snapshot group), in two parts:
   (On a GPU the copy goes into a pinned buffer instead, asynchronously, and the
   thread writes the file.)
 
+Under HSDP (:func:`~ftfleet.trainer.checkpoint.memory.peers.replica_sets`) the ranks
+holding the same shards also send each other, at each snapshot, their own small entries
+(RNG states, buffers, data readers' positions: :func:`~ftfleet.trainer.checkpoint.state.rank_entries`),
+which each keeps in its snapshot under :data:`REPLICA_ENTRIES`. A replica's own snapshot
+of a step then holds everything a rank lost with its node needs for that step.
+
 A failed write (shared memory full) is logged and costs that snapshot only; the disk
 tiers stay the durable ones. A snapshot counts once its manifest is written, after
 every byte; a process killed before that leaves a directory that is never listed.
@@ -25,10 +31,11 @@ Restoring (collective), like the disk tiers' search:
 1. each rank lists its own complete snapshots and the copies it holds (manifests that
    belong to this run and config, at this world size);
 2. rank 0 picks the newest step that every rank can get, each rank from its own
-   snapshot or else from its holder's copy, and broadcasts the plan;
-3. holders send the copies over gloo; every rank reads its snapshot once (each tensor
-   into its own storage, the CRC32C on the way), checks it against the manifest and the
-   live state (nothing is loaded yet);
+   snapshot, else from a live replica's own snapshot (HSDP: the same shards, and this
+   rank's entries beside them), else from its holder's copy, and broadcasts the plan;
+3. replicas and holders send the bytes over gloo, point to point; every rank reads its
+   snapshot once (each tensor into its own storage, the CRC32C on the way), checks it
+   against the manifest and the live state (nothing is loaded yet);
 4. rank 0 gathers the problems: any problem excludes that rank's source for that step,
    and the plan is made again; none, and every rank loads.
 """
@@ -57,17 +64,23 @@ from ftfleet.trainer.checkpoint.memory import (
     buffer_reader,
     check,
     decode,
+    encode,
     exchange,
     merge_views,
     prepare,
+    replica_sets,
     snapshot_file,
 )
 from ftfleet.trainer.checkpoint.restore import Identity, Restored
+from ftfleet.trainer.checkpoint.state import rank_entries
 from ftfleet.trainer.resilience import fencing
 
 log = logging.getLogger("ftfleet.ckpt")
 
-OWN, PEER = "own", "peer"
+OWN, PEER, REPLICA = "own", "peer", "replica"
+#: The key under which a snapshot keeps its replicas' own entries of the same step, by
+#: rank (HSDP): never loaded, never written to a durable tier.
+REPLICA_ENTRIES = "__replica_entries__"
 #: The training thread waits for a snapshot in slices of this many seconds.
 WAIT_SLICE_S = 0.1
 
@@ -77,17 +90,18 @@ _generation = 0
 _current: Snapshots | None = None
 
 
-def wait_in_slices(future: Future[Any]) -> None:
+def wait_in_slices(future: Future[Any], once: bool = False) -> None:
     """Wait for ``future`` to finish (its result or exception is the caller's to read),
     in waits of :data:`WAIT_SLICE_S`: an in-process restart interrupts the training thread
     with an exception raised between two bytecodes, which a thread blocked in one long
-    lock wait never reaches."""
+    lock wait never reaches. ``once``: one slice at most."""
     while True:
         try:
             future.exception(timeout=WAIT_SLICE_S)
             return
         except FutureTimeout:
-            continue
+            if once:
+                return
 
 
 class Superseded(Exception):
@@ -96,7 +110,14 @@ class Superseded(Exception):
 
 class Snapshots:
     def __init__(
-        self, tier: MemoryTier, app_state: Any, identity: Identity, comm: Any, group: Any, peer_every: int = 1
+        self,
+        tier: MemoryTier,
+        app_state: Any,
+        identity: Identity,
+        comm: Any,
+        group: Any,
+        peer_every: int = 1,
+        timeout_s: float = 20.0,
     ) -> None:
         global _generation, _current
         self.tier = tier
@@ -106,10 +127,14 @@ class Snapshots:
         self.group = group
         self.taken = 0
         self.peer_every = peer_every
+        #: Seconds the training thread waits for a replica's entries (checkpoint.memory_timeout_s).
+        self.timeout_s = timeout_s
         #: The generation whose snapshots these are: checked before each manifest.
         self.fence = fencing.current()
         #: The newest step whose copy went to the peer: its own snapshot is kept.
         self.copied_step: int | None = None
+        #: Each rank's replicas (the other ranks holding its shards), found at first use.
+        self._replicas: dict[int, list[int]] | None = None
         #: The step of the newest snapshot completed by its thread, and the seconds that
         #: thread took (the background part).
         self.last_complete: tuple[int, float] | None = None
@@ -122,7 +147,7 @@ class Snapshots:
         # deadlock the child (seen: a worker stuck in _PyThreadState_DeleteExcept).
         # A daemon: a thread blocked in a transfer with a peer of a superseded iteration
         # must not keep the process from exiting (ThreadPoolExecutor joins at exit).
-        self._queue: queue.SimpleQueue[tuple[Future[None], int, Staged, bool] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
         self._job: Future[None] | None = None
         self._worker = threading.Thread(target=self._serve, name="ftfleet-snapshot", daemon=True)
         self._worker.start()
@@ -158,10 +183,12 @@ class Snapshots:
 
     def _serve(self) -> None:
         while (job := self._queue.get()) is not None:
-            future, step, staged, copy = job
+            future, work = job
             if future.set_running_or_notify_cancel():
-                self._finish(step, staged, copy)
-                future.set_result(None)
+                try:
+                    future.set_result(work())
+                except BaseException as exc:  # noqa: BLE001 - the waiter raises it
+                    future.set_exception(exc)
         self.tier.close()  # closed or superseded: its files' mappings go
 
     def take(self, step: int) -> None:
@@ -181,14 +208,52 @@ class Snapshots:
 
         self._latest = None
         state = self.app_state.state_dict()
+        if self.replicas:
+            state = {**state, REPLICA_ENTRIES: self._share_entries(state)}
         staged = self._stager.stage(state, into=into)
         # The same decision on every rank: each takes the same snapshots, counted from 0
         # in every iteration (the first one after a restart goes to the peer).
         copy = self.tier.has_peer and self.peer_every > 0 and self.taken % self.peer_every == 0
         self._job = Future()
-        self._queue.put((self._job, step, staged, copy))
+        self._queue.put((self._job, lambda: self._finish(step, staged, copy)))
         self._latest = (step, staged, state, self._job)
         self.taken += 1
+
+    @property
+    def replicas(self) -> dict[int, list[int]]:
+        """Each rank's replicas, by rank of the snapshot group; empty without HSDP."""
+        if self._replicas is None:
+            model = getattr(self.app_state, "model", None)
+            sets = replica_sets(model, self.group) if self.comm.world_size > 1 else []
+            self._replicas = {r: [p for p in ranks if p != r] for ranks in sets for r in ranks}
+        return self._replicas
+
+    def _share_entries(self, state: dict[str, Any]) -> dict[int, Any]:
+        """Collective among replicas: send this rank's own entries to each of its
+        replicas and return theirs, by rank. The transfers run on the snapshot thread
+        (idle between snapshots), and the training thread waits in slices: a gloo
+        receive waits without end for a replica that has gone on to a restart, and an
+        in-process restart must still reach this thread. TimeoutError after
+        ``timeout_s``."""
+        rank = self.comm.rank
+        own = encode(rank_entries(state, rank))
+        body = torch.frombuffer(bytearray(own), dtype=torch.uint8)
+        transfers = [(r, p) for r, others in sorted(self.replicas.items()) for p in others]
+        outgoing = {p: (b"entries", body) for p in self.replicas.get(rank, [])}
+        job: Future[dict[int, Any]] = Future()
+        self._queue.put((job, lambda: exchange(transfers, rank, outgoing, self.group)))
+        deadline = time.monotonic() + self.timeout_s
+        while not job.done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"memory: the replicas' entries did not come within {self.timeout_s:g} s")
+            wait_in_slices(job, once=True)
+        received = job.result()
+        out = {}
+        for src, (head, data) in received.items():
+            if head != b"entries":
+                raise SnapshotMismatch(f"rank {src} sent no entries for the snapshot")
+            out[src] = decode(buffer_reader(data), data.numel())
+        return out
 
     @property
     def latest_step(self) -> int | None:
@@ -210,7 +275,9 @@ class Snapshots:
         def build(_: Any) -> None:
             try:
                 staged.wait()
-                out.set_result({"app": merge_views(template, staged.data)})
+                state = merge_views(template, staged.data)
+                state.pop(REPLICA_ENTRIES, None)  # the replicas' entries are theirs to save
+                out.set_result({"app": state})
             except BaseException as exc:  # noqa: BLE001 - the save reports it
                 out.set_exception(exc)
 
@@ -350,7 +417,7 @@ class Snapshots:
 
     def _restore(self, listings: list[tuple[list[int], list[int]]], min_step: int | None) -> Restored | None:
         rank = self.comm.rank
-        excluded: set[tuple[int, int, str]] = set()
+        excluded: set[tuple[int, int, tuple[str, int]]] = set()
         while True:
             plan = self._plan(listings, excluded, min_step) if rank == 0 else None
             plan = self.comm.broadcast(plan)
@@ -364,22 +431,32 @@ class Snapshots:
             if rank == 0:
                 for r, p in enumerate(problems):
                     if p is not None:
-                        log.warning("memory: step %d of rank %d (%s) skipped: %s", step, r, sources[r][0], p)
-                        excluded.add((step, r, sources[r][0]))
+                        kind, src = sources[r]
+                        where = kind if kind == OWN else f"{kind} of rank {src}"
+                        log.warning("memory: step %d of rank %d (%s) skipped: %s", step, r, where, p)
+                        excluded.add((step, r, sources[r]))
             if not any(self.comm.broadcast([p is not None for p in problems] if rank == 0 else None)):
                 break
         self.app_state.load_state_dict(state)
         peers = sorted(r for r, (kind, _) in sources.items() if kind == PEER)
+        healed = sorted(r for r, (kind, _) in sources.items() if kind == REPLICA)
         if rank == 0:
-            how = f"ranks {peers} from their peers' copies" if peers else "every rank from its own"
-            log.info("memory: restored step %d, %s", step, how)
-        tier = "memory-peer" if peers else "memory"
+            how = [f"ranks {healed} from their live replicas" if healed else ""]
+            how.append(f"ranks {peers} from their peers' copies" if peers else "")
+            log.info("memory: restored step %d, %s", step, ", ".join(h for h in how if h) or "every rank from its own")
+        tier = "memory-replica" if healed else "memory-peer" if peers else "memory"
         return Restored(step, tier, str(self.tier.root), manifest)
 
     def _plan(
-        self, listings: list[tuple[list[int], list[int]]], excluded: set[tuple[int, int, str]], min_step: int | None
+        self,
+        listings: list[tuple[list[int], list[int]]],
+        excluded: set[tuple[int, int, tuple[str, int]]],
+        min_step: int | None,
     ) -> tuple[int, dict[int, tuple[str, int]]] | None:
-        ring = self.tier.ring
+        """The newest step (at or after ``min_step``) that every rank can get, and where
+        each gets it: its own snapshot, else a replica's own (the same shards), else its
+        holder's copy. Sources in ``excluded`` failed a fetch of that step before."""
+        ring, replicas = self.tier.ring, self.replicas
         steps = sorted({s for own, held in listings for s in (*own, *held)}, reverse=True)
         for step in steps:
             if min_step is not None and step < min_step:
@@ -387,12 +464,13 @@ class Snapshots:
             sources: dict[int, tuple[str, int]] = {}
             for r in range(len(listings)):
                 holder = ring.holder_of(r)
-                if step in listings[r][0] and (step, r, OWN) not in excluded:
-                    sources[r] = (OWN, r)
-                elif holder != r and step in listings[holder][1] and (step, r, PEER) not in excluded:
-                    sources[r] = (PEER, holder)
-                else:
+                options = [(OWN, r)] if step in listings[r][0] else []
+                options += [(REPLICA, p) for p in replicas.get(r, []) if step in listings[p][0]]
+                options += [(PEER, holder)] if holder != r and step in listings[holder][1] else []
+                source = next((o for o in options if (step, r, o) not in excluded), None)
+                if source is None:
                     break
+                sources[r] = source
             if len(sources) == len(listings):
                 return step, sources
         return None
@@ -400,30 +478,33 @@ class Snapshots:
     def _fetch(self, step: int, sources: dict[int, tuple[str, int]]) -> tuple[Any, Manifest | None, str | None]:
         """This rank's state for ``step`` (checked, not loaded), its manifest, or the problem."""
         rank, tier = self.comm.rank, self.tier
-        transfers = [(src, r) for r, (kind, src) in sorted(sources.items()) if kind == PEER]
+        sent = sorted((src, r, kind) for r, (kind, src) in sources.items() if kind != OWN)
         outgoing = {}
-        for src, dst in transfers:
+        for src, dst, kind in sent:
             if src == rank:
-                try:
-                    data, manifest = tier.read(True, step)
+                try:  # a holder sends its copy, a replica its own snapshot
+                    data, manifest = tier.read(kind == PEER, step)
                     outgoing[dst] = (manifest.to_json().encode(), data)
                 except SnapshotMismatch as exc:
-                    log.warning("memory: cannot send rank %d its copy: %s", dst, exc)
+                    log.warning("memory: cannot send rank %d its %s: %s", dst, kind, exc)
                     outgoing[dst] = EMPTY
-        received = exchange(transfers, rank, outgoing, self.group)
+        received = exchange([(src, dst) for src, dst, _ in sent], rank, outgoing, self.group)
         kind, src = sources[rank]
         try:
             if kind == OWN:
                 saved, manifest = tier.load(False, step)
             else:
+                what = "the copy" if kind == PEER else "the replica's snapshot"
                 head, body = received.get(src, EMPTY)
                 if not head:
-                    raise SnapshotMismatch(f"rank {src} had no valid copy to send")
+                    raise SnapshotMismatch(f"rank {src} had no valid {kind} snapshot to send")
                 manifest = Manifest.from_json(head)
-                check(body, manifest, snapshot_file(rank), f"the copy from rank {src}")
+                written_by = rank if kind == PEER else src
+                check(body, manifest, snapshot_file(written_by), f"{what} from rank {src}")
                 if manifest.step != step:
-                    raise SnapshotMismatch(f"the copy from rank {src} is of step {manifest.step}")
+                    raise SnapshotMismatch(f"{what} from rank {src} is of step {manifest.step}")
                 saved = decode(buffer_reader(body), body.numel())
+            saved = as_rank(saved, src if kind == REPLICA else rank, rank)
             return prepare(self.app_state, saved), manifest, None
         except SnapshotMismatch as exc:
             return None, None, str(exc)
@@ -431,6 +512,25 @@ class Snapshots:
             return None, None, f"the copy from rank {src}: {exc}"
         except (RuntimeError, MemoryError) as exc:  # every rank must reach the gather
             return None, None, f"{type(exc).__name__}: {exc}"
+
+
+def as_rank(saved: Any, owner: int, rank: int) -> Any:
+    """A snapshot's decoded state, written by rank ``owner``, as ``rank``'s state: the
+    replicas' entries dropped; from a replica (``owner`` != ``rank``), the owner's own
+    entries replaced by those of ``rank`` that it kept. Raises SnapshotMismatch when it
+    kept none."""
+    if not isinstance(saved, dict):
+        return saved
+    saved = dict(saved)
+    entries = saved.pop(REPLICA_ENTRIES, None)
+    if owner == rank:
+        return saved
+    mine = entries.get(rank) if isinstance(entries, dict) else None
+    if not isinstance(mine, dict):
+        raise SnapshotMismatch(f"rank {owner}'s snapshot holds no entries of rank {rank}: not its replica then")
+    out = {k: v for k, v in saved.items() if k not in rank_entries(saved, owner)}
+    out.update(mine)
+    return out
 
 
 def _from(min_step: int | None) -> str:

@@ -140,12 +140,13 @@ class Preemption:
     def _hand_off(self, agreed: AgreedNotice, step: int) -> bool:
         """Collective. Hand the noticed nodes' ranks to spare nodes (see
         :mod:`ftfleet.trainer.inprocess.handoff`): False, on every rank, when it does not
-        apply; else a snapshot of ``step`` with its peer copy, then a noticed node's
-        processes exit 75 here (its lifecycle action completed) and the others return True."""
+        apply; else a snapshot of ``step`` with its peer copy (or, under HSDP, the
+        replicas' own snapshots of it), then a noticed node's processes exit 75 here (its
+        lifecycle action completed) and the others return True."""
         import torch.distributed as dist
 
         cfg = self.ckpt.cfg
-        if not (cfg.memory and cfg.memory_peer_every == 1 and dist.is_available() and dist.is_initialized()):
+        if not (cfg.memory and dist.is_available() and dist.is_initialized()):
             return False
         group = self.interruptions.group
         noticed: list[Any] = [None] * dist.get_world_size(group)
@@ -155,6 +156,14 @@ class Preemption:
             log.warning("%s: no spare node for the node(s) leaving: the job stops", agreed.notice.describe())
             return False
         snapshots = self.ckpt.snapshots
+        if cfg.memory_peer_every != 1 and not self.handoff.replicated(leaving, snapshots.replicas):
+            log.warning(
+                "%s: the leaving ranks' state would not be in the others' memory (checkpoint.memory_peer_every=%d, "
+                "no replica off the leaving nodes): the job stops",
+                agreed.notice.describe(),
+                cfg.memory_peer_every,
+            )
+            return False
         if snapshots.latest_step == step:  # the schedule took this step's snapshot already
             snapshots.wait()
         else:
