@@ -12,6 +12,10 @@ launcher that exits non-zero on a node still up is started again a second later
 
 * ``inprocess``: ``--nodes`` training nodes and ``--spares`` spare nodes, the stores on
   a coordinator node (``python -m ftfleet.trainer.inprocess``; the image's default).
+* ``inprocess-r2`` (``-rN``): the same under HSDP with N replica groups
+  (``parallel.replicas``, no peer copies: a lost rank heals from its live replica's
+  snapshot). Its state is HSDP's, so its end state is compared with the other HSDP
+  runs' only (another reduction order than plain FSDP's).
 * ``torchrun``: ``--nodes`` nodes under torchrun's elastic agent (c10d rendezvous on node
   0, which the faults spare, as the on-demand coordinator), ``--max-restarts``: every
   failure restarts every worker, and a lost node's replacement must join first.
@@ -144,6 +148,12 @@ class Fleet:
                 self.job.start(index)
 
 
+def replicas_of(name: str) -> int:
+    """``inprocess-rN``: N replica groups (HSDP); any other configuration: 1."""
+    base, _, suffix = name.rpartition("-r")
+    return int(suffix) if base == "inprocess" and suffix.isdigit() else 1
+
+
 def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     where = workdir / name
     shutil.rmtree(where, ignore_errors=True)  # an earlier run's checkpoints would be resumed
@@ -156,10 +166,11 @@ def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, 
         steps=opts.steps,
         step_delay_s=opts.step_delay,
         collective_timeout_s=opts.collective_timeout,
+        replicas=replicas_of(name),
         overrides=list(opts.overrides),
     )
     args = ["--config", str(fleet_opts.config), *trainer_overrides(fleet_opts, run_dir)]
-    in_process = name in ("inprocess", QUIET)
+    in_process = name == QUIET or name.startswith("inprocess")
     bed_size = opts.nodes + opts.spares + 1 if in_process else opts.nodes
     faults: list[Fault] = []
     with Bed(bed_size) as bed:
@@ -199,6 +210,7 @@ def run_config(name: str, opts: argparse.Namespace, workdir: Path) -> dict[str, 
     goodput = round(opts.steps * quiet / wall, 4) if finished and quiet else None
     return {
         "configuration": name,
+        "replicas": replicas_of(name),
         "finished": finished,
         "wall_s": round(wall, 2),
         "quiet_step_s": round(quiet, 4) if quiet else None,
@@ -221,7 +233,7 @@ def done(run_dir: Path, steps: int) -> bool:
 def inject(name: str, job: Any, bed: Bed, fleet: Fleet, kind: str, run_dir: Path, opts) -> Fault | None:
     training = (
         [i for i in job.launchers if (job.slot(i) or 0) < opts.nodes and job.slot(i) is not None]
-        if name == "inprocess"
+        if name.startswith("inprocess")
         else list(range(1, opts.nodes))  # node 0 hosts torchrun's rendezvous
     )
     training = [i for i in training if i not in fleet.back_at and job.launchers[i].poll() is None and i != 0]
@@ -271,20 +283,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-timeout", type=float, default=5.0)
     parser.add_argument("--max-restarts", type=int, default=20, help="torchrun's")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on a configuration after this")
-    parser.add_argument("--configs", default=f"{QUIET},inprocess,torchrun")
+    parser.add_argument(
+        "--configs", default=f"{QUIET},inprocess,torchrun", help="comma-separated; also inprocess-r2 (HSDP, 2 replicas)"
+    )
     add_overrides_option(parser, "a trainer override for both configurations, after the drill's (repeatable)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ftfleet-fleet-goodput"))
     record.add_arguments(parser)
     opts = parser.parse_args(argv)
     results = []
     for name in opts.configs.split(","):
+        if name not in (QUIET, "torchrun", "inprocess") and replicas_of(name) < 2:
+            parser.error(f"--configs: {name!r} is not one of {QUIET}, inprocess, inprocess-rN, torchrun")
+        if opts.nodes % replicas_of(name):
+            parser.error(f"--configs {name}: {replicas_of(name)} replica groups do not divide --nodes {opts.nodes}")
+    for name in opts.configs.split(","):
         results.append(run_config(name, opts, opts.workdir))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     ceiling = next((r["goodput"] for r in results if r["configuration"] == QUIET), None)
     for r in results:
         r["of_quiet"] = round(r["goodput"] / ceiling, 4) if ceiling and r["goodput"] else None
-    shas = {r["state_sha256"] for r in results if r["finished"]}
-    figures = {"results": results, "same_state": len(shas) == 1, "options": {k: str(v) for k, v in vars(opts).items()}}
+    # One end state per world shape: HSDP reduces the gradients in another order.
+    shas = {(r["replicas"], r["state_sha256"]) for r in results if r["finished"]}
+    same = len(shas) == len({r for r, _ in shas})
+    figures = {"results": results, "same_state": same, "options": {k: str(v) for k, v in vars(opts).items()}}
     for r in results:
         print(
             f"{r['configuration']}: goodput {r['goodput']} ({r['of_quiet']} of the quiet run's), "

@@ -139,6 +139,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--spares spare nodes, one run per fault of: lose-node, sigkill, partition, slow-link (drill/fleet.py)",
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="R",
+        help="with --nodes: HSDP's replica groups (parallel.replicas; must divide --nodes): at 2 or more a lost "
+        "rank heals from its live replica's snapshot and no peer copies are sent (default 1)",
+    )
+    parser.add_argument(
         "--collective-timeout",
         type=float,
         default=1.0,
@@ -203,6 +211,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     unknown = [f for f in faults if f not in FLEET_FAULTS]
     if unknown or not faults:
         raise UserError(f"--faults {args.faults}: with --nodes use all or some of {', '.join(FLEET_FAULTS)}")
+    if args.replicas < 1 or args.nodes % args.replicas:
+        raise UserError(f"--replicas {args.replicas}: use a divisor of --nodes {args.nodes} (1: no replicas)")
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ftfleet-fleet-drill-")
@@ -212,6 +222,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     opts = FleetOptions(
         nodes=args.nodes,
         spare_nodes=args.spares,
+        replicas=args.replicas,
         faults=faults,
         workdir=workdir,
         step_delay_s=args.step_delay,
@@ -229,7 +240,14 @@ def run_fleet(args: argparse.Namespace) -> int:
         import dataclasses
         import json
 
-        record = {"options": {"nodes": opts.nodes, "spare_nodes": opts.spare_nodes, "steps": opts.steps}}
+        record = {
+            "options": {
+                "nodes": opts.nodes,
+                "spare_nodes": opts.spare_nodes,
+                "replicas": opts.replicas,
+                "steps": opts.steps,
+            }
+        }
         record["reference_state_sha256"] = want
         record["rows"] = [dataclasses.asdict(r) for r in rows]
         args.json.write_text(json.dumps(record, indent=2) + "\n")

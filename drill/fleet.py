@@ -198,6 +198,9 @@ class FleetRow:
 class FleetOptions:
     nodes: int = 3
     spare_nodes: int = 1
+    replicas: int = 1
+    """HSDP's replica groups (``parallel.replicas``): at 2 or more, no peer copies; a
+    lost rank's state comes from its live replica."""
     faults: list[str] = dataclasses.field(default_factory=lambda: list(FLEET_FAULTS))
     workdir: Path
     config: Path = SOURCE_ROOT / "trainer" / "configs" / "tiny.yaml"
@@ -214,7 +217,9 @@ class FleetOptions:
 
 def trainer_overrides(opts: FleetOptions, run_dir: Path) -> list[str]:
     """The drill's run: snapshots every step with a peer copy on the next node (one rank
-    per node), durable checkpoints every 10 steps, each step paced like a bigger model."""
+    per node; under HSDP, ``opts.replicas`` > 1, none: the replicas hold each shard),
+    durable checkpoints every 10 steps, each step paced like a bigger model."""
+    hsdp = [f"parallel.replicas={opts.replicas}", "checkpoint.memory_peer_every=0"] if opts.replicas > 1 else []
     return [
         "run_id=fleet",
         f"train.steps={opts.steps}",
@@ -230,6 +235,7 @@ def trainer_overrides(opts: FleetOptions, run_dir: Path) -> list[str]:
         "checkpoint.keep=100",
         f"parallel.collective_timeout_s={opts.collective_timeout_s}",
         f"faults.step_delay_s={opts.step_delay_s}",
+        *hsdp,
         *opts.overrides,
         f"run_dir={run_dir}",
     ]
@@ -373,7 +379,8 @@ def run_fleet_drill(opts: FleetOptions) -> tuple[list[FleetRow], str]:
 def render(rows: Sequence[FleetRow], opts: FleetOptions) -> str:
     head = (
         f"fleet drill: {opts.nodes} nodes + {opts.spare_nodes} spare node(s), 1 rank each, "
-        f"{opts.steps} steps, fault at step {opts.fault_step}\n"
+        + (f"{opts.replicas} replica groups (HSDP), " if opts.replicas > 1 else "")
+        + f"{opts.steps} steps, fault at step {opts.fault_step}\n"
     )
     lines = [
         "| fault | at step | fault -> first step | steps lost | resumed from | restarts | survivors kept "

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from drill.cli import main
-from drill.fleet import FleetRow, _measure, render
+from drill.fleet import FleetOptions, FleetRow, _measure, render, trainer_overrides
 
 
 @pytest.mark.parametrize(
@@ -17,12 +17,21 @@ from drill.fleet import FleetRow, _measure, render
     [
         (["--nodes", "1"], "--nodes 1 --spares 1: use 2 or more nodes"),
         (["--nodes", "3", "--faults", "lose-node,hang"], "with --nodes use all or some of lose-node"),
+        (["--nodes", "3", "--replicas", "2"], "--replicas 2: use a divisor of --nodes 3"),
     ],
 )
 def test_bad_fleet_options_are_refused_in_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_a_replicated_drill_runs_hsdp_without_peer_copies(tmp_path):
+    plain = trainer_overrides(FleetOptions(workdir=tmp_path), tmp_path / "run")
+    assert not any(o.startswith(("parallel.replicas", "checkpoint.memory_peer_every")) for o in plain)
+    hsdp = trainer_overrides(FleetOptions(workdir=tmp_path, nodes=4, replicas=2), tmp_path / "run")
+    assert {"parallel.replicas=2", "checkpoint.memory_peer_every=0"} <= set(hsdp)
+    assert "2 replica groups (HSDP)" in render([], FleetOptions(workdir=tmp_path, nodes=4, replicas=2))
 
 
 def _run(tmp_path, events, resumed):
@@ -60,4 +69,4 @@ def test_a_lost_nodes_row_from_the_event_log(tmp_path):
 
 
 class _Opts:
-    nodes, spare_nodes, steps, fault_step = 3, 1, 40, 15
+    nodes, spare_nodes, replicas, steps, fault_step = 3, 1, 1, 40, 15
