@@ -206,18 +206,10 @@ class Failover:
         s, t = self.source, self.target
         self.check_stacks()
         self.say(f"checked: {t.name} has its file system{' and the image' if t.cloud == 'aws' else ''}")
-        if dry_run:
-            if self.move.under_way():
-                self.say(f"dry run: a move from {s.name} to {t.name} is under way; the same command goes on with it")
-                return 0
-            step, workers = self.move.check()
-            self.say(
-                f"dry run: step-{step} verifies in {t['checkpoint_uri']}; would stop {s.name}'s groups and start "
-                f"{t.name}'s with 1 coordinator + {sum(workers)} workers"
-            )
-            return 0
-        deadline = self.clock() + self.wait_s
         try:
+            if dry_run:
+                return self._dry_run()
+            deadline = self.clock() + self.wait_s
             while not self.move.advance():
                 if self.clock() >= deadline:
                     raise UserError(
@@ -231,6 +223,18 @@ class Failover:
         self.say(f"{t.name} takes the lease when {s.name}'s runs out")
         return 0
 
+    def _dry_run(self) -> int:
+        s, t = self.source, self.target
+        if self.move.under_way():
+            self.say(f"dry run: a move from {s.name} to {t.name} is under way; the same command goes on with it")
+            return 0
+        step, workers = self.move.check()
+        self.say(
+            f"dry run: step-{step} verifies in {t['checkpoint_uri']}; would stop {s.name}'s groups and start "
+            f"{t.name}'s with 1 coordinator + {sum(workers)} workers"
+        )
+        return 0
+
 
 def cloud_errors() -> tuple[type[BaseException], ...]:
     """What a cloud's API raises for a call it refused or could not answer."""
@@ -239,7 +243,9 @@ def cloud_errors() -> tuple[type[BaseException], ...]:
         import requests
         from google.api_core.exceptions import GoogleAPIError
 
-        errors += [requests.RequestException, GoogleAPIError]
+        from ftfleet.lambdas.common.gcp_groups import TooLong
+
+        errors += [requests.RequestException, GoogleAPIError, TooLong]
     except ImportError:  # an AWS-only install
         pass
     return tuple(errors)

@@ -61,7 +61,12 @@ class GcpFleet(Fleet):
             if size > 0:
                 return f"target size {self.sizes(side, group)[0]}, its per-instance config's VM (never resized up)"
             groups = self._of(side)
-            going = [str(i["instance"]) for i in groups.instances(group) if i.get("currentAction") != "DELETING"]
+            # An instance still being created has no URL yet: nothing to delete by name.
+            going = [
+                str(i["instance"])
+                for i in groups.instances(group)
+                if i.get("instance") and i.get("currentAction") != "DELETING"
+            ]
             if going:
                 groups.delete_instances(group, going)
             return f"its VM deleted ({len(going)} instance(s), deleteInstances)"

@@ -195,6 +195,15 @@ def test_a_record_that_does_not_read_is_named_and_nothing_changes(world, gcs_buc
     assert targets(compute)["home-workers"] == 3
 
 
+def test_a_list_longer_than_the_pages_read_is_one_line_naming_the_rerun(world, monkeypatch):
+    from ftfleet.errors import UserError
+
+    home, standby, compute = world
+    monkeypatch.setattr(gcp_groups, "PAGES", 0)  # every list of managed instances runs past it
+    with pytest.raises(UserError, match=r"^TooLong: .*more than 0 pages of 500; .*run the same command again$"):
+        failover(home, standby, [], compute).run()
+
+
 def test_a_group_the_standby_lacks_is_refused_naming_the_pulumi_up(world, gcs_bucket):
     home, standby, compute = world
     del compute.groups["standby-workers-ondemand"]
