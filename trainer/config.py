@@ -87,7 +87,10 @@ class ParallelConfig:
     gradient and optimizer memory, and each step also moves 2 (replicas - 1) / replicas
     of a gradient shard (the full model's gradients over world_size / replicas ranks)
     per rank across groups. Checkpoints are written once per shard and restore at any
-    ``replicas`` and world size. FSDP only; must divide the world size."""
+    ``replicas`` and world size. With ``checkpoint.memory`` a rank whose node is lost
+    heals from a live replica's snapshot (a group of at least one node's ranks puts the
+    replicas of a shard on different nodes), and ``checkpoint.memory_peer_every: 0`` drops the peer copies. FSDP
+    only; must divide the world size."""
     collective_timeout_s: float | None = None
     """Seconds a collective of the training group waits for a peer before it fails; null:
     torch's default (30 min gloo, 10 min NCCL). Under in-process restart this is how the

@@ -109,7 +109,8 @@ class CheckpointConfig:
     needs only the own snapshot, or the emergency checkpoint); it is the dear part of a
     snapshot (the whole state over the network). The own snapshot of the newest copied
     step is kept beside the newest memory_keep, so a lost node's ranks and the others
-    still share a step."""
+    still share a step. Under HSDP (``parallel.replicas`` > 1) a replica's own snapshot
+    serves first, and 0 is enough unless every replica of a shard may go at once."""
     memory_timeout_s: float = 20.0
     """Seconds a snapshot's collective or peer copy may wait for a peer (the snapshots'
     gloo group) before it fails. A rank blocked in one cannot be interrupted, so under

@@ -216,11 +216,13 @@ PRIOR_REUSE_S = 600.0
 RESERVE_POLL_S = 2.0
 
 
-def snapshot_bytes_estimate(ckpt_dir: str, world_size: int) -> int | None:
+def snapshot_bytes_estimate(ckpt_dir: str, world_size: int, replicas: int = 1) -> int | None:
     """What one rank's snapshot will take, judged by the newest committed checkpoint in
     ``ckpt_dir``: the largest rank's shard bytes there (times the checkpoint's world
-    size over ``world_size`` when more ranks wrote it than share the state now), plus
-    2 % and 4 MiB for the snapshot's header. None without a checkpoint."""
+    size over ``world_size`` when more ranks wrote it than share the state now), or
+    under HSDP (``replicas`` groups, each shard written once by one of its holders)
+    the whole state over a group's ``world_size / replicas`` ranks when that is more,
+    plus 2 % and 4 MiB for the snapshot's header. None without a checkpoint."""
     import re
 
     from ftfleet.trainer.checkpoint.tiers import LocalTier
@@ -237,7 +239,8 @@ def snapshot_bytes_estimate(ckpt_dir: str, world_size: int) -> int | None:
                 per_rank[int(match.group(1))] = per_rank.get(int(match.group(1)), 0) + entry.size
         if per_rank:
             scale = max(1.0, manifest.world_size / max(1, world_size))
-            return int(max(per_rank.values()) * scale * 1.02) + (4 << 20)
+            shard = max(max(per_rank.values()) * scale, sum(per_rank.values()) * replicas / max(1, world_size))
+            return int(shard * 1.02) + (4 << 20)
     return None
 
 
@@ -246,7 +249,7 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     will need once it takes over (``checkpoint.memory``), so that they do not pay for
     new pages then (:func:`~ftfleet.trainer.checkpoint.memory.reserve_files`). This
     process reserves ``memory_keep + 1`` files for its own snapshots and as many for its
-    peer's copy when the job spans nodes, each sized by
+    peer's copy when the job spans nodes and sends copies, each sized by
     :func:`snapshot_bytes_estimate`, looked for every ``poll_s`` until a checkpoint
     exists. A spare process (beyond ``LOCAL_WORLD_SIZE``) reserves nothing: it takes over
     a rank of its node, whose files are there. Returns how many files it reserved."""
@@ -258,10 +261,11 @@ def reserve_snapshot_memory(cfg: Any, stop: threading.Event, poll_s: float = RES
     from ftfleet.trainer.checkpoint.memory import reserve_files
 
     world = TrainerEnvironment().active_world_size or int(os.environ.get("WORLD_SIZE", "1"))
-    count = (ck.memory_keep + 1) * (2 if world > ck.node_size(world) else 1)
+    copies = world > ck.node_size(world) and ck.memory_peer_every > 0
+    count = (ck.memory_keep + 1) * (2 if copies else 1)
     while not stop.is_set():
         try:
-            size = snapshot_bytes_estimate(ck.dir, world)
+            size = snapshot_bytes_estimate(ck.dir, world, cfg.parallel.replicas)
         except OSError:
             size = None
         if size:

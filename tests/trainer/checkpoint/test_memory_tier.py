@@ -736,3 +736,19 @@ def test_the_estimate_covers_the_snapshot_and_a_reserve_too_small_is_not_used(tm
     fresh.snapshot(blocking=True, step=1)
     reserve = fresh.snapshots.tier.root / RESERVE_DIR / reserved_name(0, 0)
     assert reserve.exists()  # one byte short: left alone, the snapshot made a new file
+
+
+def test_under_hsdp_the_estimate_is_a_groups_share_of_the_whole_state(tmp_path):
+    """R = 2 on 4 ranks: each shard written once, here split evenly over its two holders,
+    so no rank wrote what its snapshot holds (half the state)."""
+    from ftfleet.trainer.checkpoint.manifest import FileEntry, Manifest
+    from ftfleet.trainer.checkpoint.tiers import LocalTier
+    from ftfleet.trainer.inprocess.worker import snapshot_bytes_estimate
+
+    quarter = 100 << 20
+    files = {f"__{r}_0.distcp": FileEntry(quarter, "00000000") for r in range(4)}
+    step = LocalTier(tmp_path).step_dir(8)
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text(Manifest(8, "run", "", 4, files, torch_version="2").to_json())
+    assert snapshot_bytes_estimate(str(tmp_path), 4) == int(quarter * 1.02) + (4 << 20)
+    assert snapshot_bytes_estimate(str(tmp_path), 4, replicas=2) == int(2 * quarter * 1.02) + (4 << 20)

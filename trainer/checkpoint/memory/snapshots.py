@@ -233,8 +233,11 @@ class Snapshots:
         replicas and return theirs, by rank. The transfers run on the snapshot thread
         (idle between snapshots), and the training thread waits in slices: a gloo
         receive waits without end for a replica that has gone on to a restart, and an
-        in-process restart must still reach this thread. TimeoutError after
-        ``timeout_s``."""
+        in-process restart must still reach this thread. A failed or late exchange
+        raises (TimeoutError after twice ``timeout_s``): a late message would pair with
+        the next exchange, so only new groups (a restart) can go on. On a GPU the
+        buffers among the entries are copied to the host here, which waits for the
+        GPU's queued work."""
         rank = self.comm.rank
         own = encode(rank_entries(state, rank))
         body = torch.frombuffer(bytearray(own), dtype=torch.uint8)
@@ -242,7 +245,8 @@ class Snapshots:
         outgoing = {p: (b"entries", body) for p in self.replicas.get(rank, [])}
         job: Future[dict[int, Any]] = Future()
         self._queue.put((job, lambda: exchange(transfers, rank, outgoing, self.group)))
-        deadline = time.monotonic() + self.timeout_s
+        # Two gloo phases (sizes, then bytes), each bounded by the group's timeout.
+        deadline = time.monotonic() + 2 * self.timeout_s + 1
         while not job.done():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"memory: the replicas' entries did not come within {self.timeout_s:g} s")
@@ -479,15 +483,18 @@ class Snapshots:
         """This rank's state for ``step`` (checked, not loaded), its manifest, or the problem."""
         rank, tier = self.comm.rank, self.tier
         sent = sorted((src, r, kind) for r, (kind, src) in sources.items() if kind != OWN)
-        outgoing = {}
+        outgoing: dict[int, Any] = {}
+        read: dict[str, Any] = {}  # each file read once, however many ranks it goes to
         for src, dst, kind in sent:
             if src == rank:
-                try:  # a holder sends its copy, a replica its own snapshot
-                    data, manifest = tier.read(kind == PEER, step)
-                    outgoing[dst] = (manifest.to_json().encode(), data)
-                except SnapshotMismatch as exc:
-                    log.warning("memory: cannot send rank %d its %s: %s", dst, kind, exc)
-                    outgoing[dst] = EMPTY
+                if kind not in read:
+                    try:  # a holder sends its copy, a replica its own snapshot
+                        data, manifest = tier.read(kind == PEER, step)
+                        read[kind] = (manifest.to_json().encode(), data)
+                    except Exception as exc:  # noqa: BLE001 - every receiver must still get a message
+                        log.warning("memory: cannot send rank %d its %s: %s: %s", dst, kind, type(exc).__name__, exc)
+                        read[kind] = EMPTY
+                outgoing[dst] = read[kind]
         received = exchange([(src, dst) for src, dst, _ in sent], rank, outgoing, self.group)
         kind, src = sources[rank]
         try:
