@@ -270,6 +270,20 @@ def measure(fault: Fault, events: list[dict[str, Any]]) -> None:
     fault.steps_again = max(0, fault.step_before - (after["step"] - 1))
 
 
+def same_states(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the finished runs of each world shape ended in one state (HSDP reduces the
+    gradients in another order than plain FSDP, so shapes are compared apart):
+    ``same_state`` over the shapes with two or more finished runs (None: no such shape),
+    and ``compared``, the number of finished runs per replica count (a shape with one
+    run was compared with nothing)."""
+    shas: dict[int, list[str]] = {}
+    for r in results:
+        if r["finished"]:
+            shas.setdefault(r["replicas"], []).append(r["state_sha256"])
+    checked = [len(set(v)) == 1 for v in shas.values() if len(v) > 1]
+    return {"same_state": all(checked) if checked else None, "compared": {str(k): len(v) for k, v in shas.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=3)
@@ -302,10 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = next((r["goodput"] for r in results if r["configuration"] == QUIET), None)
     for r in results:
         r["of_quiet"] = round(r["goodput"] / ceiling, 4) if ceiling and r["goodput"] else None
-    # One end state per world shape: HSDP reduces the gradients in another order.
-    shas = {(r["replicas"], r["state_sha256"]) for r in results if r["finished"]}
-    same = len(shas) == len({r for r, _ in shas})
-    figures = {"results": results, "same_state": same, "options": {k: str(v) for k, v in vars(opts).items()}}
+    figures = {"results": results, **same_states(results), "options": {k: str(v) for k, v in vars(opts).items()}}
     for r in results:
         print(
             f"{r['configuration']}: goodput {r['goodput']} ({r['of_quiet']} of the quiet run's), "

@@ -343,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nodes is not None:
         return run_fleet(args)
+    if args.replicas != 1:
+        raise UserError(f"--replicas {args.replicas}: replica groups are the fleet drill's; add --nodes N")
     if is_capacity_drill(args.faults):
         return run_capacity(args)
 

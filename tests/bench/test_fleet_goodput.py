@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet_goodput import main, replicas_of
+from bench.fleet_goodput import main, replicas_of, same_states
 
 
 def test_a_replicated_configuration_names_its_replica_groups():
@@ -30,3 +30,14 @@ def test_bad_configurations_exit_2_before_any_run(argv, message, capsys, tmp_pat
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--workdir", str(tmp_path), "--no-json"])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_end_states_are_compared_within_a_world_shape_and_a_lone_shape_is_not_called_equal():
+    def run(name, sha, finished=True):
+        return {"configuration": name, "replicas": replicas_of(name), "finished": finished, "state_sha256": sha}
+
+    runs = [run("quiet", "a"), run("inprocess", "a"), run("inprocess-r2", "b"), run("torchrun", None, False)]
+    assert same_states(runs) == {"same_state": True, "compared": {"1": 2, "2": 1}}
+    assert same_states([*runs, run("torchrun", "c")])["same_state"] is False
+    assert same_states([run("inprocess-r2", "b")]) == {"same_state": None, "compared": {"2": 1}}
+    assert same_states([]) == {"same_state": None, "compared": {}}

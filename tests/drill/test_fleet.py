@@ -18,6 +18,7 @@ from drill.fleet import FleetOptions, FleetRow, _measure, render, trainer_overri
         (["--nodes", "1"], "--nodes 1 --spares 1: use 2 or more nodes"),
         (["--nodes", "3", "--faults", "lose-node,hang"], "with --nodes use all or some of lose-node"),
         (["--nodes", "3", "--replicas", "2"], "--replicas 2: use a divisor of --nodes 3"),
+        (["--replicas", "2"], "--replicas 2: replica groups are the fleet drill's; add --nodes N"),
     ],
 )
 def test_bad_fleet_options_are_refused_in_one_line(argv, message, capsys):
