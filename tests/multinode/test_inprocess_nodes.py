@@ -9,6 +9,8 @@ nothing, as on the fleet.
   ends bit-identical (chaos).
 * A node told it will go hands its ranks to the spare node: nothing computed again
   (chaos).
+* Under HSDP (two nodes of two ranks, one replica group each) a lost node's ranks are
+  healed from their live replicas on the other node, with no peer copies (chaos).
 
 The first is ``make test``'s one multi-node case; the others run in ``make chaos``.
 """
@@ -23,7 +25,7 @@ from ftfleet.trainer.events import read_events
 from tests.multinode.bed import Bed
 from tests.multinode.nodes import InprocessJob
 from tests.multinode.test_faults import one_generation_commits
-from tests.trainer.conftest import BASE, MEMORY, wait_for
+from tests.trainer.conftest import BASE, MEMORY, run_trainer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -125,4 +127,39 @@ def test_a_node_told_it_will_go_hands_its_ranks_to_the_spare_node(ref2, tmp_path
     assert summary["resumed_from"]["step"] == handoff["step"], (summary["resumed_from"], handoff)
     starts = _starts(run_dir)
     assert starts[-1]["pids"][0] == survivor[0], "the survivor was replaced"
+    assert not one_generation_commits(run_dir)
+
+
+#: Two replica groups of two ranks, a node each (ranks 0, 2 and 1, 3 hold the same
+#: shards), the global batch divisible by 4, no peer copies.
+HSDP = [
+    "parallel.replicas=2",
+    "train.global_batch_size=12",
+    "checkpoint.ranks_per_node=2",
+    "checkpoint.memory_peer_every=0",
+]
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(420)
+def test_under_hsdp_a_lost_nodes_ranks_heal_from_their_live_replicas(tmp_path):
+    straight = run_trainer(4, tmp_path / "straight", *ARGS, *HSDP, timeout=240)
+    run_dir = tmp_path / "run"
+    with Bed(4) as bed:  # slots 0, 1 train two ranks each; 2 is the spare node; node 3 the coordinator
+        job = InprocessJob(bed, run_dir, tmp_path, *ARGS, *HSDP, nproc=2)
+        try:
+            slots = job.slots()
+            wait_for(lambda: _past(run_dir, 10), 200, what="step 10 on both nodes")
+            survivors = job.pids(slots[0])
+            bed.lose(slots[1])  # ranks 2 and 3, their shared memory with them
+            rcs = job.wait(240, nodes=[slots[0], slots[2]])
+        finally:
+            tail = job.log_tail()
+        assert rcs[slots[0]] == 0 and rcs[slots[2]] == 0, f"launchers {rcs}\n{tail}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state_sha256"] == straight["state_sha256"], tail
+    assert summary["resumed_from"]["tier"] == "memory-replica", summary["resumed_from"]
+    starts = _starts(run_dir)
+    assert [e["attempt"] for e in starts] == [0, 1], starts
+    assert starts[1]["pids"][:2] == [survivors[0], survivors[1]], "a survivor was replaced"
     assert not one_generation_commits(run_dir)
