@@ -149,10 +149,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--collective-timeout",
         type=float,
-        default=1.0,
+        default=None,
         metavar="S",
-        help="inprocess: seconds a collective waits for a hung peer before the survivors restart (default 1: "
-        "ten times the drill's step; the slowest collective of a real job sets it)",
+        help="inprocess and --nodes: seconds a collective waits for a hung peer before the survivors restart "
+        "(default 1; with --nodes 2: ten and twenty times the drill's step; the slowest collective of a real job "
+        "sets it)",
     )
     parser.add_argument("--config", type=Path, help="trainer config (default: the package's tiny.yaml)")
     add_overrides_option(parser, "extra trainer override, repeatable")
@@ -170,6 +171,8 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
         raise UserError(f"--nproc {args.nproc}: use 1 or more")
     if args.spares < 0:
         raise UserError(f"--spares {args.spares}: use 0 or more")
+    if args.collective_timeout is None:
+        args.collective_timeout = 1.0
     if not args.collective_timeout > 0:
         raise UserError(f"--collective-timeout {args.collective_timeout}: use seconds > 0")
     if args.launcher == "inprocess" and not args.collective_timeout < args.watchdog:
@@ -213,6 +216,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         raise UserError(f"--faults {args.faults}: with --nodes use all or some of {', '.join(FLEET_FAULTS)}")
     if args.replicas < 1 or args.nodes % args.replicas:
         raise UserError(f"--replicas {args.replicas}: use a divisor of --nodes {args.nodes} (1: no replicas)")
+    if args.collective_timeout is not None and not args.collective_timeout > 0:
+        raise UserError(f"--collective-timeout {args.collective_timeout}: use seconds > 0")
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ftfleet-fleet-drill-")
@@ -225,6 +230,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         faults=faults,
         workdir=workdir,
+        **({} if args.collective_timeout is None else {"collective_timeout_s": args.collective_timeout}),
         step_delay_s=args.step_delay,
         config=args.config or FleetOptions.__dataclass_fields__["config"].default,
         overrides=list(args.overrides),
@@ -245,6 +251,7 @@ def run_fleet(args: argparse.Namespace) -> int:
                 "nodes": opts.nodes,
                 "spare_nodes": opts.spare_nodes,
                 "replicas": opts.replicas,
+                "collective_timeout_s": opts.collective_timeout_s,
                 "steps": opts.steps,
             }
         }

@@ -19,12 +19,31 @@ from drill.fleet import FleetOptions, FleetRow, _measure, render, trainer_overri
         (["--nodes", "3", "--faults", "lose-node,hang"], "with --nodes use all or some of lose-node"),
         (["--nodes", "3", "--replicas", "2"], "--replicas 2: use a divisor of --nodes 3"),
         (["--replicas", "2"], "--replicas 2: replica groups are the fleet drill's; add --nodes N"),
+        (["--nodes", "3", "--collective-timeout", "0"], "--collective-timeout 0.0: use seconds > 0"),
     ],
 )
 def test_bad_fleet_options_are_refused_in_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_the_fleet_drill_takes_the_collective_timeout_it_is_given(tmp_path, monkeypatch):
+    import drill.fleet
+
+    seen = []
+
+    def fake(opts):
+        seen.append(opts.collective_timeout_s)
+        return [], "sha"
+
+    monkeypatch.setattr(drill.fleet, "run_fleet_drill", fake)
+    main(["--nodes", "3", "--workdir", str(tmp_path)])
+    main(["--nodes", "3", "--collective-timeout", "1.5", "--workdir", str(tmp_path)])
+    assert seen == [2.0, 1.5]
+    assert "parallel.collective_timeout_s=1.5" in trainer_overrides(
+        FleetOptions(workdir=tmp_path, collective_timeout_s=1.5), tmp_path / "run"
+    )
 
 
 def test_a_replicated_drill_runs_hsdp_without_peer_copies(tmp_path):
