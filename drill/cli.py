@@ -173,8 +173,6 @@ def options(args: argparse.Namespace, workdir: Path) -> Any:
         raise UserError(f"--spares {args.spares}: use 0 or more")
     if args.collective_timeout is None:
         args.collective_timeout = 1.0
-    if not args.collective_timeout > 0:
-        raise UserError(f"--collective-timeout {args.collective_timeout}: use seconds > 0")
     if args.launcher == "inprocess" and not args.collective_timeout < args.watchdog:
         raise UserError(
             f"--collective-timeout {args.collective_timeout}: use less than --watchdog {args.watchdog} "
@@ -216,8 +214,6 @@ def run_fleet(args: argparse.Namespace) -> int:
         raise UserError(f"--faults {args.faults}: with --nodes use all or some of {', '.join(FLEET_FAULTS)}")
     if args.replicas < 1 or args.nodes % args.replicas:
         raise UserError(f"--replicas {args.replicas}: use a divisor of --nodes {args.nodes} (1: no replicas)")
-    if args.collective_timeout is not None and not args.collective_timeout > 0:
-        raise UserError(f"--collective-timeout {args.collective_timeout}: use seconds > 0")
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ftfleet-fleet-drill-")
@@ -348,6 +344,8 @@ def is_capacity_drill(faults: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.collective_timeout is not None and not args.collective_timeout > 0:
+        raise UserError(f"--collective-timeout {args.collective_timeout}: use seconds > 0")
     if args.nodes is not None:
         return run_fleet(args)
     if args.replicas != 1:

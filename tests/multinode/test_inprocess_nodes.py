@@ -46,22 +46,31 @@ def _past(run_dir, step: int) -> bool:
     return any(e["event"] == "step" and e["step"] >= step for e in read_events(run_dir))
 
 
+def _lose_a_training_node(bed, job, run_dir, timeout: float) -> tuple[dict, dict, dict]:
+    """Once both training nodes passed step 10, lose slot 1's node (every process and
+    its shared memory at once) and wait for the others' launchers. Returns the pids of
+    slot 0 and of the spare node (slot 2) before the loss, and the summary."""
+    try:
+        slots = job.slots()
+        wait_for(lambda: _past(run_dir, 10), timeout, what="step 10 on both nodes")
+        survivor, spare = job.pids(slots[0]), job.pids(slots[2])
+        bed.lose(slots[1])
+        rcs = job.wait(timeout, nodes=[slots[0], slots[2]])
+    finally:
+        tail = job.log_tail()
+    assert rcs[slots[0]] == 0 and rcs[slots[2]] == 0, f"launchers {rcs}\n{tail}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["_tail"] = tail
+    return survivor, spare, summary
+
+
 @pytest.mark.timeout(240)
 def test_a_lost_node_is_replaced_by_a_spare_node_and_the_survivor_never_exits(ref2, tmp_path):
     run_dir = tmp_path / "run"
     with Bed(4) as bed:  # three nodes take slots 0, 1 (train) and 2 (spare); node 3 is the coordinator
         job = InprocessJob(bed, run_dir, tmp_path, *ARGS)
-        try:
-            slots = job.slots()
-            wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
-            survivor, spare = job.pids(slots[0]), job.pids(slots[2])
-            bed.lose(slots[1])  # every process of that node, and its shared memory, at once
-            rcs = job.wait(150, nodes=[slots[0], slots[2]])
-        finally:
-            tail = job.log_tail()
-        assert rcs[slots[0]] == 0 and rcs[slots[2]] == 0, f"launchers {rcs}\n{tail}"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["state_sha256"] == ref2["state_sha256"], tail
+        survivor, spare, summary = _lose_a_training_node(bed, job, run_dir, 150)
+    assert summary["state_sha256"] == ref2["state_sha256"], summary["_tail"]
     assert summary["resumed_from"]["tier"] == "memory-peer", summary["resumed_from"]  # the survivor held its copy
     starts = _starts(run_dir)
     assert [e["attempt"] for e in starts] == [0, 1], starts
@@ -147,17 +156,8 @@ def test_under_hsdp_a_lost_nodes_ranks_heal_from_their_live_replicas(tmp_path):
     run_dir = tmp_path / "run"
     with Bed(4) as bed:  # slots 0, 1 train two ranks each; 2 is the spare node; node 3 the coordinator
         job = InprocessJob(bed, run_dir, tmp_path, *ARGS, *HSDP, nproc=2)
-        try:
-            slots = job.slots()
-            wait_for(lambda: _past(run_dir, 10), 200, what="step 10 on both nodes")
-            survivors = job.pids(slots[0])
-            bed.lose(slots[1])  # ranks 2 and 3, their shared memory with them
-            rcs = job.wait(240, nodes=[slots[0], slots[2]])
-        finally:
-            tail = job.log_tail()
-        assert rcs[slots[0]] == 0 and rcs[slots[2]] == 0, f"launchers {rcs}\n{tail}"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["state_sha256"] == straight["state_sha256"], tail
+        survivors, _, summary = _lose_a_training_node(bed, job, run_dir, 240)  # ranks 2 and 3
+    assert summary["state_sha256"] == straight["state_sha256"], summary["_tail"]
     assert summary["resumed_from"]["tier"] == "memory-replica", summary["resumed_from"]
     starts = _starts(run_dir)
     assert [e["attempt"] for e in starts] == [0, 1], starts

@@ -535,7 +535,8 @@ def as_rank(saved: Any, owner: int, rank: int) -> Any:
     mine = entries.get(rank) if isinstance(entries, dict) else None
     if not isinstance(mine, dict):
         raise SnapshotMismatch(f"rank {owner}'s snapshot holds no entries of rank {rank}: not its replica then")
-    out = {k: v for k, v in saved.items() if k not in rank_entries(saved, owner)}
+    theirs = rank_entries(saved, owner)
+    out = {k: v for k, v in saved.items() if k not in theirs}
     out.update(mine)
     return out
 
