@@ -11,6 +11,8 @@ nothing, as on the fleet.
   (chaos).
 * Under HSDP (two nodes of two ranks, one replica group each) a lost node's ranks are
   healed from their live replicas on the other node, with no peer copies (chaos).
+* Under HSDP without a spare node, the world shrinks to one replica group and grows
+  back when a replacement node boots, every sample consumed once (chaos).
 
 The first is ``make test``'s one multi-node case; the others run in ``make chaos``.
 """
@@ -162,4 +164,62 @@ def test_under_hsdp_a_lost_nodes_ranks_heal_from_their_live_replicas(tmp_path):
     starts = _starts(run_dir)
     assert [e["attempt"] for e in starts] == [0, 1], starts
     assert starts[1]["pids"][:2] == [survivors[0], survivors[1]], "a survivor was replaced"
+    assert not one_generation_commits(run_dir)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(420)
+def test_under_hsdp_a_world_that_shrank_grows_back_when_a_node_boots(tmp_path):
+    """No spare node, ``--min-ranks 2`` (no ``--group-size``: under HSDP one replica
+    group, as on the fleet): losing slot 1's node drops its replica group, and slot 0's
+    ranks train on as one group (from the fast tier: the snapshots are of the larger
+    world). A replacement node boots; its launcher waits for the next round, which the
+    smaller world opens at its next step boundary (a resize notice: a committed
+    checkpoint, no node leaving); the world trains on at its full shape from that step,
+    and every sample is consumed exactly once."""
+    from tests.trainer.conftest import assert_each_sample_once, final_trace
+
+    steps, batch = 80, 12
+    run_dir = tmp_path / "run"
+    args = [*ARGS, *HSDP, f"train.steps={steps}", "faults.step_delay_s=0.25", "data.trace_samples=true"]
+    # A rank waiting on the lost ones in a collective or a peer copy is stuck there until
+    # its timeout: kept below the heartbeat timeout.
+    args += ["parallel.collective_timeout_s=2", "checkpoint.memory_timeout_s=3"]
+    with Bed(3) as bed:  # slots 0, 1 train two ranks each; node 2 is the coordinator
+        job = InprocessJob(
+            bed,
+            run_dir,
+            tmp_path,
+            *args,
+            nproc=2,
+            spare_nodes=0,
+            heartbeat_timeout=5.0,
+            extra=("--min-ranks=2",),  # HSDP: the world shrinks by a whole replica group (2 ranks)
+        )
+        try:
+            slots = job.slots()
+            wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
+            bed.lose(slots[1])
+            wait_for(lambda: any(e["world_size"] == 2 for e in _starts(run_dir)), 120, what="the smaller world")
+            job.start(slots[1])  # capacity returns: a replacement node boots
+            rcs = job.wait(240)
+        finally:
+            tail = job.log_tail()
+        assert list(rcs.values()) == [0, 0], f"launchers {rcs}\n{tail}"
+        assert job.starts[slots[0]] == 0, "the survivor's launcher was started again"
+        assert "resize: a node waits to join" in job.log(slots[0]), tail
+    events = list(read_events(run_dir))
+    shapes = [(e["world_size"], e["replica_groups"], e["group_size"]) for e in _starts(run_dir)]
+    assert shapes == [(4, 2, 2), (2, 1, 2), (4, 2, 2)], shapes
+    resizes = [(e["change"], e["world_size_written"], e["world_size"]) for e in events if e["event"] == "resize"]
+    assert resizes == [("shrink", 4, 2), ("grow", 2, 4)], resizes
+    [notice] = [e for e in events if e["event"] == "notice"]
+    assert (notice["kind"], notice["source"]) == ("resize", "inprocess-round"), notice
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == 4, summary
+    # The full world resumed from the step the smaller one stopped at: nothing computed again.
+    assert summary["resumed_from"]["tier"] == "local", summary["resumed_from"]
+    assert summary["resumed_from"]["step"] == notice["step"], (summary["resumed_from"], notice)
+    assert summary["samples_seen"] == steps * batch
+    assert_each_sample_once(final_trace(run_dir), steps, batch)
     assert not one_generation_commits(run_dir)

@@ -29,8 +29,10 @@ the job runs in rounds (:mod:`.stores`). When a round stops (no spare left to ta
 lost rank), a launcher (``--rejoin``, the default across nodes) does not exit: it
 stops its workers and joins the next round with processes it started
 ``--warm-after`` seconds into the round, warm (torch and the trainer imported, the
-worker's ``--assign-from-stdin``), which learn their place when the round forms. The
-next round's restore comes from the snapshots in the nodes' shared memory.
+worker's ``--assign-from-stdin``), which learn their place when the round forms; a
+launcher that finds a round formed without it warms its processes while it waits. The
+next round's restore comes from the snapshots in the nodes' shared memory (from the fast
+tier when the world changed shape: :mod:`.resize`).
 """
 
 from __future__ import annotations
@@ -297,12 +299,29 @@ def main(argv: list[str] | None = None) -> int:
     if stores is not None:  # the next round opens after a stop (a coordinator does this in serve)
         threading.Thread(target=stores.serve, args=([],), name="ftfleet-rounds", daemon=True).start()
     warm: list[subprocess.Popen] = []
+
+    def start_warm() -> list[subprocess.Popen]:
+        return [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]
+
+    def warm_while_waiting() -> None:
+        # A node that waits for the next round (booted while one runs) joins it warm.
+        if not warm:
+            warm.extend(start_warm())
+            pids = " ".join(str(p.pid) for p in warm)
+            print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
+
     noted = tempfile.mkdtemp(prefix="ftfleet-ranks-")  # each worker's rank, for the next round's slot
     prefer = None
     try:
         for rounds in range(1, args.max_rounds + 1):
             round_, node, spare_nodes = join(
-                watch, args.nnodes, args.spare_nodes, node_rank, settle_s=args.settle, prefer=prefer
+                watch,
+                args.nnodes,
+                args.spare_nodes,
+                node_rank,
+                settle_s=args.settle,
+                prefer=prefer,
+                on_wait=warm_while_waiting,
             )
             layout = Layout(args.nnodes, spare_nodes, args.nproc, args.spares)  # the spare nodes this round has
             nodes = layout.nodes
@@ -322,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                 # One line per process, "process RANK pid PID": what drills and benches parse.
                 print(f"ftfleet.inprocess: process {place['RANK']} pid {proc.pid}", file=sys.stderr, flush=True)
             again = rejoin and rounds < args.max_rounds
-            prepare = (lambda: [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]) if again else None
+            prepare = start_warm if again else None
             end = supervise(procs, watch, round_, min_ranks if nodes == 1 else None, prepare, args.warm_after)
             warm = end.warm
             prefer = held_slot(noted, per_node, args.nproc, layout.active)
@@ -535,6 +554,8 @@ def supervise(
                     p.kill()
             deadline = None  # once
         time.sleep(0.1)
+    if not end.stopped and stop_reason(watch, round_):  # set just before the processes exited (a resize)
+        end.stopped = True
     codes = end.codes = [p.returncode for p in procs]
     print(f"ftfleet.inprocess: exit codes {codes}", file=sys.stderr, flush=True)
     try:

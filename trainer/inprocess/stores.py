@@ -19,7 +19,8 @@ node of the stopped round has either left it or was lost, and at most
 :data:`STOP_GRACE_S` after the stop. A round forms with the nodes there: its training
 nodes and the spare nodes that registered by then (:func:`join`). A node that registers
 after it formed (a replacement booted after the job started: the wrapper world cannot
-grow) waits for the next round.
+grow) waits for the next round; where the world shrank, that round comes at the next
+step boundary (:mod:`.resize`).
 
 Keys, in the trainer's store: ``ftfleet/inprocess/round`` (a counter: the round open
 now), and per round ``r<R>/ready`` (its wrapper store is up), ``r<R>/nodes`` (node slots
@@ -27,7 +28,9 @@ taken, a counter), ``r<R>/prefer/<i>`` and ``r<R>/slot/<i>`` (the slot the ``i``
 node to register asks for, and the one it got), ``r<R>/size`` (nodes in the round,
 once it formed), ``r<R>/stop``
 (why the job stops), ``r<R>/lost`` (nodes the stop found gone, every rank of theirs
-terminated: a counter), ``r<R>/done`` (launchers that left the round: a counter).
+terminated: a counter), ``r<R>/done`` (launchers that left the round: a counter),
+``r<R>/waiting`` (nodes that registered after it formed and wait for the next round: a
+counter; a world that shrank ends the round to take them in, :mod:`.resize`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import datetime
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -137,6 +141,7 @@ def join(
     settle_s: float = SETTLE_S,
     poll_s: float = 0.05,
     prefer: int | None = None,
+    on_wait: Callable[[], None] | None = None,
 ) -> tuple[int, int, int]:
     """Join the open round: ``(round, node slot, spare nodes in the round)``.
 
@@ -152,7 +157,8 @@ def join(
     Slots: the deciding node gives each node of the round its slot
     (:func:`assign_slots`): ``prefer`` (the training slot whose ranks this node trained in
     the round before: its shared memory holds their snapshots) where no node before it
-    asked for the same, the others in the order they registered."""
+    asked for the same, the others in the order they registered. ``on_wait`` runs once,
+    when this node first waits for a next round (the launcher warms its processes then)."""
     announced = None
     most = training + spares
     while True:
@@ -176,6 +182,10 @@ def join(
                 flush=True,
             )
             announced = round_
+            store.add(round_key(round_, "waiting"), 1)  # a world that shrank ends the round for it (.resize)
+            if on_wait is not None:
+                on_wait, wait_once = None, on_wait
+                wait_once()
         while int(store.add(ROUND_KEY, 0)) == round_:
             time.sleep(0.2)
 

@@ -33,6 +33,7 @@ from ftfleet.trainer.callbacks import Callback
 from ftfleet.trainer.environment import INPROCESS_RANK_FILE, TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 from ftfleet.trainer.inprocess.ranks import Layout, node_fill
+from ftfleet.trainer.inprocess.resize import end_round, watch_round
 from ftfleet.trainer.resilience.fencing import bind_to_launcher, retire
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -72,6 +73,16 @@ def device_slot(launch_local_rank: int, per_node: int, rank: int) -> int:
     rank it replaces, which died with it: ``rank % per_node`` (ranks are laid out node
     by node)."""
     return launch_local_rank if launch_local_rank < per_node else rank % per_node
+
+
+def shrink_block(group: int, replicas: int, active: int) -> int:
+    """How many consecutive ranks a smaller world keeps or drops together: ``group``
+    (``--group-size``) when it is more than 1, else under HSDP one replica group of the
+    ``active`` training ranks (a world without a whole group could not form the mesh:
+    the fleet's ``FTFLEET_NNODES=MIN:MAX`` sets no group size), else 1."""
+    if group > 1 or replicas < 2 or active % replicas:
+        return group
+    return active // replicas
 
 
 def _seconds(value: float) -> datetime.timedelta:
@@ -460,6 +471,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         wait_for(args.wait_for)
         taken_over.set()
 
+    # A world that shrank grows back when a node waits to join, through a checkpoint.
+    watch_round(args.stop_key if cfg.checkpoint.enabled else None)
     launch_local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     failed_starts = 0  # attempts in a row, in this process, that failed before a step
@@ -477,7 +490,9 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         note_rank(int(os.environ["RANK"]))
         ping = Ping(call_wrapper)
         try:
-            return int(train(cfg, [*extra, ping])["exit_code"])
+            result = train(cfg, [*extra, ping])
+            end_round(result, args.stop_key)  # after a resize notice: every launcher joins the next round
+            return int(result["exit_code"])
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exc.exit_code
@@ -499,7 +514,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         heartbeat_timeout_s=args.heartbeat_timeout,
         store_port=args.wrapper_port,
         stop_key=args.stop_key,
-        group=env.group_size,
+        group=shrink_block(env.group_size, cfg.parallel.replicas, layout.active),
     )
     if not args.wait_for:  # a spare node froze before its wait
         freeze_what_is_loaded()  # a spare process's warm-up freezes again once it is done

@@ -59,7 +59,8 @@ class NoticeStop(Callback):
         agreed = self.preemption.check(step, early_save=step < self.last_step)
         if agreed is None:
             return None
-        self.schedule.record_notice(agreed.notice.received_at)
+        if not agreed.notice.node_stays:  # a resize is no interruption of the fleet
+            self.schedule.record_notice(agreed.notice.received_at)
         if not agreed.notice.terminal:
             return None
         notice = agreed.notice
@@ -72,6 +73,7 @@ class Resilience:
         cfg, res = run.cfg, run.cfg.resilience
         self.cfg = cfg
         self.environ = environ
+        self.world_size = run.env.world_size
         self.events = EventLog(cfg.run_dir, enabled=run.env.is_rank0)
         fencing.report_to(self.events)  # a process that leaves says so in the event log
         self.metrics = Metrics.from_env(environ)
@@ -156,6 +158,15 @@ class Resilience:
                 source=restored.location,
                 world_size_written=restored.manifest.world_size,
             )
+            written = restored.manifest.world_size
+            if written and written != self.world_size:  # a world that shrank or grew back
+                self.events.emit(
+                    "resize",
+                    step=restored.step,
+                    change="grow" if self.world_size > written else "shrink",
+                    world_size_written=written,
+                    world_size=self.world_size,
+                )
         self.schedule.restored(restored, step)
 
     @contextlib.contextmanager

@@ -438,22 +438,6 @@ def test_a_process_notes_the_rank_it_trains_for_its_launcher(tmp_path, monkeypat
     assert (tmp_path / "local0").read_text() == "4\n" and not (tmp_path / "local0.tmp").exists()
 
 
-def _final_trace(run_dir, resumed: int) -> dict[int, list[tuple[int, int]]]:
-    """The samples behind the final state of an in-process run restarted once: every
-    rank's trace up to the step the restart resumed from, then what each rank traced
-    after it (a survivor's file goes on after a step lower than its last: the restart)."""
-    out: dict[int, list[tuple[int, int]]] = {}
-    for f in sorted((run_dir / "samples").glob("*.txt")):
-        lines = [tuple(map(int, line.split())) for line in f.read_text().splitlines() if line.strip()]
-        cut = next((i for i in range(1, len(lines)) if lines[i][0] <= lines[i - 1][0]), len(lines))
-        for step, first, last in lines[:cut]:
-            if step <= resumed:
-                out.setdefault(step, []).append((first, last))
-        for step, first, last in lines[cut:]:
-            out.setdefault(step, []).append((first, last))
-    return out
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_hsdp_shrinks_by_a_whole_replica_group_and_sees_every_sample_once(tmp_path):
@@ -461,7 +445,7 @@ def test_hsdp_shrinks_by_a_whole_replica_group_and_sees_every_sample_once(tmp_pa
     rank 3 is SIGKILLed; its group is dropped (rank 2 waits, like a spare), ranks 0 and 1
     go on as one group of 2 with the same global batch, from the fast tier (the
     snapshots are of another world), and every sample is consumed exactly once."""
-    from tests.trainer.conftest import assert_each_sample_once
+    from tests.trainer.conftest import assert_each_sample_once, final_trace
 
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
     trainer = [
@@ -503,4 +487,4 @@ def test_hsdp_shrinks_by_a_whole_replica_group_and_sees_every_sample_once(tmp_pa
     assert summary["samples_seen"] == summary["step"] * 8
     starts = [e for e in _events(run_dir) if e["event"] == "start"]
     assert [(e["world_size"], e["replica_groups"], e["group_size"]) for e in starts] == [(4, 2, 2), (2, 1, 2)]
-    assert_each_sample_once(_final_trace(run_dir, summary["resumed_from"]["step"]), summary["step"], 8)
+    assert_each_sample_once(final_trace(run_dir), summary["step"], 8)

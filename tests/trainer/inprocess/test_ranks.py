@@ -142,3 +142,16 @@ def test_a_world_shrinks_by_whole_groups_and_the_broken_groups_survivors_wait():
 def test_blocks_of_one_shrink_as_before():
     layout = Layout(3, 0, 1)
     assert reassign(nodes_of(layout), 3, {1}, min_active=2, group=1) == reassign(nodes_of(layout), 3, {1}, 2)
+
+
+@pytest.mark.parametrize(
+    ("group", "replicas", "active", "block"),
+    [(1, 1, 4, 1), (1, 2, 4, 2), (1, 2, 8, 4), (2, 4, 8, 2), (1, 3, 4, 1)],
+    ids=["plain", "hsdp", "hsdp-bigger-groups", "flag-wins", "replicas-do-not-divide"],
+)
+def test_a_smaller_world_keeps_whole_replica_groups_without_a_group_size(group, replicas, active, block):
+    """The fleet's MIN:MAX sets no --group-size: under HSDP the block is one replica
+    group, so a shrink never leaves a world that cannot form the mesh."""
+    from ftfleet.trainer.inprocess.worker import shrink_block
+
+    assert shrink_block(group, replicas, active) == block

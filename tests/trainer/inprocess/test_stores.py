@@ -30,9 +30,14 @@ def test_a_round_forms_with_the_spare_nodes_there_and_a_late_node_waits_for_the_
     for t in first:
         t.join(10)
     assert sorted(results.values()) == [(0, 0, 0), (0, 1, 0)], results  # no spare came within the settle time
-    late = _join_in_thread(port, results, "late", **kw)
+    waited: list[int] = []
+    late = _join_in_thread(port, results, "late", **kw, on_wait=lambda: waited.append(1))
     late.join(0.5)
     assert late.is_alive(), "a node after the round formed must wait for the next round"
+    # and says so, once, to the round it waits out (a world that shrank ends it: .resize),
+    # and warms its processes (on_wait) once
+    assert int(host.trainer.add(stores.round_key(0, "waiting"), 0)) == 1
+    assert waited == [1]
     host.next_round()
     other = _join_in_thread(port, results, "other", **kw)  # round 1 needs its two training nodes too
     late.join(10)

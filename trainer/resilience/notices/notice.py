@@ -41,12 +41,17 @@ AWS_LIFECYCLE_NOTICE_S = 120.0
 
 
 class NoticeKind(enum.StrEnum):
-    """What is coming. The values are the contract's CommitMarker ``reason`` values."""
+    """What is coming. The values are the contract's CommitMarker ``reason`` values,
+    except :attr:`RESIZE`, which writes no marker."""
 
     TERMINATION = "termination"
     REBALANCE = "rebalance"
     MAINTENANCE = "maintenance"
     SIGNAL = "signal"
+    #: The in-process job's world changes shape (a node waits to rejoin a world that
+    #: shrank): the ranks end the round at the agreed step with a committed checkpoint,
+    #: and every node stays (:mod:`ftfleet.trainer.inprocess.resize`).
+    RESIZE = "resize"
 
 
 class NoticeSource(enum.StrEnum):
@@ -62,10 +67,15 @@ class NoticeSource(enum.StrEnum):
     #: IMDS ``autoscaling/target-lifecycle-state`` turned ``Terminated``: the Auto
     #: Scaling group is terminating the instance (scale-in, rebalancing, a replacement).
     AWS_LIFECYCLE = "aws-target-lifecycle-state"
+    #: The in-process launcher's round (:mod:`ftfleet.trainer.inprocess.resize`).
+    ROUND = "inprocess-round"
 
 
 #: Kinds that never end the process, whatever the source says.
 _ADVISORY_KINDS = frozenset({NoticeKind.REBALANCE})
+#: Kinds that end the process but not the node: no commit marker, no lifecycle action,
+#: no hand-off to a spare node, no wait for the durable upload.
+_NODE_STAYS_KINDS = frozenset({NoticeKind.RESIZE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +127,11 @@ class Notice:
         return cls(
             kind=kind, source=source, received_at=now, deadline=limit, terminal=terminal and kind not in _ADVISORY_KINDS
         )
+
+    @property
+    def node_stays(self) -> bool:
+        """The node is not going away: the notice ends the job's round, not the machine."""
+        return self.kind in _NODE_STAYS_KINDS
 
     def remaining(self, now: float | None = None) -> float:
         """Seconds left until the deadline (negative when it has passed)."""

@@ -9,8 +9,9 @@ Three sources feed one store of pending notices:
 * **The metadata service** of AWS (IMDSv2 spot instance-action and rebalance
   recommendation) or GCP (preempted, maintenance-event): daemon threads in
   :mod:`ftfleet.trainer.resilience.notices.metadata`.
-* **Any other source** added with :meth:`NoticeWatcher.add_source` (or ``sources=``):
-  one more thread of the same shape (:data:`SourceFactory`).
+* **Any other source** added with :meth:`NoticeWatcher.add_source` (or ``sources=``,
+  or for every watcher of the process :func:`add_process_source`): one more thread of
+  the same shape (:data:`SourceFactory`).
 
 The pollers never hold the store's lock during I/O, so the training thread's
 :meth:`~NoticeWatcher.pending` costs a lock and a dict lookup.
@@ -59,6 +60,16 @@ CLOUDS = (*CONTRACT_CLOUDS, "none")
 #: ``start``, ``abort``, ``join``) that reports :class:`Notice` objects. Every source
 #: produces the same notice type; agreement and the actions never care which it was.
 SourceFactory = Callable[[Callable[[Notice], None], Callable[[NoticeSource], None], threading.Event], Poller]
+
+#: Sources every watcher :meth:`NoticeWatcher.from_env` makes in this process starts
+#: with (:func:`add_process_source`).
+_PROCESS_SOURCES: list[SourceFactory] = []
+
+
+def add_process_source(make: SourceFactory) -> None:
+    """A source for every watcher this process makes from now on: what hosts the
+    trainer knows of (the in-process launcher's round), the trainer does not."""
+    _PROCESS_SOURCES.append(make)
 
 
 #: Where the trainer config nests this block (ResilienceConfig), for error messages.
@@ -206,7 +217,7 @@ class NoticeWatcher:
         cloud = env.cloud
         if poll_metadata is None:
             poll_metadata = (env.environ.get("LOCAL_RANK") or "0") == "0"
-        return cls(cloud if poll_metadata else "none", env.metadata_endpoint, config)
+        return cls(cloud if poll_metadata else "none", env.metadata_endpoint, config, sources=_PROCESS_SOURCES)
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -34,7 +34,8 @@ class AgreedNotice:
     """The step boundary at which the ranks agreed (the last completed step)."""
     local: bool
     """This node's own watcher holds a terminal notice: this machine is the one going
-    away (and not only agreeing to another node's notice)."""
+    away (and not only agreeing to another node's notice). Never for a notice whose
+    node stays (:attr:`~ftfleet.trainer.resilience.notices.notice.Notice.node_stays`)."""
 
 
 class Interruptions:
@@ -90,7 +91,7 @@ class Interruptions:
         notice = agree(mine, self.group)
         if notice is None:
             return None
-        agreed = AgreedNotice(notice, step, local=mine is not None and mine.terminal)
+        agreed = AgreedNotice(notice, step, local=mine is not None and mine.terminal and not mine.node_stays)
         record = {
             "kind": str(notice.kind),
             "source": str(notice.source),

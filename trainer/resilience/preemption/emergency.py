@@ -45,7 +45,8 @@ def emergency_checkpoint(
     false) and drain the uploads; returns whether they were drained.
 
     With a terminal notice (``stopping``) the save is the emergency one and the uploads
-    are waited for until :data:`DEADLINE_MARGIN_S` before its deadline; without one it
+    are waited for until :data:`DEADLINE_MARGIN_S` before its deadline (not at all when
+    the node stays: the round ends for a resize, and the next one uploads); without one it
     is the final save, and ``wait_for_upload`` says whether to wait. ``drain_timeout_s``
     bounds the wait in both cases. Ends with ``ckpt.close``: no save may follow."""
     started = time.time()
@@ -54,9 +55,12 @@ def emergency_checkpoint(
         fields = {"deadline": stopping.notice.deadline} if stopping else {}
         save(step, reason or ("emergency" if stopping else "final"), True, **fields)
     deadline = math.inf if drain_timeout_s is None else started + drain_timeout_s
-    if stopping is not None:
+    leaving = stopping is not None and not stopping.notice.node_stays
+    if leaving:
         # The checkpoint is safe on the fast tier: keep uploading while the notice
         # leaves time, then tell the fleet the node may go.
         deadline = min(deadline, stopping.notice.deadline)
+    elif stopping is not None:  # a resize: every node stays, the next round uploads
+        wait_for_upload = False
     upload_deadline = None if math.isinf(deadline) else deadline - DEADLINE_MARGIN_S
-    return ckpt.close(wait_for_upload=wait_for_upload or stopping is not None, upload_deadline=upload_deadline)
+    return ckpt.close(wait_for_upload=wait_for_upload or leaving, upload_deadline=upload_deadline)

@@ -114,7 +114,7 @@ class Preemption:
             return None
         notice = agreed.notice
         if notice.terminal:
-            if self.handoff is not None and self._hand_off(agreed, step):
+            if self.handoff is not None and not notice.node_stays and self._hand_off(agreed, step):
                 return None  # the job trains on; this node's processes did not get here
             log.warning(
                 "%s: emergency checkpoint of step %d, %.1fs before the deadline",
@@ -211,7 +211,9 @@ class Preemption:
         already), the durable upload until :data:`DEADLINE_MARGIN_S` before the notice's
         deadline, this node's commit marker (local rank 0), and with ``release`` this
         node's torchrun agent is stopped so that it does not restart the workers on a
-        machine that is going away; :data:`~ftfleet.contract.EXIT_PREEMPTED`.
+        machine that is going away; :data:`~ftfleet.contract.EXIT_PREEMPTED`. A notice
+        whose node stays (a resize) takes the blocking save alone: no upload wait, no
+        marker, no release.
         Otherwise the final save and (``wait_for_upload``) the wait for the uploads;
         :data:`~ftfleet.contract.EXIT_OK`. ``drain_timeout_s`` bounds the upload wait in
         both cases (a checkpoint not uploaded by then stays on the fast tier, and the
@@ -234,6 +236,8 @@ class Preemption:
         )
         if stopping is None:
             return EXIT_OK
+        if stopping.notice.node_stays:  # the round ends, no node goes: nothing to tell the fleet
+            return EXIT_PREEMPTED
         if self.ckpt.cfg.enabled:
             self.write_marker(step)
         self.complete_lifecycle()

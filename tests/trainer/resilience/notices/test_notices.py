@@ -50,8 +50,14 @@ def test_a_deadline_before_receipt_is_rejected():
         Notice(NoticeKind.SIGNAL, NoticeSource.SIGNAL, 10.0, 5.0, True)
 
 
-def test_kind_values_are_the_commit_marker_reasons():
-    assert {k.value for k in NoticeKind} == {"termination", "rebalance", "maintenance", "signal"}
+def test_kind_values_are_the_commit_marker_reasons_and_a_resize():
+    assert {k.value for k in NoticeKind if not Notice.create(k, NoticeSource.INJECTED, 1.0).node_stays} == {
+        "termination",
+        "rebalance",
+        "maintenance",
+        "signal",
+    }
+    assert Notice.create(NoticeKind.RESIZE, NoticeSource.ROUND, 1.0).node_stays  # it writes no marker
 
 
 def test_terminal_notices_outrank_advisory_ones_even_with_a_later_deadline():
