@@ -14,14 +14,21 @@ run of its own with that fault injected once training is under way:
   forwards to its processes): the node hands its ranks to the spare node and leaves
   (:mod:`ftfleet.trainer.inprocess.handoff`);
 * ``partition``: a training node's link down (healed once the job has ended);
-* ``slow-link``: a training node's link rate-limited (``tc ... tbf``) for the run.
+* ``slow-link``: a training node's link rate-limited (``tc ... tbf``) for the run;
+* ``shrink-grow``: no spare node and ``--min-ranks`` one block short (a replica group
+  under HSDP, else a node): a training node is lost, the others train on as a smaller
+  world, then a replacement node boots and the world grows back
+  (:mod:`ftfleet.trainer.inprocess.resize`). Another trajectory: the row checks that
+  every sample was consumed once (:mod:`drill.samples`) instead of the final state, and
+  adds the grow's pause (the smaller world's last step to the full world's first) and
+  the steps it computed again.
 
 Each row says when the fault was injected, how long until the job trained its first
 step after it, how many steps were computed again, whether the survivors' processes
 were the same ones afterwards, whether any process of the faulted node committed
 anything after the fault, and whether the final ``state_sha256`` equals the
 reference's. Exit 0 when every row ends equal to the reference with its survivors
-never exiting, 1 otherwise.
+never exiting (``shrink-grow``: every sample once), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ from ftfleet.errors import UserError
 from ftfleet.trainer.events import read_events
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
-FLEET_FAULTS = ("lose-node", "sigkill", "notice", "partition", "slow-link")
+FLEET_FAULTS = ("lose-node", "sigkill", "notice", "partition", "slow-link", "shrink-grow")
+#: The fault whose run trains another trajectory (a smaller world for a while).
+SHRINK_GROW = "shrink-grow"
 #: The port of the job's stores on the coordinator, in a bed of namespaces (each node
 #: has its own ports); on loopback a free one is taken.
 STORE_PORT = 29400
@@ -184,14 +193,19 @@ class FleetRow:
     survivors_kept: bool | None = None
     faulted_node_wrote_after: bool | None = None
     restarts: int = 0
-    state_equal: bool = False
+    state_equal: bool | None = False
+    """None where the run trains another trajectory (``shrink-grow``)."""
+    samples_once: bool | None = None
+    """``shrink-grow``: every sample consumed once, in order."""
+    grow_pause_s: float | None = None
+    """``shrink-grow``: the smaller world's last step to the full world's first."""
+    grow_steps_lost: int | None = None
     error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return (
-            self.error is None and self.state_equal and bool(self.survivors_kept) and not self.faulted_node_wrote_after
-        )
+        same = self.samples_once if self.fault == SHRINK_GROW else self.state_equal
+        return self.error is None and bool(same) and bool(self.survivors_kept) and not self.faulted_node_wrote_after
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -215,15 +229,39 @@ class FleetOptions:
     overrides: list[str] = dataclasses.field(default_factory=list)
 
 
-def trainer_overrides(opts: FleetOptions, run_dir: Path) -> list[str]:
+def shrink_block(opts: FleetOptions) -> int:
+    """The nodes a smaller world drops together: a replica group under HSDP, else one."""
+    return opts.nodes // opts.replicas if opts.replicas > 1 else 1
+
+
+#: ``shrink-grow`` trains this many steps more: the smaller world must still be training
+#: when the replacement node has booted (its processes import torch) and registered.
+GROW_STEPS = 200
+
+
+def run_steps(opts: FleetOptions, fault: str | None = None) -> int:
+    return opts.steps + (GROW_STEPS if fault == SHRINK_GROW else 0)
+
+
+def global_batch(opts: FleetOptions, fault: str | None = None) -> int:
+    """Two samples per rank; for ``shrink-grow`` also a whole number per rank of the
+    smaller world."""
+    if fault == SHRINK_GROW:
+        return 2 * opts.nodes * (opts.nodes - shrink_block(opts))
+    return 2 * opts.nodes
+
+
+def trainer_overrides(opts: FleetOptions, run_dir: Path, fault: str | None = None) -> list[str]:
     """The drill's run: snapshots every step with a peer copy on the next node (one rank
     per node; under HSDP, ``opts.replicas`` > 1, none: the replicas hold each shard),
-    durable checkpoints every 10 steps, each step paced like a bigger model."""
+    durable checkpoints every 10 steps, each step paced like a bigger model; for
+    ``shrink-grow`` each rank's samples traced."""
     hsdp = [f"parallel.replicas={opts.replicas}", "checkpoint.memory_peer_every=0"] if opts.replicas > 1 else []
+    trace = ["data.trace_samples=true"] if fault == SHRINK_GROW else []
     return [
         "run_id=fleet",
-        f"train.steps={opts.steps}",
-        f"train.global_batch_size={2 * opts.nodes}",
+        f"train.steps={run_steps(opts, fault)}",
+        f"train.global_batch_size={global_batch(opts, fault)}",
         "train.step_events=true",
         "train.state_hash=true",
         "data.num_workers=0",
@@ -236,6 +274,7 @@ def trainer_overrides(opts: FleetOptions, run_dir: Path) -> list[str]:
         f"parallel.collective_timeout_s={opts.collective_timeout_s}",
         f"faults.step_delay_s={opts.step_delay_s}",
         *hsdp,
+        *trace,
         *opts.overrides,
         f"run_dir={run_dir}",
     ]
@@ -266,15 +305,21 @@ def run_fault(opts: FleetOptions, fault: str, want_sha: str) -> FleetRow:
     shutil.rmtree(where, ignore_errors=True)  # a run directory of an earlier drill would be resumed
     where.mkdir(parents=True)
     run_dir = where / "run"
-    args = ["--config", str(opts.config), *trainer_overrides(opts, run_dir)]
-    with Bed(opts.nodes + opts.spare_nodes + 1) as bed:
+    args = ["--config", str(opts.config), *trainer_overrides(opts, run_dir, fault)]
+    grow = fault == SHRINK_GROW
+    spare_nodes = 0 if grow else opts.spare_nodes  # a spare node would take the lost ranks
+    # The next round's processes warm from 5 s into the round: as on a fleet, where a
+    # round has run past the launcher's --warm-after by the time capacity comes back.
+    extra = [f"--min-ranks={opts.nodes - shrink_block(opts)}", "--warm-after=5"] if grow else []
+    with Bed(opts.nodes + spare_nodes + 1) as bed:
         job = FleetJob(
             bed,
             where,
             args,
             nnodes=opts.nodes,
-            spare_nodes=opts.spare_nodes,
+            spare_nodes=spare_nodes,
             heartbeat_timeout=opts.heartbeat_timeout_s,
+            extra=extra,
         )
         try:
             slots = job.slots()
@@ -295,16 +340,24 @@ def run_fault(opts: FleetOptions, fault: str, want_sha: str) -> FleetRow:
                 bed.partition(victim)
             elif fault == "slow-link":
                 bed.slow(victim, rate=opts.slow_rate, burst="256kbit", latency="200ms")
+            elif grow:
+                bed.lose(victim)
+                smaller = opts.nodes - shrink_block(opts)
+                _wait(lambda: _world_started(run_dir, smaller, t_fault), 300, f"the world of {smaller} ranks")
+                job.start(victim)  # capacity returns: a replacement node boots
             else:
                 raise UserError(f"fault {fault!r}: use one of {', '.join(FLEET_FAULTS)}")
-            others = [i for i in job.launchers if i != victim]
+            others = list(job.launchers) if grow else [i for i in job.launchers if i != victim]
             rcs = job.wait(300, nodes=others)
             if fault == "partition":
                 bed.heal(victim)  # it finds itself fenced, and ends
             if any(rcs[i] != 0 for i in others):
                 raise UserError(f"launchers ended {rcs}: see {where}")
-            _measure(row, run_dir, t_fault, survivors, bed[victim].shm, fault)
-            row.state_equal = json.loads((run_dir / "summary.json").read_text())["state_sha256"] == want_sha
+            if grow:
+                _measure_shrink_grow(row, run_dir, t_fault, survivors, opts)
+            else:
+                _measure(row, run_dir, t_fault, survivors, bed[victim].shm, fault)
+                row.state_equal = json.loads((run_dir / "summary.json").read_text())["state_sha256"] == want_sha
         except (UserError, LinksUnavailable, OSError, KeyError, ValueError) as exc:
             row.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return row
@@ -349,6 +402,44 @@ def _measure(
             row.steps_lost = handoff["step"] - summary["resumed_from"]["step"]
 
 
+def _world_started(run_dir: Path, size: int, after: float) -> bool:
+    return any(e["event"] == "start" and e["t"] > after and e["world_size"] == size for e in read_events(run_dir))
+
+
+def _measure_shrink_grow(
+    row: FleetRow, run_dir: Path, t_fault: float, survivors: dict[int, int], opts: FleetOptions
+) -> None:
+    """The shrink's figures as :func:`_measure` takes them (fault to the smaller world's
+    first step, steps computed again, the smaller world's processes all survivors'), the
+    grow's (its pause, its steps computed again), and every sample once."""
+    from drill.samples import each_sample_once, final_trace
+
+    events = list(read_events(run_dir))
+    steps = [e for e in events if e["event"] == "step"]
+    starts = [e for e in events if e["event"] == "start" and e["t"] > t_fault]
+    restored = [e for e in events if e["event"] == "restored" and e["t"] > t_fault]
+    notice = next((e for e in events if e["event"] == "notice" and e["kind"] == "resize"), None)
+    if len(starts) < 2 or len(restored) < 2 or notice is None:
+        raise UserError(f"no shrink and grow in the event log: {len(starts)} starts after the loss, notice {notice}")
+    smaller, grown = starts[0], starts[-1]
+    before = max((e["step"] for e in steps if e["t"] <= t_fault), default=0)
+    row.restarts = len(starts)
+    first = next((e for e in steps if e["t"] > smaller["t"]), None)
+    row.fault_to_first_step_s = round(first["t"] - t_fault, 2) if first else None
+    row.steps_lost = before - restored[0]["step"]
+    row.survivors_kept = set(smaller["pids"]) <= set(survivors.values())
+    row.faulted_node_wrote_after = False  # lost: its memory went with it
+    last_small = max((e["t"] for e in steps if smaller["t"] < e["t"] < grown["t"]), default=None)
+    first_full = next((e for e in steps if e["t"] > grown["t"]), None)
+    if last_small is not None and first_full is not None:
+        row.grow_pause_s = round(first_full["t"] - last_small, 2)
+    row.grow_steps_lost = notice["step"] - restored[-1]["step"]
+    row.resumed_from = json.loads((run_dir / "summary.json").read_text())["resumed_from"]["tier"]
+    row.state_equal = None
+    trace = final_trace(run_dir)
+    row.samples_once = each_sample_once(trace, run_steps(opts, SHRINK_GROW), global_batch(opts, SHRINK_GROW)) is None
+
+
 #: Faults that need a link of the node's own (a bed of network namespaces).
 LINK_FAULTS = ("partition", "slow-link")
 
@@ -391,6 +482,7 @@ def render(rows: Sequence[FleetRow], opts: FleetOptions) -> str:
     def fmt(v: Any) -> str:
         return "-" if v is None else ("yes" if v is True else "no" if v is False else str(v))
 
+    notes = []
     for r in rows:
         if r.error:
             lines.append(f"| {r.fault} | error: {r.error} | | | | | | | |")
@@ -400,4 +492,10 @@ def render(rows: Sequence[FleetRow], opts: FleetOptions) -> str:
             f"| {r.fault} | {fmt(r.injected_at_step)} | {t} | {fmt(r.steps_lost)} | {fmt(r.resumed_from)} "
             f"| {r.restarts} | {fmt(r.survivors_kept)} | {fmt(r.faulted_node_wrote_after)} | {fmt(r.state_equal)} |"
         )
-    return head + "\n".join(lines)
+        if r.fault == SHRINK_GROW:
+            pause = f"{r.grow_pause_s:.2f} s" if r.grow_pause_s is not None else "-"
+            notes.append(
+                f"{r.fault}: another trajectory (state equal: -); every sample once: {fmt(r.samples_once)}; "
+                f"the world grew back with a pause of {pause} between steps, {fmt(r.grow_steps_lost)} steps again"
+            )
+    return head + "\n".join(lines + notes)

@@ -90,3 +90,44 @@ def test_a_lost_nodes_row_from_the_event_log(tmp_path):
 
 class _Opts:
     nodes, spare_nodes, replicas, steps, fault_step = 3, 1, 1, 40, 15
+
+
+def test_a_shrink_and_grow_row_checks_the_samples_instead_of_the_state(tmp_path):
+    """4 nodes, R = 2: the loss at step 15 drops a replica group (the smaller world
+    resumes from step 10), a resize at step 20 grows it back from that step."""
+    from drill.fleet import SHRINK_GROW, _measure_shrink_grow, global_batch, run_steps
+
+    opts = FleetOptions(workdir=tmp_path, nodes=4, replicas=2, steps=2)
+    steps, batch = run_steps(opts, SHRINK_GROW), global_batch(opts, SHRINK_GROW)
+    assert batch % 4 == 0 and batch % 2 == 0, "a whole number of samples per rank in both worlds"
+    step = [{"t": float(s), "event": "step", "step": s} for s in range(1, 16)]
+    step += [{"t": 20.0 + s - 10, "event": "step", "step": s} for s in range(11, 21)]
+    step += [{"t": 40.0 + s - 20, "event": "step", "step": s} for s in range(21, steps + 1)]
+    events = [
+        {"t": 0.5, "event": "start", "world_size": 4, "pids": [1, 2, 3, 4]},
+        {"t": 0.6, "event": "fresh"},
+        {"t": 19.0, "event": "start", "world_size": 2, "pids": [3, 4]},
+        {"t": 19.5, "event": "restored", "step": 10},
+        {"t": 30.5, "event": "notice", "kind": "resize", "step": 20},
+        {"t": 39.0, "event": "start", "world_size": 4, "pids": [5, 6, 3, 4]},
+        {"t": 39.5, "event": "restored", "step": 20},
+    ]
+    run_dir = _run(tmp_path, sorted(events + step, key=lambda e: e["t"]), {"tier": "local", "step": 20})
+    (run_dir / "samples").mkdir()
+
+    def trace(name, ranges):
+        lines = [f"{s} {(s - 1) * batch} {s * batch - 1}\n" for first, last in ranges for s in range(first, last + 1)]
+        (run_dir / "samples" / name).write_text("".join(lines))
+
+    trace("rank0-pid1.txt", [(1, 15)])  # the whole batch on one rank: enough to account for
+    trace("rank0-pid3.txt", [(11, 20)])
+    trace("rank0-pid5.txt", [(21, steps)])
+    row = FleetRow(SHRINK_GROW)
+    _measure_shrink_grow(row, run_dir, 15.5, {2: 3, 3: 4, 0: 1}, opts)
+    assert (row.fault_to_first_step_s, row.steps_lost, row.grow_steps_lost) == (5.5, 5, 0)
+    assert (row.grow_pause_s, row.resumed_from, row.restarts) == (11.0, "local", 2)
+    assert row.survivors_kept and row.samples_once and row.state_equal is None and row.ok
+    assert "every sample once: yes; the world grew back with a pause of 11.00 s" in render([row], _Opts())
+    trace("rank0-pid3.txt", [(11, 19)])  # step 20 never trained at the smaller world
+    _measure_shrink_grow(row, run_dir, 15.5, {2: 3, 3: 4, 0: 1}, opts)
+    assert not row.samples_once and not row.ok

@@ -12,7 +12,8 @@ nothing, as on the fleet.
 * Under HSDP (two nodes of two ranks, one replica group each) a lost node's ranks are
   healed from their live replicas on the other node, with no peer copies (chaos).
 * Under HSDP without a spare node, the world shrinks to one replica group and grows
-  back when a replacement node boots, every sample consumed once (chaos).
+  back when a replacement node boots, every sample consumed once (chaos); on four
+  nodes, through a loss and a partition, twice (chaos).
 
 The first is ``make test``'s one multi-node case; the others run in ``make chaos``.
 """
@@ -167,40 +168,85 @@ def test_under_hsdp_a_lost_nodes_ranks_heal_from_their_live_replicas(tmp_path):
     assert not one_generation_commits(run_dir)
 
 
+#: A world that may shrink by whole replica groups and grow back: HSDP without peer
+#: copies, every sample traced. A rank waiting on lost ones in a collective or a peer
+#: copy is stuck there until its timeout: kept below the heartbeat timeout (5 s).
+SHRINKING = [
+    *ARGS,
+    *HSDP,
+    "faults.step_delay_s=0.25",
+    "data.trace_samples=true",
+    "parallel.collective_timeout_s=2",
+    "checkpoint.memory_timeout_s=3",
+]
+
+
+def _shrinking_job(bed, run_dir, tmp_path, steps: int, nnodes: int, nproc: int) -> InprocessJob:
+    """No spare node, ``--min-ranks`` half the ranks and no ``--group-size``: under HSDP
+    the world shrinks by a whole replica group, as on the fleet (FTFLEET_NNODES=MIN:MAX)."""
+    return InprocessJob(
+        bed,
+        run_dir,
+        tmp_path,
+        *SHRINKING,
+        f"train.steps={steps}",
+        f"checkpoint.ranks_per_node={nproc}",
+        nnodes=nnodes,
+        nproc=nproc,
+        spare_nodes=0,
+        heartbeat_timeout=5.0,
+        extra=(f"--min-ranks={nnodes * nproc // 2}",),
+    )
+
+
+def _world(run_dir, size: int, starts: int) -> bool:
+    """The run's ``starts``-th attempt has begun, at ``size`` ranks."""
+    found = _starts(run_dir)
+    return len(found) >= starts and found[starts - 1]["world_size"] == size
+
+
+def _check_shrinks_and_grows(run_dir, steps: int, batch: int, shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """The attempts' (world, replica groups, group size), a ``resize`` event for each
+    change, a completed run at the full world resumed from the last resize notice's step
+    (nothing computed again), every sample consumed once, one generation committing.
+    Returns the resize notices."""
+    from drill.samples import final_trace
+    from tests.trainer.conftest import assert_each_sample_once
+
+    events = list(read_events(run_dir))
+    assert [(e["world_size"], e["replica_groups"], e["group_size"]) for e in _starts(run_dir)] == shapes
+    resizes = [(e["change"], e["world_size_written"], e["world_size"]) for e in events if e["event"] == "resize"]
+    changes = [("shrink" if b[0] < a[0] else "grow", a[0], b[0]) for a, b in zip(shapes, shapes[1:], strict=False)]
+    assert resizes == changes, resizes
+    notices = [e for e in events if e["event"] == "notice"]
+    assert [(n["kind"], n["source"]) for n in notices] == [("resize", "inprocess-round")] * len(notices), notices
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["world_size"] == shapes[-1][0], summary
+    assert summary["resumed_from"]["tier"] == "local", summary["resumed_from"]
+    assert summary["resumed_from"]["step"] == notices[-1]["step"], (summary["resumed_from"], notices)
+    assert summary["samples_seen"] == steps * batch
+    assert_each_sample_once(final_trace(run_dir), steps, batch)
+    assert not one_generation_commits(run_dir)
+    return notices
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(420)
 def test_under_hsdp_a_world_that_shrank_grows_back_when_a_node_boots(tmp_path):
-    """No spare node, ``--min-ranks 2`` (no ``--group-size``: under HSDP one replica
-    group, as on the fleet): losing slot 1's node drops its replica group, and slot 0's
-    ranks train on as one group (from the fast tier: the snapshots are of the larger
-    world). A replacement node boots; its launcher waits for the next round, which the
-    smaller world opens at its next step boundary (a resize notice: a committed
-    checkpoint, no node leaving); the world trains on at its full shape from that step,
-    and every sample is consumed exactly once."""
-    from tests.trainer.conftest import assert_each_sample_once, final_trace
-
-    steps, batch = 80, 12
-    run_dir = tmp_path / "run"
-    args = [*ARGS, *HSDP, f"train.steps={steps}", "faults.step_delay_s=0.25", "data.trace_samples=true"]
-    # A rank waiting on the lost ones in a collective or a peer copy is stuck there until
-    # its timeout: kept below the heartbeat timeout.
-    args += ["parallel.collective_timeout_s=2", "checkpoint.memory_timeout_s=3"]
+    """Two nodes of two ranks, one replica group each: losing slot 1's node drops its
+    group, and slot 0's ranks train on as one group (from the fast tier: the snapshots
+    are of the larger world). A replacement node boots; its launcher waits for the next
+    round, which the smaller world opens at its next step boundary (a resize notice: a
+    committed checkpoint, no node leaving); the world trains on at its full shape from
+    that step, and every sample is consumed exactly once."""
+    steps, run_dir = 80, tmp_path / "run"
     with Bed(3) as bed:  # slots 0, 1 train two ranks each; node 2 is the coordinator
-        job = InprocessJob(
-            bed,
-            run_dir,
-            tmp_path,
-            *args,
-            nproc=2,
-            spare_nodes=0,
-            heartbeat_timeout=5.0,
-            extra=("--min-ranks=2",),  # HSDP: the world shrinks by a whole replica group (2 ranks)
-        )
+        job = _shrinking_job(bed, run_dir, tmp_path, steps, nnodes=2, nproc=2)
         try:
             slots = job.slots()
             wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on both nodes")
             bed.lose(slots[1])
-            wait_for(lambda: any(e["world_size"] == 2 for e in _starts(run_dir)), 120, what="the smaller world")
+            wait_for(lambda: _world(run_dir, 2, 2), 120, what="the smaller world")
             job.start(slots[1])  # capacity returns: a replacement node boots
             rcs = job.wait(240)
         finally:
@@ -208,18 +254,49 @@ def test_under_hsdp_a_world_that_shrank_grows_back_when_a_node_boots(tmp_path):
         assert list(rcs.values()) == [0, 0], f"launchers {rcs}\n{tail}"
         assert job.starts[slots[0]] == 0, "the survivor's launcher was started again"
         assert "resize: a node waits to join" in job.log(slots[0]), tail
-    events = list(read_events(run_dir))
-    shapes = [(e["world_size"], e["replica_groups"], e["group_size"]) for e in _starts(run_dir)]
-    assert shapes == [(4, 2, 2), (2, 1, 2), (4, 2, 2)], shapes
-    resizes = [(e["change"], e["world_size_written"], e["world_size"]) for e in events if e["event"] == "resize"]
-    assert resizes == [("shrink", 4, 2), ("grow", 2, 4)], resizes
-    [notice] = [e for e in events if e["event"] == "notice"]
-    assert (notice["kind"], notice["source"]) == ("resize", "inprocess-round"), notice
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["world_size"] == 4, summary
-    # The full world resumed from the step the smaller one stopped at: nothing computed again.
-    assert summary["resumed_from"]["tier"] == "local", summary["resumed_from"]
-    assert summary["resumed_from"]["step"] == notice["step"], (summary["resumed_from"], notice)
-    assert summary["samples_seen"] == steps * batch
-    assert_each_sample_once(final_trace(run_dir), steps, batch)
-    assert not one_generation_commits(run_dir)
+    _check_shrinks_and_grows(run_dir, steps, 12, [(4, 2, 2), (2, 1, 2), (4, 2, 2)])
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_under_hsdp_the_world_shrinks_and_grows_back_through_a_loss_and_a_partition(tmp_path):
+    """Four nodes of one rank, two replica groups of two nodes, no spare node: a node is
+    lost (its group dropped: rank 0's, so the survivors are numbered anew), a replacement
+    boots (the world grows back), then a node is cut off (its group dropped again) and,
+    once healed and fenced out, its launcher is started again as the fleet would (the
+    world grows back again). Every change keeps every sample once; the node cut off
+    commits nothing from the others going on without it to its return."""
+    steps, run_dir = 120, tmp_path / "run"
+    with Bed(5) as bed:  # slots 0-3 train a rank each; node 4 is the coordinator
+        if not bed.isolated:
+            pytest.skip(f"a partition needs network namespaces: {bed.why_not_isolated}")
+        job = _shrinking_job(bed, run_dir, tmp_path, steps, nnodes=4, nproc=1)
+        try:
+            slots = job.slots()
+            wait_for(lambda: _past(run_dir, 10), 150, what="step 10 on every node")
+            bed.lose(slots[1])  # ranks 0 and 1 form the first replica group
+            wait_for(lambda: _world(run_dir, 2, 2), 120, what="the first smaller world")
+            job.start(slots[1])
+            wait_for(lambda: _world(run_dir, 4, 3), 150, what="the world grown back")
+            grown = max(e["step"] for e in read_events(run_dir) if e["event"] == "step")
+            wait_for(lambda: _past(run_dir, grown + 5), 120, what="training at the full world")
+            cut = slots[3]  # a bed node: its slot in this round may be another
+            bed.partition(cut)
+            wait_for(lambda: _world(run_dir, 2, 4), 120, what="the second smaller world")
+            went_on = _starts(run_dir)[3]["t"]
+            bed.heal(cut)  # it finds itself fenced: its processes end
+            waits = "waiting for the next round"
+            wait_for(lambda: job.launchers[cut].poll() is not None or waits in job.log(cut), 120, what="the cut node")
+            if job.launchers[cut].poll() is not None:
+                job.start(cut)  # what the fleet does with a node whose launcher ended
+            rcs = job.wait(300)
+        finally:
+            tail = job.log_tail()
+        assert all(rc == 0 for rc in rcs.values()), f"launchers {rcs}\n{tail}"
+        # Its snapshots between the others going on without it and its return (the round
+        # it rejoined writes its own): a manifest is written last.
+        back = _starts(run_dir)[4]["t"]
+        late = [m for m in bed[cut].shm.rglob("manifest.json") if went_on < m.stat().st_mtime < back]
+        assert not late, f"the node cut off committed after the others went on: {late}"
+    shapes = [(4, 2, 2), (2, 1, 2), (4, 2, 2), (2, 1, 2), (4, 2, 2)]
+    assert len(_check_shrinks_and_grows(run_dir, steps, 12, shapes)) == 2

@@ -223,51 +223,11 @@ def sample_trace(*run_dirs: Path, max_step: dict[Path, int] | None = None) -> di
     return out
 
 
-def final_trace(run_dir: Path) -> dict[int, list[tuple[int, int]]]:
-    """The samples behind the final state of an in-process run restarted any number of
-    times (in place, or in new rounds): each attempt (a ``start`` event and the step its
-    ``restored`` event resumed from, 0 when ``fresh``) keeps the steps it trained up to
-    the step the next attempt resumed from. A trace file is one process's: its segments
-    (a step not above the one before starts the next) are its attempts, in order, each
-    matched to the first attempt after the previous one that resumed where it starts."""
-    from ftfleet.trainer.events import read_events
-
-    resumes: list[int] = []
-    for event in read_events(run_dir):
-        if event["event"] == "restored":
-            resumes.append(int(event["step"]))
-        elif event["event"] == "fresh":
-            resumes.append(0)
-    out: dict[int, list[tuple[int, int]]] = {}
-    for f in sorted((run_dir / "samples").glob("*.txt")):
-        lines = [tuple(map(int, line.split())) for line in f.read_text().splitlines() if line.strip()]
-        segments: list[list[tuple[int, int, int]]] = []
-        for line in lines:
-            if not segments or line[0] <= segments[-1][-1][0]:
-                segments.append([])
-            segments[-1].append(line)
-        attempt = -1
-        for segment in segments:
-            first = segment[0][0]
-            attempt = next(k for k in range(attempt + 1, len(resumes)) if resumes[k] == first - 1)
-            cut = resumes[attempt + 1] if attempt + 1 < len(resumes) else float("inf")
-            for step, lo, hi in segment:
-                if step <= cut:
-                    out.setdefault(step, []).append((lo, hi))
-    return out
-
-
 def assert_each_sample_once(trace: dict[int, list[tuple[int, int]]], steps: int, batch: int) -> None:
-    seen: list[int] = []
-    for step in range(1, steps + 1):
-        assert step in trace, f"no rank trained step {step}"
-        ids = sorted(i for first, last in trace[step] for i in range(first, last + 1))
-        assert ids == list(range((step - 1) * batch, step * batch)), f"step {step} consumed samples {ids}"
-        seen += ids
-    assert sorted(seen) == list(range(steps * batch))
-    assert set(trace) == set(range(1, steps + 1)), (
-        f"extra steps traced: {sorted(set(trace) - set(range(1, steps + 1)))}"
-    )
+    from drill.samples import each_sample_once
+
+    problem = each_sample_once(trace, steps, batch)
+    assert problem is None, problem
 
 
 def ckpt_hash(step_dir: Path) -> str:

@@ -445,7 +445,8 @@ def test_hsdp_shrinks_by_a_whole_replica_group_and_sees_every_sample_once(tmp_pa
     rank 3 is SIGKILLed; its group is dropped (rank 2 waits, like a spare), ranks 0 and 1
     go on as one group of 2 with the same global batch, from the fast tier (the
     snapshots are of another world), and every sample is consumed exactly once."""
-    from tests.trainer.conftest import assert_each_sample_once, final_trace
+    from drill.samples import final_trace
+    from tests.trainer.conftest import assert_each_sample_once
 
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
     trainer = [
