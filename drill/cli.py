@@ -136,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="the fleet drill instead: an in-process job across N simulated nodes (network namespaces) and "
-        "--spares spare nodes, one run per fault of: lose-node, sigkill, partition, slow-link (drill/fleet.py)",
+        "--spares spare nodes, one run per fault of: lose-node, sigkill, notice, partition, slow-link, "
+        "shrink-grow (drill/fleet.py)",
     )
     parser.add_argument(
         "--replicas",
