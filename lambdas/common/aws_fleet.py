@@ -42,6 +42,11 @@ class AwsFleet(Fleet):
         return {field: tags[key] for field, key in self._KEYS.items() if key in tags}
 
     def write_record(self, source: Side, record: Record) -> None:
+        # Tags take no precondition: a record already there (a concurrent mover's) is
+        # kept. One written between this read and the write still wins, and every later
+        # step reads what is stored, so two movers go on with the same record.
+        if self.record(source).get("to"):
+            return
         aws.client("autoscaling", source.region).create_or_update_tags(
             Tags=[
                 self._tag(source, self._KEYS[f], v) | {"PropagateAtLaunch": False} for f, v in record.fields().items()

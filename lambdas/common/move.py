@@ -62,6 +62,7 @@ __all__ = [
     "Record",
     "Refused",
     "Side",
+    "Stuck",
     "drive",
     "outcome",
 ]
@@ -77,6 +78,13 @@ TAGS = (MOVE_TO_TAG, JOB_WORKERS_TAG, MOVE_SINCE_TAG)
 
 class Refused(UserError):
     """A move that cannot proceed safely; nothing was changed."""
+
+    exit_code = 1
+
+
+class Stuck(UserError):
+    """A move under way (its record written, the source told to stop) that cannot take
+    its next step; a rerun once the cause is fixed goes on from there."""
 
     exit_code = 1
 
@@ -256,8 +264,9 @@ class Move:
 
     def advance(self) -> bool:
         """Take the first step not yet done (module doc); True once the move is done.
-        Raises :class:`Refused` (step 1, nothing changed) or a client error (a rerun
-        takes the step again)."""
+        Raises :class:`Refused` (step 1, nothing changed), :class:`Stuck` (a later step
+        cannot be taken: a group gone, a record that does not read) or a client error (a
+        rerun takes the step again)."""
         s, t = self.source, self.target
         fields = self.fleet.record(s)
         moving_to = fields.get("to")
@@ -266,6 +275,15 @@ class Move:
         if not moving_to:
             self._begin()
             return False
+        try:
+            return self._go_on(fields, moving_to)
+        except Refused as exc:
+            # Not "nothing changed": the record is written and the source told to stop.
+            raise Stuck(f"{s.stack}'s move to {t.stack} is under way and stuck: {exc}") from None
+
+    def _go_on(self, fields: dict[str, str], moving_to: str) -> bool:
+        """Steps 2-4 of the move whose record ``fields`` holds (to ``moving_to``)."""
+        s, t = self.source, self.target
         try:
             record = Record.of(fields)
             if len(record.workers) != len(s.worker_groups):
@@ -382,14 +400,18 @@ def drive(
         return {"move": f"{move.source.stack} -> {move.target.stack}", "done": False, "steps": steps}
     except Refused as exc:
         return {"move": None, "refused": str(exc), "steps": steps}
+    except Stuck as exc:
+        return {"move": None, "stuck": str(exc), "steps": steps}
 
 
 def outcome(moved: dict[str, Any], decision: str, level: str) -> tuple[str, str]:
     """The capacity watch's decision and level once :func:`drive` has run: a refused
-    move is an error, a step taken or a target that could not take the run a warning;
-    else the measurement's own."""
+    move or one stuck under way is an error, a step taken or a target that could not
+    take the run a warning; else the measurement's own."""
     if moved.get("refused"):
         return "failover-refused", "ERROR"
+    if moved.get("stuck"):
+        return "failover-stuck", "ERROR"
     if moved.get("steps"):
         return "failover", "WARNING"
     if moved.get("cannot_move"):

@@ -216,6 +216,47 @@ def test_a_move_elsewhere_is_refused_while_one_is_under_way(world):
         Move(source, third, lease).advance()
 
 
+def _sides() -> tuple[Side, Side]:
+    source = Side("home", HOME_REGION, "home-coordinator", "home-workers", PRIMARY, f"checkpoints/{RUN}")
+    target = Side("standby", STANDBY_REGION, "standby-coordinator", "standby-workers", REPLICA, f"checkpoints/{RUN}")
+    return source, target
+
+
+def test_a_concurrent_movers_record_is_kept(world):
+    """Tags take no precondition; the record is read just before it is written, so a
+    second mover beginning after the first wrote keeps the first's record (its --workers)."""
+    from ftfleet.lambdas.common.aws_fleet import AwsFleet
+    from ftfleet.lambdas.common.move import Record
+
+    source, _ = _sides()
+    fleet = AwsFleet()
+    fleet.write_record(source, Record("standby", (5,), 100.0))
+    fleet.write_record(source, Record("standby", (3,), 200.0))
+    assert fleet.record(source) == {"to": "standby", "workers": "5", "since": "100"}
+
+
+def test_a_group_gone_after_the_source_stopped_is_stuck_not_refused(world):
+    """After the record is written and the source told to stop, a refusal's "nothing
+    changed" would be false: the move is stuck, and says so."""
+    from ftfleet.lambdas.common.move import Stuck, drive, outcome
+    from ftfleet.lambdas.common.pair import Pair
+
+    home, _ = world
+    lease = LeaseRef.parse(home["lease_uri"], HOME_REGION, RUN)
+    source, target = _sides()
+    Move(source, target, lease, say=lambda _l: None).advance()
+    # The home stack torn down while its nodes leave: the next step cannot read its groups.
+    boto3.client("autoscaling", region_name=HOME_REGION).delete_auto_scaling_group(
+        AutoScalingGroupName="home-coordinator", ForceDelete=True
+    )
+    with pytest.raises(Stuck, match="home's move to standby is under way and stuck: home's group home-coordinator"):
+        Move(source, target, lease, say=lambda _l: None).advance()
+    pair = Pair(source, target, lease)
+    moved = drive(pair, 600.0, time.time(), lambda _side: 0.0)
+    assert "under way and stuck" in moved["stuck"] and not moved.get("refused")
+    assert outcome(moved, "ok", "INFO") == ("failover-stuck", "ERROR")
+
+
 def test_a_failback_is_the_same_command_with_the_names_swapped(world):
     home, standby = world
     failover(home, standby, [], sleep=lambda _s: replicate()).run()
