@@ -418,7 +418,7 @@ def _measure_shrink_grow(
     steps = [e for e in events if e["event"] == "step"]
     starts = [e for e in events if e["event"] == "start" and e["t"] > t_fault]
     restored = [e for e in events if e["event"] == "restored" and e["t"] > t_fault]
-    notice = next((e for e in events if e["event"] == "notice" and e["kind"] == "resize"), None)
+    notice = next((e for e in reversed(events) if e["event"] == "notice" and e["kind"] == "resize"), None)
     if len(starts) < 2 or len(restored) < 2 or notice is None:
         raise UserError(f"no shrink and grow in the event log: {len(starts)} starts after the loss, notice {notice}")
     smaller, grown = starts[0], starts[-1]
@@ -428,7 +428,7 @@ def _measure_shrink_grow(
     row.fault_to_first_step_s = round(first["t"] - t_fault, 2) if first else None
     row.steps_lost = before - restored[0]["step"]
     row.survivors_kept = set(smaller["pids"]) <= set(survivors.values())
-    row.faulted_node_wrote_after = False  # lost: its memory went with it
+    row.faulted_node_wrote_after = False  # lost with its memory; the replacement on its bed node trains
     last_small = max((e["t"] for e in steps if smaller["t"] < e["t"] < grown["t"]), default=None)
     first_full = next((e for e in steps if e["t"] > grown["t"]), None)
     if last_small is not None and first_full is not None:

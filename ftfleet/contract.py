@@ -125,7 +125,8 @@ TRAINER_ENV: tuple[EnvVar, ...] = (
         "`N` trains on N nodes and the world never shrinks (the trajectory of an "
         "uninterrupted run); `MIN:MAX` trains on MAX nodes and, when no spare is left to "
         "take a lost node's ranks, lets the world shrink down to MIN nodes' ranks "
-        "(`--min-ranks`): another trajectory.",
+        "(`--min-ranks`; under HSDP by whole replica groups) and grow back to MAX nodes "
+        "when nodes come back: another trajectory.",
         "2:16",
     ),
     EnvVar(

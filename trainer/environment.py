@@ -53,6 +53,10 @@ INPROCESS_LAYOUT = "FTFLEET_INPROCESS_LAYOUT"
 #: notes the rank it trains at each attempt, so that the launcher asks for the same
 #: node slot in the next round (:func:`ftfleet.trainer.inprocess.stores.join`).
 INPROCESS_RANK_FILE = "FTFLEET_INPROCESS_RANK_FILE"
+#: Set by the in-process launcher for a warm process (``--assign-from-stdin``): a file
+#: it creates once warm, waiting for its place, so that a node waiting for the next
+#: round counts itself only when its processes could take their places at once.
+WARM_READY_FILE = "FTFLEET_WARM_READY_FILE"
 
 #: The trainer's cloud values: the contract's clouds, or none (signals only).
 CLOUD_CHOICES = (*CLOUDS, "none")

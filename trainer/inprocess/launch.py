@@ -62,9 +62,11 @@ from ftfleet.trainer.environment import (
     INPROCESS_RANK_FILE,
     LAUNCHER_PID,
     MIN_ACTIVE_WORLD_SIZE,
+    WARM_READY_FILE,
 )
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 from ftfleet.trainer.inprocess.ranks import Layout
+from ftfleet.trainer.inprocess.resize import RESIZE_REASON
 from ftfleet.trainer.inprocess.stores import (
     SETTLE_S,
     STORE_WAIT_S,
@@ -82,6 +84,11 @@ from ftfleet.trainer.inprocess.worker import Assignment
 #: saves), which needs the same CPUs and, on a loaded machine, meets its collective
 #: timeouts only just.
 WARM_AFTER_S = 60.0
+#: How long a node waiting for the next round waits for its warm processes before it
+#: counts itself as waiting anyway (a GPU node's first CUDA context takes seconds).
+WARM_READY_WAIT_S = 300.0
+#: Seconds a resize's ranks have to leave on their own before the launcher's SIGTERM.
+RESIZE_EXIT_S = 10.0
 
 
 def free_port_pair() -> int:
@@ -304,11 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         return [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]
 
     def warm_while_waiting() -> None:
-        # A node that waits for the next round (booted while one runs) joins it warm.
-        if not warm:
-            warm.extend(start_warm())
-            pids = " ".join(str(p.pid) for p in warm)
-            print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
+        # A node that waits for the next round (booted while one runs) joins it warm, and
+        # counts itself as waiting (a smaller world ends its round for it) once it is.
+        if warm:
+            return
+        ready = [os.path.join(noted, f"ready{i}") for i in range(per_node)]
+        warm.extend(warm_process(base_cmd, base_env, rest, path) for path in ready)
+        pids = " ".join(str(p.pid) for p in warm)
+        print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
+        if not wait_warm(warm, ready):
+            print("ftfleet.inprocess: warm processes not all ready; waiting anyway", file=sys.stderr, flush=True)
 
     noted = tempfile.mkdtemp(prefix="ftfleet-ranks-")  # each worker's rank, for the next round's slot
     prefer = None
@@ -396,10 +408,28 @@ def round_env(layout: Layout, node: int, local: int, nproc: int, min_ranks: int,
     }
 
 
-def warm_process(base_cmd: list[str], base_env: dict[str, str], rest: list[str]) -> subprocess.Popen:
+def warm_process(
+    base_cmd: list[str], base_env: dict[str, str], rest: list[str], ready: str | None = None
+) -> subprocess.Popen:
     """A worker for a round that has not begun: it imports and warms up now, and learns
-    its place when the round forms (:func:`hand_over`; the worker's ``--assign-from-stdin``)."""
-    return subprocess.Popen([*base_cmd, "--assign-from-stdin", *rest], env=base_env, stdin=subprocess.PIPE, text=True)
+    its place when the round forms (:func:`hand_over`; the worker's ``--assign-from-stdin``).
+    With ``ready``, it creates that file once warm."""
+    env = base_env if ready is None else {**base_env, WARM_READY_FILE: ready}
+    return subprocess.Popen([*base_cmd, "--assign-from-stdin", *rest], env=env, stdin=subprocess.PIPE, text=True)
+
+
+def wait_warm(warm: list[subprocess.Popen], ready: list[str], limit_s: float = WARM_READY_WAIT_S) -> bool:
+    """Wait until every warm process has created its ``ready`` file; False when one
+    ended first or ``limit_s`` passed (the round then takes what it finds, and
+    :func:`hand_over` replaces a process that died)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if all(os.path.exists(path) for path in ready):
+            return True
+        if any(p.poll() is not None for p in warm):
+            return False
+        time.sleep(0.1)
+    return False
 
 
 def hand_over(warm: list[subprocess.Popen], place: Assignment) -> subprocess.Popen | None:
@@ -522,13 +552,17 @@ def supervise(
 
     signal.signal(signal.SIGTERM, signalled)
     signal.signal(signal.SIGINT, signalled)
-    deadline = None
+    deadline = term_at = None
     while any(p.poll() is None for p in procs):
         if prepare is not None and not end.signalled and time.monotonic() - started >= warm_after_s:
             end.warm, prepare = prepare(), None
             pids = " ".join(str(p.pid) for p in end.warm)
             print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
         reason = None
+        now = time.monotonic()
+        if term_at is not None and now >= term_at:
+            forward(signal.SIGTERM, procs)  # not the warm ones: they are the next round's
+            term_at, deadline = None, now + 2
         if min_ranks is not None:
             alive = sum(p.poll() is None for p in procs)
             done = sum(p.returncode == 0 for p in procs)  # finished the run: not a lost rank
@@ -541,13 +575,19 @@ def supervise(
         if reason and not end.stopped:
             # The wrapper would wait out its barrier timeout (120 s or more) before giving
             # up. Stop now, so that the next round (or whatever restarts this machine:
-            # systemd, the group, a drill) starts at once.
+            # systemd, the group, a drill) starts at once. A resize's ranks leave on their
+            # own once its checkpoint is committed and the wrapper's completion passed: a
+            # SIGTERM before that would make the others restart in the round.
             print(f"ftfleet.inprocess: {reason}: stopping", file=sys.stderr, flush=True)
-            forward(signal.SIGTERM, procs)  # not the warm ones: they are the next round's
-            # Not 10 s: a rank still in the failed attempt takes the SIGTERM for a notice
-            # and waits on peers that are gone (chaos: a 14.7 s recovery); nothing it could
-            # write now is a checkpoint (that needs every rank), the snapshots are kept.
-            end.stopped, deadline = True, time.monotonic() + 2
+            grace = RESIZE_EXIT_S if reason.startswith(RESIZE_REASON) else 0.0
+            end.stopped, term_at = True, now + grace
+            if not grace:
+                forward(signal.SIGTERM, procs)
+                # Not 10 s: a rank still in the failed attempt takes the SIGTERM for a
+                # notice and waits on peers that are gone (chaos: a 14.7 s recovery);
+                # nothing it could write now is a checkpoint (that needs every rank), the
+                # snapshots are kept.
+                term_at, deadline = None, now + 2
         if end.stopped and deadline is not None and time.monotonic() > deadline:
             for p in procs:
                 if p.poll() is None:
@@ -563,8 +603,10 @@ def supervise(
     except RuntimeError:  # the host is gone: nobody waits for this node
         pass
     clean = [c for c in codes if c >= 0]
-    if not clean or (end.stopped and not any(clean)):
-        end.code = 1  # every worker killed, or stopped before the end: the job did not finish
+    if not clean or (end.stopped and not end.signalled and all(c in (0, EXIT_PREEMPTED) for c in clean)):
+        # Every worker killed, or stopped before the end (a resize's exit 75 too: no
+        # node goes away): the job did not finish, and the fleet may start it again.
+        end.code = 1
     else:
         end.code = next((c for c in clean if c != 0), 0)
     return end

@@ -9,7 +9,8 @@ itself in the round's ``waiting`` key (:func:`~ftfleet.trainer.inprocess.stores.
 Growing back is a planned end of the round:
 
 1. rank 0 of a world that shrank polls that key once a second (:class:`RoundPoller`,
-   a notice source of its watcher, :func:`watch_round`) and reports a
+   a notice source of its watcher, :func:`watch_round`) and, once enough nodes wait,
+   alive, for the next round to form, reports a
    :attr:`~ftfleet.trainer.resilience.notices.notice.NoticeKind.RESIZE` notice;
 2. the ranks agree on it at the next step boundary, as on any notice, and commit a
    checkpoint of that step to the fast tier (blocking; no commit marker, no wait for
@@ -23,11 +24,15 @@ Growing back is a planned end of the round:
    nothing is computed again, and the data position, kept in global samples, goes on
    at the next sample.
 
+A waiting node counts itself once its warm processes are ready (torch imported, the
+trainer loaded), so the job pauses for the round change, not for the node's start, and
+beats while it waits: one that died or whose launcher started again is not counted.
 Without a smaller world there is nothing to grow: a node that waits while the world is
-whole joins the next round (as a spare node) when one opens for another reason. Without
-checkpoints (``checkpoint.enabled: false``) nothing carries the state across rounds, and
-the world stays small. The next round forms once the layout's training nodes are there:
-a waiting node that dies before it opens leaves the job waiting for another.
+whole joins the next round (as a spare node) when one opens for another reason. Nor
+without checkpoints, or a run that does not load the newest (``checkpoint.load``,
+``load_step``): nothing would carry the state across rounds. The next round forms once
+the layout's training nodes are there: a waiting node that dies between the resize and
+the round leaves the job waiting for another.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ log = logging.getLogger("ftfleet.inprocess")
 #: Seconds between two looks at the round's ``waiting`` key (rank 0 of a smaller world
 #: alone looks: one store read per second for the job).
 POLL_S = 1.0
+#: How the round's stop reason of a resize begins (the launchers let its ranks leave on
+#: their own).
+RESIZE_REASON = "resize:"
 #: The resize notice's budget. It has no deadline of its own; a long one keeps any
 #: notice with a real deadline more urgent than it.
 RESIZE_BUDGET_S = 3600.0
@@ -57,8 +65,10 @@ def shrunk(fill: ranks.NodeFill | None) -> bool:
 
 
 class RoundPoller(threading.Thread):
-    """Reports a resize notice once a node waits for the next round while this
-    process, rank 0, trains a world that shrank (a notice source,
+    """Reports a resize notice once enough nodes wait for the next round for it to
+    form (with the nodes that have a process in this one: the layout's training nodes),
+    each alive (its beat goes on), while this process, rank 0, trains a world that
+    shrank (a notice source,
     :data:`~ftfleet.trainer.resilience.notices.watcher.SourceFactory`'s shape). Ends at
     once on any other rank, and after its one report."""
 
@@ -79,6 +89,7 @@ class RoundPoller(threading.Thread):
         self.poll_s = poll_s
         env = os.environ if environ is None else environ
         self.rank0 = env.get("RANK") == "0"
+        self._beats: dict[int, int] = {}
         self._connect = connect or (lambda: stores.connect(env["MASTER_ADDR"], int(env["MASTER_PORT"]), wait_s=10))
 
     def abort(self) -> None:
@@ -91,23 +102,37 @@ class RoundPoller(threading.Thread):
         while not self.stop_event.wait(self.poll_s):
             if not shrunk(ranks.CURRENT):
                 continue
+            fill = ranks.CURRENT
             try:
                 store = store or self._connect()
-                waiting = int(store.add(self.key, 0))
+                live = self.live_waiting(store)
             except (RuntimeError, OSError, KeyError, ValueError) as exc:
                 if not warned:
                     log.warning("cannot read the round's waiting nodes (%s): the world grows back once it can", exc)
                     warned = True
                 store = None
                 continue
-            if waiting > 0:
+            present = len(set(fill.nodes))  # nodes with a process in the round: they join the next
+            if live and present + live >= fill.layout.training_nodes:
                 self.report(Notice.create(NoticeKind.RESIZE, NoticeSource.ROUND, RESIZE_BUDGET_S))
                 return
+
+    def live_waiting(self, store: Any) -> int:
+        """Waiting nodes whose beat (``waiting/<i>``, :func:`~ftfleet.trainer.inprocess.stores.join`)
+        went on since the previous look: a node that died, or a launcher started again
+        while it waited, is not counted. None count at the first look."""
+        live = 0
+        for i in range(int(store.add(self.key, 0))):
+            beat = int(store.add(f"{self.key}/{i}", 0))
+            live += beat > self._beats.get(i, beat)
+            self._beats[i] = beat
+        return live
 
 
 def watch_round(stop_key: str | None) -> None:
     """Make every notice watcher of this process (one per attempt) poll the round whose
-    stop key is ``stop_key`` (None: no round to grow, a one-node launcher's)."""
+    stop key is ``stop_key`` (None: none, e.g. a run whose state would not carry over to
+    the next round: without checkpoints, or not loading the newest)."""
     if stop_key is None:
         return
     from ftfleet.trainer.resilience.notices.watcher import add_process_source
@@ -129,7 +154,7 @@ def end_round(result: Mapping[str, Any], stop_key: str | None, environ: Mapping[
     step = emergency.get("step")
     stores.request_stop(
         stop_key,
-        f"resize: a node waits to join the world of {active} ranks; the round ends at step {step}, committed",
+        f"{RESIZE_REASON} a node waits to join the world of {active} ranks; the round ends at step {step}, committed",
         lost_nodes=lost,
     )
     return True

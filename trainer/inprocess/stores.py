@@ -29,8 +29,9 @@ node to register asks for, and the one it got), ``r<R>/size`` (nodes in the roun
 once it formed), ``r<R>/stop``
 (why the job stops), ``r<R>/lost`` (nodes the stop found gone, every rank of theirs
 terminated: a counter), ``r<R>/done`` (launchers that left the round: a counter),
-``r<R>/waiting`` (nodes that registered after it formed and wait for the next round: a
-counter; a world that shrank ends the round to take them in, :mod:`.resize`).
+``r<R>/waiting`` (nodes that registered after it formed and wait for the next round,
+warm: a counter) and ``r<R>/waiting/<i>`` (the ``i``-th one's beat, a counter it adds to
+while it waits; a world that shrank ends the round to take them in, :mod:`.resize`).
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ def join(
     (:func:`assign_slots`): ``prefer`` (the training slot whose ranks this node trained in
     the round before: its shared memory holds their snapshots) where no node before it
     asked for the same, the others in the order they registered. ``on_wait`` runs once,
-    when this node first waits for a next round (the launcher warms its processes then)."""
-    announced = None
+    when this node first waits for a next round, before it counts itself as waiting
+    (the launcher warms its processes then)."""
+    announced = beat = None
     most = training + spares
     while True:
         round_ = int(store.add(ROUND_KEY, 0))
@@ -182,11 +184,13 @@ def join(
                 flush=True,
             )
             announced = round_
-            store.add(round_key(round_, "waiting"), 1)  # a world that shrank ends the round for it (.resize)
-            if on_wait is not None:
+            if on_wait is not None:  # warm before it counts itself: a resize may follow at once
                 on_wait, wait_once = None, on_wait
                 wait_once()
+            # A world that shrank ends the round for the waiting nodes that beat (.resize).
+            beat = round_key(round_, f"waiting/{int(store.add(round_key(round_, 'waiting'), 1)) - 1}")
         while int(store.add(ROUND_KEY, 0)) == round_:
+            store.add(beat, 1)
             time.sleep(0.2)
 
 

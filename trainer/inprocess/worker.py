@@ -30,10 +30,9 @@ from typing import Any
 from ftfleet.errors import ConfigError, UserError
 from ftfleet.trainer.__main__ import CallbackFactory, exit_quickly
 from ftfleet.trainer.callbacks import Callback
-from ftfleet.trainer.environment import INPROCESS_RANK_FILE, TrainerEnvironment
+from ftfleet.trainer.environment import INPROCESS_RANK_FILE, WARM_READY_FILE, TrainerEnvironment
 from ftfleet.trainer.inprocess import MAX_FAILED_STARTS
 from ftfleet.trainer.inprocess.ranks import Layout, node_fill
-from ftfleet.trainer.inprocess.resize import end_round, watch_round
 from ftfleet.trainer.resilience.fencing import bind_to_launcher, retire
 
 log = logging.getLogger("ftfleet.inprocess")
@@ -434,6 +433,9 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
     if args.assign_from_stdin:
         # Warm for a round that has not begun: this process's place in the round, once
         # the launcher knows it.
+        if ready := os.environ.pop(WARM_READY_FILE, None):
+            with open(ready, "w"):  # warm: the launcher may count this node as waiting
+                pass
         place = take_assignment(sys.stdin)
         if place is None:  # the launcher ended, or needs no next round
             return 0
@@ -472,7 +474,10 @@ def main(argv: Sequence[str] | None = None, *, callbacks: CallbackFactory | None
         taken_over.set()
 
     # A world that shrank grows back when a node waits to join, through a checkpoint.
-    watch_round(args.stop_key if cfg.checkpoint.enabled else None)
+    from ftfleet.trainer.inprocess.resize import end_round, watch_round
+
+    ck = cfg.checkpoint
+    watch_round(args.stop_key if ck.enabled and ck.load and ck.load_step is None else None)
     launch_local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     failed_starts = 0  # attempts in a row, in this process, that failed before a step

@@ -24,13 +24,28 @@ from ftfleet.trainer.resilience.preemption.sequence import Preemption
 KEY = stores.round_key(3, "stop")
 
 
-def _fill(active: int) -> NodeFill:
-    """Four training nodes of one rank (HSDP groups of two), ``active`` of them training."""
+def _fill(active: int, present: tuple[int, ...] = (0, 1, 2)) -> NodeFill:
+    """Four training nodes of one rank (HSDP groups of two), ``active`` of them training;
+    in a smaller world only the ``present`` nodes still have a process."""
     fill = NodeFill(Layout(4, 0, 1), min_active=2, group=2)
     fill.active = active
-    if active < 4:  # the lost node's rank is gone from the numbering
-        fill.nodes = [0, 1, 2]
+    if active < 4:  # the lost nodes' ranks are gone from the numbering
+        fill.nodes = list(present)
     return fill
+
+
+class Waiter:
+    """A node waiting for the next round as :func:`stores.join` does: counted, then
+    beating until stopped."""
+
+    def __init__(self, client):
+        self.index = int(client.add(stores.sibling_key(KEY, "waiting"), 1)) - 1
+        self.client, self.done = client, threading.Event()
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self):
+        while not self.done.wait(0.02):
+            self.client.add(f"{stores.sibling_key(KEY, 'waiting')}/{self.index}", 1)
 
 
 @pytest.fixture
@@ -40,9 +55,9 @@ def store():
     yield host.trainer, port
 
 
-def _poll(store, monkeypatch, active: int, rank: str = "0"):
+def _poll(store, monkeypatch, active: int, rank: str = "0", present: tuple[int, ...] = (0, 1, 2)):
     client, port = store
-    monkeypatch.setattr(ranks, "CURRENT", _fill(active))
+    monkeypatch.setattr(ranks, "CURRENT", _fill(active, present))
     reported: list[Notice] = []
     stop = threading.Event()
     env = {"RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -56,8 +71,9 @@ def test_a_waiting_node_makes_rank_0_of_a_smaller_world_report_a_resize(store, m
     poller, reported, stop = _poll(store, monkeypatch, active=2)
     time.sleep(0.2)
     assert reported == [], "nobody waits yet"
-    client.add(stores.sibling_key(KEY, "waiting"), 1)
+    waiter = Waiter(client)
     poller.join(5)
+    waiter.done.set()
     stop.set()
     assert not poller.is_alive(), "the poller reports once, then ends"
     [notice] = reported
@@ -69,15 +85,36 @@ def test_a_waiting_node_makes_rank_0_of_a_smaller_world_report_a_resize(store, m
     )
 
 
-@pytest.mark.parametrize(("active", "rank"), [(4, "0"), (2, "1")], ids=["whole-world", "not-rank-0"])
-def test_a_whole_world_or_another_rank_reports_nothing(store, monkeypatch, active, rank):
+@pytest.mark.parametrize(
+    ("active", "rank", "present"),
+    [(4, "0", (0, 1, 2)), (2, "1", (0, 1, 2)), (2, "0", (0, 1))],
+    ids=["whole-world", "not-rank-0", "two-nodes-missing"],
+)
+def test_a_whole_world_another_rank_or_too_few_waiting_reports_nothing(store, monkeypatch, active, rank, present):
+    """Two nodes lost and one waiting: the next round could not form (4 training nodes
+    needed, 3 would come), so the smaller world trains on."""
     client, _ = store
-    client.add(stores.sibling_key(KEY, "waiting"), 1)
-    poller, reported, stop = _poll(store, monkeypatch, active=active, rank=rank)
+    waiter = Waiter(client)
+    poller, reported, stop = _poll(store, monkeypatch, active=active, rank=rank, present=present)
     time.sleep(0.3)
     stop.set()
     poller.join(5)
+    waiter.done.set()
     assert reported == []
+
+
+def test_a_waiting_node_that_stopped_beating_is_not_counted(store, monkeypatch):
+    """A node that died while it waited (or a launcher started again) left its count."""
+    client, _ = store
+    Waiter(client).done.set()  # counted, never beats
+    poller, reported, stop = _poll(store, monkeypatch, active=2)
+    time.sleep(0.3)
+    assert reported == []
+    waiter = Waiter(client)  # a live one: enough
+    poller.join(5)
+    stop.set()
+    waiter.done.set()
+    assert [n.kind for n in reported] == [NoticeKind.RESIZE]
 
 
 def test_a_store_out_of_reach_is_retried_not_fatal(monkeypatch):
@@ -186,3 +223,35 @@ def test_a_real_deadline_outranks_a_resize():
     from ftfleet.trainer.resilience.notices.notice import most_urgent
 
     assert most_urgent([resizing, spot]) is spot and not spot.node_stays
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("reason", "codes", "code"),
+    [
+        ("resize: a node waits to join the world of 2 ranks", [75, 75], 1),  # left on their own, not killed
+        ("2 of 4 ranks lost and no spare to take them", [-15, -15], 1),  # stopped at once
+    ],
+    ids=["resize", "stop"],
+)
+def test_a_resizes_ranks_leave_on_their_own_and_the_launcher_exits_1(store, reason, codes, code):
+    """A resize's ranks exit 75 once their checkpoint is committed: the launcher does not
+    SIGTERM them (which would make the others restart in the round), and a launcher that
+    does not rejoin exits 1, not 75 (no node goes away: the fleet may start it again)."""
+    import signal
+    import subprocess
+    import sys
+
+    from ftfleet.trainer.inprocess.launch import supervise
+
+    client, _ = store
+    client.set(stores.round_key(3, "stop"), reason)
+    leave = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); time.sleep(1.0); raise SystemExit(75)"
+    procs = [subprocess.Popen([sys.executable, "-c", leave]) for _ in range(2)]
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:  # supervise forwards this process's SIGTERM and SIGINT to its workers
+        end = supervise(procs, client, 3, None)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert (end.stopped, end.codes, end.code) == (True, codes, code)

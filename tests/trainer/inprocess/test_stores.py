@@ -38,6 +38,9 @@ def test_a_round_forms_with_the_spare_nodes_there_and_a_late_node_waits_for_the_
     # and warms its processes (on_wait) once
     assert int(host.trainer.add(stores.round_key(0, "waiting"), 0)) == 1
     assert waited == [1]
+    beat = int(host.trainer.add(stores.round_key(0, "waiting/0"), 0))
+    time.sleep(0.5)
+    assert int(host.trainer.add(stores.round_key(0, "waiting/0"), 0)) > beat, "a waiting node beats"
     host.next_round()
     other = _join_in_thread(port, results, "other", **kw)  # round 1 needs its two training nodes too
     late.join(10)
