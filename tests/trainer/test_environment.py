@@ -55,6 +55,7 @@ def test_every_variable_it_reads_is_the_contracts_or_the_in_process_launchers():
         environment.LAUNCHER_PID,
         environment.INPROCESS_LAYOUT,
         environment.INPROCESS_RANK_FILE,
+        environment.WARM_READY_FILE,
     }
     assert read - launcher <= ENV_NAMES, read - launcher - ENV_NAMES
     assert set(environment.CONFIG_OVERRIDES) <= ENV_NAMES

@@ -41,11 +41,17 @@ class Waiter:
     def __init__(self, client):
         self.index = int(client.add(stores.sibling_key(KEY, "waiting"), 1)) - 1
         self.client, self.done = client, threading.Event()
-        threading.Thread(target=self._beat, daemon=True).start()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
 
     def _beat(self):
         while not self.done.wait(0.02):
             self.client.add(f"{stores.sibling_key(KEY, 'waiting')}/{self.index}", 1)
+
+    def stop(self):
+        """Stop beating, before the store goes (a beat in flight would find it closed)."""
+        self.done.set()
+        self.thread.join(5)
 
 
 @pytest.fixture
@@ -73,7 +79,7 @@ def test_a_waiting_node_makes_rank_0_of_a_smaller_world_report_a_resize(store, m
     assert reported == [], "nobody waits yet"
     waiter = Waiter(client)
     poller.join(5)
-    waiter.done.set()
+    waiter.stop()
     stop.set()
     assert not poller.is_alive(), "the poller reports once, then ends"
     [notice] = reported
@@ -99,21 +105,21 @@ def test_a_whole_world_another_rank_or_too_few_waiting_reports_nothing(store, mo
     time.sleep(0.3)
     stop.set()
     poller.join(5)
-    waiter.done.set()
+    waiter.stop()
     assert reported == []
 
 
 def test_a_waiting_node_that_stopped_beating_is_not_counted(store, monkeypatch):
     """A node that died while it waited (or a launcher started again) left its count."""
     client, _ = store
-    Waiter(client).done.set()  # counted, never beats
+    Waiter(client).stop()  # counted, then no beat
     poller, reported, stop = _poll(store, monkeypatch, active=2)
     time.sleep(0.3)
     assert reported == []
     waiter = Waiter(client)  # a live one: enough
     poller.join(5)
     stop.set()
-    waiter.done.set()
+    waiter.stop()
     assert [n.kind for n in reported] == [NoticeKind.RESIZE]
 
 
