@@ -90,7 +90,10 @@ CAPACITY_SCHEDULE = "*/2 * * * *"
 CAPACITY_PERMISSIONS = ("compute.instanceGroupManagers.get",)
 #: A standby's watch that moves the run also resizes both stacks' worker groups and
 #: deletes a coordinator VM (regionInstanceGroupManagers.resize and .deleteInstances
-#: require compute.instanceGroupManagers.update).
+#: require compute.instanceGroupManagers.update). Granted on the project: an instance
+#: group manager takes no IAM policy of its own, and IAM Conditions' resource
+#: attributes do not cover its type ("Resource attributes for IAM Conditions"), so a
+#: condition on its name would deny the move rather than narrow it.
 MOVE_PERMISSIONS = (*CAPACITY_PERMISSIONS, "compute.instanceGroupManagers.update")
 #: Every hour on the hour: the default schedule keeps every checkpoint of the last six
 #: hours, and what it lets go may wait an hour.
