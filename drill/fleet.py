@@ -230,8 +230,11 @@ class FleetOptions:
 
 
 def shrink_block(opts: FleetOptions) -> int:
-    """The nodes a smaller world drops together: a replica group under HSDP, else one."""
-    return opts.nodes // opts.replicas if opts.replicas > 1 else 1
+    """The nodes a smaller world drops together (a rank each), as the workers take it: a
+    replica group under HSDP, else one."""
+    from ftfleet.trainer.inprocess.worker import shrink_block as block
+
+    return block(1, opts.replicas, opts.nodes)
 
 
 #: ``shrink-grow`` trains this many steps more: the smaller world must still be training

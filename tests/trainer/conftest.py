@@ -25,8 +25,7 @@ BIN = Path(sys.executable).parent
 #: resume that loses the RNG state shows in the hash. Global batch 6: 1, 2 and 3 ranks.
 #: No loader workers, on every interpreter: on CPython 3.11 before 3.11.10 (CI's) each
 #: rank's workers come from a forkserver that imports torch beside the rank's own
-#: import, which on 2 cores cost a 2-rank launch of 24 steps about 1.7 s of wall
-#: (11.1 s against 9.3 s, means of 3 runs each, 2026-11-26). Where a run's subject is a
+#: import, which on 2 cores costs each launch seconds of wall. Where a run's subject is a
 #: stop, a kill or a restart, it keeps them (:data:`LOADER_WORKERS`), in every launch of
 #: its story: the run stopped twice, torchrun's restarts after random kills and after a
 #: hang, the AWS spot notice and its replacement, both shared-memory resumes, the

@@ -307,8 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=stores.serve, args=([],), name="ftfleet-rounds", daemon=True).start()
     warm: list[subprocess.Popen] = []
 
-    def start_warm() -> list[subprocess.Popen]:
-        return [warm_process(base_cmd, base_env, rest) for _ in range(per_node)]
+    def start_warm(ready: list[str] | None = None) -> list[subprocess.Popen]:
+        started = [warm_process(base_cmd, base_env, rest, ready[i] if ready else None) for i in range(per_node)]
+        pids = " ".join(str(p.pid) for p in started)
+        print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
+        return started
 
     def warm_while_waiting() -> None:
         # A node that waits for the next round (booted while one runs) joins it warm, and
@@ -316,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         if warm:
             return
         ready = [os.path.join(noted, f"ready{i}") for i in range(per_node)]
-        warm.extend(warm_process(base_cmd, base_env, rest, path) for path in ready)
-        pids = " ".join(str(p.pid) for p in warm)
-        print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
+        warm.extend(start_warm(ready))
         if not wait_warm(warm, ready):
             print("ftfleet.inprocess: warm processes not all ready; waiting anyway", file=sys.stderr, flush=True)
 
@@ -536,8 +537,8 @@ def supervise(
     (its round's stop key, :mod:`.stores`; on one node also when fewer than ``min_ranks`` are left), and
     return how the round ended, with the job's exit code: the first nonzero code of a worker that was not killed
     by a signal (a killed rank is the failure the others recovered from), 1 when every
-    worker was killed, else 0. ``prepare`` starts the next round's warm processes,
-    ``warm_after_s`` after this round's started (they get the signals too)."""
+    worker was killed, else 0. ``prepare`` starts the next round's warm processes and says
+    their pids, ``warm_after_s`` after this round's started (they get the signals too)."""
     end = RoundEnd(0)
     started = time.monotonic()
 
@@ -556,8 +557,6 @@ def supervise(
     while any(p.poll() is None for p in procs):
         if prepare is not None and not end.signalled and time.monotonic() - started >= warm_after_s:
             end.warm, prepare = prepare(), None
-            pids = " ".join(str(p.pid) for p in end.warm)
-            print(f"ftfleet.inprocess: warm for the next round: pids {pids}", file=sys.stderr, flush=True)
         reason = None
         now = time.monotonic()
         if term_at is not None and now >= term_at:
